@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Runs the test suite against real services: makes sure PostgreSQL and MariaDB
+# are up (starting the machine's own servers if they are not), then runs
+# cargo nextest. Extra arguments go to nextest (e.g. a test filter).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PG_HOST=127.0.0.1
+wait_for() { # name, seconds, command...
+  local name=$1 secs=$2; shift 2
+  for _ in $(seq 1 "$secs"); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 1
+  done
+  echo "error: $name did not become ready within ${secs}s" >&2
+  return 1
+}
+
+if ! pg_isready -h "$PG_HOST" -p 5432 >/dev/null 2>&1; then
+  echo "Starting PostgreSQL..."
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+fi
+wait_for PostgreSQL 60 pg_isready -h "$PG_HOST" -p 5432
+psql -h "$PG_HOST" -U postgres -tAc "SELECT 1 FROM pg_database WHERE datname = 'test'" | grep -q 1 \
+  || psql -h "$PG_HOST" -U postgres -c "CREATE DATABASE test"
+
+if ! mariadb-admin -h 127.0.0.1 -u root ping >/dev/null 2>&1; then
+  echo "Starting MariaDB..."
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+fi
+wait_for MariaDB 60 mariadb-admin -h 127.0.0.1 -u root ping
+mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE IF NOT EXISTS test"
+
+if ! command -v cargo-nextest >/dev/null 2>&1; then
+  cargo install cargo-nextest --locked
+fi
+exec cargo nextest run --no-fail-fast "$@"

@@ -1,0 +1,154 @@
+//! Wiring: install the recorder, start one loop per source, serve HTTP, and
+//! shut down in order (stop polling, stop HTTP) on SIGTERM or Ctrl-C.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::{Config, SourceSpec};
+use crate::http::{self, AppState};
+use crate::sources::table::TableSource;
+use crate::sources::table::inbox::Inbox;
+use crate::sources::table::outbox::Outbox;
+use crate::sources::{Health, run_loop};
+use crate::telemetry::catalogue::{self as m, catalogue_recorder};
+
+/// How long shutdown waits for the loops and the HTTP server.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// A running agent.
+pub struct Agent {
+    /// The address actually bound.
+    pub addr: SocketAddr,
+    cancel: CancellationToken,
+    tasks: JoinSet<()>,
+    http: tokio::task::JoinHandle<std::io::Result<()>>,
+    stop_http: CancellationToken,
+}
+
+/// Installs the global metrics recorder once and returns its handle.
+pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+    let recorder = catalogue_recorder();
+    let handle = recorder.handle();
+    metrics::set_global_recorder(recorder).context("installing the metrics recorder")?;
+    m::describe();
+    metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(handle)
+}
+
+impl Agent {
+    /// Binds the listener and starts every source.
+    pub async fn start(config: Config, handle: PrometheusHandle) -> anyhow::Result<Agent> {
+        let listener = TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("failed to listen on {}", config.listen))?;
+        let addr = listener.local_addr()?;
+        let health = Arc::new(Health::default());
+        let cancel = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        for spec in config.sources {
+            let name = spec.name().to_string();
+            health.register(&name);
+            let table = spec.table();
+            metrics::gauge!(m::SOURCE_LEADER, "source" => name.clone()).set(1.0);
+            if let Some(o) = table.objectives.oldest_age {
+                metrics::gauge!(m::OBJECTIVE_OLDEST_AGE, "source" => name.clone())
+                    .set(o.as_secs_f64());
+            }
+            if let Some(p) = table.objectives.p95 {
+                metrics::gauge!(m::OBJECTIVE_P95, "source" => name.clone()).set(p.as_secs_f64());
+            }
+            info!(source = %name, dsn = %table.dsn, table = %table.table, "Watching source.");
+            let (h, c) = (health.clone(), cancel.clone());
+            match spec {
+                SourceSpec::Inbox(s) => {
+                    let source = TableSource::new(s.table.clone(), Inbox::new(s));
+                    tasks.spawn(run_loop(source, h, c));
+                }
+                SourceSpec::Outbox(s) => {
+                    let source = TableSource::new(s.table.clone(), Outbox::new(s));
+                    tasks.spawn(run_loop(source, h, c));
+                }
+            }
+        }
+        let stop_http = CancellationToken::new();
+        let state = AppState {
+            metrics: handle,
+            health,
+            stopping: cancel.clone(),
+        };
+        let http = tokio::spawn(http::serve(listener, state, stop_http.clone()));
+        info!(listen = %addr, "Serving /metrics, /healthz and /readyz.");
+        Ok(Agent {
+            addr,
+            cancel,
+            tasks,
+            http,
+            stop_http,
+        })
+    }
+
+    /// Stops polling, then the HTTP server, each within the grace period.
+    pub async fn shutdown(mut self) {
+        self.cancel.cancel();
+        let loops = async { while self.tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout(SHUTDOWN_GRACE, loops).await.is_err() {
+            warn!("Sources did not stop in time; abandoning them.");
+        }
+        self.stop_http.cancel();
+        match tokio::time::timeout(SHUTDOWN_GRACE, self.http).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => warn!(error = %e, "HTTP server failed."),
+            Ok(Err(e)) => warn!(error = %e, "HTTP server task failed."),
+            Err(_) => warn!("HTTP server did not stop in time."),
+        }
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+    info!("Shutting down.");
+}
+
+/// `inboxwatch run`: the agent until a signal.
+pub async fn run(config: Config) -> anyhow::Result<()> {
+    sqlx::any::install_default_drivers();
+    let handle = install_recorder()?;
+    let agent = Agent::start(config, handle).await?;
+    shutdown_signal().await;
+    agent.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,68 @@
+//! Command line: `run`, `demo`, `check-config`, `schema`, `doctor`, `metrics`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::Dialect;
+
+/// Watches message consumers from the outside: inbox and outbox tables,
+/// exported as Prometheus metrics.
+#[derive(Debug, Parser)]
+#[command(name = "inboxwatch", version, about)]
+pub struct Cli {
+    /// Log filter (RUST_LOG syntax), e.g. `info` or `inboxwatch=debug`.
+    #[arg(long, global = true, env = "INBOXWATCH_LOG", default_value = "info")]
+    pub log: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the agent on a config file.
+    Run {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Listen address, overriding `server.listen`.
+        #[arg(long)]
+        listen: Option<SocketAddr>,
+    },
+    /// Run the embedded demo: an SQLite inbox fed by a simulated consumer, watched live.
+    Demo {
+        /// Listen address of /metrics.
+        #[arg(long, default_value = "127.0.0.1:9469")]
+        listen: SocketAddr,
+        /// New events per second of the simulated consumer.
+        #[arg(long, default_value_t = 20.0)]
+        rate: f64,
+    },
+    /// Check a config file: exit 0, or 2 with one line per problem.
+    CheckConfig {
+        /// The TOML config file.
+        file: PathBuf,
+    },
+    /// Print the recommended DDL and indexes for a dialect.
+    Schema {
+        /// postgres, mysql or sqlite.
+        #[arg(long)]
+        dialect: Dialect,
+        /// Name of the inbox table.
+        #[arg(long, default_value = "inbox")]
+        table: String,
+        /// Also print an outbox table of this name.
+        #[arg(long)]
+        outbox_table: Option<String>,
+    },
+    /// Connect to every table source, check columns and indexes, and EXPLAIN the agent's queries.
+    Doctor {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Print the metric reference (every metric the agent exports) as Markdown.
+    Metrics,
+}

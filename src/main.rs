@@ -1,0 +1,103 @@
+//! `inboxwatch`: parse the command line, run the subcommand, print the error
+//! chain, exit with a code (2 for bad configuration or usage, 1 otherwise).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use inboxwatch::cli::{Cli, Command};
+use inboxwatch::config::{self, is_table_name};
+use inboxwatch::{app, demo, doctor, schema, telemetry};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log);
+    match cli.command {
+        Command::CheckConfig { file } => match config::load(&file) {
+            Ok(cfg) => {
+                println!("config OK: {} sources", cfg.sources.len());
+                ExitCode::SUCCESS
+            }
+            Err(e) => config_failure(&e),
+        },
+        Command::Schema {
+            dialect,
+            table,
+            outbox_table,
+        } => {
+            for (flag, name) in [
+                ("--table", Some(&table)),
+                ("--outbox-table", outbox_table.as_ref()),
+            ] {
+                if let Some(name) = name.filter(|n| !is_table_name(n)) {
+                    eprintln!("{flag}: \"{name}\" is not a table name");
+                    return ExitCode::from(2);
+                }
+            }
+            print!("{}", schema::ddl(dialect, &table, outbox_table.as_deref()));
+            ExitCode::SUCCESS
+        }
+        Command::Metrics => {
+            print!("{}", telemetry::catalogue::markdown());
+            ExitCode::SUCCESS
+        }
+        Command::Run {
+            config: path,
+            listen,
+        } => {
+            let mut cfg = match config::load(&path) {
+                Ok(c) => c,
+                Err(e) => return config_failure(&e),
+            };
+            if let Some(l) = listen {
+                cfg.listen = l;
+            }
+            finish(runtime().block_on(app::run(cfg)))
+        }
+        Command::Demo { listen, rate } => finish(runtime().block_on(demo::run(listen, rate))),
+        Command::Doctor { config: path } => {
+            let cfg = match config::load(&path) {
+                Ok(c) => c,
+                Err(e) => return config_failure(&e),
+            };
+            match runtime().block_on(doctor::run(&cfg)) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::from(1),
+                Err(e) => finish(Err(e)),
+            }
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the tokio runtime starts")
+}
+
+fn config_failure(e: &config::ConfigError) -> ExitCode {
+    for p in &e.problems {
+        eprintln!("{p}");
+    }
+    ExitCode::from(2)
+}
+
+fn finish(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}

@@ -1,0 +1,140 @@
+//! `inboxwatch schema`: the recommended tables and indexes of SPEC §2 for each
+//! dialect — the change-cursor index for tailing and an index over the
+//! unfinished rows for the gauges.
+
+use crate::config::Dialect;
+use crate::sources::table::dialect::Sql;
+
+/// DDL for an inbox table and, optionally, an outbox table.
+pub fn ddl(dialect: Dialect, inbox: &str, outbox: Option<&str>) -> String {
+    let mut out = inbox_ddl(dialect, inbox);
+    if let Some(o) = outbox {
+        out.push('\n');
+        out.push_str(&outbox_ddl(dialect, o));
+    }
+    out
+}
+
+fn index_name(table: &str, suffix: &str) -> String {
+    format!("{}_{suffix}", table.replace('.', "_"))
+}
+
+/// The inbox / processing-record table.
+pub fn inbox_ddl(dialect: Dialect, table: &str) -> String {
+    let sql = Sql { dialect };
+    let t = sql.table(table);
+    let (id, word, time, text, int) = types(dialect);
+    let mut out = format!(
+        "-- Inbox / processing-record table: one row per event id, updated in place.\n\
+         CREATE TABLE IF NOT EXISTS {t} (\n\
+         \x20   event_id     {id} PRIMARY KEY,\n\
+         \x20   event_type   {word},\n\
+         \x20   status       {word} NOT NULL,\n\
+         \x20   received_at  {time} NOT NULL,\n\
+         \x20   started_at   {time},\n\
+         \x20   finished_at  {time},\n\
+         \x20   attempts     {int} NOT NULL DEFAULT 0,\n\
+         \x20   deliveries   {int} NOT NULL DEFAULT 1,\n\
+         \x20   last_error   {text},\n\
+         \x20   traceparent  {word},\n\
+         \x20   updated_at   {time} NOT NULL\n\
+         );\n"
+    );
+    let updated = index_name(table, "updated_at");
+    let unfinished = index_name(table, "unfinished");
+    out.push_str("-- Tailing by the change cursor.\n");
+    out.push_str(&create_index(dialect, &updated, &t, "updated_at", None));
+    out.push_str("-- Oldest age, backlog and stuck rows over the unfinished rows only.\n");
+    match dialect {
+        Dialect::MySql => out.push_str(&create_index(
+            dialect,
+            &unfinished,
+            &t,
+            "status, received_at",
+            None,
+        )),
+        _ => out.push_str(&create_index(
+            dialect,
+            &unfinished,
+            &t,
+            "received_at",
+            Some("status IN ('pending', 'processing', 'failed')"),
+        )),
+    }
+    out
+}
+
+/// The outbox table.
+pub fn outbox_ddl(dialect: Dialect, table: &str) -> String {
+    let sql = Sql { dialect };
+    let t = sql.table(table);
+    let (id, word, time, _, _) = types(dialect);
+    let mut out = format!(
+        "-- Outbox table: published_at stays NULL until the row is sent.\n\
+         CREATE TABLE IF NOT EXISTS {t} (\n\
+         \x20   event_id     {id} PRIMARY KEY,\n\
+         \x20   event_type   {word},\n\
+         \x20   created_at   {time} NOT NULL,\n\
+         \x20   published_at {time},\n\
+         \x20   traceparent  {word},\n\
+         \x20   updated_at   {time} NOT NULL\n\
+         );\n"
+    );
+    let updated = index_name(table, "updated_at");
+    let unpublished = index_name(table, "unpublished");
+    out.push_str(&create_index(dialect, &updated, &t, "updated_at", None));
+    match dialect {
+        Dialect::MySql => out.push_str(&create_index(
+            dialect,
+            &unpublished,
+            &t,
+            "published_at, created_at",
+            None,
+        )),
+        _ => out.push_str(&create_index(
+            dialect,
+            &unpublished,
+            &t,
+            "created_at",
+            Some("published_at IS NULL"),
+        )),
+    }
+    out
+}
+
+/// (event id, short text, timestamp, long text, integer) column types.
+fn types(
+    dialect: Dialect,
+) -> (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+) {
+    match dialect {
+        Dialect::Postgres => ("text", "text", "timestamptz", "text", "integer"),
+        // DATETIME(6) values are UTC; TEXT keeps long error messages off the row.
+        Dialect::MySql => ("VARCHAR(191)", "VARCHAR(191)", "DATETIME(6)", "TEXT", "INT"),
+        // Times as text in the canonical UTC form strftime('%Y-%m-%d %H:%M:%f','now') writes.
+        Dialect::Sqlite => ("TEXT", "TEXT", "TEXT", "TEXT", "INTEGER"),
+    }
+}
+
+/// `CREATE INDEX`, idempotent in every dialect.
+pub fn create_index(
+    dialect: Dialect,
+    name: &str,
+    table: &str,
+    columns: &str,
+    filter: Option<&str>,
+) -> String {
+    let where_ = filter.map_or(String::new(), |f| format!(" WHERE {f}"));
+    match dialect {
+        Dialect::Postgres | Dialect::Sqlite => {
+            format!("CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns}){where_};\n")
+        }
+        // MariaDB has IF NOT EXISTS; MySQL 8 does not, and has no partial indexes.
+        Dialect::MySql => format!("CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns});\n"),
+    }
+}

@@ -1,0 +1,204 @@
+//! Sources poll what the consumers leave behind. A source owns connecting and
+//! one poll; the loop here owns cadence, timeouts, `inboxwatch_source_up`,
+//! backoff and cancellation, for every kind of source alike.
+
+pub mod table;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::telemetry::catalogue as m;
+
+/// What one successful poll did.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct PollStats {
+    /// Rows read from the source.
+    pub rows_read: u64,
+}
+
+/// Why a poll failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The database could not be reached or refused the session.
+    #[error("failed to connect to {dsn}: {message}")]
+    Connect { dsn: String, message: String },
+    /// The watched table or one of its mapped columns is missing or unusable.
+    #[error("{0}")]
+    Schema(String),
+    /// A query failed.
+    #[error("query failed: {0}")]
+    Query(String),
+    /// The poll did not finish within the source's timeout.
+    #[error("poll did not finish within {0:?}")]
+    Timeout(Duration),
+}
+
+impl SourceError {
+    /// The `kind` label of `inboxwatch_poll_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SourceError::Connect { .. } => "connect",
+            SourceError::Schema(_) => "schema",
+            SourceError::Query(_) => "query",
+            SourceError::Timeout(_) => "timeout",
+        }
+    }
+}
+
+/// A watched system. Implementations keep their connection between polls and
+/// drop it in [`Source::reset`].
+pub trait Source: Send + 'static {
+    /// The configured name; becomes the `source` label.
+    fn name(&self) -> &str;
+    /// How often to poll.
+    fn poll_interval(&self) -> Duration;
+    /// How long one poll may take.
+    fn timeout(&self) -> Duration;
+    /// One poll. No retries inside: the loop owns cadence and backoff.
+    fn poll(&mut self) -> impl Future<Output = Result<PollStats, SourceError>> + Send;
+    /// Forgets the connection after a failure, so the next poll reconnects.
+    fn reset(&mut self);
+}
+
+/// The state of one source as `/readyz` reports it.
+#[derive(Debug, Clone, Default)]
+pub struct SourceHealth {
+    /// A poll has finished, successfully or not.
+    pub polled: bool,
+    /// The last poll succeeded.
+    pub up: bool,
+    /// The error of the last failed poll, if the last poll failed.
+    pub error: Option<String>,
+}
+
+/// Health of every source, written by the poll loops, read by HTTP handlers.
+#[derive(Debug, Default)]
+pub struct Health {
+    sources: Mutex<BTreeMap<String, SourceHealth>>,
+}
+
+impl Health {
+    /// Registers a source before its first poll.
+    pub fn register(&self, name: &str) {
+        self.lock()
+            .insert(name.to_string(), SourceHealth::default());
+    }
+
+    fn set(&self, name: &str, state: SourceHealth) {
+        self.lock().insert(name.to_string(), state);
+    }
+
+    /// A copy of every source's state.
+    pub fn snapshot(&self) -> BTreeMap<String, SourceHealth> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SourceHealth>> {
+        // A poisoned lock only means a panic elsewhere; the map itself stays valid.
+        self.sources.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Delay before the next try after `failures` failed polls in a row:
+/// exponential from the poll interval, capped, with ±20 % jitter.
+pub fn backoff(interval: Duration, failures: u32) -> Duration {
+    let cap = interval.max(Duration::from_secs(30));
+    let exp = interval.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    let base = exp.min(cap);
+    base.mul_f64(0.8 + 0.4 * fastrand::f64())
+}
+
+/// Polls `source` until `cancel` fires.
+pub async fn run_loop<S: Source>(mut source: S, health: Arc<Health>, cancel: CancellationToken) {
+    let name = source.name().to_string();
+    let interval = source.poll_interval();
+    let up = metrics::gauge!(m::SOURCE_UP, "source" => name.clone());
+    let duration = metrics::histogram!(m::POLL_DURATION, "source" => name.clone());
+    let rows = metrics::counter!(m::ROWS_READ, "source" => name.clone());
+    let mut failures: u32 = 0;
+    let mut last_error: Option<String> = None;
+    let mut was_up: Option<bool> = None;
+    loop {
+        let started = Instant::now();
+        let result = tokio::select! {
+            _ = cancel.cancelled() => break,
+            r = tokio::time::timeout(source.timeout(), source.poll()) => {
+                r.unwrap_or_else(|_| Err(SourceError::Timeout(source.timeout())))
+            }
+        };
+        duration.record(started.elapsed().as_secs_f64());
+        let delay = match result {
+            Ok(stats) => {
+                up.set(1.0);
+                rows.increment(stats.rows_read);
+                if was_up != Some(true) {
+                    info!(source = %name, "Source is up.");
+                }
+                was_up = Some(true);
+                failures = 0;
+                last_error = None;
+                health.set(
+                    &name,
+                    SourceHealth {
+                        polled: true,
+                        up: true,
+                        error: None,
+                    },
+                );
+                interval.saturating_sub(started.elapsed())
+            }
+            Err(e) => {
+                up.set(0.0);
+                metrics::counter!(m::POLL_ERRORS, "source" => name.clone(), "kind" => e.kind())
+                    .increment(1);
+                let message = e.to_string();
+                if was_up != Some(false) || last_error.as_deref() != Some(message.as_str()) {
+                    warn!(source = %name, error = %message, "Poll failed; retrying with backoff.");
+                }
+                was_up = Some(false);
+                failures = failures.saturating_add(1);
+                source.reset();
+                health.set(
+                    &name,
+                    SourceHealth {
+                        polled: true,
+                        up: false,
+                        error: Some(message.clone()),
+                    },
+                );
+                last_error = Some(message);
+                backoff(interval, failures)
+            }
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(delay) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_from_the_interval_and_stays_capped() {
+        let i = Duration::from_secs(1);
+        for (failures, lo, hi) in [
+            (1, 0.8, 1.2),
+            (2, 1.6, 2.4),
+            (3, 3.2, 4.8),
+            (10, 24.0, 36.0),
+        ] {
+            let d = backoff(i, failures).as_secs_f64();
+            assert!((lo..=hi).contains(&d), "failures={failures}: {d}");
+        }
+        let long = Duration::from_secs(60);
+        assert!(backoff(long, 5).as_secs_f64() <= 72.0);
+    }
+}

@@ -1,0 +1,271 @@
+//! The SQL that differs between PostgreSQL, MySQL/MariaDB and SQLite.
+//!
+//! Every timestamp leaves the database as microseconds since the Unix epoch
+//! (UTC), computed by the database itself, so that the agent never parses a
+//! driver-specific time type and ages are on the database's clock.
+
+use std::time::Duration;
+
+use crate::config::Dialect;
+
+/// A value bound as the tail cursor.
+#[derive(Debug, Clone)]
+pub enum Param {
+    Int(i64),
+    Text(String),
+}
+
+/// SQL fragments for one dialect.
+#[derive(Debug, Clone, Copy)]
+pub struct Sql {
+    pub dialect: Dialect,
+}
+
+impl Sql {
+    /// Quotes an identifier (names are checked to be plain identifiers by the config).
+    pub fn ident(&self, name: &str) -> String {
+        match self.dialect {
+            Dialect::MySql => format!("`{name}`"),
+            Dialect::Postgres | Dialect::Sqlite => format!("\"{name}\""),
+        }
+    }
+
+    /// Quotes `table` or `schema.table`.
+    pub fn table(&self, name: &str) -> String {
+        name.split('.')
+            .map(|p| self.ident(p))
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    /// A string literal.
+    pub fn literal(&self, value: &str) -> String {
+        let escaped = value.replace('\'', "''");
+        match self.dialect {
+            // MySQL also treats backslash as an escape inside literals.
+            Dialect::MySql => format!("'{}'", escaped.replace('\\', "\\\\")),
+            Dialect::Postgres | Dialect::Sqlite => format!("'{escaped}'"),
+        }
+    }
+
+    /// `IN (…)` list of string literals.
+    pub fn in_list(&self, words: &[&str]) -> String {
+        let items: Vec<String> = words.iter().map(|w| self.literal(w)).collect();
+        format!("({})", items.join(", "))
+    }
+
+    /// A column (or expression) as text, whatever its type (uuid, enum, varchar).
+    pub fn text(&self, expr: &str) -> String {
+        match self.dialect {
+            Dialect::Postgres => format!("CAST({expr} AS TEXT)"),
+            Dialect::MySql => format!("CAST({expr} AS CHAR)"),
+            Dialect::Sqlite => format!("CAST({expr} AS TEXT)"),
+        }
+    }
+
+    /// An integer column as a 64-bit integer.
+    pub fn int(&self, expr: &str) -> String {
+        match self.dialect {
+            Dialect::Postgres => format!("CAST({expr} AS BIGINT)"),
+            Dialect::MySql => format!("CAST({expr} AS SIGNED)"),
+            Dialect::Sqlite => format!("CAST({expr} AS INTEGER)"),
+        }
+    }
+
+    /// Length in characters of a text expression.
+    pub fn char_length(&self, expr: &str) -> String {
+        match self.dialect {
+            Dialect::Postgres | Dialect::MySql => format!("CHAR_LENGTH({expr})"),
+            Dialect::Sqlite => format!("LENGTH({expr})"),
+        }
+    }
+
+    /// A timestamp expression as microseconds since the epoch (NULL stays NULL).
+    pub fn micros(&self, expr: &str) -> String {
+        match self.dialect {
+            Dialect::Postgres => format!("CAST(EXTRACT(EPOCH FROM {expr}) * 1000000 AS BIGINT)"),
+            Dialect::MySql => {
+                format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {expr})")
+            }
+            // SQLite keeps times as text; julianday() parses the ISO-8601 forms.
+            Dialect::Sqlite => format!(
+                "(CAST(ROUND((julianday({expr}) - 2440587.5) * 86400000.0) AS INTEGER) * 1000)"
+            ),
+        }
+    }
+
+    /// The database's current time as microseconds since the epoch.
+    pub fn now_micros(&self) -> String {
+        match self.dialect {
+            Dialect::Postgres => self.micros("now()"),
+            Dialect::MySql => self.micros("UTC_TIMESTAMP(6)"),
+            Dialect::Sqlite => self.micros("strftime('%Y-%m-%d %H:%M:%f', 'now')"),
+        }
+    }
+
+    /// The placeholder of the `n`-th (1-based) bound parameter.
+    pub fn placeholder(&self, n: usize) -> String {
+        match self.dialect {
+            Dialect::Postgres => format!("${n}"),
+            Dialect::MySql | Dialect::Sqlite => "?".to_string(),
+        }
+    }
+
+    /// `column > cursor`, written so that an index on the column is used: the
+    /// cursor is converted to the column's type, never the column to a number.
+    pub fn after(&self, column: &str, n: usize) -> String {
+        let p = self.placeholder(n);
+        match self.dialect {
+            Dialect::Postgres => format!(
+                "{column} > (TIMESTAMPTZ 'epoch' + CAST({p} AS BIGINT) * INTERVAL '1 microsecond')"
+            ),
+            Dialect::MySql => {
+                format!("{column} > TIMESTAMPADD(MICROSECOND, {p}, '1970-01-01 00:00:00')")
+            }
+            Dialect::Sqlite => format!("{column} > {p}"),
+        }
+    }
+
+    /// The parameter [`Sql::after`] compares with, for a cursor in microseconds.
+    pub fn cursor(&self, micros: i64) -> Param {
+        match self.dialect {
+            Dialect::Postgres | Dialect::MySql => Param::Int(micros),
+            Dialect::Sqlite => Param::Text(sqlite_time(micros)),
+        }
+    }
+
+    /// Statements run once on every new connection: UTC, read-only
+    /// transactions, and the statement timeout.
+    pub fn session_setup(&self, timeout: Duration) -> Vec<String> {
+        let ms = timeout.as_millis().max(1);
+        match self.dialect {
+            Dialect::Postgres => vec![
+                "SET TIME ZONE 'UTC'".into(),
+                "SET application_name = 'inboxwatch'".into(),
+                format!("SET statement_timeout = {ms}"),
+                "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+                    .into(),
+            ],
+            Dialect::MySql => vec![
+                "SET time_zone = '+00:00'".into(),
+                "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY".into(),
+            ],
+            Dialect::Sqlite => vec![],
+        }
+    }
+
+    /// The statement timeout: MariaDB and MySQL name it differently.
+    pub fn statement_timeout_variants(&self, timeout: Duration) -> Vec<String> {
+        match self.dialect {
+            Dialect::MySql => vec![
+                format!(
+                    "SET SESSION max_statement_time = {:.3}",
+                    timeout.as_secs_f64()
+                ),
+                format!(
+                    "SET SESSION max_execution_time = {}",
+                    timeout.as_millis().max(1)
+                ),
+            ],
+            _ => vec![],
+        }
+    }
+
+    /// `LIMIT n`.
+    pub fn limit(&self, n: usize) -> String {
+        format!("LIMIT {n}")
+    }
+
+    /// Columns of `table`: rows of (name, type).
+    pub fn columns_query(&self, table: &str) -> String {
+        let (schema, name) = split_table(table);
+        match self.dialect {
+            Dialect::Postgres => format!(
+                "SELECT CAST(column_name AS TEXT), CAST(data_type AS TEXT) FROM information_schema.columns \
+                 WHERE table_schema = {} AND table_name = {}",
+                schema.map_or("current_schema()".to_string(), |s| self.literal(s)),
+                self.literal(name)
+            ),
+            Dialect::MySql => format!(
+                "SELECT CAST(column_name AS CHAR), CAST(data_type AS CHAR) FROM information_schema.columns \
+                 WHERE table_schema = {} AND table_name = {}",
+                schema.map_or("DATABASE()".to_string(), |s| self.literal(s)),
+                self.literal(name)
+            ),
+            Dialect::Sqlite => format!(
+                "SELECT name, type FROM pragma_table_info({}{})",
+                self.literal(name),
+                schema.map_or(String::new(), |s| format!(", {}", self.literal(s)))
+            ),
+        }
+    }
+}
+
+/// Splits `schema.table`.
+pub fn split_table(table: &str) -> (Option<&str>, &str) {
+    match table.split_once('.') {
+        Some((s, t)) => (Some(s), t),
+        None => (None, table),
+    }
+}
+
+/// SQLite's canonical text time, `YYYY-MM-DD HH:MM:SS.SSS` (UTC), of a time in
+/// microseconds since the epoch (rounded down to the millisecond).
+pub fn sqlite_time(micros: i64) -> String {
+    let millis = micros.div_euclid(1000);
+    let secs = millis.div_euclid(1000);
+    let ms = millis.rem_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}.{ms:03}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_time_matches_strftime_format() {
+        assert_eq!(sqlite_time(0), "1970-01-01 00:00:00.000");
+        // 2026-11-29 18:24:02.123456 UTC
+        assert_eq!(
+            sqlite_time(1_795_976_642_123_456),
+            "2026-11-29 18:24:02.123"
+        );
+        assert_eq!(sqlite_time(951_782_400_000_000), "2000-02-29 00:00:00.000");
+        assert_eq!(sqlite_time(-1_000), "1969-12-31 23:59:59.999");
+    }
+
+    #[test]
+    fn literals_escape_quotes() {
+        let pg = Sql {
+            dialect: Dialect::Postgres,
+        };
+        assert_eq!(pg.literal("it's"), "'it''s'");
+        let my = Sql {
+            dialect: Dialect::MySql,
+        };
+        assert_eq!(my.literal("a\\'b"), "'a\\\\''b'");
+        assert_eq!(my.table("s.t"), "`s`.`t`");
+    }
+}

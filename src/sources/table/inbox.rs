@@ -1,0 +1,550 @@
+//! The inbox / processing-record table: one row per event id, updated in place.
+//!
+//! Counting rules (what `/metrics` promises):
+//! * an event whose row first appears with `received_at` at or after the
+//!   agent's start is new: `received` +1, `deliveries` + its deliveries,
+//!   `duplicates` + (deliveries − 1);
+//! * later increments of `deliveries` are duplicate deliveries;
+//! * failed attempts: a row in `failed` (or back in `pending`) after `a`
+//!   attempts has had `a` of them; in `processing` or finished, `a − 1`; the
+//!   counter follows the largest value seen and never goes back;
+//! * reaching succeeded or dead counts one completion with its processing,
+//!   end-to-end and attempts observations, once per event (again only after a
+//!   re-drive takes it back to an unfinished status);
+//! * events that predate the agent are a baseline: their later changes count,
+//!   their history does not.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use sqlx::any::AnyRow;
+
+use super::dialect::Sql;
+use super::state::{Entry, Tracked};
+use super::{MAX_ERROR_LEN, Reject, Rejections, TableKind, get, key_of};
+use crate::config::{InboxSpec, Status};
+use crate::telemetry::catalogue as m;
+use crate::telemetry::labels::LabelCap;
+use crate::telemetry::sketch::WindowedSketch;
+
+/// Quantiles exported by the sketch gauge.
+pub const QUANTILES: [f64; 3] = [0.5, 0.95, 0.99];
+/// Relative accuracy of the quantile sketch.
+const SKETCH_ACCURACY: f64 = 0.005;
+/// Slices of the sliding window.
+const SKETCH_SLICES: u32 = 30;
+
+/// What the agent remembers of one event.
+#[derive(Debug, Clone, Copy)]
+struct State {
+    updated: i64,
+    received: i64,
+    deliveries: u32,
+    failures: u32,
+    status: Status,
+    completed: bool,
+    /// The row version last counted as rejected, so re-reads do not count again.
+    rejected_at: Option<i64>,
+    long_error_at: Option<i64>,
+    /// False while the only versions seen were rejected.
+    valid: bool,
+}
+
+impl Entry for State {
+    fn updated_at(&self) -> i64 {
+        self.updated
+    }
+    fn born_at(&self) -> i64 {
+        self.received
+    }
+    fn finished(&self) -> bool {
+        self.completed || !self.valid
+    }
+}
+
+/// One row as the tail query returns it (times in microseconds).
+#[derive(Debug)]
+struct Row {
+    event_id: String,
+    event_type: Option<String>,
+    status: String,
+    received: Option<i64>,
+    started: Option<i64>,
+    finished: Option<i64>,
+    attempts: Option<i64>,
+    deliveries: Option<i64>,
+    error_len: Option<i64>,
+    updated: i64,
+}
+
+/// Sums of one poll for one `event_type` label.
+#[derive(Debug, Default)]
+struct Counts {
+    received: u64,
+    deliveries: u64,
+    duplicates: u64,
+    succeeded: u64,
+    dead: u64,
+    failures: u64,
+    processing: Vec<f64>,
+    end_to_end: Vec<f64>,
+    attempts: Vec<f64>,
+}
+
+/// Gauge values of one `event_type` label.
+#[derive(Debug, Default, Clone, Copy)]
+struct Gauges {
+    pending: u64,
+    processing: u64,
+    failed: u64,
+    oldest_received: Option<i64>,
+    stuck: u64,
+}
+
+/// The inbox part of a table source.
+pub struct Inbox {
+    spec: InboxSpec,
+    states: Tracked<State>,
+    labels: LabelCap,
+    start: i64,
+    counts: HashMap<usize, Counts>,
+    rejections: Rejections,
+    gauges: BTreeMap<usize, Gauges>,
+    reported: HashSet<usize>,
+    sketches: HashMap<usize, WindowedSketch>,
+    last_eviction: Option<Instant>,
+}
+
+impl Inbox {
+    /// The inbox logic of one configured source.
+    pub fn new(spec: InboxSpec) -> Self {
+        let states = Tracked::new(spec.table.max_tracked_events);
+        let labels = LabelCap::new(spec.table.event_type_limit);
+        Inbox {
+            spec,
+            states,
+            labels,
+            start: i64::MIN,
+            counts: HashMap::new(),
+            rejections: Rejections::default(),
+            gauges: BTreeMap::new(),
+            reported: HashSet::new(),
+            sketches: HashMap::new(),
+            last_eviction: None,
+        }
+    }
+
+    fn decode(&self, row: &AnyRow) -> Result<Row, String> {
+        Ok(Row {
+            event_id: get::<Option<String>>(row, 0, "event_id")?.unwrap_or_default(),
+            event_type: get(row, 1, "event_type")?,
+            status: get::<Option<String>>(row, 2, "status")?.unwrap_or_default(),
+            received: get(row, 3, "received_at")?,
+            started: get(row, 4, "started_at")?,
+            finished: get(row, 5, "finished_at")?,
+            attempts: get(row, 6, "attempts")?,
+            deliveries: get(row, 7, "deliveries")?,
+            error_len: get(row, 8, "last_error")?,
+            updated: get::<Option<i64>>(row, 9, "updated_at")?.unwrap_or(i64::MIN),
+        })
+    }
+
+    /// What is wrong with a row, if anything keeps it from being used.
+    fn check(&self, row: &Row, status: Option<Status>) -> Option<Reject> {
+        let status = match status {
+            Some(s) => s,
+            None => return Some(Reject::UnknownStatus),
+        };
+        let Some(received) = row.received else {
+            return Some(Reject::NullTime);
+        };
+        if status.is_terminal() && self.spec.columns.finished_at.is_some() && row.finished.is_none()
+        {
+            return Some(Reject::NullTime);
+        }
+        if let Some(fin) = row.finished
+            && (row.started.is_some_and(|s| fin < s) || fin < received)
+        {
+            return Some(Reject::FinishBeforeStart);
+        }
+        None
+    }
+
+    /// Failed attempts a row shows, following the rules in the module docs.
+    fn failures_shown(&self, status: Status, attempts: Option<i64>, prev: &State) -> u32 {
+        match attempts {
+            Some(a) => {
+                let a = u32::try_from(a.max(0)).unwrap_or(u32::MAX);
+                match status {
+                    Status::Failed | Status::Pending => a,
+                    Status::Processing | Status::Succeeded | Status::Dead => a.saturating_sub(1),
+                }
+            }
+            // Without an attempts column, count the moves into `failed` that are seen.
+            None => {
+                prev.failures + u32::from(status == Status::Failed && prev.status != Status::Failed)
+            }
+        }
+    }
+
+    fn complete(&mut self, label: usize, row: &Row, status: Status, now: Instant) {
+        let window = self.spec.table.quantile_window;
+        let counts = self.counts.entry(label).or_default();
+        if status == Status::Dead {
+            counts.dead += 1;
+        } else {
+            counts.succeeded += 1;
+        }
+        counts
+            .attempts
+            .push(row.attempts.map_or(1.0, |a| a.max(1) as f64));
+        let Some(fin) = row.finished else {
+            return;
+        };
+        if let Some(received) = row.received {
+            counts.end_to_end.push(seconds(fin - received));
+        }
+        if let Some(started) = row.started {
+            let d = seconds(fin - started);
+            counts.processing.push(d);
+            self.sketches
+                .entry(label)
+                .or_insert_with(|| WindowedSketch::new(window, SKETCH_SLICES, SKETCH_ACCURACY))
+                .add(now, d);
+        }
+    }
+
+    fn take(&mut self, row: Row, baseline: bool) {
+        let key = key_of(&row.event_id);
+        let label = self.labels.resolve(row.event_type.as_deref());
+        let existing = self.states.get(key).copied();
+        let mut long_error_at = existing.and_then(|s| s.long_error_at);
+        if row.error_len.is_some_and(|n| n > MAX_ERROR_LEN) && long_error_at != Some(row.updated) {
+            if !baseline {
+                self.rejections.add(Reject::LastErrorTooLong);
+            }
+            long_error_at = Some(row.updated);
+        }
+        let status = self.spec.statuses.classify(&row.status);
+        if let Some(reason) = self.check(&row, status) {
+            let seen = existing.and_then(|s| s.rejected_at) == Some(row.updated);
+            if !seen && !baseline {
+                self.rejections.add(reason);
+            }
+            let state = match existing {
+                Some(s) => State {
+                    rejected_at: Some(row.updated),
+                    long_error_at,
+                    ..s
+                },
+                None => State {
+                    updated: row.updated,
+                    received: row.received.unwrap_or(i64::MIN),
+                    deliveries: 0,
+                    failures: 0,
+                    status: Status::Pending,
+                    completed: false,
+                    rejected_at: Some(row.updated),
+                    long_error_at,
+                    valid: false,
+                },
+            };
+            self.states.insert(key, state);
+            return;
+        }
+        let status = status.expect("check() rejects unknown statuses");
+        let received = row.received.expect("check() rejects a NULL received_at");
+        let deliveries = row
+            .deliveries
+            .map_or(1, |d| u32::try_from(d.max(1)).unwrap_or(u32::MAX));
+        let terminal = status.is_terminal();
+        let now = Instant::now();
+
+        let prev = match existing.filter(|s| s.valid) {
+            Some(s) => s,
+            None if baseline || !self.states.is_new(received) => {
+                // An event older than the agent's memory: its row is the baseline.
+                // Only a completion that happened since the start is counted.
+                let counted =
+                    !baseline && terminal && row.finished.is_some_and(|f| f >= self.start);
+                if counted {
+                    self.complete(label, &row, status, now);
+                }
+                let zero = State {
+                    updated: row.updated,
+                    received,
+                    deliveries,
+                    failures: 0,
+                    status,
+                    completed: terminal,
+                    rejected_at: existing.and_then(|s| s.rejected_at),
+                    long_error_at,
+                    valid: true,
+                };
+                let failures = self.failures_shown(status, row.attempts, &zero);
+                self.states.insert(key, State { failures, ..zero });
+                return;
+            }
+            None => {
+                self.counts.entry(label).or_default().received += 1;
+                State {
+                    updated: row.updated,
+                    received,
+                    deliveries: 0,
+                    failures: 0,
+                    status: Status::Pending,
+                    completed: false,
+                    rejected_at: existing.and_then(|s| s.rejected_at),
+                    long_error_at,
+                    valid: true,
+                }
+            }
+        };
+
+        let failures = self
+            .failures_shown(status, row.attempts, &prev)
+            .max(prev.failures);
+        let counts = self.counts.entry(label).or_default();
+        if deliveries > prev.deliveries {
+            let added = u64::from(deliveries - prev.deliveries);
+            counts.deliveries += added;
+            // The first delivery of a new event is not a duplicate.
+            counts.duplicates += if prev.deliveries == 0 {
+                added - 1
+            } else {
+                added
+            };
+        }
+        counts.failures += u64::from(failures - prev.failures);
+        let completed = if terminal && !prev.completed {
+            self.complete(label, &row, status, now);
+            true
+        } else {
+            terminal && prev.completed
+        };
+        self.states.insert(
+            key,
+            State {
+                updated: row.updated.max(prev.updated),
+                received,
+                deliveries: deliveries.max(prev.deliveries),
+                failures,
+                status,
+                completed,
+                rejected_at: prev.rejected_at,
+                long_error_at,
+                valid: true,
+            },
+        );
+    }
+
+    fn record(&mut self) {
+        let source = self.spec.table.name.clone();
+        for (label, c) in self.counts.drain() {
+            let et = self.labels.value(label).to_string();
+            let l = [("source", source.clone()), ("event_type", et.clone())];
+            let inc = |name: &'static str, n: u64| {
+                if n > 0 {
+                    metrics::counter!(name, &l).increment(n);
+                }
+            };
+            inc(m::INBOX_RECEIVED, c.received);
+            inc(m::INBOX_DELIVERIES, c.deliveries);
+            inc(m::INBOX_DUPLICATES, c.duplicates);
+            inc(m::INBOX_ATTEMPT_FAILURES, c.failures);
+            for (outcome, n) in [("succeeded", c.succeeded), ("dead_lettered", c.dead)] {
+                if n > 0 {
+                    metrics::counter!(m::INBOX_COMPLETED, "source" => source.clone(), "event_type" => et.clone(), "outcome" => outcome)
+                        .increment(n);
+                }
+            }
+            for (name, values) in [
+                (m::INBOX_PROCESSING_DURATION, &c.processing),
+                (m::INBOX_END_TO_END, &c.end_to_end),
+                (m::INBOX_ATTEMPTS, &c.attempts),
+            ] {
+                if !values.is_empty() {
+                    let h = metrics::histogram!(name, &l);
+                    values.iter().for_each(|v| h.record(*v));
+                }
+            }
+        }
+        self.rejections.flush(&source);
+    }
+
+    fn record_gauges(&mut self, db_now: i64, now: Instant) {
+        let source = self.spec.table.name.clone();
+        let labels: Vec<usize> = self
+            .reported
+            .iter()
+            .chain(self.gauges.keys())
+            .copied()
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        for label in labels {
+            let g = self.gauges.get(&label).copied().unwrap_or_default();
+            let et = self.labels.value(label).to_string();
+            for (status, n) in [
+                ("pending", g.pending),
+                ("processing", g.processing),
+                ("failed", g.failed),
+            ] {
+                metrics::gauge!(m::INBOX_BACKLOG, "source" => source.clone(), "event_type" => et.clone(), "status" => status)
+                    .set(n as f64);
+            }
+            let age = g
+                .oldest_received
+                .map_or(0.0, |r| seconds(db_now - r).max(0.0));
+            metrics::gauge!(m::INBOX_OLDEST_AGE, "source" => source.clone(), "event_type" => et.clone()).set(age);
+            metrics::gauge!(m::INBOX_STUCK, "source" => source.clone(), "event_type" => et.clone())
+                .set(g.stuck as f64);
+            self.reported.insert(label);
+        }
+        for (label, sketch) in &mut self.sketches {
+            let et = self.labels.value(*label).to_string();
+            let values = sketch.quantiles(now, &QUANTILES);
+            for (i, q) in QUANTILES.iter().enumerate() {
+                let v = values.as_ref().map_or(f64::NAN, |v| v[i]);
+                metrics::gauge!(m::INBOX_DURATION_QUANTILE, "source" => source.clone(), "event_type" => et.clone(), "quantile" => q.to_string())
+                    .set(v);
+            }
+        }
+    }
+}
+
+impl TableKind for Inbox {
+    fn columns(&self) -> Vec<(&'static str, String)> {
+        self.spec
+            .columns
+            .mapped()
+            .into_iter()
+            .map(|(m, c)| (m, c.to_string()))
+            .collect()
+    }
+
+    fn select_list(&self, sql: &Sql) -> Vec<(&'static str, String)> {
+        let c = &self.spec.columns;
+        let opt = |col: &Option<String>, f: &dyn Fn(&str) -> String| {
+            col.as_deref()
+                .map_or("NULL".to_string(), |c| f(&sql.ident(c)))
+        };
+        vec![
+            ("event_id", sql.text(&sql.ident(&c.event_id))),
+            ("event_type", opt(&c.event_type, &|e| sql.text(e))),
+            ("status", sql.text(&sql.ident(&c.status))),
+            ("received_at", sql.micros(&sql.ident(&c.received_at))),
+            ("started_at", opt(&c.started_at, &|e| sql.micros(e))),
+            ("finished_at", opt(&c.finished_at, &|e| sql.micros(e))),
+            ("attempts", opt(&c.attempts, &|e| sql.int(e))),
+            ("deliveries", opt(&c.deliveries, &|e| sql.int(e))),
+            (
+                "last_error",
+                opt(&c.last_error, &|e| sql.int(&sql.char_length(e))),
+            ),
+            ("updated_at", sql.micros(&sql.ident(&c.updated_at))),
+        ]
+    }
+
+    fn updated_at(&self) -> &str {
+        &self.spec.columns.updated_at
+    }
+
+    fn seed_filter(&self, sql: &Sql) -> Option<String> {
+        let words = self.spec.statuses.unfinished_words();
+        Some(format!(
+            "{} IN {}",
+            sql.ident(&self.spec.columns.status),
+            sql.in_list(&words)
+        ))
+    }
+
+    fn start(&mut self, db_now: i64) {
+        self.start = db_now;
+        self.states.start(db_now);
+    }
+
+    fn observe(&mut self, row: &AnyRow, baseline: bool) -> Result<(), String> {
+        let row = self.decode(row)?;
+        self.take(row, baseline);
+        Ok(())
+    }
+
+    fn gauge_query(&self, sql: &Sql, db_now: i64) -> String {
+        let c = &self.spec.columns;
+        let status = sql.ident(&c.status);
+        let stuck_before = db_now - micros(self.spec.stuck_after);
+        let stuck = match &c.started_at {
+            Some(started) => format!(
+                "CASE WHEN {status} IN {} AND {} < {stuck_before} THEN 1 ELSE 0 END",
+                sql.in_list(&self.spec.statuses.words_for(Status::Processing)),
+                sql.micros(&sql.ident(started)),
+            ),
+            None => "0".to_string(),
+        };
+        let (et_select, group) = match &c.event_type {
+            Some(et) => (
+                sql.text(&sql.ident(et)),
+                format!("{status}, {}", sql.ident(et)),
+            ),
+            None => ("NULL".to_string(), status.clone()),
+        };
+        format!(
+            "SELECT {}, {et_select}, COUNT(*), {}, {} FROM {} WHERE {status} IN {} GROUP BY {group}",
+            sql.text(&status),
+            sql.micros(&format!("MIN({})", sql.ident(&c.received_at))),
+            sql.int(&format!("SUM({stuck})")),
+            sql.table(&self.spec.table.table),
+            sql.in_list(&self.spec.statuses.unfinished_words()),
+        )
+    }
+
+    fn gauges(&mut self, rows: &[AnyRow], _db_now: i64) -> Result<(), String> {
+        self.gauges.clear();
+        for row in rows {
+            let word: Option<String> = get(row, 0, "status")?;
+            let et: Option<String> = get(row, 1, "event_type")?;
+            let count: i64 = get(row, 2, "status")?;
+            let oldest: Option<i64> = get(row, 3, "received_at")?;
+            let stuck: Option<i64> = get(row, 4, "started_at")?;
+            let label = self.labels.resolve(et.as_deref());
+            let g = self.gauges.entry(label).or_default();
+            let n = u64::try_from(count).unwrap_or(0);
+            match word.and_then(|w| self.spec.statuses.classify(&w)) {
+                Some(Status::Pending) => g.pending += n,
+                Some(Status::Processing) => g.processing += n,
+                Some(Status::Failed) => g.failed += n,
+                _ => {}
+            }
+            if let Some(o) = oldest {
+                g.oldest_received = Some(g.oldest_received.map_or(o, |p| p.min(o)));
+            }
+            g.stuck += u64::try_from(stuck.unwrap_or(0)).unwrap_or(0);
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, db_now: i64, now: Instant) {
+        self.record();
+        self.record_gauges(db_now, now);
+        let every = self.spec.table.poll_interval.max(Duration::from_secs(10));
+        if self
+            .last_eviction
+            .is_none_or(|t| now.duration_since(t) >= every)
+        {
+            self.states
+                .evict(db_now - micros(self.spec.table.state_retention));
+            self.last_eviction = Some(now);
+        }
+    }
+}
+
+/// Microseconds to seconds.
+pub(crate) fn seconds(micros: i64) -> f64 {
+    micros as f64 / 1e6
+}
+
+/// A duration in microseconds.
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,414 @@
+//! Inbox and outbox tables on PostgreSQL, MySQL/MariaDB and SQLite.
+//!
+//! Each poll is one read-only transaction that (1) tails the change cursor
+//! (`updated_at`) from the last high-water mark minus the overlap window, so a
+//! transaction that commits late is still seen, and (2) runs one aggregate over
+//! the unfinished rows for the gauges. What a row changed since it was last
+//! seen is worked out against a bounded map of recently seen events, so
+//! re-reading the overlap never counts twice.
+
+pub mod dialect;
+pub mod inbox;
+pub mod outbox;
+mod state;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use sqlx::any::AnyRow;
+use sqlx::{AnyConnection, Connection, Row};
+use tracing::debug;
+
+use crate::config::{Dialect, TableSpec};
+use crate::sources::{PollStats, Source, SourceError};
+use crate::telemetry::catalogue as m;
+use dialect::{Param, Sql};
+
+/// Text of `last_error` longer than this (in characters) is rejected as a label
+/// source and counted under `last_error_too_long`.
+pub const MAX_ERROR_LEN: i64 = 64 * 1024;
+
+/// Why a row was rejected (the `reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Reject {
+    NullTime,
+    UnknownStatus,
+    FinishBeforeStart,
+    LastErrorTooLong,
+}
+
+impl Reject {
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reject::NullTime => "null_time",
+            Reject::UnknownStatus => "unknown_status",
+            Reject::FinishBeforeStart => "finish_before_start",
+            Reject::LastErrorTooLong => "last_error_too_long",
+        }
+    }
+}
+
+/// The part of a table source that differs between inbox and outbox tables.
+pub trait TableKind: Send + 'static {
+    /// Every mapped column as (meaning, column), for the schema check.
+    fn columns(&self) -> Vec<(&'static str, String)>;
+    /// The select list of the tail and seed queries, as (meaning, expression).
+    fn select_list(&self, sql: &Sql) -> Vec<(&'static str, String)>;
+    /// The change-cursor column.
+    fn updated_at(&self) -> &str;
+    /// A query over the unfinished rows whose result seeds the state map at
+    /// start, so their later changes count exactly (`None`: nothing to seed).
+    fn seed_filter(&self, sql: &Sql) -> Option<String>;
+    /// Sets the agent's start on the database clock.
+    fn start(&mut self, db_now: i64);
+    /// Takes one row of the tail (or seed) into account. `baseline`: the row
+    /// predates the agent and only sets the state it is compared with later.
+    fn observe(&mut self, row: &AnyRow, baseline: bool) -> Result<(), String>;
+    /// The aggregate over unfinished rows that gives the gauges.
+    fn gauge_query(&self, sql: &Sql, db_now: i64) -> String;
+    /// Takes the gauge query's rows.
+    fn gauges(&mut self, rows: &[AnyRow], db_now: i64) -> Result<(), String>;
+    /// Records what the poll accumulated, once, and forgets old state.
+    fn flush(&mut self, db_now: i64, now: Instant);
+}
+
+/// A table source: connection, cursor and the poll transaction.
+pub struct TableSource<K: TableKind> {
+    spec: TableSpec,
+    sql: Sql,
+    kind: K,
+    conn: Option<AnyConnection>,
+    /// Highest change cursor read so far (microseconds), capped at the database's now.
+    high: Option<i64>,
+}
+
+impl<K: TableKind> TableSource<K> {
+    /// A source that connects on its first poll.
+    pub fn new(spec: TableSpec, kind: K) -> Self {
+        let sql = Sql {
+            dialect: spec.dsn.dialect(),
+        };
+        TableSource {
+            spec,
+            sql,
+            kind,
+            conn: None,
+            high: None,
+        }
+    }
+
+    /// What connecting needs, detached from the source so that no borrow of
+    /// it (and of its connection) is held across the connect.
+    pub fn opener(&self) -> Opener {
+        Opener {
+            spec: self.spec.clone(),
+            sql: self.sql,
+            columns: self.kind.columns(),
+        }
+    }
+
+    fn tail_query(&self) -> String {
+        let list: Vec<String> = self
+            .kind
+            .select_list(&self.sql)
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
+        let updated = self.sql.ident(self.kind.updated_at());
+        format!(
+            "SELECT {} FROM {} WHERE {} ORDER BY {updated} {}",
+            list.join(", "),
+            self.sql.table(&self.spec.table),
+            self.sql.after(&updated, 1),
+            self.sql.limit(self.spec.batch_size),
+        )
+    }
+
+    fn seed_query(&self) -> Option<String> {
+        let filter = self.kind.seed_filter(&self.sql)?;
+        let list: Vec<String> = self
+            .kind
+            .select_list(&self.sql)
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
+        Some(format!(
+            "SELECT {} FROM {} WHERE {filter} {}",
+            list.join(", "),
+            self.sql.table(&self.spec.table),
+            self.sql.limit(self.spec.max_tracked_events),
+        ))
+    }
+
+    /// The queries one poll runs, for `doctor`'s EXPLAIN: (what, SQL, bound cursor).
+    pub fn queries(&self) -> Vec<(&'static str, String, Option<Param>)> {
+        let cursor = self.sql.cursor(0);
+        let mut out = vec![("tail", self.tail_query(), Some(cursor))];
+        out.push(("gauges", self.kind.gauge_query(&self.sql, 0), None));
+        if let Some(seed) = self.seed_query() {
+            out.push(("seed", seed, None));
+        }
+        out
+    }
+
+    async fn poll_once(&mut self) -> Result<PollStats, SourceError> {
+        // The connection is taken for the poll and put back only when it
+        // succeeds: a failed poll leaves none, so the next one reconnects.
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => self.opener().open().await?,
+        };
+        let stats = self.poll_on(&mut conn).await?;
+        self.conn = Some(conn);
+        Ok(stats)
+    }
+
+    async fn poll_on(&mut self, conn: &mut AnyConnection) -> Result<PollStats, SourceError> {
+        let q = |e: sqlx::Error| SourceError::Query(e.to_string());
+        let tail = self.tail_query();
+        let seed = self.seed_query();
+        let updated_col = self.kind.select_list(&self.sql).len() - 1;
+        let mut tx = conn.begin().await.map_err(q)?;
+        let db_now: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT {}",
+            self.sql.now_micros()
+        )))
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(q)?;
+        let overlap = i64::try_from(self.spec.overlap.as_micros()).unwrap_or(i64::MAX);
+        let mut rows_read = 0u64;
+        let baseline = self.high.is_none();
+        if baseline {
+            self.kind.start(db_now);
+            if let Some(seed) = seed {
+                let rows = sqlx::query(sqlx::AssertSqlSafe(seed))
+                    .fetch_all(&mut *tx)
+                    .await
+                    .map_err(q)?;
+                rows_read += rows.len() as u64;
+                for row in &rows {
+                    self.kind.observe(row, true).map_err(SourceError::Schema)?;
+                }
+            }
+        }
+        let high = self.high.unwrap_or(db_now);
+        let mut low = high.saturating_sub(overlap);
+        let mut max_seen = high;
+        loop {
+            let rows = bind(
+                sqlx::query(sqlx::AssertSqlSafe(tail.clone())),
+                self.sql.cursor(low),
+            )
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(q)?;
+            rows_read += rows.len() as u64;
+            let mut last = low;
+            for row in &rows {
+                self.kind
+                    .observe(row, baseline)
+                    .map_err(SourceError::Schema)?;
+                let updated: Option<i64> =
+                    get(row, updated_col, "updated_at").map_err(SourceError::Schema)?;
+                if let Some(u) = updated {
+                    last = last.max(u);
+                }
+            }
+            max_seen = max_seen.max(last);
+            if rows.len() < self.spec.batch_size {
+                break;
+            }
+            // A full page: go on from its last cursor value. Rows sharing that
+            // value are read again and recognised; a page of one value only
+            // would not advance, so step past it.
+            let next = last - 1;
+            low = if next > low { next } else { last };
+        }
+        // A clock ahead of the database must not push the cursor into the future.
+        self.high = Some(max_seen.min(db_now));
+        let gauge_rows = sqlx::query(sqlx::AssertSqlSafe(
+            self.kind.gauge_query(&self.sql, db_now),
+        ))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(q)?;
+        tx.commit().await.map_err(q)?;
+        self.kind
+            .gauges(&gauge_rows, db_now)
+            .map_err(SourceError::Schema)?;
+        self.kind.flush(db_now, Instant::now());
+        Ok(PollStats { rows_read })
+    }
+}
+
+/// Opens a checked, read-only connection for a table source.
+pub struct Opener {
+    spec: TableSpec,
+    sql: Sql,
+    columns: Vec<(&'static str, String)>,
+}
+
+impl Opener {
+    /// Connects, sets the session up (UTC, read-only, statement timeout) and
+    /// checks the table and its mapped columns.
+    pub async fn open(self) -> Result<AnyConnection, SourceError> {
+        let url = connect_url(&self.spec);
+        let connect_err = |e: sqlx::Error| SourceError::Connect {
+            dsn: self.spec.dsn.to_string(),
+            message: scrub(&e.to_string(), &self.spec),
+        };
+        let mut conn = AnyConnection::connect(&url).await.map_err(connect_err)?;
+        for stmt in self.sql.session_setup(self.spec.timeout) {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(stmt.clone()))
+                .execute(&mut conn)
+                .await
+                .map_err(connect_err)?;
+        }
+        let variants = self.sql.statement_timeout_variants(self.spec.timeout);
+        if !variants.is_empty() {
+            let mut ok = false;
+            for stmt in &variants {
+                if sqlx::raw_sql(sqlx::AssertSqlSafe(stmt.clone()))
+                    .execute(&mut conn)
+                    .await
+                    .is_ok()
+                {
+                    ok = true;
+                    break;
+                }
+            }
+            if !ok {
+                debug!(source = %self.spec.name, "No statement timeout variable on this server.");
+            }
+        }
+        self.check_schema(&mut conn).await?;
+        Ok(conn)
+    }
+
+    /// Names the missing table or columns before the first query fails on them.
+    async fn check_schema(&self, conn: &mut AnyConnection) -> Result<(), SourceError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(
+            self.sql.columns_query(&self.spec.table),
+        ))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| SourceError::Query(e.to_string()))?;
+        let mut present = HashMap::new();
+        for row in &rows {
+            let name: String = row
+                .try_get(0)
+                .map_err(|e| SourceError::Query(e.to_string()))?;
+            let ty: String = row.try_get(1).unwrap_or_default();
+            present.insert(name, ty);
+        }
+        if present.is_empty() {
+            return Err(SourceError::Schema(format!(
+                "table \"{}\" does not exist or is not readable ({}.table)",
+                self.spec.table, self.spec.key
+            )));
+        }
+        let missing: Vec<String> = self
+            .columns
+            .iter()
+            .filter(|(_, col)| !present.contains_key(col.as_str()))
+            .map(|(meaning, col)| {
+                format!(
+                    "table \"{}\" has no column \"{col}\" ({}.columns.{meaning})",
+                    self.spec.table, self.spec.key
+                )
+            })
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(SourceError::Schema(missing.join("; ")))
+        }
+    }
+}
+
+impl<K: TableKind> Source for TableSource<K> {
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    fn poll_interval(&self) -> Duration {
+        self.spec.poll_interval
+    }
+
+    fn timeout(&self) -> Duration {
+        self.spec.timeout
+    }
+
+    async fn poll(&mut self) -> Result<PollStats, SourceError> {
+        self.poll_once().await
+    }
+
+    fn reset(&mut self) {
+        self.conn = None;
+    }
+}
+
+fn bind<'q>(
+    query: sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>,
+    param: Param,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments> {
+    match param {
+        Param::Int(v) => query.bind(v),
+        Param::Text(v) => query.bind(v),
+    }
+}
+
+/// The URL the agent connects with: SQLite files are opened read-only.
+pub fn connect_url(spec: &TableSpec) -> String {
+    let url = spec.dsn.expose();
+    if spec.dsn.dialect() == Dialect::Sqlite && !url.contains("mode=") {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}mode=ro")
+    } else {
+        url.to_string()
+    }
+}
+
+/// Removes the DSN's secrets from a driver message that may echo it.
+fn scrub(message: &str, spec: &TableSpec) -> String {
+    message.replace(spec.dsn.expose(), &spec.dsn.to_string())
+}
+
+/// Per-label-id sums of a poll, recorded once at its end.
+#[derive(Debug, Default)]
+pub(crate) struct Rejections {
+    counts: HashMap<Reject, u64>,
+}
+
+impl Rejections {
+    pub(crate) fn add(&mut self, reason: Reject) {
+        *self.counts.entry(reason).or_default() += 1;
+    }
+
+    pub(crate) fn flush(&mut self, source: &str) {
+        for (reason, n) in self.counts.drain() {
+            metrics::counter!(m::ROWS_REJECTED, "source" => source.to_string(), "reason" => reason.as_str())
+                .increment(n);
+        }
+    }
+}
+
+/// Reads column `i` of a row, naming the meaning in the error.
+pub(crate) fn get<'r, T>(row: &'r AnyRow, i: usize, meaning: &str) -> Result<T, String>
+where
+    T: sqlx::Decode<'r, sqlx::Any> + sqlx::Type<sqlx::Any>,
+{
+    row.try_get(i)
+        .map_err(|e| format!("column for {meaning} has an unusable type: {e}"))
+}
+
+/// A stable 64-bit key of an event id (SipHash with fixed keys).
+pub(crate) fn key_of(event_id: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new_with_keys(0x696e_626f_7877_6174, 0x6368_6576_656e_7473);
+    event_id.hash(&mut h);
+    h.finish()
+}

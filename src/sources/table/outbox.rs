@@ -1,0 +1,267 @@
+//! The outbox table: one row per event to publish, `published_at` NULL until sent.
+//!
+//! A row counts as published once, when its `published_at` is first seen set
+//! (at or after the agent's start); the publish delay is `published_at −
+//! created_at`. Unpublished rows at start are the baseline.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use sqlx::any::AnyRow;
+
+use super::dialect::Sql;
+use super::inbox::{micros, seconds};
+use super::state::{Entry, Tracked};
+use super::{Reject, Rejections, TableKind, get, key_of};
+use crate::config::OutboxSpec;
+use crate::telemetry::catalogue as m;
+use crate::telemetry::labels::LabelCap;
+
+#[derive(Debug, Clone, Copy)]
+struct State {
+    updated: i64,
+    created: i64,
+    published: bool,
+    rejected_at: Option<i64>,
+    /// False while the only versions seen were rejected.
+    valid: bool,
+}
+
+impl Entry for State {
+    fn updated_at(&self) -> i64 {
+        self.updated
+    }
+    fn born_at(&self) -> i64 {
+        self.created
+    }
+    fn finished(&self) -> bool {
+        self.published || !self.valid
+    }
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    published: u64,
+    delays: Vec<f64>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Gauges {
+    backlog: u64,
+    oldest_created: Option<i64>,
+}
+
+/// The outbox part of a table source.
+pub struct Outbox {
+    spec: OutboxSpec,
+    states: Tracked<State>,
+    labels: LabelCap,
+    start: i64,
+    counts: HashMap<usize, Counts>,
+    rejections: Rejections,
+    gauges: BTreeMap<usize, Gauges>,
+    reported: HashSet<usize>,
+    last_eviction: Option<Instant>,
+}
+
+impl Outbox {
+    /// The outbox logic of one configured source.
+    pub fn new(spec: OutboxSpec) -> Self {
+        Outbox {
+            states: Tracked::new(spec.table.max_tracked_events),
+            labels: LabelCap::new(spec.table.event_type_limit),
+            spec,
+            start: i64::MIN,
+            counts: HashMap::new(),
+            rejections: Rejections::default(),
+            gauges: BTreeMap::new(),
+            reported: HashSet::new(),
+            last_eviction: None,
+        }
+    }
+}
+
+impl TableKind for Outbox {
+    fn columns(&self) -> Vec<(&'static str, String)> {
+        self.spec
+            .columns
+            .mapped()
+            .into_iter()
+            .map(|(m, c)| (m, c.to_string()))
+            .collect()
+    }
+
+    fn select_list(&self, sql: &Sql) -> Vec<(&'static str, String)> {
+        let c = &self.spec.columns;
+        vec![
+            ("event_id", sql.text(&sql.ident(&c.event_id))),
+            (
+                "event_type",
+                c.event_type
+                    .as_deref()
+                    .map_or("NULL".to_string(), |e| sql.text(&sql.ident(e))),
+            ),
+            ("created_at", sql.micros(&sql.ident(&c.created_at))),
+            ("published_at", sql.micros(&sql.ident(&c.published_at))),
+            ("updated_at", sql.micros(&sql.ident(&c.updated_at))),
+        ]
+    }
+
+    fn updated_at(&self) -> &str {
+        &self.spec.columns.updated_at
+    }
+
+    fn seed_filter(&self, sql: &Sql) -> Option<String> {
+        Some(format!(
+            "{} IS NULL",
+            sql.ident(&self.spec.columns.published_at)
+        ))
+    }
+
+    fn start(&mut self, db_now: i64) {
+        self.start = db_now;
+        self.states.start(db_now);
+    }
+
+    fn observe(&mut self, row: &AnyRow, baseline: bool) -> Result<(), String> {
+        let event_id: String = get::<Option<String>>(row, 0, "event_id")?.unwrap_or_default();
+        let event_type: Option<String> = get(row, 1, "event_type")?;
+        let created: Option<i64> = get(row, 2, "created_at")?;
+        let published: Option<i64> = get(row, 3, "published_at")?;
+        let updated: i64 = get::<Option<i64>>(row, 4, "updated_at")?.unwrap_or(i64::MIN);
+        let key = key_of(&event_id);
+        let label = self.labels.resolve(event_type.as_deref());
+        let existing = self.states.get(key).copied();
+
+        let problem = match (created, published) {
+            (None, _) => Some(Reject::NullTime),
+            (Some(c), Some(p)) if p < c => Some(Reject::FinishBeforeStart),
+            _ => None,
+        };
+        if let Some(reason) = problem {
+            if !baseline && existing.and_then(|s| s.rejected_at) != Some(updated) {
+                self.rejections.add(reason);
+            }
+            let state = existing.unwrap_or(State {
+                updated,
+                created: created.unwrap_or(i64::MIN),
+                published: false,
+                rejected_at: None,
+                valid: false,
+            });
+            self.states.insert(
+                key,
+                State {
+                    rejected_at: Some(updated),
+                    ..state
+                },
+            );
+            return Ok(());
+        }
+        let created = created.expect("rows without created_at are rejected above");
+        let was_published = match existing.filter(|s| s.valid) {
+            Some(s) => s.published,
+            None if baseline => published.is_some(),
+            // First seen: a new row starts unpublished; an older one counts
+            // only if it was published since the agent started.
+            None if self.states.is_new(created) => false,
+            None => published.is_none_or(|p| p < self.start),
+        };
+        if let Some(p) = published
+            && !was_published
+        {
+            let counts = self.counts.entry(label).or_default();
+            counts.published += 1;
+            counts.delays.push(seconds(p - created));
+        }
+        self.states.insert(
+            key,
+            State {
+                updated: existing.map_or(updated, |s| s.updated.max(updated)),
+                created,
+                published: published.is_some(),
+                rejected_at: existing.and_then(|s| s.rejected_at),
+                valid: true,
+            },
+        );
+        Ok(())
+    }
+
+    fn gauge_query(&self, sql: &Sql, _db_now: i64) -> String {
+        let c = &self.spec.columns;
+        let (et_select, group) = match &c.event_type {
+            Some(et) => (
+                sql.text(&sql.ident(et)),
+                format!(" GROUP BY {}", sql.ident(et)),
+            ),
+            None => ("NULL".to_string(), String::new()),
+        };
+        format!(
+            "SELECT {et_select}, COUNT(*), {} FROM {} WHERE {} IS NULL{group}",
+            sql.micros(&format!("MIN({})", sql.ident(&c.created_at))),
+            sql.table(&self.spec.table.table),
+            sql.ident(&c.published_at),
+        )
+    }
+
+    fn gauges(&mut self, rows: &[AnyRow], _db_now: i64) -> Result<(), String> {
+        self.gauges.clear();
+        for row in rows {
+            let et: Option<String> = get(row, 0, "event_type")?;
+            let count: i64 = get(row, 1, "published_at")?;
+            let oldest: Option<i64> = get(row, 2, "created_at")?;
+            if count == 0 {
+                continue;
+            }
+            let label = self.labels.resolve(et.as_deref());
+            let g = self.gauges.entry(label).or_default();
+            g.backlog += u64::try_from(count).unwrap_or(0);
+            if let Some(o) = oldest {
+                g.oldest_created = Some(g.oldest_created.map_or(o, |p| p.min(o)));
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self, db_now: i64, now: Instant) {
+        let source = self.spec.table.name.clone();
+        for (label, c) in self.counts.drain() {
+            let l = [
+                ("source", source.clone()),
+                ("event_type", self.labels.value(label).to_string()),
+            ];
+            metrics::counter!(m::OUTBOX_PUBLISHED, &l).increment(c.published);
+            let h = metrics::histogram!(m::OUTBOX_PUBLISH_DELAY, &l);
+            c.delays.iter().for_each(|d| h.record(*d));
+        }
+        self.rejections.flush(&source);
+        let labels: HashSet<usize> = self
+            .reported
+            .iter()
+            .chain(self.gauges.keys())
+            .copied()
+            .collect();
+        for label in labels {
+            let g = self.gauges.get(&label).copied().unwrap_or_default();
+            let l = [
+                ("source", source.clone()),
+                ("event_type", self.labels.value(label).to_string()),
+            ];
+            metrics::gauge!(m::OUTBOX_BACKLOG, &l).set(g.backlog as f64);
+            let age = g
+                .oldest_created
+                .map_or(0.0, |c| seconds(db_now - c).max(0.0));
+            metrics::gauge!(m::OUTBOX_OLDEST_AGE, &l).set(age);
+            self.reported.insert(label);
+        }
+        let every = self.spec.table.poll_interval.max(Duration::from_secs(10));
+        if self
+            .last_eviction
+            .is_none_or(|t| now.duration_since(t) >= every)
+        {
+            self.states
+                .evict(db_now - micros(self.spec.table.state_retention));
+            self.last_eviction = Some(now);
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The bounded memory of recently seen events that turns rows into deltas.
+
+use std::collections::HashMap;
+
+/// What the map needs to know of an entry to forget it safely.
+pub trait Entry: Copy {
+    /// The row's change cursor when it was last seen (microseconds).
+    fn updated_at(&self) -> i64;
+    /// The time that decides whether a first-seen row is a new event
+    /// (`received_at` / `created_at`, microseconds).
+    fn born_at(&self) -> i64;
+    /// Whether the event is finished, so forgetting it only risks missing a
+    /// late duplicate, never a completion.
+    fn finished(&self) -> bool;
+}
+
+/// Recently seen events by key, bounded in size and age.
+#[derive(Debug)]
+pub struct Tracked<V> {
+    map: HashMap<u64, V>,
+    /// First-seen rows born before this are older than the agent's memory and
+    /// are taken as a baseline rather than counted as new.
+    floor: i64,
+    cap: usize,
+}
+
+impl<V: Entry> Tracked<V> {
+    /// An empty map holding at most `cap` events.
+    pub fn new(cap: usize) -> Self {
+        Tracked {
+            map: HashMap::new(),
+            floor: i64::MIN,
+            cap,
+        }
+    }
+
+    /// Sets the floor to the agent's start: only events born since count as new.
+    pub fn start(&mut self, db_now: i64) {
+        self.floor = db_now;
+    }
+
+    /// Whether a first-seen row born at `born_at` is an event the agent has
+    /// never known (and not one it has forgotten).
+    pub fn is_new(&self, born_at: i64) -> bool {
+        born_at >= self.floor
+    }
+
+    pub fn get(&self, key: u64) -> Option<&V> {
+        self.map.get(&key)
+    }
+
+    pub fn insert(&mut self, key: u64, value: V) {
+        self.map.insert(key, value);
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Forgets finished events last changed before `horizon`, then, over the
+    /// cap, the least recently changed events. The floor rises past every
+    /// forgotten event so that a later change to one is never taken for a new
+    /// event.
+    pub fn evict(&mut self, horizon: i64) {
+        let mut floor = self.floor;
+        self.map.retain(|_, v| {
+            let keep = !(v.finished() && v.updated_at() < horizon);
+            if !keep {
+                floor = floor.max(v.born_at().saturating_add(1));
+            }
+            keep
+        });
+        if self.map.len() > self.cap {
+            // Keep the newest 90 % of the cap so this does not run every poll.
+            let keep = self.cap - self.cap / 10;
+            let mut times: Vec<i64> = self.map.values().map(|v| v.updated_at()).collect();
+            let cut_at = times.len() - keep;
+            let (_, cut, _) = times.select_nth_unstable(cut_at);
+            let cut = *cut;
+            self.map.retain(|_, v| {
+                let keep = v.updated_at() >= cut;
+                if !keep {
+                    floor = floor.max(v.born_at().saturating_add(1));
+                }
+                keep
+            });
+        }
+        self.floor = floor;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Clone, Copy, Debug)]
+    struct E {
+        updated: i64,
+        born: i64,
+        done: bool,
+    }
+
+    impl Entry for E {
+        fn updated_at(&self) -> i64 {
+            self.updated
+        }
+        fn born_at(&self) -> i64 {
+            self.born
+        }
+        fn finished(&self) -> bool {
+            self.done
+        }
+    }
+
+    #[test]
+    fn finished_events_are_forgotten_after_the_horizon_and_raise_the_floor() {
+        let mut t = Tracked::new(100);
+        t.start(0);
+        t.insert(
+            1,
+            E {
+                updated: 10,
+                born: 5,
+                done: true,
+            },
+        );
+        t.insert(
+            2,
+            E {
+                updated: 10,
+                born: 6,
+                done: false,
+            },
+        );
+        t.insert(
+            3,
+            E {
+                updated: 30,
+                born: 7,
+                done: true,
+            },
+        );
+        t.evict(20);
+        assert!(t.get(1).is_none());
+        assert!(t.get(2).is_some(), "unfinished events stay");
+        assert!(t.get(3).is_some(), "recent events stay");
+        assert!(!t.is_new(5), "a forgotten event is not new when seen again");
+        assert!(t.is_new(6));
+    }
+
+    #[test]
+    fn the_cap_keeps_the_most_recently_changed() {
+        let mut t = Tracked::new(10);
+        t.start(0);
+        for k in 0..20 {
+            t.insert(
+                k,
+                E {
+                    updated: k as i64,
+                    born: k as i64,
+                    done: false,
+                },
+            );
+        }
+        t.evict(i64::MIN);
+        assert_eq!(t.len(), 9);
+        assert!(t.get(19).is_some());
+        assert!(t.get(10).is_none());
+        assert!(!t.is_new(10));
+        assert!(t.is_new(11));
+    }
+}

@@ -1,0 +1,396 @@
+//! Every metric the agent exports, declared once: name, type, unit, labels and
+//! help text. The README's metric reference, the dashboards and the alert
+//! rules are checked against this list.
+
+use metrics::Unit;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
+
+/// Prometheus metric type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl Kind {
+    /// The `# TYPE` word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+            Kind::Histogram => "histogram",
+        }
+    }
+}
+
+/// One metric of the catalogue.
+#[derive(Debug, Clone, Copy)]
+pub struct MetricDef {
+    /// Prometheus name (OTLP uses the same with dots).
+    pub name: &'static str,
+    pub kind: Kind,
+    pub unit: Option<Unit>,
+    /// Label names, in the order they are attached.
+    pub labels: &'static [&'static str],
+    /// Histogram bucket boundaries.
+    pub buckets: Option<&'static [f64]>,
+    pub help: &'static str,
+}
+
+/// Buckets of the latency histograms, in seconds: 5 ms to 1 h.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    1800.0, 3600.0,
+];
+/// Buckets of the attempts histogram (the retry distribution), as SPEC §3.1 fixes them.
+pub const ATTEMPT_BUCKETS: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0];
+/// Buckets of the agent's own poll duration.
+pub const POLL_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+macro_rules! names {
+    ($($konst:ident = $name:literal;)*) => {
+        $(#[doc = concat!("`", $name, "`")] pub const $konst: &str = $name;)*
+    };
+}
+
+names! {
+    INBOX_RECEIVED = "inbox_messages_received_total";
+    INBOX_DELIVERIES = "inbox_deliveries_total";
+    INBOX_DUPLICATES = "inbox_duplicate_deliveries_total";
+    INBOX_COMPLETED = "inbox_messages_completed_total";
+    INBOX_ATTEMPT_FAILURES = "inbox_attempt_failures_total";
+    INBOX_PROCESSING_DURATION = "inbox_processing_duration_seconds";
+    INBOX_END_TO_END = "inbox_end_to_end_latency_seconds";
+    INBOX_ATTEMPTS = "inbox_delivery_attempts";
+    INBOX_DURATION_QUANTILE = "inbox_processing_duration_quantile_seconds";
+    INBOX_BACKLOG = "inbox_backlog_messages";
+    INBOX_OLDEST_AGE = "inbox_oldest_unprocessed_age_seconds";
+    INBOX_STUCK = "inbox_stuck_messages";
+    OUTBOX_BACKLOG = "outbox_backlog_messages";
+    OUTBOX_OLDEST_AGE = "outbox_oldest_unpublished_age_seconds";
+    OUTBOX_PUBLISHED = "outbox_messages_published_total";
+    OUTBOX_PUBLISH_DELAY = "outbox_publish_delay_seconds";
+    SOURCE_UP = "inboxwatch_source_up";
+    POLL_DURATION = "inboxwatch_poll_duration_seconds";
+    POLL_ERRORS = "inboxwatch_poll_errors_total";
+    ROWS_READ = "inboxwatch_rows_read_total";
+    ROWS_REJECTED = "inboxwatch_rows_rejected_total";
+    SOURCE_LEADER = "inboxwatch_source_leader";
+    SPANS_EXPORTED = "inboxwatch_spans_exported_total";
+    SPANS_DROPPED = "inboxwatch_spans_dropped_total";
+    BUILD_INFO = "inboxwatch_build_info";
+    OBJECTIVE_OLDEST_AGE = "inboxwatch_objective_oldest_age_seconds";
+    OBJECTIVE_P95 = "inboxwatch_objective_p95_seconds";
+}
+
+const SE: &[&str] = &["source", "event_type"];
+const S: &[&str] = &["source"];
+
+const fn def(
+    name: &'static str,
+    kind: Kind,
+    unit: Option<Unit>,
+    labels: &'static [&'static str],
+    help: &'static str,
+) -> MetricDef {
+    let buckets = match kind {
+        Kind::Histogram => Some(LATENCY_BUCKETS),
+        _ => None,
+    };
+    MetricDef {
+        name,
+        kind,
+        unit,
+        labels,
+        buckets,
+        help,
+    }
+}
+
+/// The catalogue, in the order of the README's metric reference.
+pub static CATALOGUE: &[MetricDef] = &[
+    def(
+        INBOX_RECEIVED,
+        Kind::Counter,
+        Some(Unit::Count),
+        SE,
+        "New event ids seen in the inbox table.",
+    ),
+    def(
+        INBOX_DELIVERIES,
+        Kind::Counter,
+        Some(Unit::Count),
+        SE,
+        "Deliveries seen, first deliveries plus duplicates.",
+    ),
+    def(
+        INBOX_DUPLICATES,
+        Kind::Counter,
+        Some(Unit::Count),
+        SE,
+        "Idempotency hits: deliveries of an event id that was already recorded.",
+    ),
+    def(
+        INBOX_COMPLETED,
+        Kind::Counter,
+        Some(Unit::Count),
+        &["source", "event_type", "outcome"],
+        "Events that reached a final state, by outcome (succeeded or dead_lettered).",
+    ),
+    def(
+        INBOX_ATTEMPT_FAILURES,
+        Kind::Counter,
+        Some(Unit::Count),
+        SE,
+        "Failed attempts that were retried.",
+    ),
+    def(
+        INBOX_PROCESSING_DURATION,
+        Kind::Histogram,
+        Some(Unit::Seconds),
+        SE,
+        "Processing time of the final attempt (started_at to finished_at), once per completed event.",
+    ),
+    def(
+        INBOX_END_TO_END,
+        Kind::Histogram,
+        Some(Unit::Seconds),
+        SE,
+        "Time from first receipt to completion (received_at to finished_at), once per completed event.",
+    ),
+    MetricDef {
+        buckets: Some(ATTEMPT_BUCKETS),
+        ..def(
+            INBOX_ATTEMPTS,
+            Kind::Histogram,
+            Some(Unit::Count),
+            SE,
+            "Attempts an event needed, observed at completion (the retry distribution).",
+        )
+    },
+    def(
+        INBOX_DURATION_QUANTILE,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        &["source", "event_type", "quantile"],
+        "Processing time quantiles over the sliding window, from a sketch with at most 0.5 % relative error.",
+    ),
+    def(
+        INBOX_BACKLOG,
+        Kind::Gauge,
+        Some(Unit::Count),
+        &["source", "event_type", "status"],
+        "Unfinished rows by status (pending, processing, failed).",
+    ),
+    def(
+        INBOX_OLDEST_AGE,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        SE,
+        "Age of the oldest unfinished row, on the database's clock; 0 when there is none.",
+    ),
+    def(
+        INBOX_STUCK,
+        Kind::Gauge,
+        Some(Unit::Count),
+        SE,
+        "Rows in processing for longer than the source's stuck_after.",
+    ),
+    def(
+        OUTBOX_BACKLOG,
+        Kind::Gauge,
+        Some(Unit::Count),
+        SE,
+        "Outbox rows not yet published.",
+    ),
+    def(
+        OUTBOX_OLDEST_AGE,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        SE,
+        "Age of the oldest unpublished outbox row; 0 when there is none.",
+    ),
+    def(
+        OUTBOX_PUBLISHED,
+        Kind::Counter,
+        Some(Unit::Count),
+        SE,
+        "Outbox rows seen published.",
+    ),
+    def(
+        OUTBOX_PUBLISH_DELAY,
+        Kind::Histogram,
+        Some(Unit::Seconds),
+        SE,
+        "Time from creation to publication of an outbox row (created_at to published_at).",
+    ),
+    def(
+        SOURCE_UP,
+        Kind::Gauge,
+        None,
+        S,
+        "1 when the source's last poll succeeded, 0 when it failed.",
+    ),
+    MetricDef {
+        buckets: Some(POLL_BUCKETS),
+        ..def(
+            POLL_DURATION,
+            Kind::Histogram,
+            Some(Unit::Seconds),
+            S,
+            "Duration of one poll of a source, successful or not.",
+        )
+    },
+    def(
+        POLL_ERRORS,
+        Kind::Counter,
+        Some(Unit::Count),
+        &["source", "kind"],
+        "Failed polls, by kind of failure (connect, schema, query, timeout).",
+    ),
+    def(
+        ROWS_READ,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Rows read from the watched table, re-reads of the overlap window included.",
+    ),
+    def(
+        ROWS_REJECTED,
+        Kind::Counter,
+        Some(Unit::Count),
+        &["source", "reason"],
+        "Rows that could not be used as they are, by reason (null_time, unknown_status, finish_before_start, last_error_too_long).",
+    ),
+    def(
+        SOURCE_LEADER,
+        Kind::Gauge,
+        None,
+        S,
+        "1 when this agent owns the source and exports it, 0 when it stands by.",
+    ),
+    def(
+        SPANS_EXPORTED,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Spans handed to the OTLP exporter.",
+    ),
+    def(
+        SPANS_DROPPED,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Spans dropped because the export queue was full.",
+    ),
+    def(
+        BUILD_INFO,
+        Kind::Gauge,
+        None,
+        &["version"],
+        "Always 1; the version label says which build runs.",
+    ),
+    def(
+        OBJECTIVE_OLDEST_AGE,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        S,
+        "The source's configured objective for the oldest unprocessed age.",
+    ),
+    def(
+        OBJECTIVE_P95,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        S,
+        "The source's configured objective for the 95th percentile of processing time.",
+    ),
+];
+
+/// Looks a metric up by name.
+pub fn find(name: &str) -> Option<&'static MetricDef> {
+    CATALOGUE.iter().find(|m| m.name == name)
+}
+
+/// Registers HELP text and units for every metric with the installed recorder.
+pub fn describe() {
+    for m in CATALOGUE {
+        let unit = m.unit.unwrap_or(Unit::Count);
+        match m.kind {
+            Kind::Counter => metrics::describe_counter!(m.name, unit, m.help),
+            Kind::Gauge => metrics::describe_gauge!(m.name, unit, m.help),
+            Kind::Histogram => metrics::describe_histogram!(m.name, unit, m.help),
+        }
+    }
+}
+
+/// A Prometheus recorder with the catalogue's histogram buckets.
+pub fn catalogue_recorder() -> PrometheusRecorder {
+    prometheus_builder().build_recorder()
+}
+
+/// A Prometheus exporter builder with the catalogue's histogram buckets.
+pub fn prometheus_builder() -> PrometheusBuilder {
+    let mut builder = PrometheusBuilder::new();
+    for m in CATALOGUE {
+        if let Some(buckets) = m.buckets {
+            builder = builder
+                .set_buckets_for_metric(Matcher::Full(m.name.to_string()), buckets)
+                .expect("catalogue buckets are non-empty");
+        }
+    }
+    builder
+}
+
+/// The metric reference as a Markdown table (`inboxwatch metrics`), the same
+/// table the README carries.
+pub fn markdown() -> String {
+    let mut out = String::from("| name | type | labels | meaning |\n|---|---|---|---|\n");
+    for m in CATALOGUE {
+        let labels: Vec<String> = m.labels.iter().map(|l| format!("`{l}`")).collect();
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            m.name,
+            m.kind.as_str(),
+            labels.join(", "),
+            m.help
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn names_are_unique_and_follow_prometheus_conventions() {
+        let mut seen = HashSet::new();
+        for m in CATALOGUE {
+            assert!(seen.insert(m.name), "{} declared twice", m.name);
+            assert_eq!(
+                m.kind == Kind::Counter,
+                m.name.ends_with("_total"),
+                "{}",
+                m.name
+            );
+            if m.unit == Some(Unit::Seconds) {
+                assert!(m.name.ends_with("_seconds"), "{} is in seconds", m.name);
+            }
+            assert!(!m.help.is_empty());
+        }
+    }
+
+    /// Guards the README's metric reference: it must be the catalogue's table.
+    #[test]
+    fn readme_lists_every_metric_of_the_catalogue() {
+        let readme = include_str!("../../README.md");
+        assert!(
+            readme.contains(&markdown()),
+            "README.md's metric reference differs from the catalogue; paste the output of `inboxwatch metrics`"
+        );
+    }
+}

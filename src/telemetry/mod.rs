@@ -1,0 +1,6 @@
+//! What the agent exports: the metric catalogue, bounded labels and the
+//! quantile sketch.
+
+pub mod catalogue;
+pub mod labels;
+pub mod sketch;
