@@ -24,12 +24,18 @@ pub fn inbox_ddl(dialect: Dialect, table: &str) -> String {
     let sql = Sql { dialect };
     let t = sql.table(table);
     let (id, word, time, text, int) = types(dialect);
+    // Status words are short; a narrow column keeps MySQL's (status, received_at) index small.
+    let status = if dialect == Dialect::MySql {
+        "VARCHAR(32)"
+    } else {
+        word
+    };
     let mut out = format!(
         "-- Inbox / processing-record table: one row per event id, updated in place.\n\
          CREATE TABLE IF NOT EXISTS {t} (\n\
          \x20   event_id     {id} PRIMARY KEY,\n\
          \x20   event_type   {word},\n\
-         \x20   status       {word} NOT NULL,\n\
+         \x20   status       {status} NOT NULL,\n\
          \x20   received_at  {time} NOT NULL,\n\
          \x20   started_at   {time},\n\
          \x20   finished_at  {time},\n\

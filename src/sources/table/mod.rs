@@ -24,6 +24,11 @@ use crate::sources::{PollStats, Source, SourceError};
 use crate::telemetry::catalogue as m;
 use dialect::{Param, Sql};
 
+/// How far behind the change cursor every poll looks, for transactions that
+/// commit shortly after setting `updated_at`; older stragglers (up to the
+/// source's `overlap`) are caught by the periodic sweep.
+pub const COMMIT_LAG: Duration = Duration::from_secs(2);
+
 /// Text of `last_error` longer than this (in characters) is rejected as a label
 /// source and counted under `last_error_too_long`.
 pub const MAX_ERROR_LEN: i64 = 64 * 1024;
@@ -81,6 +86,8 @@ pub struct TableSource<K: TableKind> {
     conn: Option<AnyConnection>,
     /// Highest change cursor read so far (microseconds), capped at the database's now.
     high: Option<i64>,
+    /// When the whole overlap window was last re-read.
+    last_sweep: Option<Instant>,
 }
 
 impl<K: TableKind> TableSource<K> {
@@ -95,6 +102,7 @@ impl<K: TableKind> TableSource<K> {
             kind,
             conn: None,
             high: None,
+            last_sweep: None,
         }
     }
 
@@ -177,7 +185,19 @@ impl<K: TableKind> TableSource<K> {
         .fetch_one(&mut *tx)
         .await
         .map_err(q)?;
-        let overlap = i64::try_from(self.spec.overlap.as_micros()).unwrap_or(i64::MAX);
+        // Most polls look back only COMMIT_LAG, which catches ordinary commit
+        // latency at once; every third of the overlap window a sweep re-reads
+        // the whole window for the rare transaction that commits later still.
+        // Reads stay proportional to the change rate, not to overlap / interval.
+        let sweep_every = (self.spec.overlap / 3).max(self.spec.poll_interval);
+        let sweep = self.last_sweep.is_none_or(|t| t.elapsed() >= sweep_every);
+        let lookback = if sweep {
+            self.last_sweep = Some(Instant::now());
+            self.spec.overlap
+        } else {
+            self.spec.overlap.min(COMMIT_LAG)
+        };
+        let overlap = i64::try_from(lookback.as_micros()).unwrap_or(i64::MAX);
         let mut rows_read = 0u64;
         let baseline = self.high.is_none();
         if baseline {
