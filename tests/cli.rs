@@ -1,0 +1,1223 @@
+//! The `inboxwatch` binary's command-line contract, tested through the binary:
+//! `check-config` accepts the documented example and rejects broken configs with
+//! exit code 2 and one line per problem naming its key; DSN passwords never reach
+//! any output; `schema` prints DDL that runs (twice) on PostgreSQL, MariaDB and
+//! SQLite; `--help` lists every subcommand.
+
+use std::collections::BTreeSet;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command as StdCommand, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+use sqlx::mysql::MySqlConnection;
+use sqlx::postgres::PgConnection;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
+
+const BIN: &str = env!("CARGO_BIN_EXE_inboxwatch");
+const PG_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test";
+const MYSQL_DEFAULT: &str = "mysql://root@127.0.0.1:3306/test";
+/// A variable no environment sets; removed from every child's environment anyway.
+const UNSET_VAR: &str = "INBOXWATCH_CLI_TEST_UNSET_VARIABLE";
+const SECRET: &str = "s3cr3t-pw";
+const SECRET_DSN: &str = "postgres://u:s3cr3t-pw@127.0.0.1:1/db";
+
+// ---------------------------------------------------------------------------
+// Running the binary
+
+struct Outcome {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Outcome {
+    fn describe(&self) -> String {
+        format!(
+            "exit code {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.code, self.stdout, self.stderr
+        )
+    }
+}
+
+fn run_cli(args: &[&str]) -> Outcome {
+    let out = Command::new(BIN)
+        .args(args)
+        .env_remove(UNSET_VAR)
+        .timeout(Duration::from_secs(30))
+        .output()
+        .expect("the inboxwatch binary can be spawned");
+    Outcome {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn write_config(toml: &str) -> tempfile::NamedTempFile {
+    let mut file = tempfile::Builder::new()
+        .prefix("inboxwatch-cli-")
+        .suffix(".toml")
+        .tempfile()
+        .expect("a temporary config file can be created");
+    file.write_all(toml.as_bytes())
+        .expect("the temporary config file can be written");
+    file
+}
+
+fn check_config(toml: &str) -> Outcome {
+    let file = write_config(toml);
+    let path = file.path().to_str().expect("temp paths are UTF-8");
+    run_cli(&["check-config", path])
+}
+
+// ---------------------------------------------------------------------------
+// Building configs
+
+/// TOML string literal.
+fn q(value: &str) -> String {
+    format!("\"{value}\"")
+}
+
+/// One `[[sources]]` entry: top-level keys (in order) plus sub-tables.
+#[derive(Clone)]
+struct SourceToml {
+    keys: Vec<(String, String)>,
+    tables: String,
+}
+
+impl SourceToml {
+    /// A complete, valid inbox source named `name`.
+    fn inbox(name: &str) -> Self {
+        let keys = [
+            ("name", q(name)),
+            ("kind", q("inbox")),
+            ("dsn", q(PG_DEFAULT)),
+            ("table", q("inbox_cli")),
+            ("poll_interval", q("5s")),
+            ("overlap", q("30s")),
+            ("stuck_after", q("10m")),
+            ("event_type_limit", "50".to_owned()),
+        ];
+        Self {
+            keys: keys.into_iter().map(|(k, v)| (k.to_owned(), v)).collect(),
+            tables: String::new(),
+        }
+    }
+
+    /// Replaces `key`'s value (raw TOML), or appends the key.
+    fn set(mut self, key: &str, value: &str) -> Self {
+        match self.keys.iter_mut().find(|(k, _)| k == key) {
+            Some(entry) => entry.1 = value.to_owned(),
+            None => self.keys.push((key.to_owned(), value.to_owned())),
+        }
+        self
+    }
+
+    fn remove(mut self, key: &str) -> Self {
+        self.keys.retain(|(k, _)| k != key);
+        self
+    }
+
+    /// Appends a sub-table such as `[sources.columns]` with its body.
+    fn table(mut self, header: &str, body: &str) -> Self {
+        self.tables.push_str(&format!("\n[{header}]\n{body}\n"));
+        self
+    }
+
+    fn render(&self) -> String {
+        let mut out = String::from("\n[[sources]]\n");
+        for (key, value) in &self.keys {
+            out.push_str(&format!("{key} = {value}\n"));
+        }
+        out.push_str(&self.tables);
+        out
+    }
+}
+
+/// A config file: optional top-level keys, `[server]`, then the sources.
+fn config_with(top_level: &str, server: &str, sources: &[SourceToml]) -> String {
+    let mut out = String::from(top_level);
+    out.push_str(&format!("\n[server]\n{server}\n"));
+    for source in sources {
+        out.push_str(&source.render());
+    }
+    out
+}
+
+fn config(sources: &[SourceToml]) -> String {
+    config_with("", "listen = \"127.0.0.1:0\"", sources)
+}
+
+// ---------------------------------------------------------------------------
+// Asserting on check-config's problems
+
+fn problem_lines(out: &Outcome) -> Vec<&str> {
+    out.stderr
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .collect()
+}
+
+/// Whether `line` starts with the key `key` (followed by `:`), or with a key under it
+/// (followed by `.`) when `allow_subkey`.
+fn starts_with_key(line: &str, key: &str, allow_subkey: bool) -> bool {
+    match line.strip_prefix(key) {
+        Some(rest) => rest.starts_with(':') || (allow_subkey && rest.starts_with('.')),
+        None => false,
+    }
+}
+
+/// Exit 2, nothing on stdout, and exactly `expected.len()` problem lines on stderr,
+/// each expected `(key, value)` on its own line that starts with the key.
+fn assert_problems(out: &Outcome, expected: &[(&str, Option<&str>)], allow_subkey: bool) {
+    assert_eq!(out.code, Some(2), "exit code\n{}", out.describe());
+    assert_eq!(out.stdout, "", "stdout must be empty\n{}", out.describe());
+    let lines = problem_lines(out);
+    assert_eq!(
+        lines.len(),
+        expected.len(),
+        "one stderr line per problem\n{}",
+        out.describe()
+    );
+    for (key, value) in expected {
+        let found = lines.iter().any(|line| {
+            starts_with_key(line, key, allow_subkey) && value.is_none_or(|v| line.contains(v))
+        });
+        assert!(
+            found,
+            "no stderr line starts with `{key}:`{}\n{}",
+            value
+                .map(|v| format!(" and contains `{v}`"))
+                .unwrap_or_default(),
+            out.describe()
+        );
+    }
+}
+
+fn assert_problem(out: &Outcome, key: &str, value: Option<&str>) {
+    assert_problems(out, &[(key, value)], false);
+}
+
+/// Exit 0 and exactly `config OK: N sources` on stdout (`1 source` also accepted).
+fn assert_config_ok(out: &Outcome, sources: usize) {
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let expected = format!("config OK: {sources} sources");
+    let stdout = out.stdout.trim_end();
+    let accepted = stdout == expected || (sources == 1 && stdout == "config OK: 1 source");
+    assert!(accepted, "expected stdout `{expected}`\n{}", out.describe());
+}
+
+fn assert_no_secret(what: &str, text: &str) {
+    assert!(
+        !text.contains(SECRET),
+        "{what} contains the DSN password `{SECRET}`:\n{text}"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// check-config: valid configs
+
+/// Names of the `${VAR}` references in `text`.
+fn env_references(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        rest = &rest[start + 2..];
+        if let Some(end) = rest.find('}') {
+            let name = &rest[..end];
+            if !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                names.insert(name.to_owned());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn check_config_accepts_the_documented_example() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/inboxwatch.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let sources = text
+        .lines()
+        .filter(|line| line.trim() == "[[sources]]")
+        .count();
+
+    let mut cmd = Command::new(BIN);
+    cmd.arg("check-config")
+        .arg(&path)
+        .timeout(Duration::from_secs(30));
+    for name in env_references(&text) {
+        cmd.env(name, "dummy-value");
+    }
+    let out = cmd.output().expect("the inboxwatch binary can be spawned");
+    let out = Outcome {
+        code: out.status.code(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+
+    assert_config_ok(&out, sources);
+}
+
+/// Guards the rejection cases below: the config they start from is valid, so each
+/// rejection is caused by its one change.
+#[test]
+fn check_config_accepts_the_base_config_of_the_rejection_cases() {
+    let out = check_config(&config(&[
+        SourceToml::inbox("orders"),
+        SourceToml::inbox("payments"),
+    ]));
+    assert_config_ok(&out, 2);
+}
+
+#[test]
+fn check_config_accepts_fully_specified_source() {
+    let source = SourceToml::inbox("orders")
+        .set("timeout", &q("2s"))
+        .set("quantile_window", &q("5m"))
+        .table(
+            "sources.columns",
+            "event_id = \"id\"\nevent_type = \"\"\nstatus = \"state\"\nreceived_at = \"created\"\n\
+             started_at = \"\"\nfinished_at = \"done_at\"\nattempts = \"tries\"\ndeliveries = \"\"\n\
+             last_error = \"\"\ntraceparent = \"\"\nupdated_at = \"changed\"",
+        )
+        .table(
+            "sources.statuses",
+            "pending = [\"new\", \"queued\"]\nprocessing = [\"running\"]\nsucceeded = [\"done\", \"success\"]\n\
+             failed = [\"retry\"]\ndead = [\"dlq\"]",
+        )
+        .table("sources.objectives", "oldest_age = \"5m\"\np95 = \"2s\"");
+    let out = check_config(&config(&[source]));
+    assert_config_ok(&out, 1);
+}
+
+// ---------------------------------------------------------------------------
+// check-config: one problem each
+
+#[test]
+fn check_config_rejects_unknown_top_level_key() {
+    let toml = config_with(
+        "metrics_port = 9000\n",
+        "listen = \"127.0.0.1:0\"",
+        &[SourceToml::inbox("orders")],
+    );
+    assert_problem(&check_config(&toml), "metrics_port", None);
+}
+
+#[test]
+fn check_config_rejects_unknown_server_key() {
+    let toml = config_with(
+        "",
+        "listen = \"127.0.0.1:0\"\nport = 9469",
+        &[SourceToml::inbox("orders")],
+    );
+    assert_problem(&check_config(&toml), "server.port", None);
+}
+
+#[test]
+fn check_config_rejects_unknown_source_key() {
+    let source = SourceToml::inbox("orders")
+        .remove("poll_interval")
+        .set("poll_intervall", &q("5s"));
+    assert_problem(
+        &check_config(&config(&[source])),
+        "sources[0].poll_intervall",
+        None,
+    );
+}
+
+#[test]
+fn check_config_rejects_unknown_key_in_second_source() {
+    let second = SourceToml::inbox("payments").set("stuck_afer", &q("10m"));
+    assert_problem(
+        &check_config(&config(&[SourceToml::inbox("orders"), second])),
+        "sources[1].stuck_afer",
+        None,
+    );
+}
+
+#[test]
+fn check_config_rejects_unknown_column_key() {
+    let source = SourceToml::inbox("orders").table(
+        "sources.columns",
+        "event_id = \"event_id\"\nrecieved_at = \"received_at\"",
+    );
+    assert_problem(
+        &check_config(&config(&[source])),
+        "sources[0].columns.recieved_at",
+        None,
+    );
+}
+
+#[test]
+fn check_config_rejects_wrong_value_type() {
+    let source = SourceToml::inbox("orders").set("event_type_limit", &q("fifty"));
+    assert_problem(
+        &check_config(&config(&[source])),
+        "sources[0].event_type_limit",
+        Some("fifty"),
+    );
+}
+
+#[test]
+fn check_config_rejects_missing_dsn() {
+    let source = SourceToml::inbox("orders").remove("dsn");
+    assert_problem(&check_config(&config(&[source])), "sources[0].dsn", None);
+}
+
+#[test]
+fn check_config_rejects_bad_duration() {
+    let source = SourceToml::inbox("orders").set("poll_interval", &q("5 parsecs"));
+    assert_problem(
+        &check_config(&config(&[source])),
+        "sources[0].poll_interval",
+        Some("5 parsecs"),
+    );
+}
+
+#[test]
+fn check_config_rejects_unknown_dialect() {
+    let source = SourceToml::inbox("orders").set("dsn", &q("oracle://x/y"));
+    assert_problem(
+        &check_config(&config(&[source])),
+        "sources[0].dsn",
+        Some("oracle"),
+    );
+}
+
+#[test]
+fn check_config_rejects_duplicate_source_names() {
+    let toml = config(&[SourceToml::inbox("orders"), SourceToml::inbox("orders")]);
+    assert_problem(&check_config(&toml), "sources[1].name", Some("orders"));
+}
+
+#[test]
+fn check_config_rejects_required_column_mapped_to_empty_string() {
+    let source = SourceToml::inbox("orders").table("sources.columns", "updated_at = \"\"");
+    assert_problem(
+        &check_config(&config(&[source])),
+        "sources[0].columns.updated_at",
+        None,
+    );
+}
+
+#[test]
+fn check_config_rejects_unknown_kind() {
+    let source = SourceToml::inbox("orders").set("kind", &q("queue"));
+    assert_problem(
+        &check_config(&config(&[source])),
+        "sources[0].kind",
+        Some("queue"),
+    );
+}
+
+#[test]
+fn check_config_rejects_status_word_with_two_meanings() {
+    let source = SourceToml::inbox("orders").table(
+        "sources.statuses",
+        "pending = [\"pending\"]\nprocessing = [\"processing\"]\nsucceeded = [\"done\"]\n\
+         failed = [\"failed\"]\ndead = [\"done\"]",
+    );
+    // The line may name the table or the meaning: `sources[0].statuses[.dead]: ...`.
+    assert_problems(
+        &check_config(&config(&[source])),
+        &[("sources[0].statuses", Some("done"))],
+        true,
+    );
+}
+
+#[test]
+fn check_config_rejects_zero_event_type_limit() {
+    let source = SourceToml::inbox("orders").set("event_type_limit", "0");
+    assert_problem(
+        &check_config(&config(&[source])),
+        "sources[0].event_type_limit",
+        None,
+    );
+}
+
+#[test]
+fn check_config_names_the_unset_variable_in_a_dsn() {
+    let dsn = format!("postgres://u:${{{UNSET_VAR}}}@127.0.0.1:5432/db");
+    let source = SourceToml::inbox("orders").set("dsn", &q(&dsn));
+    assert_problem(
+        &check_config(&config(&[source])),
+        "sources[0].dsn",
+        Some(UNSET_VAR),
+    );
+}
+
+#[test]
+fn check_config_prints_one_line_per_problem() {
+    let first = SourceToml::inbox("orders").table("sources.columns", "updated_at = \"\"");
+    let second = SourceToml::inbox("orders");
+    assert_problems(
+        &check_config(&config(&[first, second])),
+        &[
+            ("sources[0].columns.updated_at", None),
+            ("sources[1].name", Some("orders")),
+        ],
+        false,
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Secrets
+
+#[test]
+fn check_config_never_prints_a_dsn_password() {
+    let valid = SourceToml::inbox("orders").set("dsn", &q(SECRET_DSN));
+    let out = check_config(&config(&[valid]));
+    assert_config_ok(&out, 1);
+    assert_no_secret("stderr", &out.stderr);
+
+    // Problems in the DSN itself, where printing it would be the easy message.
+    let wrong_scheme = SourceToml::inbox("orders").set("dsn", &q("oracle://u:s3cr3t-pw@x/y"));
+    let out = check_config(&config(&[wrong_scheme]));
+    assert_problem(&out, "sources[0].dsn", Some("oracle"));
+    assert_no_secret("stderr", &out.stderr);
+
+    let unset_host = format!("postgres://u:{SECRET}@${{{UNSET_VAR}}}:5432/db");
+    let unset = SourceToml::inbox("orders").set("dsn", &q(&unset_host));
+    let out = check_config(&config(&[unset]));
+    assert_problem(&out, "sources[0].dsn", Some(UNSET_VAR));
+    assert_no_secret("stderr", &out.stderr);
+
+    // A problem elsewhere in a source whose DSN carries a password.
+    let other = SourceToml::inbox("orders")
+        .set("dsn", &q(SECRET_DSN))
+        .set("poll_interval", &q("5 parsecs"));
+    let out = check_config(&config(&[other]));
+    assert_problem(&out, "sources[0].poll_interval", Some("5 parsecs"));
+    assert_no_secret("stderr", &out.stderr);
+}
+
+fn free_addr() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("an ephemeral port can be bound");
+    listener
+        .local_addr()
+        .expect("a bound listener has an address")
+        .to_string()
+}
+
+/// `(status, body)` of `GET path`, or `None` while nothing answers.
+fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut stream =
+        TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(1)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())?;
+    Some((status, body))
+}
+
+/// Collects everything a child writes to one pipe.
+fn drain(mut pipe: impl Read + Send + 'static) -> (Arc<Mutex<String>>, JoinHandle<()>) {
+    let text = Arc::new(Mutex::new(String::new()));
+    let sink = Arc::clone(&text);
+    let handle = std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            let mut sink = sink.lock().expect("the output buffer is never poisoned");
+            sink.push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+    });
+    (text, handle)
+}
+
+/// The agent process; killed on drop so a failing test leaves nothing running.
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The password reaches the agent three ways: in the DSN, through `${VAR}`, and in a
+/// `dsn_file` (as a `password=` query parameter); none of them may reach any output.
+#[test]
+fn run_never_logs_a_dsn_password_when_the_database_is_unreachable() {
+    const PASSWORD_VAR: &str = "INBOXWATCH_CLI_TEST_PASSWORD";
+    let addr = free_addr();
+    let dir = tempfile::tempdir().expect("a temporary directory can be created");
+    let dsn_file = dir.path().join("billing.dsn");
+    std::fs::write(
+        &dsn_file,
+        format!("postgres://u@127.0.0.1:1/db?password={SECRET}\n"),
+    )
+    .expect("the DSN file can be written");
+    let names = ["orders", "payments", "billing"];
+    let sources = [
+        SourceToml::inbox(names[0]).set("dsn", &q(SECRET_DSN)),
+        SourceToml::inbox(names[1]).set(
+            "dsn",
+            &q(&format!("mysql://u:${{{PASSWORD_VAR}}}@127.0.0.1:1/db")),
+        ),
+        SourceToml::inbox(names[2]).remove("dsn").set(
+            "dsn_file",
+            &q(dsn_file.to_str().expect("temp paths are UTF-8")),
+        ),
+    ]
+    .map(|source| {
+        source
+            .set("poll_interval", &q("300ms"))
+            .set("timeout", &q("1s"))
+    });
+    let file = write_config(&config_with(
+        "",
+        &format!("listen = {}", q(&addr)),
+        &sources,
+    ));
+    let path = file.path().to_str().expect("temp paths are UTF-8");
+
+    let started = Instant::now();
+    let mut agent = Agent(
+        StdCommand::new(BIN)
+            .args(["run", "--config", path, "--listen", &addr])
+            .env("INBOXWATCH_LOG", "debug")
+            .env(PASSWORD_VAR, SECRET)
+            .env_remove(UNSET_VAR)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the inboxwatch binary can be spawned"),
+    );
+    let (stdout, stdout_reader) = drain(agent.0.stdout.take().expect("stdout is piped"));
+    let (stderr, stderr_reader) = drain(agent.0.stderr.take().expect("stderr is piped"));
+
+    // Wait until the agent has tried every database, marked each source down and
+    // logged a warning naming it.
+    let down_lines = names.map(|name| format!("inboxwatch_source_up{{source=\"{name}\"}} 0"));
+    let mut metrics = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = agent.0.try_wait().expect("the agent's status can be read") {
+            panic!(
+                "the agent exited early with {status}\n--- stderr ---\n{}",
+                stderr.lock().expect("not poisoned")
+            );
+        }
+        if let Some((200, body)) = http_get(&addr, "/metrics") {
+            metrics = body;
+        }
+        let all_down = down_lines
+            .iter()
+            .all(|down| metrics.lines().any(|line| line.trim() == down));
+        let all_logged = {
+            let log = stderr.lock().expect("not poisoned");
+            names.iter().all(|name| {
+                log.lines()
+                    .any(|line| line.contains("WARN") && line.contains(name))
+            })
+        };
+        if all_down && all_logged {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "within 20 s: /metrics shows {down_lines:?} and stderr has a WARN line per source\n\
+             --- /metrics ---\n{metrics}\n--- stderr ---\n{}",
+            stderr.lock().expect("not poisoned")
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Give it a few reconnect attempts (with their log lines), then stop it gracefully.
+    let exposure = Duration::from_secs(2);
+    if let Some(remaining) = exposure.checked_sub(started.elapsed()) {
+        std::thread::sleep(remaining);
+    }
+    let _ = StdCommand::new("kill")
+        .args(["-TERM", &agent.0.id().to_string()])
+        .status();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while agent.0.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(agent);
+    stdout_reader.join().expect("the stdout reader finishes");
+    stderr_reader.join().expect("the stderr reader finishes");
+
+    assert_no_secret("run's stderr", &stderr.lock().expect("not poisoned"));
+    assert_no_secret("run's stdout", &stdout.lock().expect("not poisoned"));
+    assert_no_secret("/metrics", &metrics);
+}
+
+// ---------------------------------------------------------------------------
+// schema
+
+#[derive(Clone)]
+struct Tables {
+    inbox: String,
+    outbox: String,
+}
+
+impl Tables {
+    fn unique(tag: &str) -> Self {
+        let suffix = format!("{tag}_{}_{:08x}", std::process::id(), fastrand::u32(..));
+        Self {
+            inbox: format!("inbox_cli_{suffix}"),
+            outbox: format!("outbox_cli_{suffix}"),
+        }
+    }
+
+    fn drop_sql(&self) -> String {
+        format!(
+            "DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {}",
+            self.inbox, self.outbox
+        )
+    }
+}
+
+fn schema_ddl(dialect: &str, tables: &Tables) -> String {
+    let out = run_cli(&[
+        "schema",
+        "--dialect",
+        dialect,
+        "--table",
+        &tables.inbox,
+        "--outbox-table",
+        &tables.outbox,
+    ]);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert!(
+        out.stdout.contains(&tables.inbox) && out.stdout.contains(&tables.outbox),
+        "the DDL names both tables\n{}",
+        out.describe()
+    );
+    out.stdout
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+/// Inbox columns and whether each is NOT NULL (contract DDL).
+const INBOX_COLUMNS: &[(&str, bool)] = &[
+    ("attempts", true),
+    ("deliveries", true),
+    ("event_id", true),
+    ("event_type", false),
+    ("finished_at", false),
+    ("last_error", false),
+    ("received_at", true),
+    ("started_at", false),
+    ("status", true),
+    ("traceparent", false),
+    ("updated_at", true),
+];
+
+/// Outbox columns and whether each is NOT NULL (contract DDL).
+const OUTBOX_COLUMNS: &[(&str, bool)] = &[
+    ("created_at", true),
+    ("event_id", true),
+    ("event_type", false),
+    ("published_at", false),
+    ("traceparent", false),
+    ("updated_at", true),
+];
+
+fn expected_columns(columns: &[(&str, bool)]) -> Vec<(String, bool)> {
+    columns
+        .iter()
+        .map(|(name, not_null)| ((*name).to_owned(), *not_null))
+        .collect()
+}
+
+fn is_time_column(name: &str) -> bool {
+    name.ends_with("_at")
+}
+
+/// Runs `check` in its own task, then always drops the tables, then re-raises a panic.
+async fn with_cleanup<F>(check: F, drop_tables: impl AsyncFnOnce())
+where
+    F: Future<Output = ()> + Send + 'static,
+{
+    let outcome = tokio::spawn(check).await;
+    drop_tables().await;
+    if let Err(error) = outcome {
+        std::panic::resume_unwind(error.into_panic());
+    }
+}
+
+async fn check_postgres(url: String, tables: Tables, ddl: String) {
+    let mut conn = PgConnection::connect(&url)
+        .await
+        .expect("PostgreSQL is reachable");
+    for run in 1..=2 {
+        sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("DDL run {run} failed: {e}\n{ddl}"));
+    }
+
+    for (table, columns) in [
+        (&tables.inbox, INBOX_COLUMNS),
+        (&tables.outbox, OUTBOX_COLUMNS),
+    ] {
+        let rows: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT column_name::text, data_type::text, is_nullable::text \
+             FROM information_schema.columns \
+             WHERE table_schema = current_schema() AND table_name::text = $1 \
+             ORDER BY column_name",
+        )
+        .bind(table)
+        .fetch_all(&mut conn)
+        .await
+        .expect("information_schema.columns is readable");
+        let actual: Vec<(String, bool)> = rows
+            .iter()
+            .map(|(name, _, nullable)| (name.clone(), nullable == "NO"))
+            .collect();
+        assert_eq!(actual, expected_columns(columns), "columns of {table}");
+        for (name, data_type, _) in &rows {
+            let expected = if is_time_column(name) {
+                "timestamp with time zone"
+            } else if name == "attempts" || name == "deliveries" {
+                "integer"
+            } else {
+                "text"
+            };
+            assert_eq!(data_type, expected, "type of {table}.{name}");
+        }
+
+        let primary_key: Vec<String> = sqlx::query_scalar(
+            "SELECT a.attname::text FROM pg_index i \
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+             WHERE i.indrelid = to_regclass($1) AND i.indisprimary",
+        )
+        .bind(table)
+        .fetch_all(&mut conn)
+        .await
+        .expect("pg_index is readable");
+        assert_eq!(primary_key, ["event_id"], "primary key of {table}");
+    }
+
+    let index_defs = |table: &String| {
+        sqlx::query_scalar::<_, String>(
+            "SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i \
+             WHERE i.indrelid = to_regclass($1) AND NOT i.indisprimary ORDER BY 1",
+        )
+        .bind(table.clone())
+    };
+    let inbox_indexes = index_defs(&tables.inbox)
+        .fetch_all(&mut conn)
+        .await
+        .expect("pg_index is readable");
+    assert_eq!(inbox_indexes.len(), 2, "inbox indexes: {inbox_indexes:#?}");
+    assert!(
+        inbox_indexes.iter().any(|d| d.ends_with("(updated_at)")),
+        "inbox has an index on (updated_at): {inbox_indexes:#?}"
+    );
+    assert!(
+        inbox_indexes
+            .iter()
+            .any(|d| d.contains("(received_at) WHERE")
+                && d.contains("'pending'")
+                && d.contains("'processing'")
+                && d.contains("'failed'")
+                && !d.contains("'succeeded'")
+                && !d.contains("'dead'")),
+        "inbox has a partial index on (received_at) over pending/processing/failed: {inbox_indexes:#?}"
+    );
+    let outbox_indexes = index_defs(&tables.outbox)
+        .fetch_all(&mut conn)
+        .await
+        .expect("pg_index is readable");
+    assert_eq!(
+        outbox_indexes.len(),
+        2,
+        "outbox indexes: {outbox_indexes:#?}"
+    );
+    assert!(
+        outbox_indexes.iter().any(|d| d.ends_with("(updated_at)")),
+        "outbox has an index on (updated_at): {outbox_indexes:#?}"
+    );
+    assert!(
+        outbox_indexes
+            .iter()
+            .any(|d| d.contains("(created_at) WHERE (published_at IS NULL)")),
+        "outbox has a partial index on (created_at) WHERE published_at IS NULL: {outbox_indexes:#?}"
+    );
+
+    // Defaults: a row with only the required columns.
+    let insert = format!(
+        "INSERT INTO {} (event_id, status, received_at, updated_at) VALUES ('e1', 'pending', now(), now()); \
+         INSERT INTO {} (event_id, created_at, updated_at) VALUES ('e1', now(), now())",
+        tables.inbox, tables.outbox
+    );
+    sqlx::raw_sql(AssertSqlSafe(insert))
+        .execute(&mut conn)
+        .await
+        .expect("a row with only the required columns can be inserted");
+    let defaults: (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT attempts::bigint, deliveries::bigint FROM {}",
+        tables.inbox
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("the inbox row reads back");
+    assert_eq!(defaults, (0, 1), "defaults of (attempts, deliveries)");
+    let unpublished: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {} WHERE published_at IS NULL",
+        tables.outbox
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("the outbox row reads back");
+    assert_eq!(unpublished, 1, "published_at is NULL until sent");
+
+    // A third run leaves existing tables and rows alone.
+    sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
+        .execute(&mut conn)
+        .await
+        .expect("DDL run 3 succeeds on tables with rows");
+    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        tables.inbox
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("the inbox is readable");
+    assert_eq!(rows, 1, "re-running the DDL keeps existing rows");
+}
+
+#[tokio::test]
+async fn schema_postgres_runs_twice_on_postgresql() {
+    let url = env_or("INBOXWATCH_TEST_PG", PG_DEFAULT);
+    let tables = Tables::unique("pg");
+    let ddl = schema_ddl("postgres", &tables);
+    let drop_sql = tables.drop_sql();
+    let cleanup_url = url.clone();
+    with_cleanup(check_postgres(url, tables, ddl), async move || {
+        let mut conn = PgConnection::connect(&cleanup_url)
+            .await
+            .expect("PostgreSQL is reachable");
+        sqlx::raw_sql(AssertSqlSafe(drop_sql))
+            .execute(&mut conn)
+            .await
+            .expect("the test tables can be dropped");
+    })
+    .await;
+}
+
+async fn check_mysql(url: String, tables: Tables, ddl: String) {
+    let mut conn = MySqlConnection::connect(&url)
+        .await
+        .expect("MariaDB is reachable");
+    for run in 1..=2 {
+        sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("DDL run {run} failed: {e}\n{ddl}"));
+    }
+
+    for (table, columns, expected_indexes) in [
+        (
+            &tables.inbox,
+            INBOX_COLUMNS,
+            ["status,received_at", "updated_at"],
+        ),
+        (
+            &tables.outbox,
+            OUTBOX_COLUMNS,
+            ["published_at,created_at", "updated_at"],
+        ),
+    ] {
+        let rows: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT CAST(column_name AS CHAR), CAST(column_type AS CHAR), CAST(is_nullable AS CHAR) \
+             FROM information_schema.columns \
+             WHERE table_schema = DATABASE() AND table_name = ? ORDER BY column_name",
+        )
+        .bind(table)
+        .fetch_all(&mut conn)
+        .await
+        .expect("information_schema.columns is readable");
+        let actual: Vec<(String, bool)> = rows
+            .iter()
+            .map(|(name, _, nullable)| (name.clone(), nullable == "NO"))
+            .collect();
+        assert_eq!(actual, expected_columns(columns), "columns of {table}");
+        for (name, column_type, _) in &rows {
+            let ok = match name.as_str() {
+                n if is_time_column(n) => column_type == "datetime(6)",
+                "event_id" => column_type == "varchar(191)",
+                "status" => column_type == "varchar(32)",
+                "last_error" => column_type == "text",
+                "attempts" | "deliveries" => column_type.starts_with("int"),
+                _ => column_type.starts_with("varchar"),
+            };
+            assert!(ok, "type of {table}.{name}: {column_type}");
+        }
+
+        let primary_key: Vec<String> = sqlx::query_scalar(
+            "SELECT CAST(column_name AS CHAR) FROM information_schema.key_column_usage \
+             WHERE table_schema = DATABASE() AND table_name = ? AND constraint_name = 'PRIMARY'",
+        )
+        .bind(table)
+        .fetch_all(&mut conn)
+        .await
+        .expect("information_schema.key_column_usage is readable");
+        assert_eq!(primary_key, ["event_id"], "primary key of {table}");
+
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT CAST(GROUP_CONCAT(column_name ORDER BY seq_in_index) AS CHAR) \
+             FROM information_schema.statistics \
+             WHERE table_schema = DATABASE() AND table_name = ? AND index_name <> 'PRIMARY' \
+             GROUP BY index_name ORDER BY 1",
+        )
+        .bind(table)
+        .fetch_all(&mut conn)
+        .await
+        .expect("information_schema.statistics is readable");
+        assert_eq!(indexes, expected_indexes, "indexes of {table}");
+    }
+
+    let insert = format!(
+        "INSERT INTO {} (event_id, status, received_at, updated_at) \
+         VALUES ('e1', 'pending', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)); \
+         INSERT INTO {} (event_id, created_at, updated_at) VALUES ('e1', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
+        tables.inbox, tables.outbox
+    );
+    sqlx::raw_sql(AssertSqlSafe(insert))
+        .execute(&mut conn)
+        .await
+        .expect("a row with only the required columns can be inserted");
+    let defaults: (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT CAST(attempts AS SIGNED), CAST(deliveries AS SIGNED) FROM {}",
+        tables.inbox
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("the inbox row reads back");
+    assert_eq!(defaults, (0, 1), "defaults of (attempts, deliveries)");
+    let unpublished: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {} WHERE published_at IS NULL",
+        tables.outbox
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("the outbox row reads back");
+    assert_eq!(unpublished, 1, "published_at is NULL until sent");
+
+    sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
+        .execute(&mut conn)
+        .await
+        .expect("DDL run 3 succeeds on tables with rows");
+    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {}",
+        tables.inbox
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("the inbox is readable");
+    assert_eq!(rows, 1, "re-running the DDL keeps existing rows");
+}
+
+#[tokio::test]
+async fn schema_mysql_runs_twice_on_mariadb() {
+    let url = env_or("INBOXWATCH_TEST_MYSQL", MYSQL_DEFAULT);
+    let tables = Tables::unique("my");
+    let ddl = schema_ddl("mysql", &tables);
+    let drop_sql = tables.drop_sql();
+    let cleanup_url = url.clone();
+    with_cleanup(check_mysql(url, tables, ddl), async move || {
+        let mut conn = MySqlConnection::connect(&cleanup_url)
+            .await
+            .expect("MariaDB is reachable");
+        sqlx::raw_sql(AssertSqlSafe(drop_sql))
+            .execute(&mut conn)
+            .await
+            .expect("the test tables can be dropped");
+    })
+    .await;
+}
+
+async fn sqlite_connect(path: &Path) -> SqliteConnection {
+    SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .connect()
+        .await
+        .expect("the SQLite file opens")
+}
+
+async fn check_sqlite(path: std::path::PathBuf, tables: Tables, ddl: String) {
+    let mut conn = sqlite_connect(&path).await;
+    for run in 1..=2 {
+        sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
+            .execute(&mut conn)
+            .await
+            .unwrap_or_else(|e| panic!("DDL run {run} failed: {e}\n{ddl}"));
+    }
+
+    for (table, columns, recency_column) in [
+        (&tables.inbox, INBOX_COLUMNS, "received_at"),
+        (&tables.outbox, OUTBOX_COLUMNS, "created_at"),
+    ] {
+        let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
+            "SELECT name, type, \"notnull\", pk FROM pragma_table_info(?1) ORDER BY name",
+        )
+        .bind(table)
+        .fetch_all(&mut conn)
+        .await
+        .expect("pragma_table_info is readable");
+        // SQLite lets a non-INTEGER primary key hold NULL unless it says NOT NULL;
+        // the primary key is checked on its own below.
+        let actual: Vec<(String, bool)> = rows
+            .iter()
+            .map(|(name, _, not_null, pk)| (name.clone(), *not_null == 1 || *pk > 0))
+            .collect();
+        assert_eq!(actual, expected_columns(columns), "columns of {table}");
+        for (name, column_type, _, _) in &rows {
+            let expected = if name == "attempts" || name == "deliveries" {
+                "INTEGER"
+            } else {
+                "TEXT"
+            };
+            assert_eq!(
+                column_type.to_ascii_uppercase(),
+                expected,
+                "type of {table}.{name}"
+            );
+        }
+        let primary_key: Vec<&str> = rows
+            .iter()
+            .filter(|(_, _, _, pk)| *pk > 0)
+            .map(|(name, _, _, _)| name.as_str())
+            .collect();
+        assert_eq!(primary_key, ["event_id"], "primary key of {table}");
+
+        let indexes: Vec<String> = sqlx::query_scalar(
+            "SELECT (SELECT group_concat(name) FROM pragma_index_info(il.name)) \
+             FROM pragma_index_list(?1) AS il WHERE il.origin = 'c' ORDER BY 1",
+        )
+        .bind(table)
+        .fetch_all(&mut conn)
+        .await
+        .expect("pragma_index_list is readable");
+        assert_eq!(indexes.len(), 2, "indexes of {table}: {indexes:?}");
+        assert!(
+            indexes.iter().any(|cols| cols == "updated_at"),
+            "{table} has an index on (updated_at): {indexes:?}"
+        );
+        assert!(
+            indexes
+                .iter()
+                .any(|cols| cols.split(',').next_back() == Some(recency_column)),
+            "{table} has an index ending in {recency_column}: {indexes:?}"
+        );
+    }
+
+    let now = "strftime('%Y-%m-%d %H:%M:%f','now')";
+    let insert = format!(
+        "INSERT INTO {} (event_id, status, received_at, updated_at) VALUES ('e1', 'pending', {now}, {now}); \
+         INSERT INTO {} (event_id, created_at, updated_at) VALUES ('e1', {now}, {now})",
+        tables.inbox, tables.outbox
+    );
+    sqlx::raw_sql(AssertSqlSafe(insert))
+        .execute(&mut conn)
+        .await
+        .expect("a row with only the required columns can be inserted");
+    let defaults: (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
+        "SELECT attempts, deliveries FROM {}",
+        tables.inbox
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("the inbox row reads back");
+    assert_eq!(defaults, (0, 1), "defaults of (attempts, deliveries)");
+    let unpublished: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {} WHERE published_at IS NULL",
+        tables.outbox
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("the outbox row reads back");
+    assert_eq!(unpublished, 1, "published_at is NULL until sent");
+
+    sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
+        .execute(&mut conn)
+        .await
+        .expect("DDL run 3 succeeds on tables with rows");
+    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        tables.inbox
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .expect("the inbox is readable");
+    assert_eq!(rows, 1, "re-running the DDL keeps existing rows");
+}
+
+#[tokio::test]
+async fn schema_sqlite_runs_twice_on_sqlite() {
+    let dir = tempfile::tempdir().expect("a temporary directory can be created");
+    let path = dir.path().join("inbox.db");
+    let tables = Tables::unique("lite");
+    let ddl = schema_ddl("sqlite", &tables);
+    let drop_sql = tables.drop_sql();
+    let cleanup_path = path.clone();
+    with_cleanup(check_sqlite(path, tables, ddl), async move || {
+        let mut conn = sqlite_connect(&cleanup_path).await;
+        sqlx::raw_sql(AssertSqlSafe(drop_sql))
+            .execute(&mut conn)
+            .await
+            .expect("the test tables can be dropped");
+    })
+    .await;
+}
+
+#[test]
+fn schema_rejects_an_unknown_dialect() {
+    let out = run_cli(&["schema", "--dialect", "oracle"]);
+    assert_eq!(out.code, Some(2), "{}", out.describe());
+    assert_eq!(out.stdout, "", "no DDL on stdout\n{}", out.describe());
+    assert!(
+        out.stderr
+            .lines()
+            .any(|line| line.contains("--dialect") && line.contains("oracle")),
+        "stderr names the flag and the value\n{}",
+        out.describe()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// help
+
+#[test]
+fn help_lists_every_subcommand() {
+    let out = run_cli(&["--help"]);
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    for subcommand in ["run", "demo", "check-config", "schema", "doctor"] {
+        assert!(
+            out.stdout
+                .lines()
+                .any(|line| line.split_whitespace().next() == Some(subcommand)),
+            "`--help` lists `{subcommand}` as a subcommand\n{}",
+            out.describe()
+        );
+    }
+}
