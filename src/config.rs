@@ -4,7 +4,7 @@
 //! Parsing and validation are two steps so that one run reports every problem,
 //! each line naming its full key (`sources[1].columns.updated_at: …`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -466,33 +466,34 @@ impl Status {
     }
 }
 
-/// The status words of one table.
+/// The status words of one table, in the order of their meanings (pending,
+/// processing, succeeded, failed, dead) and, within one, as configured — so
+/// generated SQL lists them in the same order as the recommended indexes.
 #[derive(Debug, Clone)]
 pub struct StatusMap {
-    words: BTreeMap<String, Status>,
+    words: Vec<(String, Status)>,
 }
 
 impl StatusMap {
     /// What a word means, if the table's map knows it.
     pub fn classify(&self, word: &str) -> Option<Status> {
-        self.words.get(word).copied()
+        self.words.iter().find(|(w, _)| w == word).map(|(_, s)| *s)
     }
 
-    /// The words that mean `status`, sorted.
+    /// The words that mean `status`.
     pub fn words_for(&self, status: Status) -> Vec<&str> {
         self.words
             .iter()
-            .filter(|(_, s)| **s == status)
+            .filter(|(_, s)| *s == status)
             .map(|(w, _)| w.as_str())
             .collect()
     }
 
-    /// The words of every unfinished meaning (pending, processing, failed), sorted.
+    /// The words of every unfinished meaning: pending, then processing, then failed.
     pub fn unfinished_words(&self) -> Vec<&str> {
-        self.words
-            .iter()
-            .filter(|(_, s)| !s.is_terminal())
-            .map(|(w, _)| w.as_str())
+        [Status::Pending, Status::Processing, Status::Failed]
+            .into_iter()
+            .flat_map(|s| self.words_for(s))
             .collect()
     }
 }
@@ -998,7 +999,7 @@ impl Validator {
             (Status::Failed, &raw.failed),
             (Status::Dead, &raw.dead),
         ];
-        let mut words = BTreeMap::new();
+        let mut words: Vec<(String, Status)> = Vec::new();
         for (status, list) in lists {
             let full = format!("{key}.statuses.{}", status.as_str());
             let list = match list {
@@ -1013,7 +1014,7 @@ impl Validator {
                     self.problem(&full, "status words must not be empty".into());
                     continue;
                 }
-                if let Some(prev) = words.insert(word.clone(), status) {
+                if let Some((_, prev)) = words.iter().find(|(w, _)| *w == word) {
                     self.problem(
                         &full,
                         format!(
@@ -1021,6 +1022,8 @@ impl Validator {
                             prev.as_str()
                         ),
                     );
+                } else {
+                    words.push((word, status));
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! dialect — the change-cursor index for tailing and an index over the
 //! unfinished rows for the gauges.
 
-use crate::config::Dialect;
+use crate::config::{Dialect, StatusMap};
 use crate::sources::table::dialect::Sql;
 
 /// DDL for an inbox table and, optionally, an outbox table.
@@ -51,6 +51,10 @@ pub fn inbox_ddl(dialect: Dialect, table: &str) -> String {
     out.push_str("-- Tailing by the change cursor.\n");
     out.push_str(&create_index(dialect, &updated, &t, "updated_at", None));
     out.push_str("-- Oldest age, backlog and stuck rows over the unfinished rows only.\n");
+    // The same words in the same order as the agent's queries: SQLite uses a
+    // partial index only when the query repeats its condition term for term.
+    let words = StatusMap::default();
+    let unfinished_filter = format!("status IN {}", sql.in_list(&words.unfinished_words()));
     match dialect {
         Dialect::MySql => out.push_str(&create_index(
             dialect,
@@ -64,7 +68,7 @@ pub fn inbox_ddl(dialect: Dialect, table: &str) -> String {
             &unfinished,
             &t,
             "received_at",
-            Some("status IN ('pending', 'processing', 'failed')"),
+            Some(&unfinished_filter),
         )),
     }
     out
