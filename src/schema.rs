@@ -124,8 +124,14 @@ fn types(
 ) {
     match dialect {
         Dialect::Postgres => ("text", "text", "timestamptz", "text", "integer"),
-        // DATETIME(6) values are UTC; TEXT keeps long error messages off the row.
-        Dialect::MySql => ("VARCHAR(191)", "VARCHAR(191)", "DATETIME(6)", "TEXT", "INT"),
+        // DATETIME(6) values are UTC; MEDIUMTEXT holds stack traces past TEXT's 64 KiB.
+        Dialect::MySql => (
+            "VARCHAR(191)",
+            "VARCHAR(191)",
+            "DATETIME(6)",
+            "MEDIUMTEXT",
+            "INT",
+        ),
         // Times as text in the canonical UTC form strftime('%Y-%m-%d %H:%M:%f','now') writes.
         Dialect::Sqlite => ("TEXT", "TEXT", "TEXT", "TEXT", "INTEGER"),
     }

@@ -965,7 +965,7 @@ async fn check_mysql(url: String, tables: Tables, ddl: String) {
                 n if is_time_column(n) => column_type == "datetime(6)",
                 "event_id" => column_type == "varchar(191)",
                 "status" => column_type == "varchar(32)",
-                "last_error" => column_type == "text",
+                "last_error" => column_type == "mediumtext",
                 "attempts" | "deliveries" => column_type.starts_with("int"),
                 _ => column_type.starts_with("varchar"),
             };

@@ -1,0 +1,98 @@
+//! A TCP proxy in front of a database, to take the database away from the agent and
+//! give it back: `cut()` closes every open connection and refuses new ones,
+//! `restore()` lets connections through again.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+struct State {
+    refusing: AtomicBool,
+    /// Bumped by every `cut()`; each relayed connection watches it.
+    epoch: watch::Sender<u64>,
+    accepted: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// A running proxy on 127.0.0.1:`port`.
+pub struct Proxy {
+    pub port: u16,
+    state: Arc<State>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Listens on a free port and relays every connection to `upstream` (`host:port`).
+    pub async fn start(upstream: &str) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the proxy listener");
+        let port = listener.local_addr().expect("proxy local_addr").port();
+        let (epoch, _) = watch::channel(0u64);
+        let state = Arc::new(State {
+            refusing: AtomicBool::new(false),
+            epoch,
+            accepted: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        });
+        let upstream = upstream.to_string();
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                // Subscribe before looking at `refusing`, so a cut racing with this
+                // accept is either seen here or delivered to the relay below.
+                let mut cut = st.epoch.subscribe();
+                if st.refusing.load(Ordering::SeqCst) {
+                    st.refused.fetch_add(1, Ordering::Relaxed);
+                    drop(inbound);
+                    continue;
+                }
+                st.accepted.fetch_add(1, Ordering::Relaxed);
+                let upstream = upstream.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.changed() => {}
+                    }
+                    // Both sockets are dropped here, closing the connection.
+                });
+            }
+        });
+        Proxy { port, state, task }
+    }
+
+    /// Closes every open connection and refuses new ones until `restore()`.
+    pub fn cut(&self) {
+        self.state.refusing.store(true, Ordering::SeqCst);
+        self.state.epoch.send_modify(|e| *e += 1);
+    }
+
+    /// Lets new connections through again.
+    pub fn restore(&self) {
+        self.state.refusing.store(false, Ordering::SeqCst);
+    }
+
+    /// (connections relayed, connections refused) so far.
+    pub fn stats(&self) -> (u64, u64) {
+        (
+            self.state.accepted.load(Ordering::Relaxed),
+            self.state.refused.load(Ordering::Relaxed),
+        )
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.task.abort();
+    }
+}

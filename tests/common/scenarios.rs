@@ -1,0 +1,456 @@
+//! Test bodies shared by the per-dialect test files, plus config builders and the
+//! comparisons of gauges and quantiles against direct queries and the ground truth.
+
+use std::time::Duration;
+
+use super::checks::{Expectations, Tol, exact_quantile, render_diff};
+use super::workload::{
+    Clock, InboxTruth, InboxWorkload, OutboxWorkload, Target, seed_inbox_history,
+    seed_outbox_history,
+};
+use super::{Agent, Db, Dialect, Metrics, READY_TIMEOUT, stays, toml_str, wait_until};
+
+/// Poll interval used by every correctness test.
+pub const POLL: Duration = Duration::from_millis(300);
+/// Per-poll timeout set in every test config.
+pub const POLL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the exported counters may take to reach the ground truth.
+pub const CONVERGE: Duration = Duration::from_secs(60);
+
+/// One `[[sources]]` block for an inbox table, as every correctness test configures it.
+pub fn inbox_source_toml(name: &str, dsn: &str, table: &str) -> String {
+    format!(
+        "[[sources]]\nname = {}\nkind = \"inbox\"\ndsn = {}\ntable = {}\npoll_interval = \"300ms\"\n\
+         overlap = \"10s\"\nstuck_after = \"10m\"\nevent_type_limit = 50\ntimeout = \"2s\"\nquantile_window = \"5m\"\n\n",
+        toml_str(name),
+        toml_str(dsn),
+        toml_str(table)
+    )
+}
+
+/// One `[[sources]]` block for an outbox table.
+pub fn outbox_source_toml(name: &str, dsn: &str, table: &str) -> String {
+    format!(
+        "[[sources]]\nname = {}\nkind = \"outbox\"\ndsn = {}\ntable = {}\npoll_interval = \"300ms\"\n\
+         overlap = \"10s\"\nevent_type_limit = 50\ntimeout = \"2s\"\n\n",
+        toml_str(name),
+        toml_str(dsn),
+        toml_str(table)
+    )
+}
+
+/// Waits until the scrape matches `exp`; panics with the diff otherwise.
+pub async fn wait_for_expectations(
+    agent: &Agent,
+    exp: &Expectations,
+    timeout: Duration,
+    what: &str,
+) -> Metrics {
+    let res = wait_until(timeout, || async move {
+        let m = agent.try_scrape().await?;
+        let d = exp.diff(&m);
+        if d.is_empty() {
+            Ok(m)
+        } else {
+            Err(format!(
+                "{} mismatches (expected vs actual):\n{}",
+                d.len(),
+                render_diff(&d)
+            ))
+        }
+    })
+    .await;
+    match res {
+        Ok(m) => m,
+        Err(e) => panic!("{what}: /metrics did not match the ground truth: {e}"),
+    }
+}
+
+/// Like [`wait_for_expectations`], but the expectations are recomputed on every
+/// attempt (they come from direct queries whose ages move with the clock).
+pub async fn wait_for_live<F, Fut>(
+    agent: &Agent,
+    timeout: Duration,
+    what: &str,
+    mut make: F,
+) -> Metrics
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Expectations>,
+{
+    let res = wait_until(timeout, || {
+        let exp = make();
+        async move {
+            let m = agent.try_scrape().await?;
+            let exp = exp.await;
+            let d = exp.diff(&m);
+            if d.is_empty() {
+                Ok(m)
+            } else {
+                Err(format!(
+                    "{} mismatches (direct query vs /metrics):\n{}",
+                    d.len(),
+                    render_diff(&d)
+                ))
+            }
+        }
+    })
+    .await;
+    match res {
+        Ok(m) => m,
+        Err(e) => panic!("{what}: {e}"),
+    }
+}
+
+fn unfinished_in() -> &'static str {
+    "('pending','processing','failed')"
+}
+
+fn num(v: &Option<String>) -> f64 {
+    v.as_deref()
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("expected a number from the database, got {v:?}"))
+}
+
+fn txt(v: &Option<String>) -> &str {
+    v.as_deref().unwrap_or("")
+}
+
+/// Inbox gauges straight from the table: backlog by status, oldest unfinished age
+/// (±2 s) and stuck rows (`stuck_after = 10m`), per event type; other series of those
+/// gauges for `source` must be absent or 0.
+pub async fn inbox_gauge_expectations(db: &Db, table: &str, source: &str) -> Expectations {
+    let mut x = Expectations::default();
+    let unf = unfinished_in();
+    let rows = db
+        .query(
+            &format!(
+                "SELECT CAST(COALESCE(event_type, 'unknown') AS {{text}}), CAST(status AS {{text}}), \
+                 CAST(COUNT(*) AS {{text}}) FROM {table} WHERE status IN {unf} \
+                 GROUP BY COALESCE(event_type, 'unknown'), status"
+            ),
+            &[],
+        )
+        .await;
+    for r in &rows {
+        x.push(
+            "inbox_backlog_messages",
+            &[
+                ("source", source),
+                ("event_type", txt(&r[0])),
+                ("status", txt(&r[1])),
+            ],
+            num(&r[2]),
+            Tol::Exact,
+        );
+    }
+    let age = match db.dialect {
+        Dialect::Postgres => "CAST(EXTRACT(EPOCH FROM (now() - MIN(received_at))) AS text)",
+        Dialect::Mysql => {
+            "CAST(TIMESTAMPDIFF(MICROSECOND, MIN(received_at), UTC_TIMESTAMP(6)) / 1000000 AS CHAR)"
+        }
+        Dialect::Sqlite => {
+            "CAST((julianday('now') - julianday(MIN(received_at))) * 86400.0 AS TEXT)"
+        }
+    };
+    let rows = db
+        .query(
+            &format!(
+                "SELECT CAST(COALESCE(event_type, 'unknown') AS {{text}}), {age} FROM {table} \
+                 WHERE status IN {unf} GROUP BY COALESCE(event_type, 'unknown')"
+            ),
+            &[],
+        )
+        .await;
+    for r in &rows {
+        x.push(
+            "inbox_oldest_unprocessed_age_seconds",
+            &[("source", source), ("event_type", txt(&r[0]))],
+            num(&r[1]),
+            Tol::Abs(2.0),
+        );
+    }
+    let stuck_cond = match db.dialect {
+        Dialect::Postgres => "started_at < now() - interval '10 minutes'",
+        Dialect::Mysql => "started_at < UTC_TIMESTAMP(6) - INTERVAL 10 MINUTE",
+        Dialect::Sqlite => "started_at < strftime('%Y-%m-%d %H:%M:%f', 'now', '-10 minutes')",
+    };
+    let rows = db
+        .query(
+            &format!(
+                "SELECT CAST(COALESCE(event_type, 'unknown') AS {{text}}), CAST(COUNT(*) AS {{text}}) \
+                 FROM {table} WHERE status = 'processing' AND {stuck_cond} \
+                 GROUP BY COALESCE(event_type, 'unknown')"
+            ),
+            &[],
+        )
+        .await;
+    for r in &rows {
+        x.push(
+            "inbox_stuck_messages",
+            &[("source", source), ("event_type", txt(&r[0]))],
+            num(&r[1]),
+            Tol::Exact,
+        );
+    }
+    for name in [
+        "inbox_backlog_messages",
+        "inbox_oldest_unprocessed_age_seconds",
+        "inbox_stuck_messages",
+    ] {
+        x.close(name, &[("source", source)]);
+    }
+    x
+}
+
+/// Outbox gauges straight from the table: unpublished rows and the oldest
+/// unpublished age (±2 s), per event type.
+pub async fn outbox_gauge_expectations(db: &Db, table: &str, source: &str) -> Expectations {
+    let mut x = Expectations::default();
+    let age = match db.dialect {
+        Dialect::Postgres => "CAST(EXTRACT(EPOCH FROM (now() - MIN(created_at))) AS text)",
+        Dialect::Mysql => {
+            "CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) / 1000000 AS CHAR)"
+        }
+        Dialect::Sqlite => {
+            "CAST((julianday('now') - julianday(MIN(created_at))) * 86400.0 AS TEXT)"
+        }
+    };
+    let rows = db
+        .query(
+            &format!(
+                "SELECT CAST(COALESCE(event_type, 'unknown') AS {{text}}), CAST(COUNT(*) AS {{text}}), {age} \
+                 FROM {table} WHERE published_at IS NULL GROUP BY COALESCE(event_type, 'unknown')"
+            ),
+            &[],
+        )
+        .await;
+    for r in &rows {
+        let l = [("source", source), ("event_type", txt(&r[0]))];
+        x.push("outbox_backlog_messages", &l, num(&r[1]), Tol::Exact);
+        x.push(
+            "outbox_oldest_unpublished_age_seconds",
+            &l,
+            num(&r[2]),
+            Tol::Abs(2.0),
+        );
+    }
+    x.close("outbox_backlog_messages", &[("source", source)]);
+    x.close(
+        "outbox_oldest_unpublished_age_seconds",
+        &[("source", source)],
+    );
+    x
+}
+
+/// P50/P95/P99 gauges vs sorted[floor(q*(n-1))] of the exact durations, within 1 %.
+/// Per event type when the gauge carries `event_type`, else over all events.
+pub fn quantile_diff(m: &Metrics, truth: &InboxTruth, source: &str) -> Vec<String> {
+    const NAME: &str = "inbox_processing_duration_quantile_seconds";
+    let scope = [("source", source)];
+    let series: Vec<_> = m.series(NAME, &scope).collect();
+    if series.is_empty() {
+        return vec![format!("no {NAME} series for source {source:?}")];
+    }
+    let per_type = series.iter().any(|s| s.labels.contains_key("event_type"));
+    let labels: Vec<Option<String>> = if per_type {
+        truth.by_type().keys().cloned().map(Some).collect()
+    } else {
+        vec![None]
+    };
+    let mut out = Vec::new();
+    for label in labels {
+        let sorted = truth.processing_durations(label.as_deref());
+        if sorted.is_empty() {
+            continue;
+        }
+        for q in [0.5, 0.95, 0.99] {
+            let idx = (q * (sorted.len() - 1) as f64).floor() as usize;
+            let want = exact_quantile(&sorted, q);
+            let q_txt = q.to_string();
+            let mut l: Vec<(&str, &str)> = vec![("source", source), ("quantile", q_txt.as_str())];
+            if let Some(t) = label.as_deref() {
+                l.push(("event_type", t));
+            }
+            let got = m.get(NAME, &l);
+            let ok = got.is_some_and(|g| (g - want).abs() <= 0.01 * want + 1e-9);
+            if !ok {
+                out.push(format!(
+                    "{NAME}{{event_type={:?},quantile=\"{q}\"}}: expected {want} (sorted[{idx}] of n={}; neighbours {:?} / {:?}) within 1%, got {:?}",
+                    label.as_deref().unwrap_or("(all)"),
+                    sorted.len(),
+                    idx.checked_sub(1).map(|i| sorted[i]),
+                    sorted.get(idx + 1),
+                    got
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The inbox ground-truth test body for one dialect: history rows, the agent on a
+/// fresh table, the standard workload, then every counter, histogram count and sum,
+/// quantile and gauge compared with the truth or a direct query.
+pub async fn inbox_ground_truth(db: &Db, short: &str) {
+    let tables = db.fresh_tables(short).await;
+    let target = Target {
+        dialect: db.dialect,
+        pool: db.pool.clone(),
+        table: tables.inbox.clone(),
+    };
+    let history = seed_inbox_history(&target, db.now_ms().await).await;
+    let source = format!("{short}-inbox");
+    let mut agent = Agent::start(&inbox_source_toml(&source, &db.dsn, &tables.inbox));
+    agent.wait_ready(READY_TIMEOUT).await;
+
+    let clock = Clock::new(db.now_ms().await + 5);
+    let truth = InboxWorkload::standard().run(&target, clock).await;
+    eprintln!("ground truth: {}", truth.summary());
+    eprintln!(
+        "history rows (never counted, in the gauges): {}",
+        history.len()
+    );
+    let d = inbox_table_diff(db, &tables.inbox, &truth).await;
+    assert!(
+        d.is_empty(),
+        "HARNESS BUG: the table differs from the generator's model:\n{}",
+        render_diff(&d)
+    );
+
+    let exp = truth.expectations(&source);
+    let m = wait_for_expectations(&agent, &exp, CONVERGE, "inbox counters and histograms").await;
+    assert_eq!(
+        m.get("inboxwatch_source_up", &[("source", &source)]),
+        Some(1.0),
+        "inboxwatch_source_up for a healthy source"
+    );
+
+    let q = wait_until(Duration::from_secs(15), || async {
+        let m = agent.try_scrape().await?;
+        let d = quantile_diff(&m, &truth, &source);
+        if d.is_empty() {
+            Ok(())
+        } else {
+            Err(render_diff(&d))
+        }
+    })
+    .await;
+    if let Err(e) = q {
+        panic!("processing-duration quantiles do not match the exact durations: {e}");
+    }
+
+    let (inbox, src) = (tables.inbox.as_str(), source.as_str());
+    wait_for_live(&agent, Duration::from_secs(15), "inbox gauges", || {
+        inbox_gauge_expectations(db, inbox, src)
+    })
+    .await;
+
+    // The counters must not move once the truth is reached: re-reads within the
+    // overlap window must not count twice. Watch them for longer than the overlap.
+    let stable = stays(Duration::from_secs(12), || async {
+        let d = exp.diff(&agent.try_scrape().await?);
+        if d.is_empty() {
+            Ok(())
+        } else {
+            Err(render_diff(&d))
+        }
+    })
+    .await;
+    if let Err(d) = stable {
+        panic!(
+            "counters moved after reaching the ground truth (double counting on re-read?):\n{d}"
+        );
+    }
+
+    drop(agent);
+    db.cleanup().await;
+}
+
+/// The outbox ground-truth test body for one dialect.
+pub async fn outbox_ground_truth(db: &Db, short: &str) {
+    let tables = db.fresh_tables(short).await;
+    let target = Target {
+        dialect: db.dialect,
+        pool: db.pool.clone(),
+        table: tables.outbox.clone(),
+    };
+    let adopt = seed_outbox_history(&target, db.now_ms().await).await;
+    let source = format!("{short}-outbox");
+    let mut agent = Agent::start(&outbox_source_toml(&source, &db.dsn, &tables.outbox));
+    agent.wait_ready(READY_TIMEOUT).await;
+
+    let clock = Clock::new(db.now_ms().await + 5);
+    let truth = OutboxWorkload::standard(adopt).run(&target, clock).await;
+    eprintln!("ground truth: {}", truth.summary());
+
+    let exp = truth.expectations(&source);
+    wait_for_expectations(&agent, &exp, CONVERGE, "outbox counters and histograms").await;
+    let (outbox, src) = (tables.outbox.as_str(), source.as_str());
+    wait_for_live(&agent, Duration::from_secs(15), "outbox gauges", || {
+        outbox_gauge_expectations(db, outbox, src)
+    })
+    .await;
+
+    drop(agent);
+    db.cleanup().await;
+}
+
+fn ts_col(d: Dialect, col: &str) -> String {
+    match d {
+        Dialect::Postgres => {
+            format!("to_char({col} AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.MS')")
+        }
+        Dialect::Mysql => format!("DATE_FORMAT({col}, '%Y-%m-%d %H:%i:%s.%f')"),
+        Dialect::Sqlite => col.to_string(),
+    }
+}
+
+/// Harness self-check: the table holds exactly the states the generator believes it
+/// wrote (so a later mismatch with /metrics is the agent's, not the harness's).
+pub async fn inbox_table_diff(db: &Db, table: &str, truth: &InboxTruth) -> Vec<String> {
+    let d = db.dialect;
+    let sql = format!(
+        "SELECT CAST(event_id AS {{text}}), CAST(event_type AS {{text}}), CAST(status AS {{text}}), {}, {}, {}, \
+         CAST(attempts AS {{text}}), CAST(deliveries AS {{text}}), {} FROM {table}",
+        ts_col(d, "received_at"),
+        ts_col(d, "started_at"),
+        ts_col(d, "finished_at"),
+        ts_col(d, "updated_at"),
+    );
+    let rows = db.query(&sql, &[]).await;
+    let by_id: std::collections::HashMap<&str, &Vec<Option<String>>> =
+        rows.iter().map(|r| (txt(&r[0]), r)).collect();
+    let mut out = Vec::new();
+    let t = |v: &Option<String>| v.as_deref().and_then(super::parse_ts);
+    for e in &truth.events {
+        let Some(r) = by_id.get(e.id.as_str()) else {
+            out.push(format!("{}: not in the table", e.id));
+            continue;
+        };
+        let have = (
+            r[1].clone(),
+            txt(&r[2]).to_string(),
+            t(&r[3]),
+            t(&r[4]),
+            t(&r[5]),
+            num(&r[6]) as i32,
+            num(&r[7]) as i32,
+            t(&r[8]),
+        );
+        let want = (
+            e.event_type.clone(),
+            e.status.word().to_string(),
+            Some(e.received_ms),
+            e.started_ms,
+            e.finished_ms,
+            e.attempts,
+            e.deliveries,
+            Some(e.updated_ms),
+        );
+        if have != want {
+            out.push(format!("{}: table {have:?} != model {want:?}", e.id));
+        }
+    }
+    out
+}
