@@ -31,6 +31,14 @@ fi
 wait_for MariaDB 60 mariadb-admin -h 127.0.0.1 -u root ping
 mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE IF NOT EXISTS test"
 
+# promtool, amtool, Prometheus and Alertmanager for the alerting tests.
+if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1; then
+  echo "Installing prometheus and prometheus-alertmanager (Debian packages)..."
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
+fi
+
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi

@@ -1,0 +1,767 @@
+//! Checks the Grafana dashboards in `dashboards/` (SPEC §5): every panel query
+//! parses as PromQL and selects only metrics of the catalogue (or recording
+//! rules defined in `alerts/`), every rate takes `$__rate_interval`, every panel
+//! has a unit and a description, uids are stable and unique, the only data
+//! source is the `datasource` variable, panels do not overlap, and every
+//! catalogue metric is shown somewhere.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use inboxwatch::telemetry::catalogue::{CATALOGUE, Kind};
+use promql_parser::label::{MatchOp, Matcher};
+use promql_parser::parser::{self, Expr, VectorSelector};
+use serde_json::Value;
+
+/// Every dashboard file and the uid it must keep (links and bookmarks use it).
+/// A new dashboard (e.g. Kafka lag) is added here.
+const EXPECTED: &[(&str, &str, &str)] = &[
+    (
+        "inboxwatch-overview.json",
+        "inboxwatch-overview",
+        "inboxwatch / Overview",
+    ),
+    (
+        "inboxwatch-source.json",
+        "inboxwatch-source",
+        "inboxwatch / Source drill-down",
+    ),
+    (
+        "inboxwatch-agent.json",
+        "inboxwatch-agent",
+        "inboxwatch / Agent health",
+    ),
+];
+
+/// Catalogue metrics that need not appear on a dashboard, with the reason.
+/// Anything else missing from every dashboard fails `every_catalogue_metric_is_shown`.
+fn coverage_exemption(name: &str) -> Option<&'static str> {
+    if name == "inboxwatch_build_info" {
+        return Some("an info metric (value always 1); only useful as a version table");
+    }
+    if name.starts_with("inboxwatch_objective_") {
+        return Some("a configured threshold, drawn next to the metric it bounds where useful");
+    }
+    None
+}
+
+/// Grafana unit ids the dashboards may use (a typo would silently show raw numbers).
+const UNITS: &[&str] = &[
+    "s",
+    "ms",
+    "dtdurations",
+    "percentunit",
+    "percent",
+    "short",
+    "none",
+    "cps",
+    "ops",
+    "reqps",
+    "rps",
+];
+
+/// Functions whose range must be `$__rate_interval`.
+const RATE_FUNCS: &[&str] = &["rate", "irate", "increase"];
+
+/// Labels Prometheus attaches at scrape time, on top of the catalogue's.
+const TARGET_LABELS: &[&str] = &["job", "instance"];
+
+const DATASOURCE: &str = "${datasource}";
+
+// Sentinel durations substituted for `$__rate_interval` / `$__interval` when
+// checking ranges on the AST, so that a literal `[5m]` cannot pass.
+const RATE_SENTINEL: &str = "4321s";
+const INTERVAL_SENTINEL: &str = "1234s";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+struct Dashboard {
+    file: String,
+    raw: String,
+    json: Value,
+}
+
+fn dashboards() -> Vec<Dashboard> {
+    let dir = repo().join("dashboards");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("dashboards/ exists") {
+        let path = entry.unwrap().path();
+        if path.extension().and_then(|e| e.to_str()) != Some("json") {
+            continue;
+        }
+        let raw = std::fs::read_to_string(&path).unwrap();
+        let json: Value = serde_json::from_str(&raw)
+            .unwrap_or_else(|e| panic!("{}: not valid JSON: {e}", path.display()));
+        out.push(Dashboard {
+            file: path.file_name().unwrap().to_string_lossy().into_owned(),
+            raw,
+            json,
+        });
+    }
+    out.sort_by(|a, b| a.file.cmp(&b.file));
+    assert!(!out.is_empty(), "no dashboards in {}", dir.display());
+    out
+}
+
+/// Every panel, rows' nested panels included, in order.
+fn panels(dash: &Value) -> Vec<&Value> {
+    fn walk<'a>(list: &'a Value, out: &mut Vec<&'a Value>) {
+        for p in list.as_array().into_iter().flatten() {
+            out.push(p);
+            if let Some(nested) = p.get("panels") {
+                walk(nested, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&dash["panels"], &mut out);
+    out
+}
+
+fn is_row(panel: &Value) -> bool {
+    panel["type"] == "row"
+}
+
+fn title(panel: &Value) -> String {
+    panel["title"].as_str().unwrap_or("<untitled>").to_string()
+}
+
+fn variables(dash: &Value) -> &[Value] {
+    dash["templating"]["list"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+/// Replaces Grafana variables in a query: `$__rate_interval` and `$__interval`
+/// by the given durations, the other built-ins by plausible values, and every
+/// dashboard variable (`$x`, `${x}`, `${x:fmt}`, `[[x]]`) by `.*` (they are only
+/// used inside regex matchers).
+fn substitute(expr: &str, rate_interval: &str, interval: &str) -> String {
+    let builtin = |name: &str| -> String {
+        match name {
+            "__rate_interval" => rate_interval.to_string(),
+            "__interval" => interval.to_string(),
+            "__rate_interval_ms" | "__interval_ms" => "60000".to_string(),
+            "__range" => "1h".to_string(),
+            "__range_s" => "3600".to_string(),
+            "__range_ms" => "3600000".to_string(),
+            _ => ".*".to_string(),
+        }
+    };
+    let mut out = String::with_capacity(expr.len());
+    let mut rest = expr;
+    while let Some(i) = rest.find(['$', '[']) {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if let Some(body) = tail.strip_prefix("${") {
+            let end = body.find('}').expect("unclosed ${ in query");
+            let name = body[..end].split(':').next().unwrap();
+            out.push_str(&builtin(name));
+            rest = &body[end + 1..];
+        } else if let Some(body) = tail.strip_prefix("[[") {
+            let end = body.find("]]").expect("unclosed [[ in query");
+            out.push_str(&builtin(body[..end].split(':').next().unwrap()));
+            rest = &body[end + 2..];
+        } else if let Some(body) = tail.strip_prefix('$') {
+            let end = body
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(body.len());
+            assert!(end > 0, "lone `$` in query: {expr}");
+            out.push_str(&builtin(&body[..end]));
+            rest = &body[end..];
+        } else {
+            out.push('[');
+            rest = &tail[1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// What a metric name may be selected as: catalogue series (histograms only as
+/// `_bucket`, `_sum`, `_count`) or recording rules.
+struct Known {
+    /// series name → (catalogue metric it belongs to, labels it carries)
+    series: BTreeMap<String, (&'static str, BTreeSet<String>)>,
+    /// recording rules defined in alerts/*.yml
+    rules: BTreeSet<String>,
+}
+
+impl Known {
+    fn load() -> Known {
+        let mut series = BTreeMap::new();
+        for def in CATALOGUE {
+            let mut labels: BTreeSet<String> = def.labels.iter().map(|l| l.to_string()).collect();
+            labels.extend(TARGET_LABELS.iter().map(|l| l.to_string()));
+            match def.kind {
+                Kind::Histogram => {
+                    let mut bucket = labels.clone();
+                    bucket.insert("le".into());
+                    series.insert(format!("{}_bucket", def.name), (def.name, bucket));
+                    series.insert(format!("{}_sum", def.name), (def.name, labels.clone()));
+                    series.insert(format!("{}_count", def.name), (def.name, labels));
+                }
+                Kind::Counter | Kind::Gauge => {
+                    series.insert(def.name.to_string(), (def.name, labels));
+                }
+            }
+        }
+        Known {
+            series,
+            rules: recording_rules(),
+        }
+    }
+
+    fn is_known(&self, name: &str) -> bool {
+        self.series.contains_key(name) || self.rules.contains(name)
+    }
+
+    fn all_names(&self) -> impl Iterator<Item = &str> {
+        self.series
+            .keys()
+            .map(String::as_str)
+            .chain(self.rules.iter().map(String::as_str))
+    }
+}
+
+/// Names of the recording rules in `alerts/*.yml` / `*.yaml` (`record:` lines);
+/// none when the directory or files do not exist yet.
+fn recording_rules() -> BTreeSet<String> {
+    let mut rules = BTreeSet::new();
+    let Ok(dir) = std::fs::read_dir(repo().join("alerts")) else {
+        return rules;
+    };
+    for entry in dir {
+        let path = entry.unwrap().path();
+        let ext = path.extension().and_then(|e| e.to_str());
+        if !matches!(ext, Some("yml" | "yaml")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        for line in text.lines() {
+            let line = line.trim_start().trim_start_matches("- ").trim_start();
+            if let Some(name) = line.strip_prefix("record:") {
+                let name = name.split('#').next().unwrap().trim();
+                rules.insert(name.trim_matches(['"', '\'']).to_string());
+            }
+        }
+    }
+    rules
+}
+
+/// Every vector selector in an expression (matrix selectors' included, and
+/// aggregation parameters, which `promql_parser::util::walk_expr` skips).
+fn selectors(expr: &Expr) -> Vec<&VectorSelector> {
+    fn walk<'a>(e: &'a Expr, out: &mut Vec<&'a VectorSelector>) {
+        match e {
+            Expr::Aggregate(a) => {
+                walk(&a.expr, out);
+                if let Some(p) = &a.param {
+                    walk(p, out);
+                }
+            }
+            Expr::Unary(u) => walk(&u.expr, out),
+            Expr::Binary(b) => {
+                walk(&b.lhs, out);
+                walk(&b.rhs, out);
+            }
+            Expr::Paren(p) => walk(&p.expr, out),
+            Expr::Subquery(s) => walk(&s.expr, out),
+            Expr::Call(c) => c.args.args.iter().for_each(|a| walk(a, out)),
+            Expr::VectorSelector(vs) => out.push(vs),
+            Expr::MatrixSelector(ms) => out.push(&ms.vs),
+            Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(expr, &mut out);
+    out
+}
+
+/// Calls of `rate`/`irate`/`increase` and the range each one takes (None when
+/// its argument is not a plain matrix selector, e.g. a subquery).
+fn rate_ranges(expr: &Expr) -> Vec<(String, Option<Duration>)> {
+    fn walk(e: &Expr, out: &mut Vec<(String, Option<Duration>)>) {
+        match e {
+            Expr::Aggregate(a) => {
+                walk(&a.expr, out);
+                if let Some(p) = &a.param {
+                    walk(p, out);
+                }
+            }
+            Expr::Unary(u) => walk(&u.expr, out),
+            Expr::Binary(b) => {
+                walk(&b.lhs, out);
+                walk(&b.rhs, out);
+            }
+            Expr::Paren(p) => walk(&p.expr, out),
+            Expr::Subquery(s) => walk(&s.expr, out),
+            Expr::Call(c) => {
+                if RATE_FUNCS.contains(&c.func.name) {
+                    let range = match c.args.args.first().map(|a| a.as_ref()) {
+                        Some(Expr::MatrixSelector(ms)) => Some(ms.range),
+                        _ => None,
+                    };
+                    out.push((c.func.name.to_string(), range));
+                }
+                c.args.args.iter().for_each(|a| walk(a, out));
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(expr, &mut out);
+    out
+}
+
+/// Every matcher of a selector, `or` alternatives included.
+fn matchers(vs: &VectorSelector) -> impl Iterator<Item = &Matcher> {
+    vs.matchers
+        .matchers
+        .iter()
+        .chain(vs.matchers.or_matchers.iter().flatten())
+}
+
+/// The series names a selector can select; an error for anything unknown or
+/// unbounded.
+fn selected_names(vs: &VectorSelector, known: &Known) -> Result<BTreeSet<String>, String> {
+    let mut names = BTreeSet::new();
+    let mut bounded = false;
+    if let Some(name) = &vs.name {
+        bounded = true;
+        if !known.is_known(name) {
+            return Err(format!(
+                "`{name}` is neither in the catalogue nor a recording rule"
+            ));
+        }
+        names.insert(name.clone());
+    }
+    for m in matchers(vs).filter(|m| m.name == "__name__") {
+        match &m.op {
+            MatchOp::Equal => {
+                bounded = true;
+                if !known.is_known(&m.value) {
+                    return Err(format!(
+                        "`__name__=\"{}\"` is neither in the catalogue nor a recording rule",
+                        m.value
+                    ));
+                }
+                names.insert(m.value.clone());
+            }
+            MatchOp::Re(re) => {
+                bounded = true;
+                let hits: Vec<&str> = known.all_names().filter(|n| re.is_match(n)).collect();
+                if hits.is_empty() {
+                    return Err(format!(
+                        "`__name__=~\"{}\"` matches no known metric",
+                        m.value
+                    ));
+                }
+                names.extend(hits.into_iter().map(String::from));
+            }
+            MatchOp::NotEqual | MatchOp::NotRe(_) => {
+                return Err(format!(
+                    "negative `__name__` matcher `{}` selects unknown metrics",
+                    m.value
+                ));
+            }
+        }
+    }
+    if !bounded {
+        return Err(format!("selector `{vs}` has no metric name"));
+    }
+    // Label names in matchers must exist on the catalogue metric (typos select nothing).
+    for name in &names {
+        if let Some((_, labels)) = known.series.get(name) {
+            for m in matchers(vs).filter(|m| m.name != "__name__") {
+                if !labels.contains(&m.name) {
+                    return Err(format!("`{name}` has no label `{}`", m.name));
+                }
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// Checks one query; returns the catalogue metrics it selects.
+fn check_query(raw: &str, known: &Known) -> Result<BTreeSet<&'static str>, String> {
+    let expr = parser::parse(&substitute(raw, "1m", "1m")).map_err(|e| format!("parse: {e}"))?;
+    let mut metrics = BTreeSet::new();
+    let sels = selectors(&expr);
+    if sels.is_empty() && !raw.contains("vector(") {
+        return Err("selects no metric".into());
+    }
+    for vs in sels {
+        for name in selected_names(vs, known)? {
+            if let Some((metric, _)) = known.series.get(&name) {
+                metrics.insert(*metric);
+            }
+        }
+    }
+    // Ranges: parse again with sentinels, so only `$__rate_interval` passes.
+    let sentinel = parser::parse(&substitute(raw, RATE_SENTINEL, INTERVAL_SENTINEL))
+        .map_err(|e| format!("parse (sentinel ranges): {e}"))?;
+    let want = Duration::from_secs(RATE_SENTINEL.trim_end_matches('s').parse().unwrap());
+    for (func, range) in rate_ranges(&sentinel) {
+        if range != Some(want) {
+            return Err(format!("{func}() must take [$__rate_interval]"));
+        }
+    }
+    let calls = RATE_FUNCS
+        .iter()
+        .map(|f| raw.matches(&format!("{f}(")).count())
+        .sum::<usize>()
+        // "irate(" also contains "rate("
+        - raw.matches("irate(").count();
+    let intervals = raw.matches("[$__rate_interval]").count();
+    if calls > intervals {
+        return Err(format!(
+            "{calls} rate/irate/increase call(s) but only {intervals} `[$__rate_interval]`"
+        ));
+    }
+    Ok(metrics)
+}
+
+fn targets(panel: &Value) -> &[Value] {
+    panel["targets"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+#[test]
+fn every_expected_dashboard_exists_with_its_uid_and_title() {
+    let dashes = dashboards();
+    let files: BTreeSet<&str> = dashes.iter().map(|d| d.file.as_str()).collect();
+    for (file, uid, title) in EXPECTED {
+        let d = dashes
+            .iter()
+            .find(|d| d.file == *file)
+            .unwrap_or_else(|| panic!("dashboards/{file} is missing"));
+        assert_eq!(d.json["uid"], *uid, "{file}: uid");
+        assert_eq!(d.json["title"], *title, "{file}: title");
+    }
+    for file in files {
+        assert!(
+            EXPECTED.iter().any(|(f, _, _)| *f == file),
+            "dashboards/{file} has no expected uid in tests/dashboards.rs EXPECTED; add it"
+        );
+    }
+    let mut uids = BTreeSet::new();
+    for d in &dashes {
+        let uid = d.json["uid"].as_str().unwrap_or_default();
+        assert!(
+            uids.insert(uid.to_string()),
+            "{}: duplicate uid {uid}",
+            d.file
+        );
+        assert!(
+            (39..=41).contains(&d.json["schemaVersion"].as_u64().unwrap_or(0)),
+            "{}: schemaVersion should be 39..=41 (Grafana 10/11)",
+            d.file
+        );
+        assert!(
+            d.json["id"].is_null(),
+            "{}: dashboard id must be null",
+            d.file
+        );
+    }
+}
+
+#[test]
+fn only_the_datasource_variable_selects_the_data_source() {
+    for d in dashboards() {
+        let f = &d.file;
+        assert!(!d.raw.contains("__inputs"), "{f}: has __inputs");
+        assert!(!d.raw.contains("${DS_"), "{f}: uses ${{DS_...}}");
+        let vars = variables(&d.json);
+        let ds: Vec<&Value> = vars.iter().filter(|v| v["type"] == "datasource").collect();
+        assert_eq!(ds.len(), 1, "{f}: exactly one datasource variable");
+        assert_eq!(ds[0]["name"], "datasource", "{f}: datasource variable name");
+        assert_eq!(
+            ds[0]["query"], "prometheus",
+            "{f}: datasource variable type"
+        );
+        let expected = serde_json::json!({"type": "prometheus", "uid": DATASOURCE});
+        for v in vars.iter().filter(|v| v["type"] == "query") {
+            assert_eq!(v["datasource"], expected, "{f}: variable {}", v["name"]);
+        }
+        for p in panels(&d.json) {
+            let t = title(p);
+            if !is_row(p) || p.get("datasource").is_some() {
+                assert_eq!(p["datasource"], expected, "{f}: panel {t}: datasource");
+            }
+            for target in targets(p) {
+                assert_eq!(
+                    target["datasource"], expected,
+                    "{f}: panel {t}: target datasource"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn drill_down_has_source_and_event_type_variables() {
+    let d = dashboards()
+        .into_iter()
+        .find(|d| d.json["uid"] == "inboxwatch-source")
+        .expect("drill-down dashboard");
+    let vars = variables(&d.json);
+    let var = |name: &str| {
+        vars.iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no `{name}` variable"))
+    };
+    for (name, query) in [
+        ("source", "label_values(inboxwatch_source_up, source)"),
+        (
+            "event_type",
+            "label_values(inbox_messages_received_total{source=~\"$source\"}, event_type)",
+        ),
+    ] {
+        let v = var(name);
+        assert_eq!(v["type"], "query", "{name}");
+        assert_eq!(v["query"], query, "{name}");
+        assert_eq!(v["multi"], true, "{name}: multi");
+        assert_eq!(v["includeAll"], true, "{name}: include All");
+    }
+}
+
+#[test]
+fn every_query_parses_and_selects_only_catalogue_metrics() {
+    let known = Known::load();
+    let mut problems = Vec::new();
+    let mut queries = 0;
+    for d in dashboards() {
+        for p in panels(&d.json) {
+            for target in targets(p) {
+                let Some(expr) = target["expr"].as_str() else {
+                    problems.push(format!("{} / {}: target without expr", d.file, title(p)));
+                    continue;
+                };
+                queries += 1;
+                if let Err(e) = check_query(expr, &known) {
+                    problems.push(format!("{} / {}: {e}\n    {expr}", d.file, title(p)));
+                }
+            }
+        }
+        // Variable queries: label_values(<selector>, label) names a metric too.
+        for v in variables(&d.json).iter().filter(|v| v["type"] == "query") {
+            let q = v["query"]
+                .as_str()
+                .or_else(|| v["query"]["query"].as_str())
+                .unwrap_or_default();
+            let inner = q
+                .strip_prefix("label_values(")
+                .and_then(|s| s.strip_suffix(')'))
+                .and_then(|s| s.rsplit_once(','))
+                .map(|(sel, _)| sel.trim());
+            match inner {
+                Some(sel) => {
+                    if let Err(e) = check_query(sel, &known) {
+                        problems.push(format!("{} / variable {}: {e}", d.file, v["name"]));
+                    }
+                }
+                None => problems.push(format!(
+                    "{} / variable {}: expected label_values(<metric>, <label>), got {q}",
+                    d.file, v["name"]
+                )),
+            }
+        }
+    }
+    assert!(queries > 0, "no queries found");
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn every_catalogue_metric_is_shown() {
+    let known = Known::load();
+    let mut shown = BTreeSet::new();
+    for d in dashboards() {
+        for p in panels(&d.json) {
+            for target in targets(p) {
+                if let Some(expr) = target["expr"].as_str() {
+                    shown.extend(check_query(expr, &known).unwrap_or_default());
+                }
+            }
+        }
+    }
+    let missing: Vec<&str> = CATALOGUE
+        .iter()
+        .map(|m| m.name)
+        .filter(|n| !shown.contains(n) && coverage_exemption(n).is_none())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "catalogue metrics on no dashboard (add a panel, or an exemption with a reason): {missing:?}"
+    );
+}
+
+/// Panels grouped by what shares the grid: the top level (rows included),
+/// and separately the children of each collapsed row (laid out when expanded).
+fn layers(dash: &Value) -> Vec<Vec<&Value>> {
+    let top: Vec<&Value> = dash["panels"].as_array().into_iter().flatten().collect();
+    let mut out = vec![top.clone()];
+    for p in top {
+        if let Some(children) = p["panels"].as_array().filter(|c| !c.is_empty()) {
+            out.push(children.iter().collect());
+        }
+    }
+    out
+}
+
+#[test]
+fn panels_have_units_descriptions_unique_ids_and_do_not_overlap() {
+    let mut problems = Vec::new();
+    for d in dashboards() {
+        let f = &d.file;
+        let mut check = |ok: bool, msg: String| {
+            if !ok {
+                problems.push(format!("{f}: {msg}"));
+            }
+        };
+        let mut ids = BTreeSet::new();
+        for p in panels(&d.json) {
+            let t = title(p);
+            match p["id"].as_u64() {
+                Some(id) => check(ids.insert(id), format!("panel id {id} ({t}) is not unique")),
+                None => check(false, format!("panel {t} has no numeric id")),
+            }
+            if is_row(p) {
+                continue;
+            }
+            let unit = p["fieldConfig"]["defaults"]["unit"].as_str().unwrap_or("");
+            check(
+                UNITS.contains(&unit),
+                format!("panel {t}: fieldConfig.defaults.unit {unit:?} not one of {UNITS:?}"),
+            );
+            let desc = p["description"].as_str().unwrap_or("");
+            check(
+                !desc.trim().is_empty(),
+                format!("panel {t}: no description"),
+            );
+            check(!targets(p).is_empty(), format!("panel {t}: no targets"));
+            let mut refs = BTreeSet::new();
+            for target in targets(p) {
+                let r = target["refId"].as_str().unwrap_or_default();
+                check(refs.insert(r), format!("panel {t}: refId {r:?} repeated"));
+            }
+            if p["type"] == "heatmap" {
+                check(
+                    p["options"]["calculate"] == false,
+                    format!("heatmap {t}: must show the buckets (calculate: false)"),
+                );
+                check(
+                    p["options"]["yAxis"]["unit"].is_string(),
+                    format!("heatmap {t}: no y-axis unit"),
+                );
+                for target in targets(p) {
+                    let expr = target["expr"].as_str().unwrap_or_default();
+                    check(
+                        target["format"] == "heatmap" && expr.contains("_bucket"),
+                        format!("heatmap {t}: target must be `_bucket` series in heatmap format"),
+                    );
+                }
+            }
+        }
+        for layer in layers(&d.json) {
+            let mut boxes: Vec<(String, [u64; 4])> = Vec::new();
+            for p in layer {
+                let t = title(p);
+                let g = &p["gridPos"];
+                let dims = ["x", "y", "w", "h"].map(|k| g[k].as_u64());
+                let [Some(x), Some(y), Some(w), Some(h)] = dims else {
+                    check(false, format!("panel {t}: gridPos {g} incomplete"));
+                    continue;
+                };
+                check(
+                    w > 0 && h > 0 && x + w <= 24,
+                    format!("panel {t}: gridPos {g} outside the 24-column grid"),
+                );
+                for (other, [ox, oy, ow, oh]) in &boxes {
+                    let overlap = x < ox + ow && *ox < x + w && y < oy + oh && *oy < y + h;
+                    check(!overlap, format!("panels {t} and {other} overlap"));
+                }
+                boxes.push((t, [x, y, w, h]));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn histograms_are_shown_as_heatmaps() {
+    let mut heatmapped = BTreeSet::new();
+    for d in dashboards() {
+        for p in panels(&d.json)
+            .into_iter()
+            .filter(|p| p["type"] == "heatmap")
+        {
+            for target in targets(p) {
+                let expr = target["expr"].as_str().unwrap_or_default();
+                for def in CATALOGUE.iter().filter(|m| m.kind == Kind::Histogram) {
+                    if expr.contains(&format!("{}_bucket", def.name)) {
+                        heatmapped.insert(def.name);
+                    }
+                }
+            }
+        }
+    }
+    let missing: Vec<&str> = CATALOGUE
+        .iter()
+        .filter(|m| m.kind == Kind::Histogram && !heatmapped.contains(m.name))
+        .map(|m| m.name)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "histograms without a heatmap: {missing:?}"
+    );
+}
+
+/// The checks themselves: a wrong query must be caught.
+#[test]
+fn checker_rejects_bad_queries() {
+    let known = Known::load();
+    let ok = |q: &str| check_query(q, &known);
+    assert!(ok("sum(rate(inbox_deliveries_total{source=~\"$source\"}[$__rate_interval]))").is_ok());
+    assert!(ok("histogram_quantile(0.95, sum by (le) (rate(inbox_processing_duration_seconds_bucket[$__rate_interval])))").is_ok());
+    assert!(ok("{__name__=\"inbox_stuck_messages\"}").is_ok());
+    // literal or wrong ranges
+    assert!(ok("rate(inbox_deliveries_total[5m])").is_err());
+    assert!(ok("increase(inbox_deliveries_total[$__interval])").is_err());
+    assert!(ok("irate(inbox_deliveries_total[$__range])").is_err());
+    // unknown names, bare histogram names, unknown labels, unbounded selectors
+    assert!(ok("inbox_no_such_metric").is_err());
+    assert!(ok("inbox_processing_duration_seconds").is_err());
+    assert!(ok("{__name__=\"nope\"}").is_err());
+    assert!(ok("{__name__=~\"no_such_.*\"}").is_err());
+    assert!(ok("inbox_backlog_messages{stauts=\"pending\"}").is_err());
+    assert!(ok("{source=\"x\"}").is_err());
+    assert!(ok("sum(").is_err());
+    // recording rules from alerts/ are accepted by name (labels unchecked)
+    let mut with_rule = Known::load();
+    with_rule
+        .rules
+        .insert("source:inbox_deliveries:rate5m".into());
+    assert!(
+        check_query(
+            "max(source:inbox_deliveries:rate5m{source=~\"$source\"})",
+            &with_rule
+        )
+        .is_ok()
+    );
+    assert_eq!(
+        substitute(
+            "x{a=~\"$source\",b=~\"${event_type:regex}\"}[$__rate_interval]",
+            "1m",
+            "2m"
+        ),
+        "x{a=~\".*\",b=~\".*\"}[1m]"
+    );
+    assert_eq!(substitute("y[$__interval] [1m]", "1m", "2m"), "y[2m] [1m]");
+}
