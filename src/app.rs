@@ -8,11 +8,13 @@ use std::time::Duration;
 use anyhow::Context;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::{Config, SourceSpec};
+use crate::coordination::{Leadership, SourceLock, elect};
 use crate::http::{self, AppState};
 use crate::sources::table::TableSource;
 use crate::sources::table::inbox::Inbox;
@@ -31,6 +33,7 @@ pub struct Agent {
     tasks: JoinSet<()>,
     http: tokio::task::JoinHandle<std::io::Result<()>>,
     stop_http: CancellationToken,
+    _owned_outright: Vec<watch::Sender<Option<bool>>>,
 }
 
 /// Installs the global metrics recorder once and returns its handle.
@@ -61,11 +64,13 @@ impl Agent {
         let health = Arc::new(Health::default());
         let cancel = CancellationToken::new();
         let mut tasks = JoinSet::new();
+        let leadership = Arc::new(Leadership::default());
+        // Senders of sources no lock decides (SQLite): kept so that ownership never ends.
+        let mut owned_outright = Vec::new();
         for spec in config.sources {
             let name = spec.name().to_string();
-            health.register(&name);
-            let table = spec.table();
-            metrics::gauge!(m::SOURCE_LEADER, "source" => name.clone()).set(1.0);
+            let table = spec.table().clone();
+            leadership.register(&name);
             if let Some(o) = table.objectives.oldest_age {
                 metrics::gauge!(m::OBJECTIVE_OLDEST_AGE, "source" => name.clone())
                     .set(o.as_secs_f64());
@@ -74,15 +79,36 @@ impl Agent {
                 metrics::gauge!(m::OBJECTIVE_P95, "source" => name.clone()).set(p.as_secs_f64());
             }
             info!(source = %name, dsn = %table.dsn, table = %table.table, "Watching source.");
+            let leader = match SourceLock::for_source(&table) {
+                Some(lock) => {
+                    health.register(&name);
+                    let (tx, rx) = watch::channel(None);
+                    tasks.spawn(elect(
+                        lock,
+                        leadership.clone(),
+                        health.clone(),
+                        tx,
+                        cancel.clone(),
+                    ));
+                    rx
+                }
+                None => {
+                    health.register(&name);
+                    leadership.set(&name, true);
+                    let (tx, rx) = watch::channel(Some(true));
+                    owned_outright.push(tx);
+                    rx
+                }
+            };
             let (h, c) = (health.clone(), cancel.clone());
             match spec {
                 SourceSpec::Inbox(s) => {
-                    let source = TableSource::new(s.table.clone(), Inbox::new(s));
-                    tasks.spawn(run_loop(source, h, c));
+                    let make = move || TableSource::new(s.table.clone(), Inbox::new(s.clone()));
+                    tasks.spawn(run_loop(name.clone(), make, h, leader, c));
                 }
                 SourceSpec::Outbox(s) => {
-                    let source = TableSource::new(s.table.clone(), Outbox::new(s));
-                    tasks.spawn(run_loop(source, h, c));
+                    let make = move || TableSource::new(s.table.clone(), Outbox::new(s.clone()));
+                    tasks.spawn(run_loop(name.clone(), make, h, leader, c));
                 }
             }
         }
@@ -90,6 +116,7 @@ impl Agent {
         let state = AppState {
             metrics: handle,
             health,
+            leadership,
             stopping: cancel.clone(),
         };
         let http = tokio::spawn(http::serve(listener, state, stop_http.clone()));
@@ -100,6 +127,7 @@ impl Agent {
             tasks,
             http,
             stop_http,
+            _owned_outright: owned_outright,
         })
     }
 

@@ -13,6 +13,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::coordination::{Leadership, hide_standby};
 use crate::sources::Health;
 
 /// What the handlers read.
@@ -20,6 +21,8 @@ use crate::sources::Health;
 pub struct AppState {
     pub metrics: PrometheusHandle,
     pub health: Arc<Health>,
+    /// Which sources this agent exports; the others are hidden from `/metrics`.
+    pub leadership: Arc<Leadership>,
     /// Cancelled when the agent begins to shut down: `/readyz` turns false first.
     pub stopping: CancellationToken,
 }
@@ -39,13 +42,14 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        state.metrics.render(),
+        hide_standby(state.metrics.render(), &state.leadership.standing_by()),
     )
 }
 
-/// 200 once every source has finished its first poll (a source that is down
-/// is reported here and by `inboxwatch_source_up`), 503 before that and while
-/// shutting down. The body lists each source's state.
+/// 200 once every source this agent owns has finished its first poll (a
+/// source that is down is reported here and by `inboxwatch_source_up`; one
+/// another agent owns is on standby), 503 before that and while shutting
+/// down. The body lists each source's state.
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     let sources = state.health.snapshot();
     let mut body = String::new();
@@ -55,6 +59,7 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
     for (name, h) in &sources {
         let word = match (h.polled, h.up) {
+            _ if h.standby => "standby (another agent owns it)",
             (false, _) => {
                 ready = false;
                 "starting"

@@ -5,6 +5,7 @@
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod coordination;
 pub mod demo;
 pub mod doctor;
 pub mod http;

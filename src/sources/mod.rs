@@ -9,6 +9,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -74,6 +75,8 @@ pub struct SourceHealth {
     pub up: bool,
     /// The error of the last failed poll, if the last poll failed.
     pub error: Option<String>,
+    /// Another agent owns the source; this one stands by.
+    pub standby: bool,
 }
 
 /// Health of every source, written by the poll loops, read by HTTP handlers.
@@ -87,6 +90,31 @@ impl Health {
     pub fn register(&self, name: &str) {
         self.lock()
             .insert(name.to_string(), SourceHealth::default());
+    }
+
+    /// Marks a source as down before or between polls (its database cannot be
+    /// reached to contest the lock).
+    pub fn set_down(&self, name: &str, error: String) {
+        self.set(
+            name,
+            SourceHealth {
+                polled: true,
+                up: false,
+                error: Some(error),
+                standby: false,
+            },
+        );
+    }
+
+    /// Marks a source as owned by another agent.
+    pub fn set_standby(&self, name: &str) {
+        self.set(
+            name,
+            SourceHealth {
+                standby: true,
+                ..SourceHealth::default()
+            },
+        );
     }
 
     fn set(&self, name: &str, state: SourceHealth) {
@@ -113,20 +141,85 @@ pub fn backoff(interval: Duration, failures: u32) -> Duration {
     base.mul_f64(0.8 + 0.4 * fastrand::f64())
 }
 
-/// Polls `source` until `cancel` fires.
-pub async fn run_loop<S: Source>(mut source: S, health: Arc<Health>, cancel: CancellationToken) {
+/// Polls the source while this agent owns it (`leader` is `Some(true)`;
+/// `Some(false)`: another agent owns it; `None`: not known, e.g. the database
+/// cannot be reached), until `cancel` fires.
+///
+/// When ownership comes back, the source keeps its state (and so its cursor)
+/// only if no other agent can have exported it meanwhile: the gap was shorter
+/// than the lock's lease and no other owner was seen. Otherwise it is built
+/// afresh by `make` and takes a new baseline, so nothing another agent counted
+/// is counted again.
+pub async fn run_loop<S, F>(
+    name: String,
+    make: F,
+    health: Arc<Health>,
+    mut leader: watch::Receiver<Option<bool>>,
+    cancel: CancellationToken,
+) where
+    S: Source,
+    F: Fn() -> S + Send + 'static,
+{
+    let mut kept: Option<(S, Instant)> = None;
+    loop {
+        loop {
+            match *leader.borrow_and_update() {
+                Some(true) => break,
+                // Another agent owns it: ready, standing by, and whatever this
+                // agent knew of the source is stale from now on.
+                Some(false) => {
+                    kept = None;
+                    health.set_standby(&name);
+                }
+                None => {}
+            }
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = leader.changed() => if changed.is_err() { return },
+            }
+        }
+        let source = match kept.take() {
+            Some((source, lost)) if lost.elapsed() < crate::coordination::LEASE => source,
+            _ => {
+                health.set(&name, SourceHealth::default());
+                make()
+            }
+        };
+        match poll_while_leading(source, &health, &mut leader, &cancel).await {
+            Some(source) => kept = Some((source, Instant::now())),
+            None => return,
+        }
+    }
+}
+
+/// The poll loop of one ownership term. Returns the source when ownership
+/// was lost, `None` when cancelled.
+async fn poll_while_leading<S: Source>(
+    mut source: S,
+    health: &Health,
+    leader: &mut watch::Receiver<Option<bool>>,
+    cancel: &CancellationToken,
+) -> Option<S> {
     let name = source.name().to_string();
     let interval = source.poll_interval();
     let up = metrics::gauge!(m::SOURCE_UP, "source" => name.clone());
     let duration = metrics::histogram!(m::POLL_DURATION, "source" => name.clone());
     let rows = metrics::counter!(m::ROWS_READ, "source" => name.clone());
+    // Every error kind's series exists at 0, so that the first error shows in `rate()`.
+    for kind in ["connect", "schema", "query", "timeout"] {
+        metrics::counter!(m::POLL_ERRORS, "source" => name.clone(), "kind" => kind).increment(0);
+    }
     let mut failures: u32 = 0;
     let mut last_error: Option<String> = None;
     let mut was_up: Option<bool> = None;
     loop {
+        if *leader.borrow() != Some(true) {
+            source.reset();
+            return Some(source);
+        }
         let started = Instant::now();
         let result = tokio::select! {
-            _ = cancel.cancelled() => break,
+            _ = cancel.cancelled() => return None,
             r = tokio::time::timeout(source.timeout(), source.poll()) => {
                 r.unwrap_or_else(|_| Err(SourceError::Timeout(source.timeout())))
             }
@@ -147,7 +240,7 @@ pub async fn run_loop<S: Source>(mut source: S, health: Arc<Health>, cancel: Can
                     SourceHealth {
                         polled: true,
                         up: true,
-                        error: None,
+                        ..SourceHealth::default()
                     },
                 );
                 interval.saturating_sub(started.elapsed())
@@ -169,6 +262,7 @@ pub async fn run_loop<S: Source>(mut source: S, health: Arc<Health>, cancel: Can
                         polled: true,
                         up: false,
                         error: Some(message.clone()),
+                        ..SourceHealth::default()
                     },
                 );
                 last_error = Some(message);
@@ -176,8 +270,9 @@ pub async fn run_loop<S: Source>(mut source: S, health: Arc<Health>, cancel: Can
             }
         };
         tokio::select! {
-            _ = cancel.cancelled() => break,
+            _ = cancel.cancelled() => return None,
             _ = tokio::time::sleep(delay) => {}
+            changed = leader.changed() => if changed.is_err() { return None },
         }
     }
 }

@@ -111,6 +111,8 @@ pub struct Inbox {
     rejections: Rejections,
     gauges: BTreeMap<usize, Gauges>,
     reported: HashSet<usize>,
+    /// Labels whose counter series exist (created at 0).
+    series: HashSet<usize>,
     sketches: HashMap<usize, WindowedSketch>,
     last_eviction: Option<Instant>,
 }
@@ -129,6 +131,7 @@ impl Inbox {
             rejections: Rejections::default(),
             gauges: BTreeMap::new(),
             reported: HashSet::new(),
+            series: HashSet::new(),
             sketches: HashMap::new(),
             last_eviction: None,
         }
@@ -340,9 +343,28 @@ impl Inbox {
 
     fn record(&mut self) {
         let source = self.spec.table.name.clone();
-        for (label, c) in self.counts.drain() {
+        let counts: Vec<(usize, Counts)> = self.counts.drain().collect();
+        for (label, c) in counts {
             let et = self.labels.value(label).to_string();
             let l = [("source", source.clone()), ("event_type", et.clone())];
+            // A new series first shows at 0, its first amount one poll later:
+            // `rate()` and `increase()` see no increase in a series' first sample.
+            if self.series.insert(label) {
+                for name in [
+                    m::INBOX_RECEIVED,
+                    m::INBOX_DELIVERIES,
+                    m::INBOX_DUPLICATES,
+                    m::INBOX_ATTEMPT_FAILURES,
+                ] {
+                    metrics::counter!(name, &l).increment(0);
+                }
+                for outcome in ["succeeded", "dead_lettered"] {
+                    metrics::counter!(m::INBOX_COMPLETED, "source" => source.clone(), "event_type" => et.clone(), "outcome" => outcome)
+                        .increment(0);
+                }
+                self.counts.insert(label, c);
+                continue;
+            }
             let inc = |name: &'static str, n: u64| {
                 if n > 0 {
                     metrics::counter!(name, &l).increment(n);

@@ -400,6 +400,7 @@ fn scrub(message: &str, spec: &TableSpec) -> String {
 #[derive(Debug, Default)]
 pub(crate) struct Rejections {
     counts: HashMap<Reject, u64>,
+    created: bool,
 }
 
 impl Rejections {
@@ -407,7 +408,21 @@ impl Rejections {
         *self.counts.entry(reason).or_default() += 1;
     }
 
+    /// Records the poll's rejections; every reason's series exists from the
+    /// first poll on, at 0, so that the first rejection shows in `rate()`.
     pub(crate) fn flush(&mut self, source: &str) {
+        if !self.created {
+            self.created = true;
+            for reason in [
+                Reject::NullTime,
+                Reject::UnknownStatus,
+                Reject::FinishBeforeStart,
+                Reject::LastErrorTooLong,
+            ] {
+                metrics::counter!(m::ROWS_REJECTED, "source" => source.to_string(), "reason" => reason.as_str())
+                    .increment(0);
+            }
+        }
         for (reason, n) in self.counts.drain() {
             metrics::counter!(m::ROWS_REJECTED, "source" => source.to_string(), "reason" => reason.as_str())
                 .increment(n);

@@ -61,6 +61,8 @@ pub struct Outbox {
     rejections: Rejections,
     gauges: BTreeMap<usize, Gauges>,
     reported: HashSet<usize>,
+    /// Labels whose counter series exist (created at 0).
+    series: HashSet<usize>,
     last_eviction: Option<Instant>,
 }
 
@@ -76,6 +78,7 @@ impl Outbox {
             rejections: Rejections::default(),
             gauges: BTreeMap::new(),
             reported: HashSet::new(),
+            series: HashSet::new(),
             last_eviction: None,
         }
     }
@@ -225,11 +228,18 @@ impl TableKind for Outbox {
 
     fn flush(&mut self, db_now: i64, now: Instant) {
         let source = self.spec.table.name.clone();
-        for (label, c) in self.counts.drain() {
+        let counts: Vec<(usize, Counts)> = self.counts.drain().collect();
+        for (label, c) in counts {
             let l = [
                 ("source", source.clone()),
                 ("event_type", self.labels.value(label).to_string()),
             ];
+            // A new series first shows at 0, its first amount one poll later.
+            if self.series.insert(label) {
+                metrics::counter!(m::OUTBOX_PUBLISHED, &l).increment(0);
+                self.counts.insert(label, c);
+                continue;
+            }
             metrics::counter!(m::OUTBOX_PUBLISHED, &l).increment(c.published);
             let h = metrics::histogram!(m::OUTBOX_PUBLISH_DELAY, &l);
             c.delays.iter().for_each(|d| h.record(*d));

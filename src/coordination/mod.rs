@@ -1,0 +1,353 @@
+//! Who owns which source. When several agents watch the same source (a
+//! DaemonSet), exactly one polls and exports it; the others stand by with
+//! `inboxwatch_source_leader{source} 0` and take over when the owner goes.
+//!
+//! Table sources are elected with a lock the watched database provides, held
+//! on a session of its own, so no extra infrastructure or write permission is
+//! needed:
+//! * PostgreSQL: `pg_try_advisory_xact_lock` inside a transaction kept open
+//!   with `idle_in_transaction_session_timeout`, so the server drops the lock of
+//!   an owner that stops answering (killed, or cut off the network);
+//! * MySQL/MariaDB: `GET_LOCK` on a session with a short `wait_timeout`, for the
+//!   same reason.
+//!
+//! The owner renews every [`HEARTBEAT`]; a renewal that fails stops the export
+//! at once, well before the server's timeout ([`LEASE`]) lets another agent in,
+//! so rates are never doubled. SQLite files are local to one agent: it owns them.
+
+use std::collections::HashSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sqlx::{AnyConnection, Connection};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::{Dialect, TableSpec};
+use crate::telemetry::catalogue as m;
+
+/// How often the owner renews its lock and a standby agent tries to take it.
+pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// How long the database keeps the lock of an owner that stopped answering.
+pub const LEASE: Duration = Duration::from_secs(20);
+/// Longest wait for one lock statement.
+const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The sources this agent exports; read by `/metrics` to hide the others.
+#[derive(Debug, Default)]
+pub struct Leadership {
+    led: Mutex<HashSet<String>>,
+    contending: Mutex<HashSet<String>>,
+    all: Mutex<HashSet<String>>,
+}
+
+impl Leadership {
+    /// Registers a source as standing by.
+    pub fn register(&self, source: &str) {
+        lock(&self.all).insert(source.to_string());
+        metrics::gauge!(m::SOURCE_LEADER, "source" => source.to_string()).set(0.0);
+    }
+
+    /// Records whether this agent owns `source` (`false`: another agent does).
+    pub fn set(&self, source: &str, leader: bool) {
+        if leader {
+            lock(&self.led).insert(source.to_string());
+            lock(&self.contending).remove(source);
+        } else {
+            lock(&self.led).remove(source);
+            lock(&self.contending).remove(source);
+        }
+        metrics::gauge!(m::SOURCE_LEADER, "source" => source.to_string()).set(if leader {
+            1.0
+        } else {
+            0.0
+        });
+    }
+
+    /// Records that nobody can be seen to own `source`: its database cannot be
+    /// reached. Its `inboxwatch_source_up 0` stays visible.
+    pub fn set_contending(&self, source: &str) {
+        lock(&self.led).remove(source);
+        lock(&self.contending).insert(source.to_string());
+        metrics::gauge!(m::SOURCE_LEADER, "source" => source.to_string()).set(0.0);
+    }
+
+    /// How many sources this agent owns.
+    pub fn led_count(&self) -> usize {
+        lock(&self.led).len()
+    }
+
+    /// The registered sources another agent owns (or may own: not yet contested).
+    pub fn standing_by(&self) -> Vec<String> {
+        let led = lock(&self.led).clone();
+        let contending = lock(&self.contending).clone();
+        lock(&self.all)
+            .iter()
+            .filter(|s| !led.contains(*s) && !contending.contains(*s))
+            .cloned()
+            .collect()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A poisoned lock only means a panic elsewhere; the set itself stays valid.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Removes from a Prometheus text rendering every sample of the sources this
+/// agent stands by for, except `inboxwatch_source_leader`.
+pub fn hide_standby(rendered: String, standing_by: &[String]) -> String {
+    if standing_by.is_empty() {
+        return rendered;
+    }
+    let needles: Vec<(String, String)> = standing_by
+        .iter()
+        .map(|s| {
+            let v = s
+                .replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', "\\n");
+            (format!("{{source=\"{v}\""), format!(",source=\"{v}\""))
+        })
+        .collect();
+    let mut out = String::with_capacity(rendered.len());
+    for line in rendered.lines() {
+        let hidden = !line.starts_with('#')
+            && !line.starts_with(m::SOURCE_LEADER)
+            && needles
+                .iter()
+                .any(|(a, b)| line.contains(a.as_str()) || line.contains(b.as_str()));
+        if !hidden {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The database lock of one source.
+pub struct SourceLock {
+    spec: TableSpec,
+    key: i64,
+    conn: Option<AnyConnection>,
+}
+
+impl SourceLock {
+    /// The lock for a source; `None` where the dialect has none to share (SQLite).
+    pub fn for_source(spec: &TableSpec) -> Option<SourceLock> {
+        match spec.dsn.dialect() {
+            Dialect::Postgres | Dialect::MySql => Some(SourceLock {
+                spec: spec.clone(),
+                key: lock_key(spec),
+                conn: None,
+            }),
+            Dialect::Sqlite => None,
+        }
+    }
+
+    /// Tries once to take the lock; true when this agent now owns the source.
+    pub async fn try_acquire(&mut self) -> Result<bool, sqlx::Error> {
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => connect(self.spec.dsn.clone()).await?,
+        };
+        let key = self.key;
+        let got = match self.spec.dsn.dialect() {
+            Dialect::Postgres => {
+                sqlx::raw_sql("BEGIN").execute(&mut conn).await?;
+                let got: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT pg_try_advisory_xact_lock({key})"
+                )))
+                .fetch_one(&mut conn)
+                .await?;
+                if !got {
+                    sqlx::raw_sql("ROLLBACK").execute(&mut conn).await?;
+                }
+                got
+            }
+            _ => {
+                let got: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT CAST(GET_LOCK('inboxwatch:{key:x}', 0) AS SIGNED)"
+                )))
+                .fetch_one(&mut conn)
+                .await?;
+                got == Some(1)
+            }
+        };
+        self.conn = Some(conn);
+        Ok(got)
+    }
+
+    /// Renews the lock; an error means it may be lost.
+    pub async fn renew(&mut self) -> Result<(), sqlx::Error> {
+        let key = self.key;
+        let dialect = self.spec.dsn.dialect();
+        let conn = self.conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
+        let held: Option<i64> =
+            match dialect {
+                // Inside the lock's transaction: resets the idle timeout.
+                Dialect::Postgres => {
+                    sqlx::query_scalar("SELECT CAST(1 AS BIGINT)")
+                        .fetch_one(conn)
+                        .await?
+                }
+                _ => sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT CAST(IS_USED_LOCK('inboxwatch:{key:x}') = CONNECTION_ID() AS SIGNED)"
+                )))
+                .fetch_one(conn)
+                .await?,
+            };
+        if held == Some(1) {
+            Ok(())
+        } else {
+            Err(sqlx::Error::Protocol(
+                "the lock is held by another session".into(),
+            ))
+        }
+    }
+
+    /// Gives the lock up (ending the session releases it in every dialect).
+    pub async fn release(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            let _ = conn.close().await;
+        }
+    }
+}
+
+/// Removes the DSN's secrets from a driver message that may echo it.
+fn scrub(message: &str, spec: &TableSpec) -> String {
+    message.replace(spec.dsn.expose(), &spec.dsn.to_string())
+}
+
+/// Agents with the same source configuration contend for the same key.
+fn lock_key(spec: &TableSpec) -> i64 {
+    use std::hash::{Hash, Hasher};
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new_with_keys(0x696e_626f_7877_6174, 0x6c65_6164_6572);
+    ("inboxwatch-source", &spec.name, &spec.table).hash(&mut h);
+    h.finish() as i64
+}
+
+/// A session for the lock: it ends, and so releases the lock, when the agent
+/// stops answering for [`LEASE`].
+async fn connect(dsn: crate::config::Dsn) -> Result<AnyConnection, sqlx::Error> {
+    let mut conn = AnyConnection::connect(dsn.expose()).await?;
+    let lease = LEASE.as_secs();
+    let setup = match dsn.dialect() {
+        Dialect::Postgres => vec![
+            "SET application_name = 'inboxwatch-leader'".to_string(),
+            format!("SET idle_in_transaction_session_timeout = '{lease}s'"),
+            "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY".to_string(),
+        ],
+        _ => vec![format!("SET SESSION wait_timeout = {lease}")],
+    };
+    for stmt in setup {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
+            .execute(&mut conn)
+            .await?;
+    }
+    Ok(conn)
+}
+
+/// Keeps `lock` for `source`: takes it when free, renews it while held, and
+/// reports ownership on `leader` until `cancel`, then releases it.
+pub async fn elect(
+    mut lock: SourceLock,
+    leadership: std::sync::Arc<Leadership>,
+    health: std::sync::Arc<crate::sources::Health>,
+    leader: watch::Sender<Option<bool>>,
+    cancel: CancellationToken,
+) {
+    let source = lock.spec.name.clone();
+    // A database this agent cannot reach is reported down here: nobody may
+    // own the source then, and someone has to say so.
+    let unreachable = |error: String| {
+        leadership.set_contending(&source);
+        metrics::gauge!(m::SOURCE_UP, "source" => source.clone()).set(0.0);
+        health.set_down(&source, error);
+    };
+    let mut held = false;
+    // A random start spreads first attempts, and an agent that already owns
+    // sources waits longer, so sources spread over the agents.
+    let mut delay = HEARTBEAT.mul_f64(fastrand::f64() * 0.2);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = tokio::time::sleep(delay) => {}
+        }
+        if held {
+            match tokio::time::timeout(STATEMENT_TIMEOUT, lock.renew()).await {
+                Ok(Ok(())) => {}
+                outcome => {
+                    let error = match outcome {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no answer within {STATEMENT_TIMEOUT:?}"),
+                    };
+                    held = false;
+                    let _ = leader.send(None);
+                    warn!(source = %source, error = %error, "Lost the source's lock; exporting stopped.");
+                    unreachable(format!("lost the source's lock: {error}"));
+                    lock.release().await;
+                }
+            }
+            delay = HEARTBEAT;
+        } else {
+            match tokio::time::timeout(STATEMENT_TIMEOUT, lock.try_acquire()).await {
+                Ok(Ok(true)) => {
+                    held = true;
+                    leadership.set(&source, true);
+                    let _ = leader.send(Some(true));
+                    info!(source = %source, "Took the source's lock; exporting it.");
+                }
+                Ok(Ok(false)) => {
+                    leadership.set(&source, false);
+                    leader.send_if_modified(|v| v.replace(false) != Some(false));
+                }
+                outcome => {
+                    let error = match outcome {
+                        Ok(Err(e)) => scrub(&e.to_string(), &lock.spec),
+                        _ => format!("no answer within {STATEMENT_TIMEOUT:?}"),
+                    };
+                    warn!(source = %source, error = %error, "Could not contest the source's lock.");
+                    leader.send_if_modified(|v| v.take().is_some());
+                    unreachable(format!(
+                        "cannot reach the database to contest the source's lock: {error}"
+                    ));
+                    lock.release().await;
+                }
+            }
+            let owned = leadership.led_count() as f64;
+            delay = HEARTBEAT.mul_f64(1.0 + 0.2 * fastrand::f64() + 0.2 * owned);
+        }
+    }
+    if held {
+        let _ = leader.send(Some(false));
+        leadership.set(&source, false);
+        info!(source = %source, "Released the source's lock.");
+    }
+    lock.release().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standby_sources_are_hidden_except_their_leader_gauge() {
+        let text = "# HELP a x\n\
+                    inbox_backlog_messages{source=\"a\",event_type=\"t\",status=\"pending\"} 1\n\
+                    inbox_backlog_messages{source=\"ab\",event_type=\"t\",status=\"pending\"} 2\n\
+                    inboxwatch_source_leader{source=\"a\"} 0\n\
+                    inboxwatch_poll_errors_total{kind=\"query\",source=\"a\"} 3\n\
+                    inboxwatch_build_info{version=\"1\"} 1\n";
+        let out = hide_standby(text.to_string(), &["a".to_string()]);
+        assert_eq!(
+            out,
+            "# HELP a x\n\
+             inbox_backlog_messages{source=\"ab\",event_type=\"t\",status=\"pending\"} 2\n\
+             inboxwatch_source_leader{source=\"a\"} 0\n\
+             inboxwatch_build_info{version=\"1\"} 1\n"
+        );
+    }
+}
