@@ -1,0 +1,676 @@
+//! The alerting configuration, checked with the real tools (SPEC §5):
+//!
+//! * `promtool check rules` accepts every rule file in `alerts/`, and
+//!   `promtool test rules` passes every unit test in `alerts/tests/` (each alert shown
+//!   firing at its boundary and silent before it and on a quiet source);
+//! * `amtool check-config` accepts `config/alertmanager.yml`, and
+//!   `amtool config routes test --verify.receivers` proves the routing: dead-letter
+//!   spikes and every critical alert to `oncall`, warnings to `chat`, info to `null`;
+//! * a scan of the rule files' text: every alert has `severity`, `summary`, a templated
+//!   `description` and a `runbook_url` whose anchor is a heading of `docs/runbooks.md`;
+//!   the fixed alert names exist with their severities; every metric named is in the
+//!   catalogue (`inboxwatch metrics`) and every recording rule used is defined;
+//! * the dashboard panels the runbooks send people to exist in `dashboards/`.
+//!
+//! Needs `promtool` and `amtool` (Debian packages `prometheus` and
+//! `prometheus-alertmanager`, which `.ci/run` installs). Without them the tests fail,
+//! saying so; they never skip.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_inboxwatch");
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+const ALERTMANAGER_CONFIG: &str = "config/alertmanager.yml";
+const RUNBOOKS: &str = "docs/runbooks.md";
+const RUNBOOK_BASE: &str = "https://github.com/inboxwatch/inboxwatch/blob/main/docs/runbooks.md#";
+const INSTALL_HINT: &str = "install the Debian packages: apt-get install -y --no-install-recommends \
+     prometheus prometheus-alertmanager (CI's .ci/run installs them)";
+
+/// Alert names fixed by SPEC §5, with the severities each must have (Kafka ones come
+/// with the Kafka source).
+const FIXED_ALERTS: &[(&str, &[&str])] = &[
+    ("InboxDeadLetterSpike", &["critical"]),
+    ("InboxOldestMessageTooOld", &["critical", "warning"]),
+    ("InboxDuplicateRatioHigh", &["warning"]),
+    ("InboxwatchSourceDown", &["warning"]),
+    ("InboxwatchAbsent", &["critical"]),
+];
+
+/// Where each severity must be routed.
+const RECEIVER_BY_SEVERITY: &[(&str, &str)] = &[
+    ("critical", "oncall"),
+    ("warning", "chat"),
+    ("info", "null"),
+];
+
+/// Prefixes of the metric names the catalogue declares.
+const METRIC_PREFIXES: &[&str] = &["inbox_", "outbox_", "inboxwatch_", "kafka_"];
+
+// ---------------------------------------------------------------------------
+// Running the tools
+
+/// Runs a tool from the repository root; panics with the install hint if it is missing.
+fn tool(name: &str, args: &[&str]) -> Output {
+    Command::new(name)
+        .args(args)
+        .current_dir(ROOT)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `{name}` ({e}): {INSTALL_HINT}"))
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn assert_success(what: &str, out: &Output) {
+    assert!(out.status.success(), "{what} failed:\n{}", text(out));
+}
+
+/// Files of `dir` (relative to the root) whose names end with one of `suffixes`, as
+/// paths relative to the root, sorted.
+fn files(dir: &str, suffixes: &[&str]) -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(Path::new(ROOT).join(dir))
+        .unwrap_or_else(|e| panic!("cannot read {dir}/: {e}"))
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.is_file())
+        .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_string))
+        .filter(|n| suffixes.iter().any(|s| n.ends_with(s)))
+        .map(|n| format!("{dir}/{n}"))
+        .collect();
+    found.sort();
+    found
+}
+
+fn rule_files() -> Vec<String> {
+    let found = files("alerts", &[".yml", ".yaml"]);
+    assert!(!found.is_empty(), "no rule files (alerts/*.yml)");
+    found
+}
+
+fn read(path: &str) -> String {
+    let p: PathBuf = Path::new(ROOT).join(path);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+}
+
+// ---------------------------------------------------------------------------
+// A line-based reading of the rule files (they are written one key per line)
+
+#[derive(Debug, Default)]
+struct AlertRule {
+    file: String,
+    name: String,
+    /// Keys of the rule (`expr`, `for`, `labels`, …) and of its labels and annotations,
+    /// with the text that follows them up to the next key (folded blocks included).
+    keys: BTreeMap<String, String>,
+}
+
+impl AlertRule {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.keys.get(key).map(|v| v.trim())
+    }
+}
+
+/// The alerting rules of a rule file. A rule starts at `- alert:` and ends at the next
+/// `- alert:`, `- record:` or `- name:`; inside it, `key: value` lines start keys and
+/// other lines continue the current key's value.
+fn alert_rules(file: &str) -> Vec<AlertRule> {
+    let mut rules = Vec::new();
+    let mut current: Option<AlertRule> = None;
+    let mut key = String::new();
+    for line in read(file).lines() {
+        let t = line.trim();
+        if t.starts_with('#') || t.is_empty() {
+            continue;
+        }
+        if let Some(name) = t.strip_prefix("- alert:") {
+            rules.extend(current.take());
+            current = Some(AlertRule {
+                file: file.to_string(),
+                name: name.trim().to_string(),
+                ..AlertRule::default()
+            });
+            key.clear();
+            continue;
+        }
+        if t.starts_with("- record:") || t.starts_with("- name:") {
+            rules.extend(current.take());
+            continue;
+        }
+        let Some(rule) = current.as_mut() else {
+            continue;
+        };
+        match t.split_once(':') {
+            Some((k, v))
+                if !k.is_empty()
+                    && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                    && (v.is_empty() || v.starts_with(' ')) =>
+            {
+                key = k.to_string();
+                rule.keys.insert(key.clone(), v.to_string());
+            }
+            _ => {
+                if let Some(v) = rule.keys.get_mut(&key) {
+                    v.push('\n');
+                    v.push_str(t);
+                }
+            }
+        }
+    }
+    rules.extend(current);
+    rules
+}
+
+fn all_alert_rules() -> Vec<AlertRule> {
+    rule_files().iter().flat_map(|f| alert_rules(f)).collect()
+}
+
+/// GitHub's anchor for a Markdown heading: lower case, punctuation dropped, spaces to `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+fn runbook_anchors() -> BTreeSet<String> {
+    read(RUNBOOKS)
+        .lines()
+        .filter(|l| l.starts_with('#'))
+        .map(|l| anchor(l.trim_start_matches('#')))
+        .collect()
+}
+
+/// Tokens of PromQL-ish text: runs of letters, digits, `_` and `:`.
+fn tokens(text: &str) -> BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// A recording rule name: `level:metric:operations`.
+fn is_recorded_name(t: &str) -> bool {
+    let parts: Vec<&str> = t.split(':').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+}
+
+// ---------------------------------------------------------------------------
+// promtool
+
+#[test]
+fn promtool_check_rules_accepts_every_rule_file() {
+    let files = rule_files();
+    let mut args = vec!["check", "rules", "--lint=all", "--lint-fatal"];
+    args.extend(files.iter().map(String::as_str));
+    let out = tool("promtool", &args);
+    assert_success("promtool check rules", &out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.matches("SUCCESS").count(),
+        files.len(),
+        "every rule file is checked:\n{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn promtool_unit_tests_pass() {
+    let tests = files("alerts/tests", &[".test.yml", ".test.yaml"]);
+    assert!(!tests.is_empty(), "no unit tests (alerts/tests/*.test.yml)");
+    let mut args = vec!["test", "rules"];
+    args.extend(tests.iter().map(String::as_str));
+    let out = tool("promtool", &args);
+    assert_success("promtool test rules", &out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        stdout.matches("SUCCESS").count(),
+        tests.len(),
+        "every unit test file passes:\n{}",
+        text(&out)
+    );
+}
+
+/// Guards the unit tests' coverage: every alert is shown firing (an `exp_alerts` entry
+/// with labels) and silent (an empty `exp_alerts`) somewhere in `alerts/tests/`.
+#[test]
+fn every_alert_is_unit_tested_firing_and_silent() {
+    let mut firing = BTreeSet::new();
+    let mut silent = BTreeSet::new();
+    for file in files("alerts/tests", &[".test.yml", ".test.yaml"]) {
+        let mut name: Option<String> = None;
+        let mut fired = false;
+        let mut finish = |name: &mut Option<String>, fired: &mut bool| {
+            if let Some(n) = name.take() {
+                if *fired {
+                    firing.insert(n);
+                } else {
+                    silent.insert(n);
+                }
+            }
+            *fired = false;
+        };
+        for line in read(&file).lines() {
+            let t = line.trim();
+            if t.starts_with("- eval_time:") || t.starts_with("- interval:") || t == "tests:" {
+                finish(&mut name, &mut fired);
+            } else if let Some(n) = t.strip_prefix("alertname:") {
+                name = Some(n.trim().to_string());
+            } else if t.starts_with("- exp_labels:") && name.is_some() {
+                fired = true;
+            } else if t.starts_with("promql_expr_test:") {
+                finish(&mut name, &mut fired);
+            }
+        }
+        finish(&mut name, &mut fired);
+    }
+    let names: BTreeSet<String> = all_alert_rules().into_iter().map(|r| r.name).collect();
+    let missing: Vec<String> = names
+        .iter()
+        .flat_map(|n| {
+            let mut m = Vec::new();
+            if !firing.contains(n) {
+                m.push(format!("{n}: no test where it fires"));
+            }
+            if !silent.contains(n) {
+                m.push(format!("{n}: no test where it stays silent"));
+            }
+            m
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "alerts/tests/ lacks:\n{}",
+        missing.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// amtool
+
+#[test]
+fn amtool_check_config_accepts_the_routing() {
+    let out = tool("amtool", &["check-config", ALERTMANAGER_CONFIG]);
+    assert_success("amtool check-config", &out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("SUCCESS"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// Routes `labels` with `amtool config routes test --verify.receivers=<expected>`.
+fn route(labels: &[&str], expected: &str) -> Result<(), String> {
+    let config = format!("--config.file={ALERTMANAGER_CONFIG}");
+    let verify = format!("--verify.receivers={expected}");
+    let mut args = vec!["config", "routes", "test", config.as_str(), verify.as_str()];
+    args.extend(labels);
+    let out = tool("amtool", &args);
+    let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() && got == expected {
+        Ok(())
+    } else {
+        Err(format!(
+            "{labels:?} should route to {expected}, got {got:?}:\n{}",
+            text(&out)
+        ))
+    }
+}
+
+#[test]
+fn routes_page_dead_letter_spikes_and_criticals_chat_warnings_drop_info() {
+    let mut cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![
+                "alertname=InboxDeadLetterSpike",
+                "severity=critical",
+                "source=orders",
+            ],
+            "oncall",
+        ),
+        // A dead-letter spike pages whatever its severity says.
+        (
+            vec![
+                "alertname=InboxDeadLetterSpike",
+                "severity=warning",
+                "source=orders",
+            ],
+            "oncall",
+        ),
+        (
+            vec![
+                "alertname=KafkaDeadLetterSpike",
+                "severity=critical",
+                "topic=orders.DLQ",
+            ],
+            "oncall",
+        ),
+        (
+            vec!["alertname=SomethingElse", "severity=critical"],
+            "oncall",
+        ),
+        (
+            vec![
+                "alertname=SomethingElse",
+                "severity=warning",
+                "source=orders",
+            ],
+            "chat",
+        ),
+        (
+            vec!["alertname=SomethingElse", "severity=info", "source=orders"],
+            "null",
+        ),
+        // No severity: someone still sees it.
+        (vec!["alertname=SomethingElse"], "chat"),
+    ]
+    .into_iter()
+    .map(|(l, r)| (l.into_iter().map(str::to_string).collect(), r))
+    .collect();
+    // Every alert of the rule files, with its own severity and family.
+    for rule in all_alert_rules() {
+        let severity = rule.get("severity").unwrap_or_default().to_string();
+        let Some((_, receiver)) = RECEIVER_BY_SEVERITY.iter().find(|(s, _)| *s == severity) else {
+            continue; // reported by rules_have_severity_summary_description_and_runbook
+        };
+        let mut labels = vec![
+            format!("alertname={}", rule.name),
+            format!("severity={severity}"),
+            "source=orders".to_string(),
+        ];
+        if let Some(family) = rule.get("family") {
+            labels.push(format!("family={family}"));
+        }
+        let receiver = if rule.name.ends_with("DeadLetterSpike") {
+            "oncall"
+        } else {
+            receiver
+        };
+        cases.push((labels, receiver));
+    }
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(labels, receiver)| {
+            let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+            route(&labels, receiver).err()
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    // The verification itself bites: a wrong expectation fails.
+    assert!(
+        route(
+            &["alertname=InboxDeadLetterSpike", "severity=critical"],
+            "chat"
+        )
+        .is_err(),
+        "amtool --verify.receivers accepted a wrong receiver"
+    );
+    assert!(
+        route(&["alertname=SomethingElse", "severity=info"], "oncall").is_err(),
+        "amtool --verify.receivers accepted a wrong receiver"
+    );
+}
+
+#[test]
+fn alertmanager_config_has_the_receivers_and_inhibitions_of_the_contract() {
+    let config = read(ALERTMANAGER_CONFIG);
+    for needle in [
+        "- name: oncall",
+        "- name: chat",
+        "- name: \"null\"",
+        "url: http://alert-bridge.monitoring.svc:9095/oncall",
+        "url: http://alert-bridge.monitoring.svc:9095/chat",
+        "# pagerduty_configs:",
+        "# slack_configs:",
+        "group_by: [alertname, source]",
+    ] {
+        assert!(
+            config.contains(needle),
+            "{ALERTMANAGER_CONFIG} lacks `{needle}`"
+        );
+    }
+    // Every inhibition names the labels that must be equal.
+    let inhibit = config
+        .split("\ninhibit_rules:")
+        .nth(1)
+        .expect("an inhibit_rules section");
+    let inhibit = inhibit.split("\nreceivers:").next().unwrap_or(inhibit);
+    let rules: Vec<&str> = inhibit.split("\n  - ").skip(1).collect();
+    assert!(!rules.is_empty(), "no inhibit rules");
+    for rule in rules {
+        let equal = rule
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("equal:"))
+            .unwrap_or_else(|| panic!("inhibit rule without `equal`:\n{rule}"));
+        assert!(
+            equal.contains('[') && equal.trim() != "[]",
+            "inhibit rule with an empty `equal`:\n{rule}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The rules' text
+
+#[test]
+fn rules_have_severity_summary_description_and_runbook() {
+    let rules = all_alert_rules();
+    assert!(!rules.is_empty(), "no alerting rules found");
+    let anchors = runbook_anchors();
+    let mut problems = Vec::new();
+    for r in &rules {
+        let at = format!("{} ({})", r.name, r.file);
+        if !r
+            .name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_uppercase())
+            || !r.name.chars().all(|c| c.is_ascii_alphanumeric())
+        {
+            problems.push(format!("{at}: the name is not CamelCase"));
+        }
+        match r.get("severity") {
+            Some("critical" | "warning" | "info") => {}
+            other => problems.push(format!("{at}: severity {other:?}")),
+        }
+        if r.get("summary").is_none_or(str::is_empty) {
+            problems.push(format!("{at}: no summary"));
+        }
+        match r.get("description") {
+            Some(d) if d.contains("{{") => {}
+            other => problems.push(format!("{at}: description not templated: {other:?}")),
+        }
+        match r.get("runbook_url") {
+            Some(url) => {
+                let want = format!("{RUNBOOK_BASE}{}", r.name.to_lowercase());
+                if url != want {
+                    problems.push(format!("{at}: runbook_url {url}, expected {want}"));
+                }
+                if !anchors.contains(&r.name.to_lowercase()) {
+                    problems.push(format!("{at}: no heading `## {}` in {RUNBOOKS}", r.name));
+                }
+            }
+            None => problems.push(format!("{at}: no runbook_url")),
+        }
+        if r.get("family").is_none_or(str::is_empty) {
+            problems.push(format!("{at}: no family label (inhibition uses it)"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn fixed_alert_names_exist_with_their_severities() {
+    let mut severities: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in all_alert_rules() {
+        let severity = r.get("severity").unwrap_or_default().to_string();
+        severities.entry(r.name).or_default().insert(severity);
+    }
+    for (name, want) in FIXED_ALERTS {
+        let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            severities.get(*name),
+            Some(&want),
+            "alert {name} must exist with severities {want:?}"
+        );
+    }
+}
+
+/// The rules name only metrics of the catalogue (histograms with their `_bucket`,
+/// `_sum` and `_count` series) and only recording rules that are defined.
+#[test]
+fn rules_name_only_catalogue_metrics_and_defined_recording_rules() {
+    let out = Command::new(BIN)
+        .arg("metrics")
+        .output()
+        .expect("run inboxwatch metrics");
+    assert_success("inboxwatch metrics", &out);
+    let mut known = BTreeSet::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        if cells.len() < 3 {
+            continue;
+        }
+        let (name, kind) = (cells[1].trim_matches('`'), cells[2]);
+        if !METRIC_PREFIXES.iter().any(|p| name.starts_with(p)) {
+            continue;
+        }
+        known.insert(name.to_string());
+        if kind == "histogram" {
+            for suffix in ["_bucket", "_sum", "_count"] {
+                known.insert(format!("{name}{suffix}"));
+            }
+        }
+    }
+    assert!(known.len() > 20, "catalogue not parsed:\n{}", text(&out));
+
+    let mut recorded = BTreeSet::new();
+    let mut used = BTreeMap::new();
+    let mut problems = Vec::new();
+    for file in rule_files() {
+        let body = read(&file);
+        for line in body.lines() {
+            if let Some(name) = line.trim().strip_prefix("- record:") {
+                recorded.insert(name.trim().to_string());
+            }
+        }
+        for t in tokens(&body) {
+            if is_recorded_name(&t) {
+                used.insert(t, file.clone());
+            } else if METRIC_PREFIXES.iter().any(|p| t.starts_with(p)) && !known.contains(&t) {
+                problems.push(format!("{file}: {t} is not in the catalogue"));
+            }
+        }
+    }
+    for (name, file) in used {
+        if !recorded.contains(&name) {
+            problems.push(format!(
+                "{file}: recording rule {name} is used but not defined"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+// ---------------------------------------------------------------------------
+// Runbooks → dashboards
+
+/// Every string value of a `"title"` key in a JSON text.
+fn json_titles(json: &str) -> BTreeSet<String> {
+    let mut titles = BTreeSet::new();
+    let mut rest = json;
+    while let Some(i) = rest.find("\"title\"") {
+        rest = &rest[i + "\"title\"".len()..];
+        let after = rest.trim_start();
+        let Some(after) = after.strip_prefix(':') else {
+            continue;
+        };
+        let Some(value) = after.trim_start().strip_prefix('"') else {
+            continue;
+        };
+        let mut out = String::new();
+        let mut chars = value.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                '"' => break,
+                '\\' => match chars.next() {
+                    Some('u') => {
+                        let hex: String = chars.by_ref().take(4).collect();
+                        if let Some(c) = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32)
+                        {
+                            out.push(c);
+                        }
+                    }
+                    Some('n') => out.push('\n'),
+                    Some('t') => out.push('\t'),
+                    Some(c) => out.push(c),
+                    None => break,
+                },
+                c => out.push(c),
+            }
+        }
+        titles.insert(out);
+    }
+    titles
+}
+
+/// Every `**Open:** *dashboard* → "panel", …; *dashboard* → …` of the runbooks names a
+/// dashboard of `dashboards/` and panels of that dashboard.
+#[test]
+fn runbooks_name_existing_dashboard_panels() {
+    let dashboards: Vec<(String, BTreeSet<String>)> = files("dashboards", &[".json"])
+        .into_iter()
+        .map(|f| {
+            let titles = json_titles(&read(&f));
+            (f, titles)
+        })
+        .collect();
+    assert!(!dashboards.is_empty(), "no dashboards/*.json");
+    let runbooks = read(RUNBOOKS);
+    let mut references = 0;
+    let mut problems = Vec::new();
+    for paragraph in runbooks.split("\n\n") {
+        let Some(open) = paragraph.trim().strip_prefix("**Open:**") else {
+            continue;
+        };
+        let open = open.split_whitespace().collect::<Vec<_>>().join(" ");
+        for part in open.split(';') {
+            let mut pieces = part.split('*');
+            let (Some(_), Some(dashboard), Some(panels)) =
+                (pieces.next(), pieces.next(), pieces.next())
+            else {
+                continue; // e.g. "Prometheus' Targets page"
+            };
+            let Some((_, titles)) = dashboards.iter().find(|(_, t)| t.contains(dashboard)) else {
+                problems.push(format!("no dashboard titled {dashboard:?}"));
+                continue;
+            };
+            for panel in panels.split('"').skip(1).step_by(2) {
+                references += 1;
+                if !titles.contains(panel) {
+                    problems.push(format!("{dashboard:?} has no panel {panel:?}"));
+                }
+            }
+        }
+    }
+    assert!(
+        references > 20,
+        "too few panel references found ({references}) in {RUNBOOKS}"
+    );
+    assert!(problems.is_empty(), "{RUNBOOKS}:\n{}", problems.join("\n"));
+}
