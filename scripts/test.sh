@@ -39,6 +39,12 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager
   apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
 fi
 
+# kubernetes-validate (PyPI; bundles its schemas, works offline) for the manifest tests.
+if ! command -v kubernetes-validate >/dev/null 2>&1 && ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
+  echo "Installing kubernetes-validate (PyPI)..."
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'kubernetes-validate==1.37.0'
+fi
+
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi

@@ -31,6 +31,8 @@ use crate::telemetry::catalogue as m;
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// How long the database keeps the lock of an owner that stopped answering.
 pub const LEASE: Duration = Duration::from_secs(20);
+/// Head start an agent gives the others per source it already owns.
+const SPREAD: Duration = Duration::from_secs(1);
 /// Longest wait for one lock statement.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -268,8 +270,7 @@ pub async fn elect(
         health.set_down(&source, error);
     };
     let mut held = false;
-    // A random start spreads first attempts, and an agent that already owns
-    // sources waits longer, so sources spread over the agents.
+    // A random start spreads the first attempts.
     let mut delay = HEARTBEAT.mul_f64(fastrand::f64() * 0.2);
     loop {
         tokio::select! {
@@ -293,6 +294,15 @@ pub async fn elect(
             }
             delay = HEARTBEAT;
         } else {
+            // An agent that already owns sources gives the others a head start,
+            // so that sources spread over the agents from the first round on.
+            let owned = leadership.led_count() as u32;
+            if owned > 0 {
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    _ = tokio::time::sleep(SPREAD * owned) => {}
+                }
+            }
             match tokio::time::timeout(STATEMENT_TIMEOUT, lock.try_acquire()).await {
                 Ok(Ok(true)) => {
                     held = true;
@@ -317,8 +327,7 @@ pub async fn elect(
                     lock.release().await;
                 }
             }
-            let owned = leadership.led_count() as f64;
-            delay = HEARTBEAT.mul_f64(1.0 + 0.2 * fastrand::f64() + 0.2 * owned);
+            delay = HEARTBEAT.mul_f64(1.0 + 0.2 * fastrand::f64());
         }
     }
     if held {

@@ -1,0 +1,1258 @@
+//! Several agents on one source (README, "Several agents on one source"): agents that
+//! share a configuration elect one owner per source with a lock the watched database
+//! provides. These tests run three (or two) real `inboxwatch` processes on one config
+//! file and watch them from the outside, the way Prometheus would: a background task
+//! scrapes every agent every 200 ms for the whole test and records who claims
+//! `inboxwatch_source_leader{source} 1`, and what a non-owner exports for that source.
+//!
+//! The counting contract across owners: a new owner counts from its own start (the
+//! handover interval is not counted), and nothing is ever counted by two owners. So
+//! the counters summed over every owner's last scrape are at most the ground truth,
+//! and whatever is missing belongs to events that were received or changed while the
+//! source changed hands.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use common::checks::{Expectations, render_diff};
+use common::scenarios::{CONVERGE, POLL, inbox_source_toml};
+use common::workload::{Clock, InboxEvent, InboxTruth, InboxWorkload, Target, seed_from_env};
+use common::{
+    BIN, Db, Metrics, READY_TIMEOUT, free_port, http_get, series_name, strip_ansi,
+    url_with_hostport, wait_until,
+};
+
+const LEADER: &str = "inboxwatch_source_leader";
+const UP: &str = "inboxwatch_source_up";
+const RECEIVED: &str = "inbox_messages_received_total";
+const POLLS: &str = "inboxwatch_poll_duration_seconds_count";
+
+/// The cadence of the background scrapes.
+const SAMPLE_EVERY: Duration = Duration::from_millis(200);
+
+/// Slack on each side of a handover window, for what the window's edges cannot see
+/// exactly: the duration of the poll a scrape reflects, the workload's write latency
+/// (a row stamped `t` commits a little after `t`) and the skew between the
+/// generator's clock and the database's.
+const MARGIN_MS: i64 = 1000;
+
+// ---------------------------------------------------------------------------------
+// Agent processes (spawned here: the harness' Agent does not expose its pid, and
+// these tests need SIGTERM as well as SIGKILL)
+// ---------------------------------------------------------------------------------
+
+/// One `inboxwatch run` process. Killed on drop; prints its stderr if the test panics.
+struct AgentProc {
+    idx: usize,
+    child: Child,
+    port: u16,
+    stderr_path: PathBuf,
+    exit: Option<ExitStatus>,
+}
+
+impl AgentProc {
+    fn spawn(idx: usize, config: &Path, dir: &Path) -> AgentProc {
+        let port = free_port();
+        let stderr_path = dir.join(format!("agent{idx}.stderr"));
+        let stderr = File::create(&stderr_path).expect("create an agent's stderr file");
+        let log = std::env::var("INBOXWATCH_TEST_LOG").unwrap_or_else(|_| "info".to_string());
+        let child = Command::new(BIN)
+            .arg("run")
+            .arg("--config")
+            .arg(config)
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .env("RUST_LOG", &log)
+            .env("INBOXWATCH_LOG", &log)
+            .env("NO_COLOR", "1")
+            .spawn()
+            .unwrap_or_else(|e| panic!("failed to spawn {BIN}: {e}"));
+        AgentProc {
+            idx,
+            child,
+            port,
+            stderr_path,
+            exit: None,
+        }
+    }
+
+    /// `kill <signal> <pid>`.
+    fn send(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill")
+            .args([signal, pid.as_str()])
+            .status()
+            .unwrap_or_else(|e| panic!("run `kill {signal} {pid}`: {e}"));
+        assert!(status.success(), "`kill {signal} {pid}` failed: {status}");
+    }
+
+    /// `kill -9`, then reap. Returns the moment just before the signal was sent.
+    fn kill9(&mut self) -> Instant {
+        let at = Instant::now();
+        self.send("-9");
+        self.exit = self.child.wait().ok();
+        at
+    }
+
+    /// `kill -TERM`. Returns the moment just before the signal was sent.
+    fn term(&self) -> Instant {
+        let at = Instant::now();
+        self.send("-TERM");
+        at
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        if self.exit.is_none() {
+            self.exit = self.child.try_wait().ok().flatten();
+        }
+        self.exit
+    }
+
+    fn stderr(&self) -> String {
+        strip_ansi(&String::from_utf8_lossy(
+            &std::fs::read(&self.stderr_path).unwrap_or_default(),
+        ))
+    }
+
+    /// The agent's log lines about the lock.
+    fn lock_log(&self) -> Vec<String> {
+        self.stderr()
+            .lines()
+            .filter(|l| l.contains("lock") || l.contains("Shutting down"))
+            .map(|l| l.trim().to_string())
+            .collect()
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        if self.exited().is_none() {
+            let _ = self.child.kill();
+            self.exit = self.child.wait().ok();
+        }
+        if std::thread::panicking() {
+            let s = self.stderr();
+            const MAX: usize = 60_000;
+            let cut = s.len().saturating_sub(MAX);
+            let cut = (cut..s.len())
+                .find(|i| s.is_char_boundary(*i))
+                .unwrap_or(cut);
+            eprintln!(
+                "----- agent {} stderr (port {}, exit {:?}) -----\n{}\n----- end of agent {} -----",
+                self.idx,
+                self.port,
+                self.exit,
+                &s[cut..],
+                self.idx
+            );
+        }
+    }
+}
+
+/// Agents sharing one config file.
+struct Cluster {
+    // Dropped before `dir`: their drop reads their stderr files from it.
+    agents: Vec<AgentProc>,
+    started: Instant,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start(config_toml: &str, n: usize) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir for the agents");
+        let config = dir.path().join("inboxwatch.toml");
+        std::fs::write(&config, config_toml).expect("write the shared config");
+        let started = Instant::now();
+        let agents = (0..n)
+            .map(|i| AgentProc::spawn(i, &config, dir.path()))
+            .collect();
+        Cluster {
+            agents,
+            started,
+            dir,
+        }
+    }
+
+    fn ports(&self) -> Vec<u16> {
+        self.agents.iter().map(|a| a.port).collect()
+    }
+
+    /// Waits until every agent's `/readyz` answers 200; returns how long each took
+    /// from the spawn, and its body then.
+    async fn wait_ready(&mut self, timeout: Duration) -> Vec<(Duration, String)> {
+        let n = self.agents.len();
+        let mut ready: Vec<Option<(Duration, String)>> = vec![None; n];
+        let mut last = vec![String::new(); n];
+        loop {
+            for (i, a) in self.agents.iter_mut().enumerate() {
+                if ready[i].is_some() {
+                    continue;
+                }
+                if let Some(st) = a.exited() {
+                    panic!("agent {i} exited with {st} before it became ready");
+                }
+                match http_get(a.port, "/readyz").await {
+                    Ok((200, body)) => ready[i] = Some((self.started.elapsed(), body)),
+                    Ok((code, body)) => last[i] = format!("{code}: {}", body.trim()),
+                    Err(e) => last[i] = e,
+                }
+            }
+            if ready.iter().all(Option::is_some) {
+                return ready.into_iter().flatten().collect();
+            }
+            if self.started.elapsed() > timeout {
+                panic!(
+                    "not every agent answered /readyz 200 within {timeout:?}; last answers: {last:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The observer: every agent scraped every 200 ms
+// ---------------------------------------------------------------------------------
+
+/// One agent's claim of a source in one round.
+#[derive(Clone, Debug)]
+struct Claim {
+    agent: usize,
+    /// `inboxwatch_source_up 1` in the same scrape (a poll of this term succeeded).
+    up: bool,
+}
+
+/// One round of scrapes (all agents concurrently).
+#[derive(Debug)]
+struct Round {
+    start: Instant,
+    end: Instant,
+    /// Per source: the agents that reported `inboxwatch_source_leader 1`.
+    owners: Vec<Vec<Claim>>,
+}
+
+#[derive(Default)]
+struct AgentView {
+    port: u16,
+    /// Not scraped any more (killed, or exited after SIGTERM).
+    gone: bool,
+    latest: Option<Metrics>,
+    /// Per source: the last scrape in which this agent owned it (round start, scrape).
+    last_leading: BTreeMap<String, (Instant, Metrics)>,
+    scrapes: usize,
+    errors: usize,
+    last_error: Option<String>,
+}
+
+struct Obs {
+    t0: Instant,
+    sources: Vec<String>,
+    agents: Vec<AgentView>,
+    rounds: Vec<Round>,
+    /// Two owners at once, or a non-owner exporting a series of the source.
+    violations: Vec<String>,
+    violation_count: usize,
+    /// (agent, source) -> rounds in which a non-owner showed `inboxwatch_source_up 0`
+    /// (the README's "cannot reach the database": allowed).
+    contending: BTreeMap<(usize, String), usize>,
+}
+
+type Shared = Arc<Mutex<Obs>>;
+
+fn lock(o: &Mutex<Obs>) -> MutexGuard<'_, Obs> {
+    o.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Obs {
+    fn new(t0: Instant, sources: &[&str], ports: &[u16]) -> Shared {
+        Arc::new(Mutex::new(Obs {
+            t0,
+            sources: sources.iter().map(|s| s.to_string()).collect(),
+            agents: ports
+                .iter()
+                .map(|&port| AgentView {
+                    port,
+                    ..AgentView::default()
+                })
+                .collect(),
+            rounds: Vec::new(),
+            violations: Vec::new(),
+            violation_count: 0,
+            contending: BTreeMap::new(),
+        }))
+    }
+
+    fn at(&self, t: Instant) -> String {
+        format!(
+            "+{:.2}s",
+            t.saturating_duration_since(self.t0).as_secs_f64()
+        )
+    }
+
+    fn violate(&mut self, v: String) {
+        self.violation_count += 1;
+        if self.violations.len() < 40 {
+            self.violations.push(v);
+        }
+    }
+
+    fn record(
+        &mut self,
+        start: Instant,
+        end: Instant,
+        results: Vec<Option<Result<Metrics, String>>>,
+    ) {
+        let sources = self.sources.clone();
+        let when = format!("{}..{}", self.at(start), self.at(end));
+        let mut owners: Vec<Vec<Claim>> = vec![Vec::new(); sources.len()];
+        for (a, res) in results.into_iter().enumerate() {
+            let Some(res) = res else { continue };
+            let m = match res {
+                Ok(m) => m,
+                Err(e) => {
+                    let v = &mut self.agents[a];
+                    v.errors += 1;
+                    v.last_error = Some(e);
+                    continue;
+                }
+            };
+            for (si, s) in sources.iter().enumerate() {
+                let leader = m.get(LEADER, &[("source", s)]);
+                if leader == Some(1.0) {
+                    let up = m.get(UP, &[("source", s)]) == Some(1.0);
+                    owners[si].push(Claim { agent: a, up });
+                    self.agents[a]
+                        .last_leading
+                        .insert(s.clone(), (start, m.clone()));
+                    continue;
+                }
+                let mut leaked = Vec::new();
+                for smp in &m.samples {
+                    if smp.name == LEADER || smp.labels.get("source") != Some(s) {
+                        continue;
+                    }
+                    if smp.name == UP && smp.value == 0.0 {
+                        *self.contending.entry((a, s.clone())).or_default() += 1;
+                    } else {
+                        leaked.push(format!("{} {}", smp.series(), smp.value));
+                    }
+                }
+                if !leaked.is_empty() {
+                    self.violate(format!(
+                        "{when}: agent {a} does not own {s:?} (leader {leader:?}) but exports {} other series of it, e.g. {:?}",
+                        leaked.len(),
+                        &leaked[..leaked.len().min(5)]
+                    ));
+                }
+            }
+            let v = &mut self.agents[a];
+            v.scrapes += 1;
+            v.latest = Some(m);
+        }
+        for (si, o) in owners.iter().enumerate() {
+            if o.len() > 1 {
+                let who: Vec<usize> = o.iter().map(|c| c.agent).collect();
+                self.violate(format!(
+                    "{when}: {} agents report {LEADER}{{source={:?}}} 1 in the same round: agents {who:?}",
+                    o.len(),
+                    sources[si]
+                ));
+            }
+        }
+        self.rounds.push(Round { start, end, owners });
+    }
+
+    fn latest(&self, a: usize) -> Option<&Metrics> {
+        self.agents[a].latest.as_ref()
+    }
+
+    fn value(&self, a: usize, name: &str, source: &str) -> Option<f64> {
+        self.latest(a)
+            .and_then(|m| m.get(name, &[("source", source)]))
+    }
+
+    /// The owners of source `si` in the last round.
+    fn owners_now(&self, si: usize) -> Vec<usize> {
+        self.rounds
+            .last()
+            .map(|r| r.owners[si].iter().map(|c| c.agent).collect())
+            .unwrap_or_default()
+    }
+
+    /// The first round that started after `after` in which exactly one agent owns
+    /// source `si`, and it is none of `not`: (that agent, the round's end).
+    fn owner_since(&self, si: usize, after: Instant, not: &[usize]) -> Option<(usize, Instant)> {
+        self.rounds
+            .iter()
+            .filter(|r| r.start > after)
+            .find_map(|r| match r.owners[si].as_slice() {
+                [c] if !not.contains(&c.agent) => Some((c.agent, r.end)),
+                _ => None,
+            })
+    }
+
+    /// Who owned source `si` when, compressed: `agent 0 +1.2s..+9.8s; nobody ...`.
+    fn timeline(&self, si: usize) -> String {
+        let mut out: Vec<String> = Vec::new();
+        let mut cur: Option<(Vec<usize>, Instant, Instant)> = None;
+        for r in &self.rounds {
+            let who: Vec<usize> = r.owners[si].iter().map(|c| c.agent).collect();
+            match &mut cur {
+                Some((w, _, last)) if *w == who => *last = r.end,
+                _ => {
+                    if let Some((w, first, last)) = cur.take() {
+                        out.push(self.span(&w, first, last));
+                    }
+                    cur = Some((who, r.start, r.end));
+                }
+            }
+        }
+        if let Some((w, first, last)) = cur {
+            out.push(self.span(&w, first, last));
+        }
+        out.join("; ")
+    }
+
+    fn span(&self, who: &[usize], first: Instant, last: Instant) -> String {
+        let name = match who {
+            [] => "nobody".to_string(),
+            [a] => format!("agent {a}"),
+            many => format!("agents {many:?} AT ONCE"),
+        };
+        format!("{name} {}..{}", self.at(first), self.at(last))
+    }
+
+    /// Every change of owner of source `si` seen in the rounds.
+    fn handovers(&self, si: usize) -> Vec<Handover> {
+        let mut out = Vec::new();
+        // The current owner and the start of the last round it was seen owning in.
+        let mut cur: Option<(usize, Instant)> = None;
+        for (ri, r) in self.rounds.iter().enumerate() {
+            let [c] = r.owners[si].as_slice() else {
+                continue;
+            };
+            match cur {
+                Some((a, _)) if a == c.agent => cur = Some((a, r.start)),
+                Some((a, last_old)) => {
+                    let first_up = self.rounds[ri..]
+                        .iter()
+                        .find(|r| r.owners[si].iter().any(|x| x.agent == c.agent && x.up))
+                        .map(|r| r.end);
+                    out.push(Handover {
+                        from: a,
+                        to: c.agent,
+                        last_old,
+                        first_new: r.end,
+                        first_new_up: first_up,
+                    });
+                    cur = Some((c.agent, r.start));
+                }
+                None => cur = Some((c.agent, r.start)),
+            }
+        }
+        out
+    }
+
+    fn errors(&self) -> String {
+        self.agents
+            .iter()
+            .enumerate()
+            .map(|(a, v)| {
+                format!(
+                    "agent {a}: {} scrapes, {} failed{}",
+                    v.scrapes,
+                    v.errors,
+                    v.last_error
+                        .as_ref()
+                        .map(|e| format!(" (last: {e})"))
+                        .unwrap_or_default()
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
+/// One change of owner, as the scrapes saw it.
+#[derive(Debug, Clone, Copy)]
+struct Handover {
+    from: usize,
+    to: usize,
+    /// Start of the last round in which the old owner was seen owning.
+    last_old: Instant,
+    /// End of the first round in which the new owner was seen owning.
+    first_new: Instant,
+    /// End of the first round in which the new owner was seen owning and up (its
+    /// first poll of the term had succeeded, so its start lies before this).
+    first_new_up: Option<Instant>,
+}
+
+async fn scrape(port: u16) -> Result<Metrics, String> {
+    let (code, body) = http_get(port, "/metrics").await?;
+    if code != 200 {
+        return Err(format!("/metrics answered {code}"));
+    }
+    Metrics::parse(&body)
+}
+
+/// Scrapes every agent not marked gone, concurrently, every [`SAMPLE_EVERY`] until
+/// `stop`.
+fn spawn_sampler(obs: Shared, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(SAMPLE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        while !stop.load(Ordering::SeqCst) {
+            tick.tick().await;
+            let targets: Vec<Option<u16>> = lock(&obs)
+                .agents
+                .iter()
+                .map(|v| (!v.gone).then_some(v.port))
+                .collect();
+            let start = Instant::now();
+            let mut set = tokio::task::JoinSet::new();
+            for (a, port) in targets.iter().enumerate() {
+                if let Some(port) = *port {
+                    set.spawn(async move { (a, scrape(port).await) });
+                }
+            }
+            let mut results: Vec<Option<Result<Metrics, String>>> =
+                (0..targets.len()).map(|_| None).collect();
+            while let Some(r) = set.join_next().await {
+                if let Ok((a, res)) = r {
+                    results[a] = Some(res);
+                }
+            }
+            let end = Instant::now();
+            lock(&obs).record(start, end, results);
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// Ground truth across owners
+// ---------------------------------------------------------------------------------
+
+/// The generator's clock (milliseconds, ≈ the database's) at a local instant.
+#[derive(Clone, Copy, Debug)]
+struct GenTime {
+    at: Instant,
+    ms: i64,
+}
+
+impl GenTime {
+    fn of(clock: &Clock) -> GenTime {
+        GenTime {
+            at: Instant::now(),
+            ms: clock.now(),
+        }
+    }
+
+    fn ms(&self, t: Instant) -> i64 {
+        if t >= self.at {
+            self.ms + (t - self.at).as_millis() as i64
+        } else {
+            self.ms - (self.at - t).as_millis() as i64
+        }
+    }
+}
+
+/// A handover interval on the generator's clock: from one poll (plus margin) before
+/// the old owner's last scrape to the new owner's first scrape after its first poll
+/// (plus margin).
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    lower: i64,
+    upper: i64,
+    /// Old owner's last scrape .. new owner's first up scrape (no slack).
+    core: (i64, i64),
+}
+
+fn windows_of(handovers: &[Handover], g: GenTime) -> Result<Vec<Window>, String> {
+    let poll_ms = POLL.as_millis() as i64;
+    handovers
+        .iter()
+        .map(|h| {
+            let up = h.first_new_up.ok_or_else(|| {
+                format!(
+                    "the new owner (agent {}) never reported {UP} 1 after taking over from agent {}",
+                    h.to, h.from
+                )
+            })?;
+            Ok(Window {
+                lower: g.ms(h.last_old) - poll_ms - MARGIN_MS,
+                upper: g.ms(up) + MARGIN_MS,
+                core: (g.ms(h.last_old), g.ms(up)),
+            })
+        })
+        .collect()
+}
+
+fn item_key(name: &str, labels: &[(String, String)]) -> String {
+    let mut l = labels.to_vec();
+    l.sort();
+    format!("{name}{l:?}")
+}
+
+fn values(x: &Expectations) -> BTreeMap<String, f64> {
+    x.items
+        .iter()
+        .map(|e| (item_key(&e.name, &e.labels), e.value))
+        .collect()
+}
+
+fn subset(truth: &InboxTruth, keep: impl Fn(&InboxEvent) -> bool) -> InboxTruth {
+    InboxTruth {
+        events: truth.events.iter().filter(|e| keep(e)).cloned().collect(),
+        base_ms: truth.base_ms,
+        late_writes: 0,
+    }
+}
+
+/// Compares the counters summed over every owner's last scrape with the ground truth:
+/// nothing above it (nothing counted twice), and what is below it explained by the
+/// handover windows. Returns the problems and a report for the log.
+fn check_across_owners(
+    source: &str,
+    truth: &InboxTruth,
+    windows: &[Window],
+    leading: &[(usize, Metrics)],
+) -> (Vec<String>, String) {
+    let touched = subset(truth, |e| {
+        windows
+            .iter()
+            .any(|w| e.received_ms <= w.upper && e.updated_ms >= w.lower)
+    });
+    let received_in = subset(truth, |e| {
+        windows
+            .iter()
+            .any(|w| (w.lower..=w.upper).contains(&e.received_ms))
+    });
+    let received_core = subset(truth, |e| {
+        windows
+            .iter()
+            .any(|w| (w.core.0..=w.core.1).contains(&e.received_ms))
+    });
+    let exp = truth.expectations(source);
+    let touched_v = values(&touched.expectations(source));
+    let window_v = values(&received_in.expectations(source));
+    let mut problems = Vec::new();
+    // name -> (truth, summed, bound)
+    let mut by_name: BTreeMap<String, (f64, f64, f64)> = BTreeMap::new();
+    for e in &exp.items {
+        let labels: Vec<(&str, &str)> = e
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let key = item_key(&e.name, &e.labels);
+        let summed: f64 = leading.iter().map(|(_, m)| m.sum(&e.name, &labels)).sum();
+        let per_agent: Vec<String> = leading
+            .iter()
+            .map(|(a, m)| format!("agent {a}: {}", m.sum(&e.name, &labels)))
+            .collect();
+        let tol = 1e-6 * e.value.abs() + 1e-6;
+        let series = series_name(&e.name, labels.iter().copied());
+        let bound = touched_v.get(&key).copied().unwrap_or(0.0);
+        if summed > e.value + tol {
+            problems.push(format!(
+                "counted twice: {series}: summed over the owners {summed} ({}) > ground truth {}",
+                per_agent.join(", "),
+                e.value
+            ));
+        }
+        let lost = e.value - summed;
+        if lost > bound + tol {
+            problems.push(format!(
+                "lost outside the handover windows: {series}: ground truth {} - summed {summed} ({}) = {lost} > {bound}, \
+                 all that events changed within a window contribute",
+                e.value,
+                per_agent.join(", ")
+            ));
+        }
+        if e.name == RECEIVED {
+            let in_window = window_v.get(&key).copied().unwrap_or(0.0);
+            if lost > in_window + tol {
+                problems.push(format!(
+                    "received events lost outside the handover windows: {series}: {lost} missing, but only \
+                     {in_window} of its events were received within a window"
+                ));
+            }
+        }
+        if !e.name.ends_with("_bucket") {
+            let t = by_name.entry(e.name.clone()).or_default();
+            t.0 += e.value;
+            t.1 += summed;
+            t.2 += bound;
+        }
+    }
+    for (a, m) in leading {
+        for line in exp.diff(m) {
+            if line.contains("unexpected series") {
+                problems.push(format!("agent {a}: {line}"));
+            }
+        }
+    }
+    let mut report = format!(
+        "{source}: {} events; received within the handover windows: {} (between the old owner's last \
+         scrape and the new owner's first poll: {}); events changed within a window: {}\n",
+        truth.events.len(),
+        received_in.events.len(),
+        received_core.events.len(),
+        touched.events.len()
+    );
+    for (name, (t, s, b)) in &by_name {
+        report.push_str(&format!(
+            "  {name}: ground truth {t}, summed over owners {s}, lost {} (bound {b})\n",
+            t - s
+        ));
+    }
+    (problems, report)
+}
+
+fn target(db: &Db, table: &str) -> Target {
+    Target {
+        dialect: db.dialect,
+        pool: db.pool.clone(),
+        table: table.to_string(),
+    }
+}
+
+/// Waits until the last round shows exactly one owner of every source in `sis`,
+/// none of them in `not`; returns them.
+async fn wait_for_owners(
+    obs: &Shared,
+    sis: &[usize],
+    not: &[usize],
+    timeout: Duration,
+) -> Result<Vec<usize>, String> {
+    wait_until(timeout, || async move {
+        let o = lock(obs);
+        let mut out = Vec::new();
+        for &si in sis {
+            match o.owners_now(si).as_slice() {
+                [a] if !not.contains(a) => out.push(*a),
+                other => {
+                    return Err(format!(
+                        "owners of {:?} in the last round: {other:?} (excluded: {not:?}); timeline: {}",
+                        o.sources[si],
+                        o.timeline(si)
+                    ));
+                }
+            }
+        }
+        Ok(out)
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------
+
+const PG_SOURCE: &str = "orders-pg";
+const MY_SOURCE: &str = "orders-maria";
+
+/// Guards "one owner per source, failover, and nothing counted twice" (README,
+/// "Several agents on one source"): three agents on one config with a PostgreSQL and
+/// a MariaDB inbox. Scraped every 200 ms throughout: never two agents claim a source
+/// in the same round, and a non-owner exports no series of a source but its leader
+/// gauge (or `up 0` when it cannot reach the database). With a workload running on
+/// both tables, the PostgreSQL owner is killed with SIGKILL (another agent must own
+/// it within 30 s) and then the MariaDB owner is stopped with SIGTERM (it releases its
+/// lock: another agent must own it within 10 s, and the stopped agent exits cleanly).
+/// At the end every counter summed over each agent's last scrape as owner is at most
+/// the ground truth, and what is missing is explained by events received or changed
+/// within a handover window (from one poll before the old owner's last scrape to the
+/// new owner's first poll, each with 1 s of slack).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_agents_one_owner_per_source_with_failover() {
+    let t0 = Instant::now();
+    let pg = Db::postgres().await;
+    let my = Db::mysql().await;
+    let pg_tables = pg.fresh_tables("coord").await;
+    let my_tables = my.fresh_tables("coord").await;
+    let sources = [PG_SOURCE, MY_SOURCE];
+    let (pg_si, my_si) = (0usize, 1usize);
+    let config = [
+        inbox_source_toml(PG_SOURCE, &pg.dsn, &pg_tables.inbox),
+        inbox_source_toml(MY_SOURCE, &my.dsn, &my_tables.inbox),
+    ]
+    .concat();
+    let mut cluster = Cluster::start(&config, 3);
+    let obs = Obs::new(t0, &sources, &cluster.ports());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = spawn_sampler(obs.clone(), stop.clone());
+
+    for (a, (took, body)) in cluster.wait_ready(READY_TIMEOUT).await.iter().enumerate() {
+        eprintln!(
+            "agent {a} ready after {took:?}: {}",
+            body.trim().replace('\n', " | ")
+        );
+    }
+    let first = wait_for_owners(&obs, &[pg_si, my_si], &[], Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("no single owner per source after start: {e}"));
+    eprintln!(
+        "first owners: {PG_SOURCE} agent {}, {MY_SOURCE} agent {} ({:?} after spawn)",
+        first[0],
+        first[1],
+        cluster.started.elapsed()
+    );
+
+    // ~32 s of traffic on each table: 2 writers, one new event each every 40 ms.
+    // No late-commit batches here: a transaction stamped seconds before it commits
+    // would put its events' times outside the interval in which they became visible,
+    // and late commits have their own tests.
+    let workload = InboxWorkload {
+        events: 1600,
+        workers: 2,
+        create_every_ms: 40,
+        late_batches: 0,
+        late_by_ms: 0,
+        seed: seed_from_env(),
+    };
+    let pg_clock = Clock::new(pg.now_ms().await + 5);
+    let pg_gen = GenTime::of(&pg_clock);
+    let my_clock = Clock::new(my.now_ms().await + 5);
+    let my_gen = GenTime::of(&my_clock);
+    let pg_run = {
+        let (w, t) = (workload.clone(), target(&pg, &pg_tables.inbox));
+        tokio::spawn(async move { w.run(&t, pg_clock).await })
+    };
+    let my_run = {
+        let (w, t) = (workload.clone(), target(&my, &my_tables.inbox));
+        tokio::spawn(async move { w.run(&t, my_clock).await })
+    };
+
+    // SIGKILL the PostgreSQL owner once it has counted a good part of the traffic.
+    let obs_ref = &obs;
+    let victim = wait_until(Duration::from_secs(30), || async move {
+        let o = lock(obs_ref);
+        match o.owners_now(pg_si).as_slice() {
+            [a] => {
+                let n = o
+                    .latest(*a)
+                    .map(|m| m.sum(RECEIVED, &[("source", PG_SOURCE)]))
+                    .unwrap_or(0.0);
+                if n >= 100.0 {
+                    Ok(*a)
+                } else {
+                    Err(format!(
+                        "agent {a} owns {PG_SOURCE} and has counted {n} received"
+                    ))
+                }
+            }
+            other => Err(format!("owners of {PG_SOURCE}: {other:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the PostgreSQL owner did not count the workload: {e}"));
+    let killed_at = cluster.agents[victim].kill9();
+    lock(&obs).agents[victim].gone = true;
+    eprintln!(
+        "{}: agent {victim} (owner of {PG_SOURCE}) killed with SIGKILL",
+        lock(&obs).at(killed_at)
+    );
+    let (pg_new, pg_seen) = wait_until(Duration::from_secs(30), || async move {
+        let o = lock(obs_ref);
+        o.owner_since(pg_si, killed_at, &[victim])
+            .ok_or_else(|| format!("timeline of {PG_SOURCE}: {}", o.timeline(pg_si)))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("nobody took {PG_SOURCE} over within 30 s of SIGKILL: {e}"));
+    let kill_handover = pg_seen - killed_at;
+    eprintln!(
+        "HANDOVER after SIGKILL: agent {pg_new} owns {PG_SOURCE} {kill_handover:?} after agent {victim} was killed"
+    );
+    assert!(
+        kill_handover <= Duration::from_secs(30),
+        "handover after SIGKILL took {kill_handover:?}"
+    );
+
+    // Let the new owner poll a few times, so that the next handover is a separate one.
+    let polls0 = lock(&obs).value(pg_new, POLLS, PG_SOURCE).unwrap_or(0.0);
+    wait_until(Duration::from_secs(20), || async move {
+        let o = lock(obs_ref);
+        let (up, polls) = (
+            o.value(pg_new, UP, PG_SOURCE),
+            o.value(pg_new, POLLS, PG_SOURCE).unwrap_or(0.0),
+        );
+        if up == Some(1.0) && polls >= polls0 + 3.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "new owner agent {pg_new}: up {up:?}, polls {polls}"
+            ))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the new owner of {PG_SOURCE} does not poll: {e}"));
+
+    // SIGTERM whoever owns the MariaDB source now.
+    let owner = wait_for_owners(&obs, &[my_si], &[victim], Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("no owner of {MY_SOURCE} among the survivors: {e}"));
+    let stopped = owner[0];
+    let termed_at = cluster.agents[stopped].term();
+    eprintln!(
+        "{}: agent {stopped} (owner of {MY_SOURCE}) sent SIGTERM",
+        lock(&obs).at(termed_at)
+    );
+    // The stopped agent exits by itself (the scrapes go on meanwhile and see the
+    // handover, measured below from the rounds).
+    let (exit, exited_after) = {
+        let deadline = Instant::now() + Duration::from_secs(25);
+        loop {
+            if let Some(st) = cluster.agents[stopped].exited() {
+                break (st, termed_at.elapsed());
+            }
+            if Instant::now() > deadline {
+                panic!("agent {stopped} did not exit within 25 s of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    lock(&obs).agents[stopped].gone = true;
+    eprintln!("agent {stopped} exited {exited_after:?} after SIGTERM with {exit}");
+
+    let (my_new, my_seen) = wait_until(Duration::from_secs(30), || async move {
+        let o = lock(obs_ref);
+        o.owner_since(my_si, termed_at, &[victim, stopped])
+            .ok_or_else(|| format!("timeline of {MY_SOURCE}: {}", o.timeline(my_si)))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("nobody took {MY_SOURCE} over within 30 s of SIGTERM: {e}"));
+    let term_handover = my_seen - termed_at;
+    eprintln!(
+        "HANDOVER after SIGTERM: agent {my_new} owns {MY_SOURCE} {term_handover:?} after agent {stopped} was stopped"
+    );
+    // Whatever the stopped agent owned has a surviving owner again.
+    let gone = [victim, stopped];
+    wait_for_owners(&obs, &[pg_si, my_si], &gone, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("not every source has a surviving owner: {e}"));
+
+    let pg_truth = tokio::time::timeout(Duration::from_secs(180), pg_run)
+        .await
+        .expect("the PostgreSQL workload did not finish within 180 s")
+        .expect("the PostgreSQL workload panicked");
+    let my_truth = tokio::time::timeout(Duration::from_secs(180), my_run)
+        .await
+        .expect("the MariaDB workload did not finish within 180 s")
+        .expect("the MariaDB workload panicked");
+    eprintln!("{PG_SOURCE} ground truth: {}", pg_truth.summary());
+    eprintln!("{MY_SOURCE} ground truth: {}", my_truth.summary());
+
+    // Settle: every current owner polls a few more times after the last write.
+    let owners_end = wait_for_owners(&obs, &[pg_si, my_si], &gone, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("owners after the workload: {e}"));
+    let base: Vec<f64> = {
+        let o = lock(&obs);
+        owners_end
+            .iter()
+            .zip(sources)
+            .map(|(&a, s)| o.value(a, POLLS, s).unwrap_or(0.0))
+            .collect()
+    };
+    let (owners_ref, base_ref) = (&owners_end, &base);
+    wait_until(CONVERGE, || async move {
+        let o = lock(obs_ref);
+        for (i, s) in sources.iter().enumerate() {
+            let a = owners_ref[i];
+            if o.owners_now(i) != [a] {
+                return Err(format!("owner of {s} changed: {}", o.timeline(i)));
+            }
+            let p = o.value(a, POLLS, s).unwrap_or(0.0);
+            if p < base_ref[i] + 4.0 {
+                return Err(format!(
+                    "agent {a} polled {s} {p} times, waiting for {}",
+                    base_ref[i] + 4.0
+                ));
+            }
+        }
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the owners did not poll after the workload: {e}"));
+    stop.store(true, Ordering::SeqCst);
+    sampler.await.expect("the sampler panicked");
+
+    // ---- Analysis ----
+    let problems = {
+        let o = lock(&obs);
+        eprintln!("{} scrape rounds; {}", o.rounds.len(), o.errors());
+        for (si, s) in sources.iter().enumerate() {
+            eprintln!("owners of {s}: {}", o.timeline(si));
+        }
+        if !o.contending.is_empty() {
+            eprintln!(
+                "non-owners showing {UP} 0 (could not reach the database to contest the lock), rounds: {:?}",
+                o.contending
+            );
+        }
+        for a in &cluster.agents {
+            eprintln!("agent {} lock log:\n  {}", a.idx, a.lock_log().join("\n  "));
+        }
+
+        let mut problems: Vec<String> = Vec::new();
+        if o.violation_count > 0 {
+            problems.push(format!(
+                "{} ownership violations in the scrapes:\n  {}",
+                o.violation_count,
+                o.violations.join("\n  ")
+            ));
+        }
+        if !exit.success() {
+            problems.push(format!(
+                "agent {stopped} exited with {exit} after SIGTERM (expected a clean exit)"
+            ));
+        }
+        if term_handover > Duration::from_secs(10) {
+            problems.push(format!(
+            "handover after SIGTERM took {term_handover:?} (> 10 s): the stopped owner should release its lock at once"
+        ));
+        }
+        let mut lost_report = Vec::new();
+        for (si, source, truth, g) in [
+            (pg_si, PG_SOURCE, &pg_truth, pg_gen),
+            (my_si, MY_SOURCE, &my_truth, my_gen),
+        ] {
+            let hs = o.handovers(si);
+            if hs.is_empty() {
+                problems.push(format!("no handover of {source} was observed"));
+            }
+            for h in &hs {
+                eprintln!(
+                    "{source}: agent {} -> agent {}: old owner last seen owning at {}, new owner seen owning at {}, up at {} \
+                 (nobody seen owning for {:?})",
+                    h.from,
+                    h.to,
+                    o.at(h.last_old),
+                    o.at(h.first_new),
+                    h.first_new_up
+                        .map(|t| o.at(t))
+                        .unwrap_or_else(|| "never".into()),
+                    h.first_new.saturating_duration_since(h.last_old)
+                );
+            }
+            let windows = match windows_of(&hs, g) {
+                Ok(w) => w,
+                Err(e) => {
+                    problems.push(format!("{source}: {e}"));
+                    continue;
+                }
+            };
+            let leading: Vec<(usize, Metrics)> = o
+                .agents
+                .iter()
+                .enumerate()
+                .filter_map(|(a, v)| v.last_leading.get(source).map(|(_, m)| (a, m.clone())))
+                .collect();
+            let (p, report) = check_across_owners(source, truth, &windows, &leading);
+            eprint!("{report}");
+            let received = truth.events.len() as f64;
+            let summed: f64 = leading
+                .iter()
+                .map(|(_, m)| m.sum(RECEIVED, &[("source", source)]))
+                .sum();
+            lost_report.push(format!(
+                "{source}: {} of {received} received events not counted (handovers: {})",
+                received - summed,
+                hs.len()
+            ));
+            problems.extend(p);
+        }
+        eprintln!(
+            "RESULT: handover after SIGKILL {kill_handover:?}, after SIGTERM {term_handover:?}; {}",
+            lost_report.join("; ")
+        );
+        problems
+    };
+    if !problems.is_empty() {
+        panic!("{} problems:\n{}", problems.len(), render_diff(&problems));
+    }
+    eprintln!("agents' files were in {}", cluster.dir().display());
+    drop(cluster);
+    pg.cleanup().await;
+    my.cleanup().await;
+}
+
+const OK_SOURCE: &str = "reachable-pg";
+const DEAD_SOURCE: &str = "unreachable-pg";
+
+/// Guards "an agent that cannot reach the database reports the source down (up 0,
+/// leader 0)" without holding up anything else: two agents on one config with a
+/// working PostgreSQL source and one whose DSN points at 127.0.0.1:1. Both agents
+/// answer /readyz 200; the working source has exactly one owner within 15 s of the
+/// start (never two, never a handover), which counts a small workload exactly while
+/// the other agent exports nothing of it; the unreachable source shows `up 0` and
+/// `leader 0` on both agents and is never owned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreachable_source_does_not_block_other_elections() {
+    let t0 = Instant::now();
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("unreach").await;
+    let dead_dsn = url_with_hostport(&db.dsn, "127.0.0.1:1");
+    let sources = [OK_SOURCE, DEAD_SOURCE];
+    let (ok_si, dead_si) = (0usize, 1usize);
+    let config = [
+        inbox_source_toml(OK_SOURCE, &db.dsn, &tables.inbox),
+        inbox_source_toml(DEAD_SOURCE, &dead_dsn, "inbox_unreachable"),
+    ]
+    .concat();
+    let mut cluster = Cluster::start(&config, 2);
+    let obs = Obs::new(t0, &sources, &cluster.ports());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = spawn_sampler(obs.clone(), stop.clone());
+
+    for (a, (took, body)) in cluster.wait_ready(READY_TIMEOUT).await.iter().enumerate() {
+        eprintln!(
+            "agent {a} ready after {took:?}: {}",
+            body.trim().replace('\n', " | ")
+        );
+    }
+    let owner = wait_for_owners(&obs, &[ok_si], &[], Duration::from_secs(15))
+        .await
+        .unwrap_or_else(|e| panic!("{OK_SOURCE} has no single owner: {e}"))[0];
+    let took = cluster.started.elapsed();
+    eprintln!("agent {owner} owns {OK_SOURCE} {took:?} after the spawn");
+    assert!(
+        took <= Duration::from_secs(15),
+        "{OK_SOURCE} got its owner only {took:?} after the agents started"
+    );
+    let obs_ref = &obs;
+    wait_until(Duration::from_secs(15), || async move {
+        let o = lock(obs_ref);
+        let states: Vec<(Option<f64>, Option<f64>)> = (0..o.agents.len())
+            .map(|a| (o.value(a, UP, DEAD_SOURCE), o.value(a, LEADER, DEAD_SOURCE)))
+            .collect();
+        if states.iter().all(|s| *s == (Some(0.0), Some(0.0))) {
+            Ok(())
+        } else {
+            Err(format!(
+                "(up, leader) of {DEAD_SOURCE} per agent: {states:?}"
+            ))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the unreachable source is not reported down on both agents: {e}"));
+
+    let clock = Clock::new(db.now_ms().await + 5);
+    let truth = InboxWorkload::small(300, 2)
+        .run(&target(&db, &tables.inbox), clock)
+        .await;
+    eprintln!("ground truth: {}", truth.summary());
+    let exp = truth.expectations(OK_SOURCE);
+    let port = cluster.agents[owner].port;
+    let exp_ref = &exp;
+    wait_until(CONVERGE, || async move {
+        let d = exp_ref.diff(&scrape(port).await?);
+        if d.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} mismatches:\n{}", d.len(), render_diff(&d)))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!("the owner of {OK_SOURCE} does not count the workload exactly: {e}")
+    });
+
+    // Both still ready, the unreachable source named as down.
+    for a in &cluster.agents {
+        let (code, body) = http_get(a.port, "/readyz")
+            .await
+            .unwrap_or_else(|e| panic!("agent {}: /readyz: {e}", a.idx));
+        eprintln!(
+            "agent {} /readyz {code}: {}",
+            a.idx,
+            body.trim().replace('\n', " | ")
+        );
+        assert_eq!(code, 200, "agent {} is no longer ready: {body}", a.idx);
+        assert!(
+            body.lines()
+                .any(|l| l.starts_with(DEAD_SOURCE) && l.contains("down")),
+            "agent {}'s /readyz does not report {DEAD_SOURCE} down: {body}",
+            a.idx
+        );
+    }
+    // One more round after the checks, then stop watching.
+    let n = lock(&obs).rounds.len();
+    wait_until(Duration::from_secs(10), || async move {
+        if lock(obs_ref).rounds.len() > n + 1 {
+            Ok(())
+        } else {
+            Err("waiting for another scrape round".to_string())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    stop.store(true, Ordering::SeqCst);
+    sampler.await.expect("the sampler panicked");
+
+    let problems = {
+        let o = lock(&obs);
+        eprintln!("{} scrape rounds; {}", o.rounds.len(), o.errors());
+        for (si, s) in sources.iter().enumerate() {
+            eprintln!("owners of {s}: {}", o.timeline(si));
+        }
+        eprintln!("non-owners showing {UP} 0, rounds: {:?}", o.contending);
+        let mut problems = Vec::new();
+        if o.violation_count > 0 {
+            problems.push(format!(
+                "{} ownership violations in the scrapes:\n  {}",
+                o.violation_count,
+                o.violations.join("\n  ")
+            ));
+        }
+        let handovers = o.handovers(ok_si);
+        if !handovers.is_empty() {
+            problems.push(format!(
+                "{OK_SOURCE} changed owner although no agent went away: {}",
+                o.timeline(ok_si)
+            ));
+        }
+        if o.rounds.iter().any(|r| !r.owners[dead_si].is_empty()) {
+            problems.push(format!(
+                "an agent claimed the unreachable source: {}",
+                o.timeline(dead_si)
+            ));
+        }
+        if let Some(first) = o.rounds.iter().position(|r| !r.owners[ok_si].is_empty())
+            && let Some(r) = o.rounds[first..]
+                .iter()
+                .find(|r| r.owners[ok_si].len() != 1)
+        {
+            problems.push(format!(
+                "{OK_SOURCE} had {} owners at {} after it first had one",
+                r.owners[ok_si].len(),
+                o.at(r.start)
+            ));
+        }
+        problems
+    };
+    for a in &cluster.agents {
+        eprintln!("agent {} lock log:\n  {}", a.idx, a.lock_log().join("\n  "));
+    }
+    if !problems.is_empty() {
+        panic!("{} problems:\n{}", problems.len(), render_diff(&problems));
+    }
+    drop(cluster);
+    db.cleanup().await;
+}
