@@ -34,7 +34,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use common::workload::{Clock, EVENT_TYPES, InboxEvent, Status};
-use common::{Agent, Db, Pool, READY_TIMEOUT, free_port, http_get, toml_str, wait_until};
+use common::{
+    Agent, Db, Pool, READY_TIMEOUT, free_port, http_get, http_get_accepting, toml_str, wait_until,
+};
 
 /// The source under test (the `source` label, and `$source` in the dashboards).
 const SOURCE: &str = "e2e-orders";
@@ -236,54 +238,6 @@ fn urlencode(s: &str) -> String {
         }
     }
     out
-}
-
-/// A minimal HTTP/1.1 GET asking for JSON (Alertmanager's v2 API refuses the
-/// `Accept: text/plain` of [`http_get`]), 5 s timeout: (status, de-chunked body).
-async fn http_get_json(port: u16, path: &str) -> Result<(u16, String), String> {
-    let exchange = async {
-        let mut s = TcpStream::connect(("127.0.0.1", port))
-            .await
-            .map_err(|e| format!("connect 127.0.0.1:{port}: {e}"))?;
-        let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: application/json\r\nConnection: close\r\n\r\n"
-        );
-        s.write_all(req.as_bytes())
-            .await
-            .map_err(|e| format!("write request: {e}"))?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf)
-            .await
-            .map_err(|e| format!("read response: {e}"))?;
-        Ok::<_, String>(buf)
-    };
-    let buf = tokio::time::timeout(Duration::from_secs(5), exchange)
-        .await
-        .map_err(|_| format!("GET {path} timed out after 5s"))??;
-    let split = find(&buf, b"\r\n\r\n").ok_or("no end of headers")?;
-    let head = String::from_utf8_lossy(&buf[..split]).to_ascii_lowercase();
-    let code: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| format!("bad status line in {head:?}"))?;
-    let mut body = &buf[split + 4..];
-    if !head.contains("transfer-encoding: chunked") {
-        return Ok((code, String::from_utf8_lossy(body).to_string()));
-    }
-    let mut out = Vec::new();
-    loop {
-        let eol = find(body, b"\r\n").ok_or("truncated chunk size line")?;
-        let size_txt = String::from_utf8_lossy(&body[..eol]).to_string();
-        let size = usize::from_str_radix(size_txt.split(';').next().unwrap_or("").trim(), 16)
-            .map_err(|e| format!("bad chunk size {size_txt:?}: {e}"))?;
-        body = &body[eol + 2..];
-        if size == 0 {
-            return Ok((code, String::from_utf8_lossy(&out).to_string()));
-        }
-        out.extend_from_slice(body.get(..size).ok_or("truncated chunk")?);
-        body = body.get(size + 2..).unwrap_or(&[]);
-    }
 }
 
 /// GET an API path; the `data` of a `success` answer, else the whole answer.
@@ -1392,7 +1346,8 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
     // The spike inhibits the single-dead-letter alert of the same source and family in
     // the real Alertmanager (config/alertmanager.yml's inhibit_rules).
     let inhibited = wait_until(Duration::from_secs(30), || async move {
-        let (code, body) = http_get_json(am_port, "/api/v2/alerts").await?;
+        let (code, body) =
+            http_get_accepting(am_port, "/api/v2/alerts", "application/json").await?;
         let v: Value = serde_json::from_str(&body)
             .map_err(|e| format!("GET /api/v2/alerts: HTTP {code}, not JSON ({e}): {body}"))?;
         let found = v.as_array().into_iter().flatten().find(|a| {

@@ -411,12 +411,22 @@ impl Drop for Agent {
 /// A minimal HTTP/1.1 GET against 127.0.0.1:`port` (5 s timeout). Returns the status
 /// code and the body (de-chunked).
 pub async fn http_get(port: u16, path: &str) -> Result<(u16, String), String> {
+    http_get_accepting(port, path, "text/plain").await
+}
+
+/// [`http_get`] with another `Accept` header (Alertmanager's v2 API wants JSON).
+#[allow(dead_code)]
+pub async fn http_get_accepting(
+    port: u16,
+    path: &str,
+    accept: &str,
+) -> Result<(u16, String), String> {
     let exchange = async {
         let mut s = TcpStream::connect(("127.0.0.1", port))
             .await
             .map_err(|e| format!("connect 127.0.0.1:{port}: {e}"))?;
         let req = format!(
-            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: text/plain\r\nConnection: close\r\n\r\n"
+            "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept: {accept}\r\nConnection: close\r\n\r\n"
         );
         s.write_all(req.as_bytes())
             .await
