@@ -22,9 +22,6 @@ use crate::sources::table::outbox::Outbox;
 use crate::sources::{Health, run_loop};
 use crate::telemetry::catalogue::{self as m, catalogue_recorder};
 
-/// How long shutdown waits for the loops and the HTTP server.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
 /// A running agent.
 pub struct Agent {
     /// The address actually bound.
@@ -33,6 +30,7 @@ pub struct Agent {
     tasks: JoinSet<()>,
     http: tokio::task::JoinHandle<std::io::Result<()>>,
     stop_http: CancellationToken,
+    grace: Duration,
     _owned_outright: Vec<watch::Sender<Option<bool>>>,
 }
 
@@ -127,19 +125,27 @@ impl Agent {
             tasks,
             http,
             stop_http,
+            grace: config.shutdown_grace,
             _owned_outright: owned_outright,
         })
     }
 
-    /// Stops polling, then the HTTP server, each within the grace period.
+    /// Stops polling and releases the sources' locks, then stops the HTTP
+    /// server after in-flight scrapes, all within the configured grace period.
     pub async fn shutdown(mut self) {
         self.cancel.cancel();
         let loops = async { while self.tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout(SHUTDOWN_GRACE, loops).await.is_err() {
+        // One deadline for the whole shutdown: the loops (which release their
+        // locks) get most of it, the HTTP server the rest.
+        let deadline = tokio::time::Instant::now() + self.grace;
+        if tokio::time::timeout(self.grace.mul_f64(0.75), loops)
+            .await
+            .is_err()
+        {
             warn!("Sources did not stop in time; abandoning them.");
         }
         self.stop_http.cancel();
-        match tokio::time::timeout(SHUTDOWN_GRACE, self.http).await {
+        match tokio::time::timeout_at(deadline, self.http).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => warn!(error = %e, "HTTP server failed."),
             Ok(Err(e)) => warn!(error = %e, "HTTP server task failed."),

@@ -15,6 +15,9 @@ use serde::Deserialize;
 /// Where `run` listens when neither the config nor a flag says otherwise.
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:9469";
 
+/// How long shutdown may take when the config does not say.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(20);
+
 /// One problem in a configuration file, with the key it concerns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -67,6 +70,8 @@ pub struct RawConfig {
 pub struct RawServer {
     /// Address of the `/metrics`, `/healthz`, `/readyz` listener (default `0.0.0.0:9469`).
     pub listen: Option<String>,
+    /// How long shutdown may take, from SIGTERM to exit (default `20s`).
+    pub shutdown_grace: Option<String>,
 }
 
 /// One `[[sources]]` entry; which keys apply depends on `kind`.
@@ -162,6 +167,8 @@ pub struct RawObjectives {
 pub struct Config {
     /// The HTTP listener.
     pub listen: SocketAddr,
+    /// How long shutdown may take: stop polling, release locks, finish scrapes.
+    pub shutdown_grace: Duration,
     /// The sources, in file order.
     pub sources: Vec<SourceSpec>,
 }
@@ -584,6 +591,14 @@ pub fn validate(
                 .expect("the default listen address parses")
         }
     };
+    let shutdown_grace = v.duration(
+        "server.shutdown_grace",
+        raw.server.shutdown_grace.as_deref(),
+        DEFAULT_SHUTDOWN_GRACE,
+    );
+    if shutdown_grace < Duration::from_secs(1) {
+        v.problem("server.shutdown_grace", "must be at least 1s".into());
+    }
     if raw.sources.is_empty() {
         v.problem(
             "sources",
@@ -607,7 +622,11 @@ pub fn validate(
         }
     }
     if v.problems.is_empty() {
-        Ok(Config { listen, sources })
+        Ok(Config {
+            listen,
+            shutdown_grace,
+            sources,
+        })
     } else {
         Err(ConfigError {
             path: None,
@@ -1103,6 +1122,7 @@ table = "inbox"
         assert_eq!(s.table.dsn.expose(), "postgres://u:s3cret@db/orders");
         assert_eq!(s.table.dsn.to_string(), "postgres://u:***@db/orders");
         assert_eq!(cfg.listen.to_string(), "0.0.0.0:9469");
+        assert_eq!(cfg.shutdown_grace, Duration::from_secs(20));
     }
 
     #[test]
