@@ -62,4 +62,20 @@ async fn demo_exports_every_inbox_metric_with_a_nonzero_sample_within_30s() {
     if let Err(e) = res {
         panic!("demo after {:?}: {e}", started.elapsed());
     }
+
+    // SIGTERM: the demo stops in order, exits 0 and removes its temporary database.
+    let db = agent
+        .stdout()
+        .split("writes to ")
+        .nth(1)
+        .and_then(|rest| rest.split(" and the agent").next())
+        .map(std::path::PathBuf::from)
+        .expect("the demo prints the path of its database");
+    assert!(db.exists(), "{} exists while the demo runs", db.display());
+    let status = agent
+        .terminate(Duration::from_secs(25))
+        .expect("the demo exits within 25 s of SIGTERM");
+    assert!(status.success(), "demo exit status after SIGTERM: {status}");
+    let dir = db.parent().expect("the database lives in a directory");
+    assert!(!dir.exists(), "{} is left behind", dir.display());
 }

@@ -334,6 +334,22 @@ impl Agent {
         self.child.try_wait().ok().flatten()
     }
 
+    /// SIGTERM, then wait up to `timeout` for the process to exit by itself.
+    #[allow(dead_code)]
+    pub fn terminate(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Some(status) = self.exited() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
