@@ -269,6 +269,12 @@ impl Dsn {
         &self.url
     }
 
+    /// Replaces the connection string, wherever a driver message echoes it,
+    /// with its redacted form.
+    pub fn scrub(&self, message: &str) -> String {
+        message.replace(&self.url, &self.to_string())
+    }
+
     /// The dialect the scheme names.
     pub fn dialect(&self) -> Dialect {
         self.dialect

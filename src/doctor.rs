@@ -77,10 +77,11 @@ async fn check<K: crate::sources::table::TableKind>(
         dialect: table.dsn.dialect(),
     };
     out.extend(check_types(&mut conn, &sql, spec).await);
-    for (what, query, param) in source.queries() {
-        let query = match param {
-            Some(p) => inline(&sql, &query, p),
-            None => query,
+    for (what, query, binds_cursor) in source.queries() {
+        let query = if binds_cursor {
+            inline(&sql, &query)
+        } else {
+            query
         };
         match scans(&mut conn, &sql, &query, &table.table).await {
             Ok(false) => out.push(Finding::Ok(format!("the {what} query uses an index"))),
@@ -97,11 +98,10 @@ async fn check<K: crate::sources::table::TableKind>(
 }
 
 /// Replaces the cursor placeholder with a literal, so EXPLAIN sees a realistic value.
-fn inline(sql: &Sql, query: &str, param: Param) -> String {
+fn inline(sql: &Sql, query: &str) -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    let _ = param;
     let literal = match sql.cursor(now - 30_000_000) {
         Param::Int(v) => v.to_string(),
         Param::Text(t) => sql.literal(&t),

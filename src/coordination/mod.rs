@@ -217,11 +217,6 @@ impl SourceLock {
     }
 }
 
-/// Removes the DSN's secrets from a driver message that may echo it.
-fn scrub(message: &str, spec: &TableSpec) -> String {
-    message.replace(spec.dsn.expose(), &spec.dsn.to_string())
-}
-
 /// Agents with the same source configuration contend for the same key.
 fn lock_key(spec: &TableSpec) -> i64 {
     use std::hash::{Hash, Hasher};
@@ -316,7 +311,7 @@ pub async fn elect(
                 }
                 outcome => {
                     let error = match outcome {
-                        Ok(Err(e)) => scrub(&e.to_string(), &lock.spec),
+                        Ok(Err(e)) => lock.spec.dsn.scrub(&e.to_string()),
                         _ => format!("no answer within {STATEMENT_TIMEOUT:?}"),
                     };
                     warn!(source = %source, error = %error, "Could not contest the source's lock.");

@@ -114,7 +114,6 @@ pub struct Inbox {
     /// Labels whose counter series exist (created at 0).
     series: HashSet<usize>,
     sketches: HashMap<usize, WindowedSketch>,
-    last_eviction: Option<Instant>,
 }
 
 impl Inbox {
@@ -133,7 +132,6 @@ impl Inbox {
             reported: HashSet::new(),
             series: HashSet::new(),
             sketches: HashMap::new(),
-            last_eviction: None,
         }
     }
 
@@ -549,15 +547,7 @@ impl TableKind for Inbox {
     fn flush(&mut self, db_now: i64, now: Instant) {
         self.record();
         self.record_gauges(db_now, now);
-        let every = self.spec.table.poll_interval.max(Duration::from_secs(10));
-        if self
-            .last_eviction
-            .is_none_or(|t| now.duration_since(t) >= every)
-        {
-            self.states
-                .evict(db_now - micros(self.spec.table.state_retention));
-            self.last_eviction = Some(now);
-        }
+        self.states.tidy(&self.spec.table, db_now, now);
     }
 }
 

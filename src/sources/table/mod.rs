@@ -149,13 +149,13 @@ impl<K: TableKind> TableSource<K> {
         ))
     }
 
-    /// The queries one poll runs, for `doctor`'s EXPLAIN: (what, SQL, bound cursor).
-    pub fn queries(&self) -> Vec<(&'static str, String, Option<Param>)> {
-        let cursor = self.sql.cursor(0);
-        let mut out = vec![("tail", self.tail_query(), Some(cursor))];
-        out.push(("gauges", self.kind.gauge_query(&self.sql, 0), None));
+    /// The queries one poll runs, for `doctor`'s EXPLAIN: (what, SQL, whether
+    /// it binds the cursor as its first parameter).
+    pub fn queries(&self) -> Vec<(&'static str, String, bool)> {
+        let mut out = vec![("tail", self.tail_query(), true)];
+        out.push(("gauges", self.kind.gauge_query(&self.sql, 0), false));
         if let Some(seed) = self.seed_query() {
-            out.push(("seed", seed, None));
+            out.push(("seed", seed, false));
         }
         out
     }
@@ -277,7 +277,7 @@ impl Opener {
         let url = connect_url(&self.spec);
         let connect_err = |e: sqlx::Error| SourceError::Connect {
             dsn: self.spec.dsn.to_string(),
-            message: scrub(&e.to_string(), &self.spec),
+            message: self.spec.dsn.scrub(&e.to_string()),
         };
         let mut conn = AnyConnection::connect(&url).await.map_err(connect_err)?;
         for stmt in self.sql.session_setup(self.spec.timeout) {
@@ -389,11 +389,6 @@ pub fn connect_url(spec: &TableSpec) -> String {
     } else {
         url.to_string()
     }
-}
-
-/// Removes the DSN's secrets from a driver message that may echo it.
-fn scrub(message: &str, spec: &TableSpec) -> String {
-    message.replace(spec.dsn.expose(), &spec.dsn.to_string())
 }
 
 /// Per-label-id sums of a poll, recorded once at its end.

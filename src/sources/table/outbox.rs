@@ -5,12 +5,12 @@
 //! created_at`. Unpublished rows at start are the baseline.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sqlx::any::AnyRow;
 
 use super::dialect::Sql;
-use super::inbox::{micros, seconds};
+use super::inbox::seconds;
 use super::state::{Entry, Tracked};
 use super::{Reject, Rejections, TableKind, get, key_of};
 use crate::config::OutboxSpec;
@@ -63,7 +63,6 @@ pub struct Outbox {
     reported: HashSet<usize>,
     /// Labels whose counter series exist (created at 0).
     series: HashSet<usize>,
-    last_eviction: Option<Instant>,
 }
 
 impl Outbox {
@@ -79,7 +78,6 @@ impl Outbox {
             gauges: BTreeMap::new(),
             reported: HashSet::new(),
             series: HashSet::new(),
-            last_eviction: None,
         }
     }
 }
@@ -264,14 +262,6 @@ impl TableKind for Outbox {
             metrics::gauge!(m::OUTBOX_OLDEST_AGE, &l).set(age);
             self.reported.insert(label);
         }
-        let every = self.spec.table.poll_interval.max(Duration::from_secs(10));
-        if self
-            .last_eviction
-            .is_none_or(|t| now.duration_since(t) >= every)
-        {
-            self.states
-                .evict(db_now - micros(self.spec.table.state_retention));
-            self.last_eviction = Some(now);
-        }
+        self.states.tidy(&self.spec.table, db_now, now);
     }
 }

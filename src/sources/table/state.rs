@@ -1,6 +1,9 @@
 //! The bounded memory of recently seen events that turns rows into deltas.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::config::TableSpec;
 
 /// What the map needs to know of an entry to forget it safely.
 pub trait Entry: Copy {
@@ -22,6 +25,7 @@ pub struct Tracked<V> {
     /// are taken as a baseline rather than counted as new.
     floor: i64,
     cap: usize,
+    last_eviction: Option<Instant>,
 }
 
 impl<V: Entry> Tracked<V> {
@@ -31,6 +35,7 @@ impl<V: Entry> Tracked<V> {
             map: HashMap::new(),
             floor: i64::MIN,
             cap,
+            last_eviction: None,
         }
     }
 
@@ -56,6 +61,20 @@ impl<V: Entry> Tracked<V> {
     #[cfg(test)]
     pub fn len(&self) -> usize {
         self.map.len()
+    }
+
+    /// Runs [`Tracked::evict`] with the source's `state_retention`, at most
+    /// once per poll interval (and no more than every 10 s): it walks the map.
+    pub fn tidy(&mut self, spec: &TableSpec, db_now: i64, now: Instant) {
+        let every = spec.poll_interval.max(Duration::from_secs(10));
+        if self
+            .last_eviction
+            .is_none_or(|t| now.duration_since(t) >= every)
+        {
+            let retention = i64::try_from(spec.state_retention.as_micros()).unwrap_or(i64::MAX);
+            self.evict(db_now.saturating_sub(retention));
+            self.last_eviction = Some(now);
+        }
     }
 
     /// Forgets finished events last changed before `horizon`, then, over the
