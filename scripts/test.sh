@@ -45,6 +45,15 @@ if ! command -v kubernetes-validate >/dev/null 2>&1 && ! python3 -c 'import kube
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'kubernetes-validate==1.37.0'
 fi
 
+# tansu, a Kafka-protocol broker, for the Kafka tests: each test starts its own
+# (in-memory storage, a free port). Built once (about 8 minutes) and cached.
+TANSU="${TANSU:-$HOME/.cargo/bin/tansu}"
+if [ ! -x "$TANSU" ]; then
+  echo "Installing tansu 0.6.0 (cargo install, once)..."
+  cargo install tansu --version 0.6.0 --locked --features dynostore
+fi
+export TANSU
+
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi

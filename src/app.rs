@@ -14,8 +14,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::{Config, SourceSpec};
+use crate::coordination::kafka::KafkaElection;
 use crate::coordination::{Leadership, SourceLock, elect};
 use crate::http::{self, AppState};
+use crate::sources::kafka::KafkaSource;
 use crate::sources::table::TableSource;
 use crate::sources::table::inbox::Inbox;
 use crate::sources::table::outbox::Outbox;
@@ -67,8 +69,27 @@ impl Agent {
         let mut owned_outright = Vec::new();
         for spec in config.sources {
             let name = spec.name().to_string();
-            let table = spec.table().clone();
             leadership.register(&name);
+            health.register(&name);
+            let (h, c) = (health.clone(), cancel.clone());
+            let table = match spec {
+                SourceSpec::Kafka(k) => {
+                    info!(source = %name, brokers = ?k.brokers, "Watching Kafka cluster.");
+                    let (tx, leader) = watch::channel(None);
+                    tasks.spawn(elect(
+                        KafkaElection::for_source(&k),
+                        leadership.clone(),
+                        health.clone(),
+                        tx,
+                        cancel.clone(),
+                    ));
+                    let make = move || KafkaSource::new(k.clone());
+                    tasks.spawn(run_loop(name.clone(), make, h, leader, c));
+                    continue;
+                }
+                SourceSpec::Inbox(ref s) => s.table.clone(),
+                SourceSpec::Outbox(ref s) => s.table.clone(),
+            };
             if let Some(o) = table.objectives.oldest_age {
                 metrics::gauge!(m::OBJECTIVE_OLDEST_AGE, "source" => name.clone())
                     .set(o.as_secs_f64());
@@ -79,7 +100,6 @@ impl Agent {
             info!(source = %name, dsn = %table.dsn, table = %table.table, "Watching source.");
             let leader = match SourceLock::for_source(&table) {
                 Some(lock) => {
-                    health.register(&name);
                     let (tx, rx) = watch::channel(None);
                     tasks.spawn(elect(
                         lock,
@@ -91,14 +111,12 @@ impl Agent {
                     rx
                 }
                 None => {
-                    health.register(&name);
                     leadership.set(&name, true);
                     let (tx, rx) = watch::channel(Some(true));
                     owned_outright.push(tx);
                     rx
                 }
             };
-            let (h, c) = (health.clone(), cancel.clone());
             match spec {
                 SourceSpec::Inbox(s) => {
                     let make = move || TableSource::new(s.table.clone(), Inbox::new(s.clone()));
@@ -108,6 +126,7 @@ impl Agent {
                     let make = move || TableSource::new(s.table.clone(), Outbox::new(s.clone()));
                     tasks.spawn(run_loop(name.clone(), make, h, leader, c));
                 }
+                SourceSpec::Kafka(_) => unreachable!("handled above"),
             }
         }
         let stop_http = CancellationToken::new();

@@ -117,6 +117,61 @@ pub struct RawSource {
     /// Objectives exported as gauges for the alert rules.
     #[serde(default)]
     pub objectives: RawObjectives,
+    /// Kafka: bootstrap brokers, `host:port`.
+    pub brokers: Option<Vec<String>>,
+    /// Kafka: consumer groups to watch (default all).
+    pub groups: Option<RawFilter>,
+    /// Kafka: topics to watch (default all except internal ones).
+    pub topics: Option<RawFilter>,
+    /// Kafka: `partition` (default) or `topic`.
+    pub granularity: Option<String>,
+    /// Kafka: regex of dead-letter topic names.
+    pub dead_letter_topics: Option<String>,
+    /// Kafka: regex of retry topic names, with a named group `tier`.
+    pub retry_topics: Option<String>,
+    /// Kafka: the sliding window a group's status is judged over (default `5m`).
+    pub status_window: Option<String>,
+    /// Kafka: concurrent fetches of records at committed offsets (default 8).
+    pub read_concurrency: Option<i64>,
+    /// Kafka: the client id the agent's requests carry (default `inboxwatch`).
+    pub client_id: Option<String>,
+    /// Kafka: TLS to the brokers.
+    pub tls: Option<RawTls>,
+    /// Kafka: SASL authentication.
+    pub sasl: Option<RawSasl>,
+}
+
+/// `{ include = [...], exclude = [...] }`: regexes matched against whole names.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFilter {
+    pub include: Option<Vec<String>>,
+    pub exclude: Option<Vec<String>>,
+}
+
+/// `[sources.tls]`: present means the brokers are reached over TLS.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTls {
+    /// PEM file of the CA(s) that sign the brokers' certificates (default: the Mozilla roots).
+    pub ca_file: Option<String>,
+    /// PEM client certificate (mutual TLS), with `key_file`.
+    pub cert_file: Option<String>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<String>,
+}
+
+/// `[sources.sasl]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSasl {
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    pub mechanism: Option<String>,
+    pub username: Option<String>,
+    /// `${VAR}` is replaced by the environment variable VAR.
+    pub password: Option<String>,
+    /// A file whose content is the password; instead of `password`.
+    pub password_file: Option<String>,
 }
 
 /// `[sources.columns]`: meaning = column name. An empty string means "not present".
@@ -180,20 +235,27 @@ pub enum SourceSpec {
     Inbox(InboxSpec),
     /// An outbox table.
     Outbox(OutboxSpec),
+    /// A Kafka cluster's consumer groups and topics.
+    Kafka(crate::sources::kafka::config::KafkaSpec),
 }
 
 impl SourceSpec {
-    /// The settings every table source has.
-    pub fn table(&self) -> &TableSpec {
+    /// The settings every table source has; `None` for Kafka.
+    pub fn table(&self) -> Option<&TableSpec> {
         match self {
-            SourceSpec::Inbox(s) => &s.table,
-            SourceSpec::Outbox(s) => &s.table,
+            SourceSpec::Inbox(s) => Some(&s.table),
+            SourceSpec::Outbox(s) => Some(&s.table),
+            SourceSpec::Kafka(_) => None,
         }
     }
 
     /// The configured name (the `source` label).
     pub fn name(&self) -> &str {
-        &self.table().name
+        match self {
+            SourceSpec::Inbox(s) => &s.table.name,
+            SourceSpec::Outbox(s) => &s.table.name,
+            SourceSpec::Kafka(s) => &s.name,
+        }
     }
 }
 
@@ -642,19 +704,24 @@ pub fn validate(
 }
 
 #[derive(Default)]
-struct Validator {
+pub(crate) struct Validator {
     problems: Vec<Problem>,
 }
 
 impl Validator {
-    fn problem(&mut self, key: &str, message: String) {
+    pub(crate) fn problem(&mut self, key: &str, message: String) {
         self.problems.push(Problem {
             key: key.to_string(),
             message,
         });
     }
 
-    fn duration(&mut self, key: &str, value: Option<&str>, default: Duration) -> Duration {
+    pub(crate) fn duration(
+        &mut self,
+        key: &str,
+        value: Option<&str>,
+        default: Duration,
+    ) -> Duration {
         match value {
             None => default,
             Some(text) => match humantime::parse_duration(text) {
@@ -667,7 +734,13 @@ impl Validator {
         }
     }
 
-    fn positive(&mut self, key: &str, value: Option<i64>, default: usize, max: usize) -> usize {
+    pub(crate) fn positive(
+        &mut self,
+        key: &str,
+        value: Option<i64>,
+        default: usize,
+        max: usize,
+    ) -> usize {
         match value {
             None => default,
             Some(n) if n >= 1 && (n as u64) <= max as u64 => n as usize,
@@ -698,18 +771,30 @@ impl Validator {
         };
         let kind = match s.kind.as_deref() {
             Some(k @ ("inbox" | "outbox")) => k,
+            Some("kafka") => {
+                let spec = crate::sources::kafka::config::validate(self, key, name, s, env);
+                return if self.problems.len() > before {
+                    None
+                } else {
+                    spec.map(SourceSpec::Kafka)
+                };
+            }
             Some(other) => {
                 self.problem(
                     &format!("{key}.kind"),
-                    format!("unknown kind \"{other}\" (expected inbox or outbox)"),
+                    format!("unknown kind \"{other}\" (expected inbox, outbox or kafka)"),
                 );
                 return None;
             }
             None => {
-                self.problem(&format!("{key}.kind"), "required (inbox or outbox)".into());
+                self.problem(
+                    &format!("{key}.kind"),
+                    "required (inbox, outbox or kafka)".into(),
+                );
                 return None;
             }
         };
+        crate::sources::kafka::config::reject_kafka_keys(self, key, s);
         let dsn = self.dsn(key, s, env);
         let table = match s.table.as_deref() {
             Some(t) if is_table_name(t) => t.to_string(),

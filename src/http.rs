@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coordination::{Leadership, hide_standby};
 use crate::sources::Health;
+use crate::telemetry::snapshot;
 
 /// What the handlers read.
 #[derive(Clone)]
@@ -42,7 +43,12 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        hide_standby(state.metrics.render(), &state.leadership.standing_by()),
+        {
+            let standing_by = state.leadership.standing_by();
+            let mut text = hide_standby(state.metrics.render(), &standing_by);
+            snapshot::render(&mut text, &standing_by);
+            text
+        },
     )
 }
 

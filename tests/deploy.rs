@@ -333,7 +333,7 @@ fn configmap_holds_the_example_config_and_it_passes_check_config() {
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        "config OK: 3 sources"
+        "config OK: 4 sources"
     );
 }
 

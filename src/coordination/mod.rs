@@ -15,7 +15,10 @@
 //! at once, well before the server's timeout ([`LEASE`]) lets another agent in,
 //! so rates are never doubled. SQLite files are local to one agent: it owns them.
 
+pub mod kafka;
+
 use std::collections::HashSet;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -128,6 +131,47 @@ pub fn hide_standby(rendered: String, standing_by: &[String]) -> String {
     out
 }
 
+/// What decides who owns a source: a lock that can be tried, renewed and
+/// given up. Errors are messages fit for logs (no secrets).
+pub trait Lock: Send + 'static {
+    /// The source it decides.
+    fn source(&self) -> &str;
+    /// Longest wait for one operation before it counts as failed.
+    fn patience(&self) -> Duration {
+        STATEMENT_TIMEOUT
+    }
+    /// Tries once to take the lock; true when this agent now owns the source.
+    fn try_acquire(&mut self) -> impl Future<Output = Result<bool, String>> + Send;
+    /// Renews a held lock: `Ok(false)` when another agent now owns the
+    /// source, an error when this one cannot tell (it must stop exporting).
+    fn renew(&mut self) -> impl Future<Output = Result<bool, String>> + Send;
+    /// Gives the lock up.
+    fn release(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+impl Lock for SourceLock {
+    fn source(&self) -> &str {
+        &self.spec.name
+    }
+
+    async fn try_acquire(&mut self) -> Result<bool, String> {
+        self.try_acquire_db()
+            .await
+            .map_err(|e| self.spec.dsn.scrub(&e.to_string()))
+    }
+
+    async fn renew(&mut self) -> Result<bool, String> {
+        self.renew_db()
+            .await
+            .map(|()| true)
+            .map_err(|e| self.spec.dsn.scrub(&e.to_string()))
+    }
+
+    async fn release(&mut self) {
+        self.release_db().await
+    }
+}
+
 /// The database lock of one source.
 pub struct SourceLock {
     spec: TableSpec,
@@ -149,7 +193,7 @@ impl SourceLock {
     }
 
     /// Tries once to take the lock; true when this agent now owns the source.
-    pub async fn try_acquire(&mut self) -> Result<bool, sqlx::Error> {
+    async fn try_acquire_db(&mut self) -> Result<bool, sqlx::Error> {
         let mut conn = match self.conn.take() {
             Some(c) => c,
             None => connect(self.spec.dsn.clone()).await?,
@@ -182,7 +226,7 @@ impl SourceLock {
     }
 
     /// Renews the lock; an error means it may be lost.
-    pub async fn renew(&mut self) -> Result<(), sqlx::Error> {
+    async fn renew_db(&mut self) -> Result<(), sqlx::Error> {
         let key = self.key;
         let dialect = self.spec.dsn.dialect();
         let conn = self.conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
@@ -210,7 +254,7 @@ impl SourceLock {
     }
 
     /// Gives the lock up (ending the session releases it in every dialect).
-    pub async fn release(&mut self) {
+    async fn release_db(&mut self) {
         if let Some(conn) = self.conn.take() {
             let _ = conn.close().await;
         }
@@ -249,14 +293,15 @@ async fn connect(dsn: crate::config::Dsn) -> Result<AnyConnection, sqlx::Error> 
 
 /// Keeps `lock` for `source`: takes it when free, renews it while held, and
 /// reports ownership on `leader` until `cancel`, then releases it.
-pub async fn elect(
-    mut lock: SourceLock,
+pub async fn elect<L: Lock>(
+    mut lock: L,
     leadership: std::sync::Arc<Leadership>,
     health: std::sync::Arc<crate::sources::Health>,
     leader: watch::Sender<Option<bool>>,
     cancel: CancellationToken,
 ) {
-    let source = lock.spec.name.clone();
+    let source = lock.source().to_string();
+    let patience = lock.patience();
     // A database this agent cannot reach is reported down here: nobody may
     // own the source then, and someone has to say so.
     let unreachable = |error: String| {
@@ -273,12 +318,18 @@ pub async fn elect(
             _ = tokio::time::sleep(delay) => {}
         }
         if held {
-            match tokio::time::timeout(STATEMENT_TIMEOUT, lock.renew()).await {
-                Ok(Ok(())) => {}
+            match tokio::time::timeout(patience, lock.renew()).await {
+                Ok(Ok(true)) => {}
+                Ok(Ok(false)) => {
+                    held = false;
+                    leadership.set(&source, false);
+                    let _ = leader.send(Some(false));
+                    info!(source = %source, "Another agent owns the source now; standing by.");
+                }
                 outcome => {
                     let error = match outcome {
-                        Ok(Err(e)) => e.to_string(),
-                        _ => format!("no answer within {STATEMENT_TIMEOUT:?}"),
+                        Ok(Err(e)) => e,
+                        _ => format!("no answer within {patience:?}"),
                     };
                     held = false;
                     let _ = leader.send(None);
@@ -298,7 +349,7 @@ pub async fn elect(
                     _ = tokio::time::sleep(SPREAD * owned) => {}
                 }
             }
-            match tokio::time::timeout(STATEMENT_TIMEOUT, lock.try_acquire()).await {
+            match tokio::time::timeout(patience, lock.try_acquire()).await {
                 Ok(Ok(true)) => {
                     held = true;
                     leadership.set(&source, true);
@@ -311,8 +362,8 @@ pub async fn elect(
                 }
                 outcome => {
                     let error = match outcome {
-                        Ok(Err(e)) => lock.spec.dsn.scrub(&e.to_string()),
-                        _ => format!("no answer within {STATEMENT_TIMEOUT:?}"),
+                        Ok(Err(e)) => e,
+                        _ => format!("no answer within {patience:?}"),
                     };
                     warn!(source = %source, error = %error, "Could not contest the source's lock.");
                     leader.send_if_modified(|v| v.take().is_some());

@@ -2,6 +2,7 @@
 //! one poll; the loop here owns cadence, timeouts, `inboxwatch_source_up`,
 //! backoff and cancellation, for every kind of source alike.
 
+pub mod kafka;
 pub mod table;
 
 use std::collections::BTreeMap;

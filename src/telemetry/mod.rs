@@ -4,3 +4,4 @@
 pub mod catalogue;
 pub mod labels;
 pub mod sketch;
+pub mod snapshot;

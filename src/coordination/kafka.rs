@@ -1,0 +1,286 @@
+//! One owner per Kafka source: membership of a group of the agents' own on
+//! the watched cluster. Every agent joins `inboxwatch-election.<source>`
+//! (protocol type `inboxwatch`, never a watched group's name); the member the
+//! group coordinator names leader owns the source. Heartbeats every
+//! [`super::HEARTBEAT`] keep the membership; a member that stops answering is
+//! dropped by the coordinator after [`SESSION_TIMEOUT`], and a leaving one
+//! (SIGTERM) at once, which starts a rebalance in which another agent is
+//! named leader. An owner whose heartbeat fails stops exporting at once,
+//! well before the coordinator's session timeout lets another agent lead.
+
+use std::time::Duration;
+
+use kafka_protocol::messages::{
+    FindCoordinatorRequest, GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest,
+    SyncGroupRequest, join_group_request::JoinGroupRequestProtocol,
+    leave_group_request::MemberIdentity, sync_group_request::SyncGroupRequestAssignment,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use super::Lock;
+use crate::sources::kafka::ELECTION_PROTOCOL;
+use crate::sources::kafka::client::{Connection, Connector, error_name};
+use crate::sources::kafka::config::KafkaSpec;
+
+/// How long the coordinator keeps a member that stopped heartbeating.
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a rebalance waits for the members to rejoin.
+const REBALANCE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest wait for a heartbeat.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+const REBALANCE_IN_PROGRESS: i16 = 27;
+const MEMBER_ID_REQUIRED: i16 = 79;
+
+/// The prefix of the election groups' names.
+pub const GROUP_PREFIX: &str = "inboxwatch-election.";
+
+pub struct KafkaElection {
+    source: String,
+    group: String,
+    brokers: Vec<String>,
+    connector: Connector,
+    join_connector: Connector,
+    conn: Option<Connection>,
+    member_id: String,
+    generation: i32,
+    leader: bool,
+}
+
+impl KafkaElection {
+    pub fn for_source(spec: &KafkaSpec) -> KafkaElection {
+        let client_id = format!("{}-election", spec.client_id);
+        KafkaElection {
+            source: spec.name.clone(),
+            group: format!("{GROUP_PREFIX}{}", spec.name),
+            brokers: spec.brokers.clone(),
+            connector: Connector::new(client_id.clone(), spec.security.clone(), REQUEST_TIMEOUT),
+            join_connector: Connector::new(
+                client_id,
+                spec.security.clone(),
+                REBALANCE_TIMEOUT + REQUEST_TIMEOUT * 2,
+            ),
+            conn: None,
+            member_id: String::new(),
+            generation: -1,
+            leader: false,
+        }
+    }
+
+    fn group_id(&self) -> GroupId {
+        GroupId(StrBytes::from_string(self.group.clone()))
+    }
+
+    /// A connection to the election group's coordinator.
+    async fn coordinator(&mut self) -> Result<&mut Connection, String> {
+        if self.conn.is_none() {
+            let mut boot = None;
+            let mut last = String::from("no brokers");
+            for b in &self.brokers {
+                match self.connector.connect(b).await {
+                    Ok(c) => {
+                        boot = Some(c);
+                        break;
+                    }
+                    Err(e) => last = e.to_string(),
+                }
+            }
+            let mut boot = boot.ok_or(last)?;
+            let v = boot
+                .version::<FindCoordinatorRequest>()
+                .map_err(|e| e.to_string())?;
+            let req = if v >= 4 {
+                FindCoordinatorRequest::default()
+                    .with_coordinator_keys(vec![StrBytes::from_string(self.group.clone())])
+            } else {
+                FindCoordinatorRequest::default()
+                    .with_key(StrBytes::from_string(self.group.clone()))
+            };
+            let resp = boot.send(&req).await.map_err(|e| e.to_string())?;
+            let (code, host, port) = match resp.coordinators.first() {
+                Some(c) if v >= 4 => (c.error_code, c.host.to_string(), c.port),
+                _ => (resp.error_code, resp.host.to_string(), resp.port),
+            };
+            if code != 0 {
+                return Err(format!(
+                    "no coordinator for {}: {}",
+                    self.group,
+                    error_name(code)
+                ));
+            }
+            let addr = format!("{host}:{port}");
+            let conn = if addr == boot.addr() {
+                boot
+            } else {
+                self.connector
+                    .connect(&addr)
+                    .await
+                    .map_err(|e| e.to_string())?
+            };
+            self.conn = Some(conn);
+        }
+        Ok(self.conn.as_mut().expect("set"))
+    }
+
+    fn forget(&mut self) {
+        self.conn = None;
+        self.member_id.clear();
+        self.generation = -1;
+        self.leader = false;
+    }
+
+    /// Joins (or rejoins) the group and completes the round; true when this
+    /// agent is the leader.
+    async fn join(&mut self) -> Result<bool, String> {
+        // The join waits for the rebalance: its own, longer, timeout.
+        let addr = self.coordinator().await?.addr().to_string();
+        let mut conn = self
+            .join_connector
+            .connect(&addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        for _ in 0..3 {
+            let req = JoinGroupRequest::default()
+                .with_group_id(self.group_id())
+                .with_session_timeout_ms(SESSION_TIMEOUT.as_millis() as i32)
+                .with_rebalance_timeout_ms(REBALANCE_TIMEOUT.as_millis() as i32)
+                .with_member_id(StrBytes::from_string(self.member_id.clone()))
+                .with_protocol_type(StrBytes::from_static_str(ELECTION_PROTOCOL))
+                .with_protocols(vec![
+                    JoinGroupRequestProtocol::default()
+                        .with_name(StrBytes::from_static_str("leader")),
+                ]);
+            let resp = conn.send(&req).await.map_err(|e| e.to_string())?;
+            match resp.error_code {
+                0 => {
+                    self.member_id = resp.member_id.to_string();
+                    self.generation = resp.generation_id;
+                    let leader = resp.leader.as_str() == self.member_id;
+                    let assignments = if leader {
+                        resp.members
+                            .iter()
+                            .map(|m| {
+                                SyncGroupRequestAssignment::default()
+                                    .with_member_id(m.member_id.clone())
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    let sync = SyncGroupRequest::default()
+                        .with_group_id(self.group_id())
+                        .with_generation_id(self.generation)
+                        .with_member_id(StrBytes::from_string(self.member_id.clone()))
+                        .with_protocol_type(Some(StrBytes::from_static_str(ELECTION_PROTOCOL)))
+                        .with_protocol_name(Some(StrBytes::from_static_str("leader")))
+                        .with_assignments(assignments);
+                    let sync = sync_request(&conn, sync);
+                    let s = conn.send(&sync).await.map_err(|e| e.to_string())?;
+                    if s.error_code == REBALANCE_IN_PROGRESS {
+                        continue;
+                    }
+                    if s.error_code != 0 {
+                        return Err(format!("SyncGroup: {}", error_name(s.error_code)));
+                    }
+                    self.leader = leader;
+                    return Ok(leader);
+                }
+                MEMBER_ID_REQUIRED => {
+                    self.member_id = resp.member_id.to_string();
+                }
+                code => {
+                    self.member_id.clear();
+                    return Err(format!("JoinGroup: {}", error_name(code)));
+                }
+            }
+        }
+        Err("the election group kept rebalancing".into())
+    }
+
+    /// One heartbeat: Ok(true) in good standing, Ok(false) when a rebalance
+    /// asks the members to rejoin.
+    async fn heartbeat(&mut self) -> Result<bool, String> {
+        let req = HeartbeatRequest::default()
+            .with_group_id(self.group_id())
+            .with_generation_id(self.generation)
+            .with_member_id(StrBytes::from_string(self.member_id.clone()));
+        let conn = self.coordinator().await?;
+        let resp = match conn.send(&req).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.conn = None;
+                return Err(e.to_string());
+            }
+        };
+        match resp.error_code {
+            0 => Ok(true),
+            REBALANCE_IN_PROGRESS => Ok(false),
+            code => {
+                let e = format!("Heartbeat: {}", error_name(code));
+                self.forget();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// SyncGroup before v5 has no protocol type and name: clear them there.
+fn sync_request(conn: &Connection, req: SyncGroupRequest) -> SyncGroupRequest {
+    match conn.version::<SyncGroupRequest>() {
+        Ok(v) if v >= 5 => req,
+        _ => req.with_protocol_type(None).with_protocol_name(None),
+    }
+}
+
+impl Lock for KafkaElection {
+    fn source(&self) -> &str {
+        &self.source
+    }
+
+    fn patience(&self) -> Duration {
+        REBALANCE_TIMEOUT + REQUEST_TIMEOUT * 4
+    }
+
+    async fn try_acquire(&mut self) -> Result<bool, String> {
+        if self.member_id.is_empty() || self.generation < 0 {
+            return self.join().await;
+        }
+        match self.heartbeat().await {
+            Ok(true) => Ok(self.leader),
+            Ok(false) => self.join().await,
+            Err(_) => self.join().await,
+        }
+    }
+
+    async fn renew(&mut self) -> Result<bool, String> {
+        match self.heartbeat().await? {
+            true => Ok(self.leader),
+            // A member joined or left: rejoin; the coordinator keeps a
+            // leader that rejoins, and names the new one at the same moment
+            // it tells the old one.
+            false => self.join().await,
+        }
+    }
+
+    async fn release(&mut self) {
+        if self.member_id.is_empty() {
+            self.conn = None;
+            return;
+        }
+        let req = LeaveGroupRequest::default()
+            .with_group_id(self.group_id())
+            .with_member_id(StrBytes::from_string(self.member_id.clone()))
+            .with_members(vec![
+                MemberIdentity::default()
+                    .with_member_id(StrBytes::from_string(self.member_id.clone())),
+            ]);
+        if let Some(conn) = self.conn.as_mut() {
+            let req = match conn.version::<LeaveGroupRequest>() {
+                Ok(v) if v >= 3 => req.with_member_id(StrBytes::default()),
+                _ => req.with_members(Vec::new()),
+            };
+            let _ = conn.send(&req).await;
+        }
+        self.forget();
+    }
+}

@@ -1,0 +1,372 @@
+//! A minimal Kafka client on the wire protocol: one connection per broker,
+//! one request in flight per connection, API versions negotiated per broker,
+//! TLS and SASL (PLAIN, SCRAM-SHA-256/512). It sends only the read requests
+//! the source needs (and the group-membership requests of the election); it
+//! never joins or commits for a watched group.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader,
+    SaslAuthenticateRequest, SaslHandshakeRequest,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::config::{KafkaSecurity, SaslMechanism};
+use super::scram;
+
+/// Largest response the client accepts (a fetch is capped far below this).
+const MAX_RESPONSE: usize = 128 * 1024 * 1024;
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    #[error("cannot connect to {addr}: {message}")]
+    Connect { addr: String, message: String },
+    #[error("{addr}: {message}")]
+    Io { addr: String, message: String },
+    #[error("{addr}: authentication failed: {message}")]
+    Auth { addr: String, message: String },
+    #[error("{addr}: the broker supports no version of {api} that inboxwatch speaks")]
+    Unsupported { addr: String, api: &'static str },
+    #[error("{0}")]
+    Protocol(String),
+    #[error("request to {addr} timed out after {after:?}")]
+    Timeout { addr: String, after: Duration },
+}
+
+impl KafkaError {
+    pub fn is_connect(&self) -> bool {
+        matches!(
+            self,
+            KafkaError::Connect { .. } | KafkaError::Timeout { .. }
+        )
+    }
+}
+
+trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Stream for T {}
+
+/// The versions of each API this client implements: (min, max). A request
+/// is sent at the highest version both sides speak.
+fn implemented(key: i16) -> Option<(i16, i16)> {
+    Some(match ApiKey::try_from(key).ok()? {
+        // v11: the last version before tagged fields; some brokers send
+        // tagged fields in flexible fetch responses that their version lacks.
+        ApiKey::Fetch => (4, 11),
+        ApiKey::ListOffsets => (1, 7),
+        ApiKey::Metadata => (1, 12),
+        ApiKey::OffsetFetch => (1, 8),
+        ApiKey::FindCoordinator => (0, 4),
+        ApiKey::JoinGroup => (0, 7),
+        ApiKey::Heartbeat => (0, 4),
+        ApiKey::LeaveGroup => (0, 3),
+        ApiKey::SyncGroup => (0, 5),
+        ApiKey::DescribeGroups => (0, 5),
+        ApiKey::ListGroups => (0, 4),
+        ApiKey::SaslHandshake => (1, 1),
+        ApiKey::SaslAuthenticate => (0, 2),
+        ApiKey::ApiVersions => (0, 3),
+        _ => return None,
+    })
+}
+
+/// One connection to one broker.
+pub struct Connection {
+    addr: String,
+    stream: Box<dyn Stream>,
+    correlation: i32,
+    client_id: StrBytes,
+    versions: HashMap<i16, i16>,
+    timeout: Duration,
+}
+
+/// How to reach brokers: TLS, SASL, client id, timeouts.
+#[derive(Clone)]
+pub struct Connector {
+    pub client_id: String,
+    pub security: Arc<KafkaSecurity>,
+    pub tls: Option<tokio_rustls::TlsConnector>,
+    pub timeout: Duration,
+}
+
+impl Connector {
+    pub fn new(client_id: String, security: KafkaSecurity, timeout: Duration) -> Connector {
+        let tls = security
+            .tls
+            .as_ref()
+            .map(|t| tokio_rustls::TlsConnector::from(t.client_config.clone()));
+        Connector {
+            client_id,
+            security: Arc::new(security),
+            tls,
+            timeout,
+        }
+    }
+
+    /// Connects, negotiates versions and authenticates.
+    pub async fn connect(&self, addr: &str) -> Result<Connection, KafkaError> {
+        let connect_err = |message: String| KafkaError::Connect {
+            addr: addr.to_string(),
+            message,
+        };
+        let tcp = tokio::time::timeout(self.timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| connect_err(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|e| connect_err(e.to_string()))?;
+        let _ = tcp.set_nodelay(true);
+        let stream: Box<dyn Stream> = match &self.tls {
+            None => Box::new(tcp),
+            Some(tls) => {
+                let host = addr.rsplit_once(':').map(|(h, _)| h).unwrap_or(addr);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let name = rustls::pki_types::ServerName::try_from(host.to_string())
+                    .map_err(|e| connect_err(format!("not a TLS server name: {e}")))?;
+                let s = tokio::time::timeout(self.timeout, tls.connect(name, tcp))
+                    .await
+                    .map_err(|_| connect_err("TLS handshake timed out".into()))?
+                    .map_err(|e| connect_err(format!("TLS handshake failed: {e}")))?;
+                Box::new(s)
+            }
+        };
+        let mut conn = Connection {
+            addr: addr.to_string(),
+            stream,
+            correlation: 0,
+            client_id: StrBytes::from_string(self.client_id.clone()),
+            versions: HashMap::new(),
+            timeout: self.timeout,
+        };
+        conn.negotiate().await?;
+        if let Some(sasl) = &self.security.sasl {
+            conn.authenticate(sasl.mechanism, &sasl.username, sasl.password.expose())
+                .await?;
+        }
+        Ok(conn)
+    }
+}
+
+impl Connection {
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    async fn negotiate(&mut self) -> Result<(), KafkaError> {
+        let req = ApiVersionsRequest::default()
+            .with_client_software_name(StrBytes::from_static_str("inboxwatch"))
+            .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")));
+        // v3 first; a broker that does not know it answers in v0 with its versions.
+        let mut resp: ApiVersionsResponse = self.roundtrip(&req, 3).await?;
+        if resp.error_code == 35 {
+            resp = self.roundtrip(&ApiVersionsRequest::default(), 0).await?;
+        }
+        if resp.error_code != 0 {
+            return Err(self.protocol(format!("ApiVersions failed with {}", resp.error_code)));
+        }
+        for k in &resp.api_keys {
+            if let Some((lo, hi)) = implemented(k.api_key) {
+                let v = hi.min(k.max_version);
+                if v >= lo.max(k.min_version) {
+                    self.versions.insert(k.api_key, v);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The version `R` is sent at on this connection.
+    pub fn version<R: Request>(&self) -> Result<i16, KafkaError> {
+        self.versions
+            .get(&R::KEY)
+            .copied()
+            .ok_or_else(|| KafkaError::Unsupported {
+                addr: self.addr.clone(),
+                api: api_name(R::KEY),
+            })
+    }
+
+    /// Sends `req` at the negotiated version and reads its response.
+    pub async fn send<R: Request>(&mut self, req: &R) -> Result<R::Response, KafkaError> {
+        let v = self.version::<R>()?;
+        self.roundtrip(req, v).await
+    }
+
+    async fn roundtrip<R: Request>(
+        &mut self,
+        req: &R,
+        version: i16,
+    ) -> Result<R::Response, KafkaError> {
+        let after = self.timeout;
+        match tokio::time::timeout(after, self.roundtrip_inner(req, version)).await {
+            Ok(r) => r,
+            Err(_) => Err(KafkaError::Timeout {
+                addr: self.addr.clone(),
+                after,
+            }),
+        }
+    }
+
+    async fn roundtrip_inner<R: Request>(
+        &mut self,
+        req: &R,
+        version: i16,
+    ) -> Result<R::Response, KafkaError> {
+        self.correlation = self.correlation.wrapping_add(1);
+        let correlation = self.correlation;
+        let header = RequestHeader::default()
+            .with_request_api_key(R::KEY)
+            .with_request_api_version(version)
+            .with_correlation_id(correlation)
+            .with_client_id(Some(self.client_id.clone()));
+        let mut buf = BytesMut::with_capacity(256);
+        buf.put_i32(0);
+        header
+            .encode(&mut buf, R::header_version(version))
+            .map_err(|e| self.protocol(format!("encoding a request header: {e}")))?;
+        req.encode(&mut buf, version)
+            .map_err(|e| self.protocol(format!("encoding {} v{version}: {e}", api_name(R::KEY))))?;
+        let len = (buf.len() - 4) as i32;
+        buf[..4].copy_from_slice(&len.to_be_bytes());
+        let io = |e: std::io::Error, addr: &str| KafkaError::Io {
+            addr: addr.to_string(),
+            message: e.to_string(),
+        };
+        self.stream
+            .write_all(&buf)
+            .await
+            .map_err(|e| io(e, &self.addr))?;
+        self.stream.flush().await.map_err(|e| io(e, &self.addr))?;
+        let len = self
+            .stream
+            .read_i32()
+            .await
+            .map_err(|e| io(e, &self.addr))?;
+        if len < 0 || len as usize > MAX_RESPONSE {
+            return Err(self.protocol(format!("response of {len} bytes")));
+        }
+        let mut body = vec![0u8; len as usize];
+        self.stream
+            .read_exact(&mut body)
+            .await
+            .map_err(|e| io(e, &self.addr))?;
+        let mut body = Bytes::from(body);
+        let rh = ResponseHeader::decode(&mut body, R::Response::header_version(version))
+            .map_err(|e| self.protocol(format!("decoding a response header: {e}")))?;
+        if rh.correlation_id != correlation {
+            return Err(self.protocol(format!(
+                "response correlation id {} for request {correlation}",
+                rh.correlation_id
+            )));
+        }
+        let resp = R::Response::decode(&mut body, version).map_err(|e| {
+            self.protocol(format!(
+                "decoding the {} v{version} response: {e}",
+                api_name(R::KEY)
+            ))
+        })?;
+        let _ = body.remaining();
+        Ok(resp)
+    }
+
+    fn protocol(&self, message: String) -> KafkaError {
+        KafkaError::Protocol(format!("{}: {message}", self.addr))
+    }
+
+    async fn authenticate(
+        &mut self,
+        mechanism: SaslMechanism,
+        user: &str,
+        password: &str,
+    ) -> Result<(), KafkaError> {
+        let auth_err = |addr: &str, message: String| KafkaError::Auth {
+            addr: addr.to_string(),
+            message,
+        };
+        let hs = SaslHandshakeRequest::default()
+            .with_mechanism(StrBytes::from_static_str(mechanism.as_str()));
+        let resp = self.send(&hs).await?;
+        if resp.error_code != 0 {
+            let offered: Vec<&str> = resp.mechanisms.iter().map(|m| m.as_str()).collect();
+            return Err(auth_err(
+                &self.addr,
+                format!(
+                    "the broker does not accept {} (it offers {})",
+                    mechanism.as_str(),
+                    offered.join(", ")
+                ),
+            ));
+        }
+        match mechanism {
+            SaslMechanism::Plain => {
+                let mut token = Vec::new();
+                token.push(0);
+                token.extend_from_slice(user.as_bytes());
+                token.push(0);
+                token.extend_from_slice(password.as_bytes());
+                self.sasl_step(Bytes::from(token)).await?;
+            }
+            SaslMechanism::ScramSha256 | SaslMechanism::ScramSha512 => {
+                let mut scram = scram::Client::new(mechanism, user, password);
+                let first = scram.client_first();
+                let server_first = self.sasl_step(Bytes::from(first)).await?;
+                let final_msg = scram
+                    .client_final(&server_first)
+                    .map_err(|m| auth_err(&self.addr, m))?;
+                let server_final = self.sasl_step(Bytes::from(final_msg)).await?;
+                scram
+                    .verify_server(&server_final)
+                    .map_err(|m| auth_err(&self.addr, m))?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn sasl_step(&mut self, token: Bytes) -> Result<Bytes, KafkaError> {
+        let req = SaslAuthenticateRequest::default().with_auth_bytes(token);
+        let resp = self.send(&req).await?;
+        if resp.error_code != 0 {
+            return Err(KafkaError::Auth {
+                addr: self.addr.clone(),
+                message: resp
+                    .error_message
+                    .map(|m| m.to_string())
+                    .unwrap_or_else(|| format!("error code {}", resp.error_code)),
+            });
+        }
+        Ok(resp.auth_bytes)
+    }
+}
+
+/// A readable name of an API key for errors.
+pub fn api_name(key: i16) -> &'static str {
+    match ApiKey::try_from(key) {
+        Ok(ApiKey::Fetch) => "Fetch",
+        Ok(ApiKey::ListOffsets) => "ListOffsets",
+        Ok(ApiKey::Metadata) => "Metadata",
+        Ok(ApiKey::OffsetFetch) => "OffsetFetch",
+        Ok(ApiKey::FindCoordinator) => "FindCoordinator",
+        Ok(ApiKey::JoinGroup) => "JoinGroup",
+        Ok(ApiKey::Heartbeat) => "Heartbeat",
+        Ok(ApiKey::LeaveGroup) => "LeaveGroup",
+        Ok(ApiKey::SyncGroup) => "SyncGroup",
+        Ok(ApiKey::DescribeGroups) => "DescribeGroups",
+        Ok(ApiKey::ListGroups) => "ListGroups",
+        Ok(ApiKey::SaslHandshake) => "SaslHandshake",
+        Ok(ApiKey::SaslAuthenticate) => "SaslAuthenticate",
+        Ok(ApiKey::ApiVersions) => "ApiVersions",
+        _ => "an API",
+    }
+}
+
+/// The name of a Kafka error code, for messages.
+pub fn error_name(code: i16) -> String {
+    match kafka_protocol::ResponseError::try_from_code(code) {
+        Some(e) => format!("{e:?}"),
+        None => format!("error code {code}"),
+    }
+}

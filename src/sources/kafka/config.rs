@@ -1,0 +1,511 @@
+//! The `kind = "kafka"` source's settings, validated.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use regex::Regex;
+
+use crate::config::{RawFilter, RawSource, Validator, expand_env};
+
+/// Default pattern of dead-letter topic names.
+pub const DEFAULT_DEAD_LETTER_TOPICS: &str = r".*(\.DLQ|-dlq|\.dead-letter)$";
+/// Default pattern of retry topic names; `tier` names the retry delay.
+pub const DEFAULT_RETRY_TOPICS: &str = r".*\.retry\.(?P<tier>[0-9]+[smh])$";
+
+/// A validated Kafka source.
+#[derive(Debug, Clone)]
+pub struct KafkaSpec {
+    /// The source name; the `cluster` label of its series.
+    pub name: String,
+    /// Bootstrap brokers, `host:port`.
+    pub brokers: Vec<String>,
+    pub groups: Filter,
+    pub topics: Filter,
+    /// Drop the `partition` label (sums and maxima per topic).
+    pub per_topic: bool,
+    pub dead_letter_topics: Regex,
+    pub retry_topics: Regex,
+    pub poll_interval: Duration,
+    /// Longest time one cycle may take.
+    pub timeout: Duration,
+    /// The window a group's status is judged over.
+    pub status_window: Duration,
+    /// Concurrent fetches of the records at committed offsets.
+    pub read_concurrency: usize,
+    pub client_id: String,
+    pub security: KafkaSecurity,
+    /// Where in the config this source is (`sources[2]`), for messages.
+    pub key: String,
+}
+
+/// Include / exclude regexes, anchored on whole names.
+#[derive(Debug, Clone)]
+pub struct Filter {
+    include: Vec<Regex>,
+    exclude: Vec<Regex>,
+}
+
+impl Filter {
+    pub fn matches(&self, name: &str) -> bool {
+        self.include.iter().any(|r| r.is_match(name))
+            && !self.exclude.iter().any(|r| r.is_match(name))
+    }
+
+    /// Every name.
+    pub fn all() -> Filter {
+        Filter {
+            include: vec![Regex::new("^.*$").expect("valid")],
+            exclude: Vec::new(),
+        }
+    }
+}
+
+/// TLS and SASL settings.
+#[derive(Clone, Default)]
+pub struct KafkaSecurity {
+    pub tls: Option<TlsSettings>,
+    pub sasl: Option<SaslSettings>,
+}
+
+impl fmt::Debug for KafkaSecurity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaSecurity")
+            .field("tls", &self.tls.is_some())
+            .field("sasl", &self.sasl)
+            .finish()
+    }
+}
+
+#[derive(Clone)]
+pub struct TlsSettings {
+    pub client_config: Arc<rustls::ClientConfig>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SaslSettings {
+    pub mechanism: SaslMechanism,
+    pub username: String,
+    pub password: Secret,
+}
+
+/// A secret: never printed.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaslMechanism {
+    Plain,
+    ScramSha256,
+    ScramSha512,
+}
+
+impl SaslMechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SaslMechanism::Plain => "PLAIN",
+            SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
+            SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
+}
+
+/// Keys that only Kafka sources take, refused on table sources.
+pub(crate) fn reject_kafka_keys(v: &mut Validator, key: &str, s: &RawSource) {
+    let present = [
+        ("brokers", s.brokers.is_some()),
+        ("groups", s.groups.is_some()),
+        ("topics", s.topics.is_some()),
+        ("granularity", s.granularity.is_some()),
+        ("dead_letter_topics", s.dead_letter_topics.is_some()),
+        ("retry_topics", s.retry_topics.is_some()),
+        ("status_window", s.status_window.is_some()),
+        ("read_concurrency", s.read_concurrency.is_some()),
+        ("client_id", s.client_id.is_some()),
+        ("tls", s.tls.is_some()),
+        ("sasl", s.sasl.is_some()),
+    ];
+    for (k, set) in present {
+        if set {
+            v.problem(
+                &format!("{key}.{k}"),
+                "applies to kafka sources only".into(),
+            );
+        }
+    }
+}
+
+/// Validates a `kind = "kafka"` entry.
+pub(crate) fn validate(
+    v: &mut Validator,
+    key: &str,
+    name: String,
+    s: &RawSource,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<KafkaSpec> {
+    let table_only = [
+        ("dsn", s.dsn.is_some()),
+        ("dsn_file", s.dsn_file.is_some()),
+        ("table", s.table.is_some()),
+        ("overlap", s.overlap.is_some()),
+        ("stuck_after", s.stuck_after.is_some()),
+        ("quantile_window", s.quantile_window.is_some()),
+        ("state_retention", s.state_retention.is_some()),
+        ("event_type_limit", s.event_type_limit.is_some()),
+        ("max_tracked_events", s.max_tracked_events.is_some()),
+        ("batch_size", s.batch_size.is_some()),
+        ("statuses", s.statuses.is_some()),
+    ];
+    for (k, set) in table_only {
+        if set {
+            v.problem(
+                &format!("{key}.{k}"),
+                "applies to inbox and outbox sources only".into(),
+            );
+        }
+    }
+    let brokers = match &s.brokers {
+        None => {
+            v.problem(
+                &format!("{key}.brokers"),
+                "required (host:port, ...)".into(),
+            );
+            Vec::new()
+        }
+        Some(b) if b.is_empty() => {
+            v.problem(
+                &format!("{key}.brokers"),
+                "needs at least one broker".into(),
+            );
+            Vec::new()
+        }
+        Some(b) => {
+            for (i, addr) in b.iter().enumerate() {
+                let ok = addr
+                    .rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+                if !ok {
+                    v.problem(
+                        &format!("{key}.brokers[{i}]"),
+                        format!("\"{addr}\" is not host:port"),
+                    );
+                }
+            }
+            b.clone()
+        }
+    };
+    let groups = filter(v, &format!("{key}.groups"), s.groups.as_ref(), &[]);
+    let topics = filter(v, &format!("{key}.topics"), s.topics.as_ref(), &["__.*"]);
+    let per_topic = match s.granularity.as_deref() {
+        None | Some("partition") => false,
+        Some("topic") => true,
+        Some(other) => {
+            v.problem(
+                &format!("{key}.granularity"),
+                format!("unknown granularity \"{other}\" (expected partition or topic)"),
+            );
+            false
+        }
+    };
+    let dead_letter_topics = regex(
+        v,
+        &format!("{key}.dead_letter_topics"),
+        s.dead_letter_topics
+            .as_deref()
+            .unwrap_or(DEFAULT_DEAD_LETTER_TOPICS),
+    );
+    let retry_topics = regex(
+        v,
+        &format!("{key}.retry_topics"),
+        s.retry_topics.as_deref().unwrap_or(DEFAULT_RETRY_TOPICS),
+    );
+    if let Some(r) = &retry_topics
+        && !r.capture_names().any(|n| n == Some("tier"))
+    {
+        v.problem(
+            &format!("{key}.retry_topics"),
+            "needs a named group (?P<tier>...) that extracts the retry tier".into(),
+        );
+    }
+    let poll_interval = v.duration(
+        &format!("{key}.poll_interval"),
+        s.poll_interval.as_deref(),
+        Duration::from_secs(10),
+    );
+    if poll_interval < Duration::from_millis(100) {
+        v.problem(
+            &format!("{key}.poll_interval"),
+            "must be at least 100ms".into(),
+        );
+    }
+    let timeout = v.duration(
+        &format!("{key}.timeout"),
+        s.timeout.as_deref(),
+        poll_interval.max(Duration::from_secs(5)),
+    );
+    let status_window = v.duration(
+        &format!("{key}.status_window"),
+        s.status_window.as_deref(),
+        Duration::from_secs(300),
+    );
+    if status_window < poll_interval * 2 {
+        v.problem(
+            &format!("{key}.status_window"),
+            "must span at least two poll intervals".into(),
+        );
+    }
+    let read_concurrency = v.positive(
+        &format!("{key}.read_concurrency"),
+        s.read_concurrency,
+        8,
+        256,
+    );
+    let client_id = s.client_id.clone().unwrap_or_else(|| "inboxwatch".into());
+    let security = security(v, key, s, env);
+    let (Some(dead_letter_topics), Some(retry_topics), Some(groups), Some(topics), Some(security)) =
+        (dead_letter_topics, retry_topics, groups, topics, security)
+    else {
+        return None;
+    };
+    Some(KafkaSpec {
+        name,
+        brokers,
+        groups,
+        topics,
+        per_topic,
+        dead_letter_topics,
+        retry_topics,
+        poll_interval,
+        timeout,
+        status_window,
+        read_concurrency,
+        client_id,
+        security,
+        key: key.to_string(),
+    })
+}
+
+fn regex(v: &mut Validator, key: &str, text: &str) -> Option<Regex> {
+    match Regex::new(&format!("^(?:{text})$")) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            let first = e
+                .to_string()
+                .lines()
+                .last()
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            v.problem(
+                key,
+                format!("invalid regular expression \"{text}\": {first}"),
+            );
+            None
+        }
+    }
+}
+
+fn filter(
+    v: &mut Validator,
+    key: &str,
+    raw: Option<&RawFilter>,
+    default_exclude: &[&str],
+) -> Option<Filter> {
+    let include: Vec<String> = raw
+        .and_then(|r| r.include.clone())
+        .unwrap_or_else(|| vec![".*".into()]);
+    let exclude: Vec<String> = raw
+        .and_then(|r| r.exclude.clone())
+        .unwrap_or_else(|| default_exclude.iter().map(|s| s.to_string()).collect());
+    let mut ok = true;
+    let mut compile = |list: &[String], which: &str| -> Vec<Regex> {
+        list.iter()
+            .enumerate()
+            .filter_map(|(i, t)| {
+                let r = regex(v, &format!("{key}.{which}[{i}]"), t);
+                ok &= r.is_some();
+                r
+            })
+            .collect()
+    };
+    let include = compile(&include, "include");
+    let exclude = compile(&exclude, "exclude");
+    ok.then_some(Filter { include, exclude })
+}
+
+fn security(
+    v: &mut Validator,
+    key: &str,
+    s: &RawSource,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Option<KafkaSecurity> {
+    let mut out = KafkaSecurity::default();
+    let mut ok = true;
+    if let Some(t) = &s.tls {
+        match tls_config(t) {
+            Ok(c) => {
+                out.tls = Some(TlsSettings {
+                    client_config: Arc::new(c),
+                })
+            }
+            Err((k, message)) => {
+                v.problem(&format!("{key}.tls.{k}"), message);
+                ok = false;
+            }
+        }
+    }
+    if let Some(sa) = &s.sasl {
+        let sk = format!("{key}.sasl");
+        let mechanism = match sa.mechanism.as_deref() {
+            Some("PLAIN") => Some(SaslMechanism::Plain),
+            Some("SCRAM-SHA-256") => Some(SaslMechanism::ScramSha256),
+            Some("SCRAM-SHA-512") => Some(SaslMechanism::ScramSha512),
+            Some(other) => {
+                v.problem(
+                    &format!("{sk}.mechanism"),
+                    format!(
+                        "unknown SASL mechanism \"{other}\" (expected PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)"
+                    ),
+                );
+                None
+            }
+            None => {
+                v.problem(
+                    &format!("{sk}.mechanism"),
+                    "required (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)".into(),
+                );
+                None
+            }
+        };
+        let username = match sa.username.as_deref() {
+            Some(u) if !u.is_empty() => match expand_env(u, env) {
+                Ok(u) => Some(u),
+                Err(var) => {
+                    v.problem(
+                        &format!("{sk}.username"),
+                        format!("environment variable {var} is not set"),
+                    );
+                    None
+                }
+            },
+            _ => {
+                v.problem(&format!("{sk}.username"), "required".into());
+                None
+            }
+        };
+        let password = match (&sa.password, &sa.password_file) {
+            (Some(_), Some(_)) => {
+                v.problem(
+                    &format!("{sk}.password_file"),
+                    "give either password or password_file, not both".into(),
+                );
+                None
+            }
+            (Some(p), None) => match expand_env(p, env) {
+                Ok(p) => Some(p),
+                Err(var) => {
+                    v.problem(
+                        &format!("{sk}.password"),
+                        format!("environment variable {var} is not set"),
+                    );
+                    None
+                }
+            },
+            (None, Some(path)) => match std::fs::read_to_string(path) {
+                Ok(p) => Some(p.trim_end_matches(['\n', '\r']).to_string()),
+                Err(e) => {
+                    v.problem(
+                        &format!("{sk}.password_file"),
+                        format!("cannot read \"{path}\": {e}"),
+                    );
+                    None
+                }
+            },
+            (None, None) => {
+                v.problem(
+                    &format!("{sk}.password"),
+                    "required (or password_file)".into(),
+                );
+                None
+            }
+        };
+        match (mechanism, username, password) {
+            (Some(mechanism), Some(username), Some(password)) => {
+                out.sasl = Some(SaslSettings {
+                    mechanism,
+                    username,
+                    password: Secret(password),
+                })
+            }
+            _ => ok = false,
+        }
+    }
+    ok.then_some(out)
+}
+
+/// Builds the rustls client config; errors name the `tls` key at fault.
+fn tls_config(t: &crate::config::RawTls) -> Result<rustls::ClientConfig, (&'static str, String)> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    match &t.ca_file {
+        Some(path) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                .and_then(|it| it.collect::<Result<_, _>>())
+                .map_err(|e| {
+                    (
+                        "ca_file",
+                        format!("cannot read CA certificates from \"{path}\": {e}"),
+                    )
+                })?;
+            if certs.is_empty() {
+                return Err(("ca_file", format!("\"{path}\" holds no PEM certificate")));
+            }
+            for c in certs {
+                roots
+                    .add(c)
+                    .map_err(|e| ("ca_file", format!("\"{path}\": {e}")))?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ("ca_file", e.to_string()))?
+        .with_root_certificates(roots);
+    match (&t.cert_file, &t.key_file) {
+        (None, None) => Ok(builder.with_no_client_auth()),
+        (Some(_), None) => Err(("key_file", "required with cert_file".into())),
+        (None, Some(_)) => Err(("cert_file", "required with key_file".into())),
+        (Some(cert), Some(key)) => {
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+                .and_then(|it| it.collect::<Result<_, _>>())
+                .map_err(|e| ("cert_file", format!("cannot read \"{cert}\": {e}")))?;
+            if chain.is_empty() {
+                return Err(("cert_file", format!("\"{cert}\" holds no PEM certificate")));
+            }
+            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                (
+                    "key_file",
+                    format!("cannot read a private key from \"{key}\": {e}"),
+                )
+            })?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| ("key_file", format!("does not fit cert_file: {e}")))
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Series that a source rebuilds whole every cycle (the Kafka source), kept
+//! apart from the metrics recorder so that a series of a group or topic that
+//! has gone simply is not in the next snapshot, instead of freezing at its
+//! last value. `/metrics` renders them after the recorder's families.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+
+use super::catalogue::{self, CATALOGUE};
+
+/// One sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub name: &'static str,
+    pub labels: Vec<(&'static str, String)>,
+    pub value: f64,
+}
+
+static SNAPSHOTS: Mutex<BTreeMap<String, Arc<Vec<Sample>>>> = Mutex::new(BTreeMap::new());
+
+fn lock() -> std::sync::MutexGuard<'static, BTreeMap<String, Arc<Vec<Sample>>>> {
+    SNAPSHOTS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Replaces the samples of `source`.
+pub fn publish(source: &str, samples: Vec<Sample>) {
+    lock().insert(source.to_string(), Arc::new(samples));
+}
+
+/// Removes the samples of `source` (it is down or another agent owns it).
+pub fn clear(source: &str) {
+    lock().remove(source);
+}
+
+/// The samples of `source`, for tests and the OTLP push.
+pub fn get(source: &str) -> Option<Arc<Vec<Sample>>> {
+    lock().get(source).cloned()
+}
+
+/// Appends every snapshot except the `hidden` sources' in the Prometheus text
+/// format, one `# HELP`/`# TYPE` per family, families in catalogue order.
+pub fn render(out: &mut String, hidden: &[String]) {
+    let snaps: Vec<Arc<Vec<Sample>>> = lock()
+        .iter()
+        .filter(|(k, _)| !hidden.contains(k))
+        .map(|(_, v)| v.clone())
+        .collect();
+    if snaps.is_empty() {
+        return;
+    }
+    for def in CATALOGUE {
+        let mut header = false;
+        for s in snaps
+            .iter()
+            .flat_map(|v| v.iter())
+            .filter(|s| s.name == def.name)
+        {
+            if !header {
+                let _ = writeln!(out, "# HELP {} {}", def.name, def.help);
+                let _ = writeln!(out, "# TYPE {} {}", def.name, def.kind.as_str());
+                header = true;
+            }
+            out.push_str(def.name);
+            if !s.labels.is_empty() {
+                out.push('{');
+                for (i, (k, v)) in s.labels.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    let _ = write!(out, "{k}=\"{}\"", escape(v));
+                }
+                out.push('}');
+            }
+            let _ = writeln!(out, " {}", s.value);
+        }
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Whether a catalogue metric lives in snapshots rather than the recorder.
+pub fn is_snapshot_metric(name: &str) -> bool {
+    name.starts_with("kafka_") && catalogue::find(name).is_some()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_render_once_with_escaped_labels_and_hidden_sources_vanish() {
+        let s = |group: &str, v: f64| Sample {
+            name: catalogue::KAFKA_LAG_MESSAGES,
+            labels: vec![("cluster", "c".into()), ("group", group.into())],
+            value: v,
+        };
+        publish("snap-a", vec![s("g\"1", 3.0)]);
+        publish("snap-b", vec![s("g2", 4.5)]);
+        let mut out = String::new();
+        render(&mut out, &[]);
+        assert_eq!(
+            out.matches("# TYPE kafka_consumer_group_lag_messages gauge")
+                .count(),
+            1
+        );
+        assert!(
+            out.contains("kafka_consumer_group_lag_messages{cluster=\"c\",group=\"g\\\"1\"} 3\n")
+        );
+        assert!(out.contains("group=\"g2\"} 4.5\n"));
+        let mut out = String::new();
+        render(&mut out, &["snap-b".to_string()]);
+        assert!(!out.contains("g2"));
+        clear("snap-a");
+        clear("snap-b");
+    }
+}

@@ -1,0 +1,622 @@
+//! The Kafka source (SPEC §3.3) against a real Kafka-protocol broker (tansu,
+//! one per test, in memory) with real rdkafka producers and consumers:
+//! lag in messages and in exact seconds, topic granularity, never-committed
+//! partitions, group status over the window, dead-letter and retry topics,
+//! the broker going away, and security config errors.
+
+mod common;
+#[path = "common/kafka.rs"]
+mod kafka_support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+use common::{Agent, Metrics, READY_TIMEOUT, unique_name, wait_until};
+use kafka_support::{Broker, kafka_source_toml, now_ms};
+
+const LAG: &str = "kafka_consumer_group_lag_messages";
+const LAG_S: &str = "kafka_consumer_group_lag_seconds";
+const COMMITTED: &str = "kafka_consumer_group_committed_offset";
+const HWM: &str = "kafka_topic_partition_high_watermark";
+const STATUS: &str = "kafka_consumer_group_status";
+
+fn status_of(m: &Metrics, cluster: &str, group: &str) -> Option<String> {
+    m.series(STATUS, &[("cluster", cluster), ("group", group)])
+        .find(|s| s.value == 1.0)
+        .map(|s| s.labels["status"].clone())
+}
+
+/// Ground truth: records with known CreateTime timestamps on three
+/// partitions; group `billing` commits 4 of 10 on p0, all 5 on p1 and
+/// nothing on p2; group `audit` commits 10 on p0 and 1 on p2. Checked on a
+/// partition-granularity source and a topic-granularity source side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lag_in_messages_and_exact_seconds_per_partition_and_topic() {
+    let broker = Broker::start().await;
+    let topic = unique_name("orders", "o");
+    broker.create_topic(&topic, 3).await;
+    let producer = broker.producer();
+    let base = now_ms() - 600_000;
+    // ts[p][offset]
+    let mut ts: BTreeMap<i32, Vec<i64>> = BTreeMap::new();
+    for (p, n) in [(0, 10), (1, 5), (2, 4)] {
+        for i in 0..n {
+            let t = base + p as i64 * 100_000 + i * 7_000;
+            let off = producer.send(&topic, p, t).await;
+            assert_eq!(off, i, "offsets are dense on a fresh partition");
+            ts.entry(p).or_default().push(t);
+        }
+    }
+    let billing = broker.committer("billing");
+    billing.consume_and_commit(&topic, 0, 4);
+    billing.consume_and_commit(&topic, 1, 5);
+    let audit = broker.committer("audit");
+    audit.consume_and_commit(&topic, 0, 10);
+    audit.consume_and_commit(&topic, 2, 1);
+
+    let config = format!(
+        "{}{}",
+        kafka_source_toml("kp", &broker.bootstrap(), ""),
+        kafka_source_toml("kt", &broker.bootstrap(), "granularity = \"topic\"")
+    );
+    let mut agent = Agent::start(&config);
+    agent.wait_ready(READY_TIMEOUT).await;
+
+    let t = topic.as_str();
+    let m = wait_until(Duration::from_secs(20), || async {
+        let m = agent.try_scrape().await?;
+        let want = [
+            ("billing", "0", 6.0),
+            ("billing", "1", 0.0),
+            ("audit", "0", 0.0),
+            ("audit", "2", 3.0),
+        ];
+        for (g, p, lag) in want {
+            let got = m.get(
+                LAG,
+                &[
+                    ("cluster", "kp"),
+                    ("group", g),
+                    ("topic", t),
+                    ("partition", p),
+                ],
+            );
+            if got != Some(lag) {
+                return Err(format!("{g}/{p}: lag {got:?}, want {lag}"));
+            }
+            if m.get(LAG_S, &[("cluster", "kp"), ("group", g), ("partition", p)])
+                .is_none()
+            {
+                return Err(format!("{g}/{p}: no lag seconds yet"));
+            }
+        }
+        Ok(m)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    let now = now_ms();
+
+    // Lag seconds: now minus the timestamp of the record at the committed offset.
+    for (g, p, committed) in [("billing", 0, 4), ("audit", 2, 1)] {
+        let got = m
+            .get(
+                LAG_S,
+                &[
+                    ("cluster", "kp"),
+                    ("group", g),
+                    ("topic", t),
+                    ("partition", &p.to_string()),
+                ],
+            )
+            .unwrap();
+        let want = (now - ts[&p][committed as usize]) as f64 / 1000.0;
+        assert!(
+            (got - want).abs() <= 1.0,
+            "{g}/{p}: lag seconds {got}, want {want} (record at offset {committed})"
+        );
+    }
+    for (g, p) in [("billing", "1"), ("audit", "0")] {
+        assert_eq!(
+            m.get(LAG_S, &[("cluster", "kp"), ("group", g), ("partition", p)]),
+            Some(0.0),
+            "{g}/{p}: caught up, lag seconds 0"
+        );
+    }
+    // Committed offsets and high watermarks.
+    for (g, p, c) in [
+        ("billing", "0", 4.0),
+        ("billing", "1", 5.0),
+        ("audit", "0", 10.0),
+        ("audit", "2", 1.0),
+    ] {
+        assert_eq!(
+            m.get(
+                COMMITTED,
+                &[("cluster", "kp"), ("group", g), ("partition", p)]
+            ),
+            Some(c),
+            "{g}/{p} committed"
+        );
+    }
+    for (p, h) in [("0", 10.0), ("1", 5.0), ("2", 4.0)] {
+        assert_eq!(
+            m.get(HWM, &[("cluster", "kp"), ("topic", t), ("partition", p)]),
+            Some(h),
+            "high watermark of {p}"
+        );
+    }
+    // Never-committed partitions: no sample (never -1), counted per topic.
+    assert!(
+        m.series(
+            LAG,
+            &[("cluster", "kp"), ("group", "billing"), ("partition", "2")]
+        )
+        .next()
+        .is_none(),
+        "billing never committed on partition 2: no lag sample"
+    );
+    assert!(
+        m.series(COMMITTED, &[("cluster", "kp")])
+            .all(|s| s.value >= 0.0),
+        "no negative committed offset"
+    );
+    let uncommitted = "kafka_consumer_group_uncommitted_partitions";
+    assert_eq!(
+        m.get(
+            uncommitted,
+            &[("cluster", "kp"), ("group", "billing"), ("topic", t)]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        m.get(
+            uncommitted,
+            &[("cluster", "kp"), ("group", "audit"), ("topic", t)]
+        ),
+        Some(1.0)
+    );
+
+    // Topic granularity: sums of lag and offsets, the maximum of lag seconds,
+    // no partition label.
+    let m = wait_until(Duration::from_secs(10), || async {
+        let m = agent.try_scrape().await?;
+        m.get(LAG, &[("cluster", "kt"), ("group", "audit"), ("topic", t)])
+            .map(|_| m)
+            .ok_or_else(|| "no topic-granularity series yet".to_string())
+    })
+    .await
+    .unwrap();
+    assert!(
+        m.series(LAG, &[("cluster", "kt")])
+            .all(|s| !s.labels.contains_key("partition")),
+        "topic granularity drops the partition label"
+    );
+    let now = now_ms();
+    assert_eq!(
+        m.get(
+            LAG,
+            &[("cluster", "kt"), ("group", "billing"), ("topic", t)]
+        ),
+        Some(6.0)
+    );
+    assert_eq!(
+        m.get(LAG, &[("cluster", "kt"), ("group", "audit"), ("topic", t)]),
+        Some(3.0)
+    );
+    assert_eq!(
+        m.get(
+            COMMITTED,
+            &[("cluster", "kt"), ("group", "billing"), ("topic", t)]
+        ),
+        Some(9.0)
+    );
+    assert_eq!(m.get(HWM, &[("cluster", "kt"), ("topic", t)]), Some(19.0));
+    let max_age = m
+        .get(
+            LAG_S,
+            &[("cluster", "kt"), ("group", "billing"), ("topic", t)],
+        )
+        .unwrap();
+    let want = (now - ts[&0][4]) as f64 / 1000.0;
+    assert!(
+        (max_age - want).abs() <= 1.0,
+        "topic lag seconds {max_age}, want {want}"
+    );
+    for g in ["billing", "audit"] {
+        assert_eq!(status_of(&m, "kp", g).as_deref(), Some("ok"), "{g} status");
+    }
+    // The agent never joined or created a group of its own on the cluster:
+    // the groups it sees are exactly the two the test made.
+    let groups: std::collections::BTreeSet<String> = m
+        .series(STATUS, &[("cluster", "kp")])
+        .map(|s| s.labels["group"].clone())
+        .collect();
+    assert_eq!(
+        groups,
+        ["audit", "billing"].iter().map(|s| s.to_string()).collect()
+    );
+}
+
+/// ok → stop when the consumer stops committing while records keep coming
+/// (within one window of 4 s, after at least one), → ok when it resumes,
+/// → rewind when its offset is reset backwards; a group on an idle topic
+/// stays ok throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_status_follows_a_consumer_that_stops_resumes_and_rewinds() {
+    let broker = Broker::start().await;
+    let topic = unique_name("payments", "p");
+    let idle_topic = unique_name("idle", "i");
+    broker.create_topic(&topic, 1).await;
+    broker.create_topic(&idle_topic, 1).await;
+    let producer = broker.producer();
+    for _ in 0..3 {
+        producer.send(&idle_topic, 0, now_ms()).await;
+    }
+    let idle = broker.committer("idle-group");
+    idle.consume_and_commit(&idle_topic, 0, 3);
+    let worker = broker.committer("worker");
+    let mut next = 0i64;
+    for _ in 0..5 {
+        next = producer.send(&topic, 0, now_ms()).await + 1;
+    }
+    worker.commit(&topic, 0, next - 1);
+
+    let mut agent = Agent::start(&kafka_source_toml("ks", &broker.bootstrap(), ""));
+    agent.wait_ready(READY_TIMEOUT).await;
+    let window = Duration::from_secs(4);
+    let mut idle_statuses = Vec::new();
+
+    // Phase 1: the consumer keeps up (one record behind, offsets moving).
+    let phase = Instant::now();
+    while phase.elapsed() < Duration::from_secs(6) {
+        next = producer.send(&topic, 0, now_ms()).await + 1;
+        worker.commit(&topic, 0, next - 1);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let m = agent.scrape().await;
+        idle_statuses.push(status_of(&m, "ks", "idle-group"));
+        if let Some(s) = status_of(&m, "ks", "worker") {
+            assert_eq!(
+                s, "ok",
+                "a consumer one record behind with moving offsets is ok"
+            );
+        }
+    }
+    // Phase 2: it stops committing; records keep arriving.
+    let stopped = Instant::now();
+    let mut seen_stop = None;
+    while stopped.elapsed() < window + Duration::from_secs(4) {
+        producer.send(&topic, 0, now_ms()).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let m = agent.scrape().await;
+        idle_statuses.push(status_of(&m, "ks", "idle-group"));
+        let s = status_of(&m, "ks", "worker").unwrap_or_default();
+        if s == "stop" {
+            seen_stop = Some(stopped.elapsed());
+            break;
+        }
+        assert!(
+            s == "ok" || s == "warn",
+            "before a full window without commits the group is ok, or warn as its lag rises: {s}"
+        );
+    }
+    let after = seen_stop.expect("the group never went to stop");
+    assert!(
+        after >= window - Duration::from_millis(600),
+        "stop came {after:?} after the last commit, before one window ({window:?})"
+    );
+    let m = agent.scrape().await;
+    let age = m
+        .get(
+            "kafka_consumer_group_last_commit_age_seconds",
+            &[("cluster", "ks"), ("group", "worker")],
+        )
+        .unwrap();
+    assert!(age >= 3.0, "last commit age {age}");
+    assert_eq!(
+        m.get(
+            "kafka_consumer_group_members",
+            &[("cluster", "ks"), ("group", "worker")]
+        ),
+        Some(0.0),
+        "a consumer that assigns partitions by hand is no member: stop, not stall"
+    );
+
+    // Phase 3: it resumes.
+    let next = producer.send(&topic, 0, now_ms()).await + 1;
+    worker.commit(&topic, 0, next);
+    wait_until(Duration::from_secs(5), || async {
+        let m = agent.try_scrape().await?;
+        match status_of(&m, "ks", "worker").as_deref() {
+            Some("ok") => Ok(()),
+            s => Err(format!("status {s:?}")),
+        }
+    })
+    .await
+    .expect("a resumed consumer is ok again");
+
+    // Phase 4: reset backwards.
+    worker.commit(&topic, 0, 1);
+    wait_until(Duration::from_secs(5), || async {
+        let m = agent.try_scrape().await?;
+        match status_of(&m, "ks", "worker").as_deref() {
+            Some("rewind") => Ok(()),
+            s => Err(format!("status {s:?}")),
+        }
+    })
+    .await
+    .expect("an offset reset backwards is a rewind");
+    let m = agent.scrape().await;
+    assert_eq!(
+        m.series(STATUS, &[("cluster", "ks"), ("group", "worker")])
+            .count(),
+        6,
+        "one series per status"
+    );
+    idle_statuses.push(status_of(&m, "ks", "idle-group"));
+    assert!(
+        idle_statuses.iter().all(|s| s.as_deref() == Some("ok")),
+        "the group on the idle topic must stay ok: {idle_statuses:?}"
+    );
+    assert!(idle_statuses.len() > 20);
+}
+
+/// Records produced to dead-letter and retry topics after the agent started
+/// are counted exactly, retry topics by tier; records that were there before
+/// and records of ordinary topics are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_letter_and_retry_topics_are_counted_per_topic_and_tier() {
+    let broker = Broker::start().await;
+    let dlq = "orders.DLQ";
+    let dlq2 = "billing-dlq";
+    let r10 = "orders.retry.10s";
+    let r5m = "orders.retry.5m";
+    let plain = "orders";
+    for t in [dlq, dlq2, r10, r5m, plain] {
+        broker.create_topic(t, 2).await;
+    }
+    let producer = broker.producer();
+    // Before the agent: not counted.
+    for p in 0..2 {
+        producer.send(dlq, p, now_ms()).await;
+    }
+    let mut agent = Agent::start(&kafka_source_toml("kd", &broker.bootstrap(), ""));
+    agent.wait_ready(READY_TIMEOUT).await;
+    // After the agent's first cycle.
+    let want = [(dlq, 7), (dlq2, 2), (r10, 3), (r5m, 5), (plain, 4)];
+    for (t, n) in want {
+        for i in 0..n {
+            producer.send(t, i % 2, now_ms()).await;
+        }
+    }
+    wait_until(Duration::from_secs(15), || async {
+        let m = agent.try_scrape().await?;
+        let got = |name: &str, labels: &[(&str, &str)]| m.get(name, labels);
+        let checks = [
+            (
+                got(
+                    "kafka_dead_letter_messages_total",
+                    &[("cluster", "kd"), ("topic", dlq)],
+                ),
+                7.0,
+            ),
+            (
+                got(
+                    "kafka_dead_letter_messages_total",
+                    &[("cluster", "kd"), ("topic", dlq2)],
+                ),
+                2.0,
+            ),
+            (
+                got(
+                    "kafka_retry_messages_total",
+                    &[("cluster", "kd"), ("topic", r10), ("tier", "10s")],
+                ),
+                3.0,
+            ),
+            (
+                got(
+                    "kafka_retry_messages_total",
+                    &[("cluster", "kd"), ("topic", r5m), ("tier", "5m")],
+                ),
+                5.0,
+            ),
+        ];
+        for (i, (g, w)) in checks.iter().enumerate() {
+            if *g != Some(*w) {
+                return Err(format!("check {i}: {g:?}, want {w}"));
+            }
+        }
+        if m.series("kafka_dead_letter_messages_total", &[("topic", plain)])
+            .next()
+            .is_some()
+            || m.series("kafka_retry_messages_total", &[("topic", plain)])
+                .next()
+                .is_some()
+        {
+            return Err("an ordinary topic was counted".into());
+        }
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    // And they stay exact (nothing counted twice on later cycles).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let m = agent.scrape().await;
+    assert_eq!(
+        m.get(
+            "kafka_dead_letter_messages_total",
+            &[("cluster", "kd"), ("topic", dlq)]
+        ),
+        Some(7.0)
+    );
+    assert_eq!(
+        m.sum("kafka_retry_messages_total", &[("cluster", "kd")]),
+        8.0
+    );
+}
+
+/// The broker killed mid-run: the Kafka source is down within two polls and
+/// its series are gone, the SQLite inbox beside it keeps counting, and the
+/// source recovers when the broker is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn broker_down_marks_the_source_down_and_others_continue() {
+    let mut broker = Broker::start().await;
+    let topic = "events";
+    broker.create_topic(topic, 1).await;
+    let producer = broker.producer();
+    for _ in 0..3 {
+        producer.send(topic, 0, now_ms()).await;
+    }
+    broker.committer("g").commit(topic, 0, 1);
+
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("inbox.db");
+    let db_url = format!("sqlite://{}?mode=rwc", db.display());
+    let pool = sqlx::SqlitePool::connect(&db_url).await.unwrap();
+    sqlx::query(
+        "CREATE TABLE inbox (event_id TEXT PRIMARY KEY, event_type TEXT, status TEXT, \
+         received_at TEXT, started_at TEXT, finished_at TEXT, attempts INTEGER, deliveries INTEGER, \
+         last_error TEXT, traceparent TEXT, updated_at TEXT)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let insert = |id: String| {
+        let pool = pool.clone();
+        async move {
+            let now = common::fmt_ts(now_ms());
+            sqlx::query("INSERT INTO inbox VALUES (?, 'order.created', 'pending', ?, NULL, NULL, 0, 1, NULL, NULL, ?)")
+                .bind(id)
+                .bind(&now)
+                .bind(&now)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    insert("e1".into()).await;
+    let config = format!(
+        "{}[[sources]]\nname = \"db\"\nkind = \"inbox\"\ndsn = \"sqlite://{}\"\ntable = \"inbox\"\npoll_interval = \"500ms\"\n",
+        kafka_source_toml("kb", &broker.bootstrap(), ""),
+        db.display()
+    );
+    let mut agent = Agent::start(&config);
+    agent.wait_ready(READY_TIMEOUT).await;
+    let up = |m: &Metrics, s: &str| m.get("inboxwatch_source_up", &[("source", s)]);
+    wait_until(Duration::from_secs(10), || async {
+        let m = agent.try_scrape().await?;
+        (m.get(LAG, &[("cluster", "kb"), ("group", "g")]) == Some(2.0) && up(&m, "kb") == Some(1.0))
+            .then_some(())
+            .ok_or_else(|| "kafka series not there yet".to_string())
+    })
+    .await
+    .unwrap();
+
+    broker.kill();
+    let killed = Instant::now();
+    wait_until(Duration::from_secs(15), || async {
+        let m = agent.try_scrape().await?;
+        if up(&m, "kb") != Some(0.0) {
+            return Err(format!("kb up = {:?}", up(&m, "kb")));
+        }
+        if m.series(LAG, &[("cluster", "kb")]).next().is_some() {
+            return Err("lag series of a down cluster still exported".into());
+        }
+        Ok(())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    let down_after = killed.elapsed();
+    // The connect timeout bounds the first failed poll.
+    assert!(
+        down_after < Duration::from_secs(12),
+        "down after {down_after:?}"
+    );
+    // The table source beside it keeps working: e2 is new (e1 predates the
+    // agent and is a baseline).
+    insert("e2".into()).await;
+    wait_until(Duration::from_secs(10), || async {
+        let m = agent.try_scrape().await?;
+        let n = m.sum("inbox_messages_received_total", &[("source", "db")]);
+        (n == 1.0 && up(&m, "db") == Some(1.0))
+            .then_some(())
+            .ok_or_else(|| format!("db received {n}, up {:?}", up(&m, "db")))
+    })
+    .await
+    .unwrap();
+
+    broker.restart().await;
+    let p2 = broker.producer();
+    broker.create_topic(topic, 1).await;
+    for _ in 0..4 {
+        p2.send(topic, 0, now_ms()).await;
+    }
+    broker.committer("g").commit(topic, 0, 3);
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        (up(&m, "kb") == Some(1.0) && m.get(LAG, &[("cluster", "kb"), ("group", "g")]) == Some(1.0))
+            .then_some(())
+            .ok_or_else(|| format!("kb up {:?}", up(&m, "kb")))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+}
+
+fn check_config(toml: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, toml).unwrap();
+    let out = Command::cargo_bin("inboxwatch")
+        .unwrap()
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout),
+    )
+}
+
+/// Security settings that cannot work are config errors naming their key;
+/// a SASL password never appears in the output.
+#[test]
+fn bad_security_settings_are_config_errors_naming_the_key() {
+    let base = "[[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"127.0.0.1:9092\"]\n";
+    let (code, out) = check_config(&format!(
+        "{base}[sources.sasl]\nmechanism = \"SCRAM-SHA-1\"\nusername = \"u\"\npassword = \"hunter2-secret\"\n"
+    ));
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("sources[0].sasl.mechanism"), "{out}");
+    assert!(out.contains("SCRAM-SHA-1"), "{out}");
+    assert!(
+        !out.contains("hunter2-secret"),
+        "the password was printed: {out}"
+    );
+
+    let (code, out) = check_config(&format!(
+        "{base}[sources.tls]\nca_file = \"/nonexistent/ca.pem\"\n"
+    ));
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("sources[0].tls.ca_file"), "{out}");
+    assert!(out.contains("/nonexistent/ca.pem"), "{out}");
+
+    let (code, out) = check_config(&format!(
+        "{base}retry_topics = '.*\\.retry\\.[0-9]+s$'\ngranularity = \"broker\"\n"
+    ));
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("sources[0].retry_topics"), "{out}");
+    assert!(out.contains("sources[0].granularity"), "{out}");
+
+    let (code, out) = check_config(&format!(
+        "{base}[sources.sasl]\nmechanism = \"SCRAM-SHA-512\"\nusername = \"u\"\npassword = \"${{IW_TEST_UNSET_PASSWORD}}\"\n"
+    ));
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("sources[0].sasl.password"), "{out}");
+
+    let (code, out) = check_config(&format!(
+        "{base}[sources.sasl]\nmechanism = \"SCRAM-SHA-512\"\nusername = \"u\"\npassword = \"p\"\n[sources.tls]\n"
+    ));
+    assert_eq!(code, 0, "a valid SASL_SSL source: {out}");
+}
