@@ -1290,12 +1290,47 @@ table = "outbox"
         let raw: RawConfig = toml::from_str(text).expect("config/inboxwatch.toml parses");
         let cfg = validate(&raw, &|_| Some("example".to_string()))
             .expect("config/inboxwatch.toml is valid");
-        assert_eq!(cfg.sources.len(), 3);
+        assert_eq!(cfg.sources.len(), 4);
         let SourceSpec::Inbox(billing) = &cfg.sources[1] else {
             panic!("billing-inbox is an inbox")
         };
         assert_eq!(billing.columns.deliveries, None);
         assert_eq!(billing.statuses.classify("parked"), Some(Status::Dead));
+        let SourceSpec::Kafka(k) = &cfg.sources[3] else {
+            panic!("main-kafka is a kafka source")
+        };
+        assert_eq!(k.brokers.len(), 2);
+        assert!(!k.per_topic);
+        assert_eq!(k.status_window, Duration::from_secs(300));
+        let tier = k.retry_topics.captures("orders.retry.10s").unwrap();
+        assert_eq!(&tier["tier"], "10s");
+        assert!(k.dead_letter_topics.is_match("orders.DLQ"));
+        assert!(!k.dead_letter_topics.is_match("orders.DLQ.archive"));
+        assert!(!k.topics.matches("__consumer_offsets"));
+    }
+
+    /// Kafka sources: defaults, and keys of the other kinds refused by name.
+    #[test]
+    fn kafka_sources_get_defaults_and_refuse_table_keys() {
+        let cfg =
+            check("[[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"b:9092\"]\n").unwrap();
+        let SourceSpec::Kafka(k) = &cfg.sources[0] else {
+            panic!("a kafka source")
+        };
+        assert_eq!(k.poll_interval, Duration::from_secs(10));
+        assert_eq!(k.read_concurrency, 8);
+        assert!(k.groups.matches("anything"));
+        assert!(k.topics.matches("orders") && !k.topics.matches("__transaction_state"));
+        assert!(k.security.tls.is_none() && k.security.sasl.is_none());
+        let err = check(
+            "[[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"b\"]\ntable = \"t\"\n\
+             [[sources]]\nname = \"i\"\nkind = \"inbox\"\ndsn = \"sqlite://x\"\ntable = \"t\"\ngranularity = \"topic\"\n",
+        )
+        .unwrap_err();
+        let keys: Vec<&str> = err.problems.iter().map(|p| p.key.as_str()).collect();
+        assert!(keys.contains(&"sources[0].brokers[0]"), "{keys:?}");
+        assert!(keys.contains(&"sources[0].table"), "{keys:?}");
+        assert!(keys.contains(&"sources[1].granularity"), "{keys:?}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the watched cluster. Every agent joins `inboxwatch-election.<source>`
 //! (protocol type `inboxwatch`, never a watched group's name); the member the
 //! group coordinator names leader owns the source. Heartbeats every
-//! [`super::HEARTBEAT`] keep the membership; a member that stops answering is
+//! [`HEARTBEAT`] keep the membership; a member that stops answering is
 //! dropped by the coordinator after [`SESSION_TIMEOUT`], and a leaving one
 //! (SIGTERM) at once, which starts a rebalance in which another agent is
 //! named leader. An owner whose heartbeat fails stops exporting at once,
@@ -16,6 +16,7 @@ use kafka_protocol::messages::{
     leave_group_request::MemberIdentity, sync_group_request::SyncGroupRequestAssignment,
 };
 use kafka_protocol::protocol::StrBytes;
+use tracing::debug;
 
 use super::Lock;
 use crate::sources::kafka::ELECTION_PROTOCOL;
@@ -23,11 +24,13 @@ use crate::sources::kafka::client::{Connection, Connector, error_name};
 use crate::sources::kafka::config::KafkaSpec;
 
 /// How long the coordinator keeps a member that stopped heartbeating.
-pub const SESSION_TIMEOUT: Duration = Duration::from_secs(15);
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a rebalance waits for the members to rejoin.
-const REBALANCE_TIMEOUT: Duration = Duration::from_secs(10);
+const REBALANCE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often members heartbeat (a fifth of the session timeout).
+const HEARTBEAT: Duration = Duration::from_secs(2);
 /// Longest wait for a heartbeat.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
 const REBALANCE_IN_PROGRESS: i16 = 27;
 const MEMBER_ID_REQUIRED: i16 = 79;
@@ -156,6 +159,14 @@ impl KafkaElection {
                     self.member_id = resp.member_id.to_string();
                     self.generation = resp.generation_id;
                     let leader = resp.leader.as_str() == self.member_id;
+                    debug!(
+                        group = %self.group,
+                        generation = self.generation,
+                        member = %self.member_id,
+                        leader = %resp.leader.as_str(),
+                        members = resp.members.len(),
+                        "Joined the election group."
+                    );
                     let assignments = if leader {
                         resp.members
                             .iter()
@@ -175,12 +186,23 @@ impl KafkaElection {
                         .with_protocol_name(Some(StrBytes::from_static_str("leader")))
                         .with_assignments(assignments);
                     let sync = sync_request(&conn, sync);
-                    let s = conn.send(&sync).await.map_err(|e| e.to_string())?;
-                    if s.error_code == REBALANCE_IN_PROGRESS {
+                    // Only the error code matters (the assignment is this
+                    // module's own word); some coordinators send a null
+                    // assignment, which a strict decoder refuses.
+                    let body = conn.send_raw(&sync).await.map_err(|e| e.to_string())?;
+                    let code =
+                        sync_error_code(&body, conn.version::<SyncGroupRequest>().unwrap_or(0))
+                            .ok_or("SyncGroup: a response too short to read")?;
+                    if code == REBALANCE_IN_PROGRESS {
                         continue;
                     }
-                    if s.error_code != 0 {
-                        return Err(format!("SyncGroup: {}", error_name(s.error_code)));
+                    if code != 0 && leader {
+                        return Err(format!("SyncGroup: {}", error_name(code)));
+                    }
+                    if code != 0 {
+                        // A follower whose sync came late: it is a member
+                        // all the same, and its heartbeats say if it is not.
+                        debug!(group = %self.group, code, "SyncGroup refused a follower.");
                     }
                     self.leader = leader;
                     return Ok(leader);
@@ -212,6 +234,7 @@ impl KafkaElection {
                 return Err(e.to_string());
             }
         };
+        debug!(group = %self.group, code = resp.error_code, "Heartbeat.");
         match resp.error_code {
             0 => Ok(true),
             REBALANCE_IN_PROGRESS => Ok(false),
@@ -222,6 +245,14 @@ impl KafkaElection {
             }
         }
     }
+}
+
+/// The error code of a SyncGroup response (v0: first field; v1+: after the
+/// throttle time).
+fn sync_error_code(body: &bytes::Bytes, version: i16) -> Option<i16> {
+    let at = if version >= 1 { 4 } else { 0 };
+    let b = body.get(at..at + 2)?;
+    Some(i16::from_be_bytes([b[0], b[1]]))
 }
 
 /// SyncGroup before v5 has no protocol type and name: clear them there.
@@ -239,6 +270,10 @@ impl Lock for KafkaElection {
 
     fn patience(&self) -> Duration {
         REBALANCE_TIMEOUT + REQUEST_TIMEOUT * 4
+    }
+
+    fn heartbeat(&self) -> Duration {
+        HEARTBEAT
     }
 
     async fn try_acquire(&mut self) -> Result<bool, String> {
@@ -262,24 +297,45 @@ impl Lock for KafkaElection {
         }
     }
 
+    async fn abandon(&mut self) {
+        // Keep the membership: a rejoin with the same member id is quicker
+        // and causes no extra rebalance; the coordinator says if it is stale.
+        self.conn = None;
+    }
+
     async fn release(&mut self) {
         if self.member_id.is_empty() {
             self.conn = None;
             return;
         }
-        let req = LeaveGroupRequest::default()
-            .with_group_id(self.group_id())
-            .with_member_id(StrBytes::from_string(self.member_id.clone()))
-            .with_members(vec![
-                MemberIdentity::default()
-                    .with_member_id(StrBytes::from_string(self.member_id.clone())),
-            ]);
         if let Some(conn) = self.conn.as_mut() {
-            let req = match conn.version::<LeaveGroupRequest>() {
-                Ok(v) if v >= 3 => req.with_member_id(StrBytes::default()),
-                _ => req.with_members(Vec::new()),
+            let member = StrBytes::from_string(self.member_id.clone());
+            let group = GroupId(StrBytes::from_string(self.group.clone()));
+            // v0–2 name the member directly, which every coordinator reads;
+            // only a broker that dropped them gets the v3+ member list.
+            let sent = match (
+                conn.broker_min::<LeaveGroupRequest>(),
+                conn.version::<LeaveGroupRequest>(),
+            ) {
+                (Some(min), Ok(v)) if min <= 2 => {
+                    let req = LeaveGroupRequest::default()
+                        .with_group_id(group)
+                        .with_member_id(member);
+                    conn.send_at(&req, v.min(2)).await.map(|r| r.error_code)
+                }
+                _ => {
+                    let req = LeaveGroupRequest::default()
+                        .with_group_id(group)
+                        .with_members(vec![MemberIdentity::default().with_member_id(member)]);
+                    conn.send(&req).await.map(|r| r.error_code)
+                }
             };
-            let _ = conn.send(&req).await;
+            match sent {
+                Ok(code) => debug!(group = %self.group, code, "Left the election group."),
+                Err(e) => {
+                    debug!(group = %self.group, error = %e, "Leaving the election group failed.")
+                }
+            }
         }
         self.forget();
     }

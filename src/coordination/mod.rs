@@ -140,6 +140,10 @@ pub trait Lock: Send + 'static {
     fn patience(&self) -> Duration {
         STATEMENT_TIMEOUT
     }
+    /// How often the owner renews and a standby tries.
+    fn heartbeat(&self) -> Duration {
+        HEARTBEAT
+    }
     /// Tries once to take the lock; true when this agent now owns the source.
     fn try_acquire(&mut self) -> impl Future<Output = Result<bool, String>> + Send;
     /// Renews a held lock: `Ok(false)` when another agent now owns the
@@ -147,6 +151,10 @@ pub trait Lock: Send + 'static {
     fn renew(&mut self) -> impl Future<Output = Result<bool, String>> + Send;
     /// Gives the lock up.
     fn release(&mut self) -> impl Future<Output = ()> + Send;
+    /// Drops what a failed operation left behind, before trying again.
+    fn abandon(&mut self) -> impl Future<Output = ()> + Send {
+        self.release()
+    }
 }
 
 impl Lock for SourceLock {
@@ -302,6 +310,7 @@ pub async fn elect<L: Lock>(
 ) {
     let source = lock.source().to_string();
     let patience = lock.patience();
+    let heartbeat = lock.heartbeat();
     // A database this agent cannot reach is reported down here: nobody may
     // own the source then, and someone has to say so.
     let unreachable = |error: String| {
@@ -311,7 +320,7 @@ pub async fn elect<L: Lock>(
     };
     let mut held = false;
     // A random start spreads the first attempts.
-    let mut delay = HEARTBEAT.mul_f64(fastrand::f64() * 0.2);
+    let mut delay = heartbeat.mul_f64(fastrand::f64() * 0.2);
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -335,10 +344,10 @@ pub async fn elect<L: Lock>(
                     let _ = leader.send(None);
                     warn!(source = %source, error = %error, "Lost the source's lock; exporting stopped.");
                     unreachable(format!("lost the source's lock: {error}"));
-                    lock.release().await;
+                    lock.abandon().await;
                 }
             }
-            delay = HEARTBEAT;
+            delay = heartbeat;
         } else {
             // An agent that already owns sources gives the others a head start,
             // so that sources spread over the agents from the first round on.
@@ -370,10 +379,10 @@ pub async fn elect<L: Lock>(
                     unreachable(format!(
                         "cannot reach the database to contest the source's lock: {error}"
                     ));
-                    lock.release().await;
+                    lock.abandon().await;
                 }
             }
-            delay = HEARTBEAT.mul_f64(1.0 + 0.2 * fastrand::f64());
+            delay = heartbeat.mul_f64(1.0 + 0.2 * fastrand::f64());
         }
     }
     if held {

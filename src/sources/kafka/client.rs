@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader,
     SaslAuthenticateRequest, SaslHandshakeRequest,
@@ -63,10 +63,13 @@ fn implemented(key: i16) -> Option<(i16, i16)> {
         ApiKey::Metadata => (1, 12),
         ApiKey::OffsetFetch => (1, 8),
         ApiKey::FindCoordinator => (0, 4),
-        ApiKey::JoinGroup => (0, 7),
-        ApiKey::Heartbeat => (0, 4),
+        // The election's group requests stay below the flexible versions,
+        // which every broker since 2.3 answers and some mock brokers parse
+        // badly.
+        ApiKey::JoinGroup => (0, 5),
+        ApiKey::Heartbeat => (0, 3),
         ApiKey::LeaveGroup => (0, 3),
-        ApiKey::SyncGroup => (0, 5),
+        ApiKey::SyncGroup => (0, 3),
         ApiKey::DescribeGroups => (0, 5),
         ApiKey::ListGroups => (0, 4),
         ApiKey::SaslHandshake => (1, 1),
@@ -83,6 +86,8 @@ pub struct Connection {
     correlation: i32,
     client_id: StrBytes,
     versions: HashMap<i16, i16>,
+    /// The broker's own (min, max) per API key.
+    ranges: HashMap<i16, (i16, i16)>,
     timeout: Duration,
 }
 
@@ -140,6 +145,7 @@ impl Connector {
             correlation: 0,
             client_id: StrBytes::from_string(self.client_id.clone()),
             versions: HashMap::new(),
+            ranges: HashMap::new(),
             timeout: self.timeout,
         };
         conn.negotiate().await?;
@@ -157,18 +163,16 @@ impl Connection {
     }
 
     async fn negotiate(&mut self) -> Result<(), KafkaError> {
-        let req = ApiVersionsRequest::default()
-            .with_client_software_name(StrBytes::from_static_str("inboxwatch"))
-            .with_client_software_version(StrBytes::from_static_str(env!("CARGO_PKG_VERSION")));
-        // v3 first; a broker that does not know it answers in v0 with its versions.
-        let mut resp: ApiVersionsResponse = self.roundtrip(&req, 3).await?;
-        if resp.error_code == 35 {
-            resp = self.roundtrip(&ApiVersionsRequest::default(), 0).await?;
-        }
+        // v0: every broker answers it (newer versions add nothing the
+        // negotiation needs, and some brokers drop a connection that sends a
+        // version they do not know instead of answering UNSUPPORTED_VERSION).
+        let resp: ApiVersionsResponse = self.roundtrip(&ApiVersionsRequest::default(), 0).await?;
         if resp.error_code != 0 {
             return Err(self.protocol(format!("ApiVersions failed with {}", resp.error_code)));
         }
         for k in &resp.api_keys {
+            self.ranges
+                .insert(k.api_key, (k.min_version, k.max_version));
             if let Some((lo, hi)) = implemented(k.api_key) {
                 let v = hi.min(k.max_version);
                 if v >= lo.max(k.min_version) {
@@ -188,6 +192,20 @@ impl Connection {
                 addr: self.addr.clone(),
                 api: api_name(R::KEY),
             })
+    }
+
+    /// The lowest version of `R` the broker takes.
+    pub fn broker_min<R: Request>(&self) -> Option<i16> {
+        self.ranges.get(&R::KEY).map(|r| r.0)
+    }
+
+    /// Sends `req` at a version of the caller's choice (one both sides speak).
+    pub async fn send_at<R: Request>(
+        &mut self,
+        req: &R,
+        version: i16,
+    ) -> Result<R::Response, KafkaError> {
+        self.roundtrip(req, version).await
     }
 
     /// Sends `req` at the negotiated version and reads its response.
@@ -211,11 +229,37 @@ impl Connection {
         }
     }
 
+    /// Sends `req` and returns the response body undecoded (after its
+    /// header), for responses some brokers encode loosely.
+    pub async fn send_raw<R: Request>(&mut self, req: &R) -> Result<Bytes, KafkaError> {
+        let v = self.version::<R>()?;
+        let after = self.timeout;
+        match tokio::time::timeout(after, self.exchange(req, v)).await {
+            Ok(r) => r,
+            Err(_) => Err(KafkaError::Timeout {
+                addr: self.addr.clone(),
+                after,
+            }),
+        }
+    }
+
     async fn roundtrip_inner<R: Request>(
         &mut self,
         req: &R,
         version: i16,
     ) -> Result<R::Response, KafkaError> {
+        let mut body = self.exchange(req, version).await?;
+        let resp = R::Response::decode(&mut body, version).map_err(|e| {
+            self.protocol(format!(
+                "decoding the {} v{version} response: {e}",
+                api_name(R::KEY)
+            ))
+        })?;
+        Ok(resp)
+    }
+
+    /// Writes one request, reads its response up to the end of the header.
+    async fn exchange<R: Request>(&mut self, req: &R, version: i16) -> Result<Bytes, KafkaError> {
         self.correlation = self.correlation.wrapping_add(1);
         let correlation = self.correlation;
         let header = RequestHeader::default()
@@ -234,7 +278,7 @@ impl Connection {
         buf[..4].copy_from_slice(&len.to_be_bytes());
         let io = |e: std::io::Error, addr: &str| KafkaError::Io {
             addr: addr.to_string(),
-            message: e.to_string(),
+            message: format!("{} v{version}: {e}", api_name(R::KEY)),
         };
         self.stream
             .write_all(&buf)
@@ -263,14 +307,7 @@ impl Connection {
                 rh.correlation_id
             )));
         }
-        let resp = R::Response::decode(&mut body, version).map_err(|e| {
-            self.protocol(format!(
-                "decoding the {} v{version} response: {e}",
-                api_name(R::KEY)
-            ))
-        })?;
-        let _ = body.remaining();
-        Ok(resp)
+        Ok(body)
     }
 
     fn protocol(&self, message: String) -> KafkaError {
