@@ -84,10 +84,22 @@ names! {
     BUILD_INFO = "inboxwatch_build_info";
     OBJECTIVE_OLDEST_AGE = "inboxwatch_objective_oldest_age_seconds";
     OBJECTIVE_P95 = "inboxwatch_objective_p95_seconds";
+    KAFKA_LAG_MESSAGES = "kafka_consumer_group_lag_messages";
+    KAFKA_LAG_SECONDS = "kafka_consumer_group_lag_seconds";
+    KAFKA_COMMITTED_OFFSET = "kafka_consumer_group_committed_offset";
+    KAFKA_UNCOMMITTED_PARTITIONS = "kafka_consumer_group_uncommitted_partitions";
+    KAFKA_HIGH_WATERMARK = "kafka_topic_partition_high_watermark";
+    KAFKA_LAST_COMMIT_AGE = "kafka_consumer_group_last_commit_age_seconds";
+    KAFKA_GROUP_STATUS = "kafka_consumer_group_status";
+    KAFKA_GROUP_MEMBERS = "kafka_consumer_group_members";
+    KAFKA_DEAD_LETTERS = "kafka_dead_letter_messages_total";
+    KAFKA_RETRIES = "kafka_retry_messages_total";
+    KAFKA_RECORD_READS = "inboxwatch_kafka_record_reads_total";
 }
 
 const SE: &[&str] = &["source", "event_type"];
 const S: &[&str] = &["source"];
+const CGTP: &[&str] = &["cluster", "group", "topic", "partition"];
 
 const fn def(
     name: &'static str,
@@ -306,6 +318,83 @@ pub static CATALOGUE: &[MetricDef] = &[
         Some(Unit::Seconds),
         S,
         "The source's configured objective for the 95th percentile of processing time.",
+    ),
+    def(
+        KAFKA_RECORD_READS,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Kafka fetches of the record at a committed offset, made to read its timestamp (lag seconds); an unchanged offset is not read again.",
+    ),
+    def(
+        KAFKA_LAG_MESSAGES,
+        Kind::Gauge,
+        Some(Unit::Count),
+        CGTP,
+        "High watermark minus committed offset, never negative (summed over partitions with granularity = \"topic\").",
+    ),
+    def(
+        KAFKA_LAG_SECONDS,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        CGTP,
+        "Age of the oldest unconsumed record: now minus the timestamp of the record at the committed offset, read from the broker; 0 when lag is 0 (the maximum over partitions with granularity = \"topic\").",
+    ),
+    def(
+        KAFKA_COMMITTED_OFFSET,
+        Kind::Gauge,
+        Some(Unit::Count),
+        CGTP,
+        "The group's committed offset (summed over partitions with granularity = \"topic\"). Partitions without a commit have no sample.",
+    ),
+    def(
+        KAFKA_UNCOMMITTED_PARTITIONS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        &["cluster", "group", "topic"],
+        "Partitions of a topic the group consumes (it has committed on another partition of it, or is assigned it) on which it has never committed.",
+    ),
+    def(
+        KAFKA_HIGH_WATERMARK,
+        Kind::Gauge,
+        Some(Unit::Count),
+        &["cluster", "topic", "partition"],
+        "Offset of the next record to be written (summed over partitions with granularity = \"topic\").",
+    ),
+    def(
+        KAFKA_LAST_COMMIT_AGE,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        &["cluster", "group"],
+        "Time since any of the group's committed offsets last moved, as observed by the agent (counted from the agent's start).",
+    ),
+    def(
+        KAFKA_GROUP_STATUS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        &["cluster", "group", "status"],
+        "1 on the group's current status (ok, warn, stall, stop, rewind, error), 0 on the others; rules in the README.",
+    ),
+    def(
+        KAFKA_GROUP_MEMBERS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        &["cluster", "group"],
+        "Members of the consumer group, as the group coordinator describes it.",
+    ),
+    def(
+        KAFKA_DEAD_LETTERS,
+        Kind::Counter,
+        Some(Unit::Count),
+        &["cluster", "topic"],
+        "Records appended to dead-letter topics (dead_letter_topics pattern), from the growth of their high watermarks.",
+    ),
+    def(
+        KAFKA_RETRIES,
+        Kind::Counter,
+        Some(Unit::Count),
+        &["cluster", "topic", "tier"],
+        "Records appended to retry topics (retry_topics pattern), by the tier its `tier` group extracts.",
     ),
 ];
 
