@@ -5,7 +5,9 @@
 //!   firing at its boundary and silent before it and on a quiet source);
 //! * `amtool check-config` accepts `config/alertmanager.yml`, and
 //!   `amtool config routes test --verify.receivers` proves the routing: dead-letter
-//!   spikes and every critical alert to `oncall`, warnings to `chat`, info to `null`;
+//!   spikes (inbox and Kafka) and every critical alert (a stalled Kafka consumer group
+//!   among them) to `oncall`, warnings (Kafka lag growing among them) to `chat`, info
+//!   to `null`;
 //! * a scan of the rule files' text: every alert has `severity`, `summary`, a templated
 //!   `description` and a `runbook_url` whose anchor is a heading of `docs/runbooks.md`;
 //!   the fixed alert names exist with their severities; every metric named is in the
@@ -28,10 +30,11 @@ const RUNBOOK_BASE: &str = "https://github.com/inboxwatch/inboxwatch/blob/main/d
 const INSTALL_HINT: &str = "install the Debian packages: apt-get install -y --no-install-recommends \
      prometheus prometheus-alertmanager (CI's .ci/run installs them)";
 
-/// Alert names fixed by SPEC §5, with the severities each must have (Kafka ones come
-/// with the Kafka source).
+/// Alert names fixed by SPEC §5, with the severities each must have.
 const FIXED_ALERTS: &[(&str, &[&str])] = &[
     ("InboxDeadLetterSpike", &["critical"]),
+    ("KafkaDeadLetterSpike", &["critical"]),
+    ("KafkaConsumerGroupStalled", &["critical"]),
     ("InboxOldestMessageTooOld", &["critical", "warning"]),
     ("InboxDuplicateRatioHigh", &["warning"]),
     ("InboxwatchSourceDown", &["warning"]),
@@ -359,6 +362,52 @@ fn routes_page_dead_letter_spikes_and_criticals_chat_warnings_drop_info() {
                 "topic=orders.DLQ",
             ],
             "oncall",
+        ),
+        // Kafka alerts as the rules label them: `source` copied from `cluster`, and the
+        // consumer group or topic.
+        (
+            vec![
+                "alertname=KafkaDeadLetterSpike",
+                "severity=critical",
+                "family=dead_letters",
+                "cluster=prod-eu",
+                "source=prod-eu",
+                "topic=orders.DLQ",
+            ],
+            "oncall",
+        ),
+        (
+            vec![
+                "alertname=KafkaConsumerGroupStalled",
+                "severity=critical",
+                "family=consumer_group",
+                "cluster=prod-eu",
+                "source=prod-eu",
+                "group=billing",
+            ],
+            "oncall",
+        ),
+        (
+            vec![
+                "alertname=KafkaConsumerLagGrowing",
+                "severity=warning",
+                "family=consumer_group",
+                "cluster=prod-eu",
+                "source=prod-eu",
+                "group=billing",
+            ],
+            "chat",
+        ),
+        (
+            vec![
+                "alertname=KafkaDeadLetter",
+                "severity=info",
+                "family=dead_letters",
+                "cluster=prod-eu",
+                "source=prod-eu",
+                "topic=orders.DLQ",
+            ],
+            "null",
         ),
         (
             vec!["alertname=SomethingElse", "severity=critical"],
