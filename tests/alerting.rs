@@ -12,7 +12,9 @@
 //!   `description` and a `runbook_url` whose anchor is a heading of `docs/runbooks.md`;
 //!   the fixed alert names exist with their severities; every metric named is in the
 //!   catalogue (`inboxwatch metrics`) and every recording rule used is defined;
-//! * the dashboard panels the runbooks send people to exist in `dashboards/`.
+//! * the dashboard panels the runbooks send people to exist in `dashboards/`;
+//! * every Kafka dashboard query returns data, evaluated by promtool on series shaped
+//!   as the Kafka source exports them (the end-to-end test has no Kafka source).
 //!
 //! Needs `promtool` and `amtool` (Debian packages `prometheus` and
 //! `prometheus-alertmanager`, which `.ci/run` installs). Without them the tests fail,
@@ -722,4 +724,166 @@ fn runbooks_name_existing_dashboard_panels() {
         "too few panel references found ({references}) in {RUNBOOKS}"
     );
     assert!(problems.is_empty(), "{RUNBOOKS}:\n{}", problems.join("\n"));
+}
+
+// ---------------------------------------------------------------------------
+// Kafka dashboard queries on Kafka series
+
+/// Input series for promtool, shaped as the Kafka source exports them (catalogue labels,
+/// one group stalled, one caught up, a dead-letter and a retry topic), ten minutes long.
+const KAFKA_SERIES: &[(&str, &str)] = &[
+    (
+        r#"kafka_consumer_group_status{cluster="prod",group="billing",status="stall"}"#,
+        "1x10",
+    ),
+    (
+        r#"kafka_consumer_group_status{cluster="prod",group="billing",status="ok"}"#,
+        "0x10",
+    ),
+    (
+        r#"kafka_consumer_group_status{cluster="prod",group="orders",status="stall"}"#,
+        "0x10",
+    ),
+    (
+        r#"kafka_consumer_group_status{cluster="prod",group="orders",status="ok"}"#,
+        "1x10",
+    ),
+    (
+        r#"kafka_consumer_group_lag_messages{cluster="prod",group="billing",topic="billing",partition="0"}"#,
+        "40x10",
+    ),
+    (
+        r#"kafka_consumer_group_lag_seconds{cluster="prod",group="billing",topic="billing",partition="0"}"#,
+        "400+60x10",
+    ),
+    (
+        r#"kafka_consumer_group_committed_offset{cluster="prod",group="billing",topic="billing",partition="0"}"#,
+        "0+10x10",
+    ),
+    (
+        r#"kafka_consumer_group_uncommitted_partitions{cluster="prod",group="billing",topic="billing"}"#,
+        "1x10",
+    ),
+    (
+        r#"kafka_topic_partition_high_watermark{cluster="prod",topic="billing",partition="0"}"#,
+        "0+60x10",
+    ),
+    (
+        r#"kafka_consumer_group_last_commit_age_seconds{cluster="prod",group="billing"}"#,
+        "0+60x10",
+    ),
+    (
+        r#"kafka_consumer_group_members{cluster="prod",group="billing"}"#,
+        "2x10",
+    ),
+    (
+        r#"kafka_dead_letter_messages_total{cluster="prod",topic="billing.DLQ"}"#,
+        "0+6x10",
+    ),
+    (
+        r#"kafka_retry_messages_total{cluster="prod",topic="billing.retry.1m",tier="1m"}"#,
+        "0+12x10",
+    ),
+    (
+        r#"inboxwatch_kafka_record_reads_total{source="prod"}"#,
+        "0+30x10",
+    ),
+    (r#"inboxwatch_source_up{source="prod"}"#, "1x10"),
+    (
+        r#"inboxwatch_poll_duration_seconds_bucket{source="prod",le="0.1"}"#,
+        "0+1x10",
+    ),
+    (
+        r#"inboxwatch_poll_duration_seconds_bucket{source="prod",le="+Inf"}"#,
+        "0+1x10",
+    ),
+];
+
+/// Every panel query of a dashboard (rows' nested panels included).
+fn dashboard_exprs(json: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    for panel in json["panels"].as_array().into_iter().flatten() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            if let Some(expr) = target["expr"].as_str() {
+                let title = panel["title"].as_str().unwrap_or_default().to_string();
+                out.push((title, expr.to_string()));
+            }
+        }
+        dashboard_exprs(panel, out);
+    }
+}
+
+/// Grafana variables as "All": `$__rate_interval` becomes 2m, any other `$name` /
+/// `${name}` matches everything (they are only used in regex matchers).
+fn all_variables(expr: &str) -> String {
+    let expr = expr.replace("$__rate_interval", "2m");
+    let mut out = String::new();
+    let mut rest = expr.as_str();
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i + 1..];
+        let end = if let Some(body) = tail.strip_prefix('{') {
+            body.find('}').map_or(tail.len(), |e| e + 2)
+        } else {
+            tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len())
+        };
+        out.push_str(".*");
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The end-to-end test has no Kafka source, so it only proves the Kafka panels'
+/// queries evaluate. Here promtool evaluates each of them (and the overview's Kafka
+/// stat) on series shaped as the Kafka source exports them: every one returns data.
+#[test]
+fn kafka_dashboard_queries_return_data_on_kafka_series() {
+    let mut exprs = Vec::new();
+    for file in files("dashboards", &[".json"]) {
+        let json: serde_json::Value =
+            serde_json::from_str(&read(&file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut all = Vec::new();
+        dashboard_exprs(&json, &mut all);
+        let kafka_dashboard = json["uid"] == "inboxwatch-kafka";
+        exprs.extend(
+            all.into_iter()
+                .filter(|(_, e)| kafka_dashboard || e.contains("kafka_"))
+                .map(|(title, e)| (format!("{file} / {title}"), e)),
+        );
+    }
+    assert!(
+        exprs.len() > 20,
+        "too few Kafka queries found ({})",
+        exprs.len()
+    );
+    let mut test = String::from(
+        "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
+    );
+    for (series, values) in KAFKA_SERIES {
+        test.push_str(&format!(
+            "      - series: '{series}'\n        values: '{values}'\n"
+        ));
+    }
+    test.push_str("    promql_expr_test:\n");
+    for (_, expr) in &exprs {
+        // One sample {} 1 when the query returns anything, none when it returns nothing.
+        let probe = format!("count({}) * 0 + 1", all_variables(expr));
+        let probe = serde_json::to_string(&probe).expect("a JSON string");
+        test.push_str(&format!(
+            "      - expr: {probe}\n        eval_time: 10m\n        exp_samples:\n          - labels: '{{}}'\n            value: 1\n"
+        ));
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("kafka-dashboard.test.yml");
+    std::fs::write(&path, &test).expect("write the promtool test");
+    let out = tool(
+        "promtool",
+        &["test", "rules", path.to_str().expect("UTF-8 path")],
+    );
+    let names: Vec<&str> = exprs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_success(
+        &format!("Kafka dashboard queries on Kafka series ({names:#?})"),
+        &out,
+    );
 }
