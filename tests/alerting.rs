@@ -7,7 +7,8 @@
 //!   `amtool config routes test --verify.receivers` proves the routing: dead-letter
 //!   spikes (inbox and Kafka) and every critical alert (a stalled Kafka consumer group
 //!   among them) to `oncall`, warnings (Kafka lag growing among them) to `chat`, info
-//!   to `null`;
+//!   to `null`; and, in a real Alertmanager, a critical alert inhibits the warning and
+//!   info alerts of its source and family, for Kafka of its own group or topic only;
 //! * a scan of the rule files' text: every alert has `severity`, `summary`, a templated
 //!   `description` and a `runbook_url` whose anchor is a heading of `docs/runbooks.md`;
 //!   the fixed alert names exist with their severities; every metric named is in the
@@ -16,8 +17,8 @@
 //! * every Kafka dashboard query returns data, evaluated by promtool on series shaped
 //!   as the Kafka source exports them (the end-to-end test has no Kafka source).
 //!
-//! Needs `promtool` and `amtool` (Debian packages `prometheus` and
-//! `prometheus-alertmanager`, which `.ci/run` installs). Without them the tests fail,
+//! Needs `promtool`, `amtool` and `prometheus-alertmanager` (Debian packages
+//! `prometheus` and `prometheus-alertmanager`, which `.ci/run` installs). Without them the tests fail,
 //! saying so; they never skip.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -886,4 +887,151 @@ fn kafka_dashboard_queries_return_data_on_kafka_series() {
         &format!("Kafka dashboard queries on Kafka series ({names:#?})"),
         &out,
     );
+}
+
+// ---------------------------------------------------------------------------
+// Inhibition, in a real Alertmanager
+
+/// Kills the child process when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `config/alertmanager.yml` in a real Alertmanager: a critical alert inhibits the
+/// warning and info alerts of its source and family and, for Kafka, of its own consumer
+/// group or topic only (a stalled group does not hide another group's growing lag).
+/// Alerts are added and read back with amtool.
+#[test]
+fn a_critical_inhibits_its_source_and_family_and_for_kafka_its_group_or_topic_only() {
+    // (labels, inhibited)
+    let alerts: &[(&str, bool)] = &[
+        (
+            "alertname=KafkaConsumerGroupStalled severity=critical family=consumer_group source=prod cluster=prod group=g1",
+            false,
+        ),
+        (
+            "alertname=KafkaConsumerLagGrowing severity=warning family=consumer_group source=prod cluster=prod group=g1",
+            true,
+        ),
+        (
+            "alertname=KafkaConsumerGroupRewind severity=info family=consumer_group source=prod cluster=prod group=g1",
+            true,
+        ),
+        (
+            "alertname=KafkaConsumerLagGrowing severity=warning family=consumer_group source=prod cluster=prod group=g2",
+            false,
+        ),
+        (
+            "alertname=KafkaConsumerLagGrowing severity=warning family=consumer_group source=staging cluster=staging group=g1",
+            false,
+        ),
+        (
+            "alertname=KafkaDeadLetterSpike severity=critical family=dead_letters source=prod cluster=prod topic=a.DLQ",
+            false,
+        ),
+        (
+            "alertname=KafkaDeadLetter severity=info family=dead_letters source=prod cluster=prod topic=a.DLQ",
+            true,
+        ),
+        (
+            "alertname=KafkaDeadLetter severity=info family=dead_letters source=prod cluster=prod topic=b.DLQ",
+            false,
+        ),
+        (
+            "alertname=InboxDeadLetterSpike severity=critical family=dead_letters source=orders",
+            false,
+        ),
+        (
+            "alertname=InboxDeadLetter severity=info family=dead_letters source=orders",
+            true,
+        ),
+        (
+            "alertname=InboxDeadLetter severity=info family=dead_letters source=billing",
+            false,
+        ),
+    ];
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let storage = tempfile::tempdir().expect("temporary directory");
+    let config = Path::new(ROOT).join(ALERTMANAGER_CONFIG);
+    let _alertmanager = KillOnDrop(
+        Command::new("prometheus-alertmanager")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.path={}", storage.path().display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--cluster.listen-address=") // no gossip port: tests may run side by side
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run `prometheus-alertmanager` ({e}): {INSTALL_HINT}")
+            }),
+    );
+    let url = format!("--alertmanager.url=http://127.0.0.1:{port}");
+    wait_for("Alertmanager to start", || {
+        let out = tool("amtool", &["alert", "query", &url]);
+        out.status.success().then_some(()).ok_or_else(|| text(&out))
+    });
+    for (labels, _) in alerts {
+        let mut args = vec!["alert", "add", url.as_str()];
+        args.extend(labels.split_whitespace());
+        assert_success("amtool alert add", &tool("amtool", &args));
+    }
+    wait_for("the inhibitions in Alertmanager", || {
+        let out = tool(
+            "amtool",
+            &[
+                "alert",
+                "query",
+                &url,
+                "--active",
+                "--inhibited",
+                "-o",
+                "json",
+            ],
+        );
+        if !out.status.success() {
+            return Err(text(&out));
+        }
+        let got: serde_json::Value =
+            serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {}", text(&out)))?;
+        let mut wrong = Vec::new();
+        for (labels, inhibited) in alerts {
+            let found = got.as_array().into_iter().flatten().find(|a| {
+                labels.split_whitespace().all(|l| {
+                    let (k, v) = l.split_once('=').expect("name=value");
+                    a["labels"][k] == v
+                })
+            });
+            let state = found.map(|a| a["status"]["state"].as_str().unwrap_or_default());
+            let want = if *inhibited { "suppressed" } else { "active" };
+            if state != Some(want) {
+                wrong.push(format!("{labels}: {state:?}, expected {want}"));
+            }
+        }
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(wrong.join("\n"))
+        }
+    });
+}
+
+/// Calls `done` every 200 ms until it succeeds; panics with its last error after 30 s.
+fn wait_for(what: &str, mut done: impl FnMut() -> Result<(), String>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match done() {
+            Ok(()) => return,
+            Err(e) if std::time::Instant::now() > deadline => panic!("waiting for {what}: {e}"),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+        }
+    }
 }
