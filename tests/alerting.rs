@@ -5,15 +5,20 @@
 //!   firing at its boundary and silent before it and on a quiet source);
 //! * `amtool check-config` accepts `config/alertmanager.yml`, and
 //!   `amtool config routes test --verify.receivers` proves the routing: dead-letter
-//!   spikes and every critical alert to `oncall`, warnings to `chat`, info to `null`;
+//!   spikes (inbox and Kafka) and every critical alert (a stalled Kafka consumer group
+//!   among them) to `oncall`, warnings (Kafka lag growing among them) to `chat`, info
+//!   to `null`; and, in a real Alertmanager, a critical alert inhibits the warning and
+//!   info alerts of its source and family, for Kafka of its own group or topic only;
 //! * a scan of the rule files' text: every alert has `severity`, `summary`, a templated
 //!   `description` and a `runbook_url` whose anchor is a heading of `docs/runbooks.md`;
 //!   the fixed alert names exist with their severities; every metric named is in the
 //!   catalogue (`inboxwatch metrics`) and every recording rule used is defined;
-//! * the dashboard panels the runbooks send people to exist in `dashboards/`.
+//! * the dashboard panels the runbooks send people to exist in `dashboards/`;
+//! * every Kafka dashboard query returns data, evaluated by promtool on series shaped
+//!   as the Kafka source exports them (the end-to-end test has no Kafka source).
 //!
-//! Needs `promtool` and `amtool` (Debian packages `prometheus` and
-//! `prometheus-alertmanager`, which `.ci/run` installs). Without them the tests fail,
+//! Needs `promtool`, `amtool` and `prometheus-alertmanager` (Debian packages
+//! `prometheus` and `prometheus-alertmanager`, which `.ci/run` installs). Without them the tests fail,
 //! saying so; they never skip.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -28,10 +33,11 @@ const RUNBOOK_BASE: &str = "https://github.com/inboxwatch/inboxwatch/blob/main/d
 const INSTALL_HINT: &str = "install the Debian packages: apt-get install -y --no-install-recommends \
      prometheus prometheus-alertmanager (CI's .ci/run installs them)";
 
-/// Alert names fixed by SPEC §5, with the severities each must have (Kafka ones come
-/// with the Kafka source).
+/// Alert names fixed by SPEC §5, with the severities each must have.
 const FIXED_ALERTS: &[(&str, &[&str])] = &[
     ("InboxDeadLetterSpike", &["critical"]),
+    ("KafkaDeadLetterSpike", &["critical"]),
+    ("KafkaConsumerGroupStalled", &["critical"]),
     ("InboxOldestMessageTooOld", &["critical", "warning"]),
     ("InboxDuplicateRatioHigh", &["warning"]),
     ("InboxwatchSourceDown", &["warning"]),
@@ -360,6 +366,52 @@ fn routes_page_dead_letter_spikes_and_criticals_chat_warnings_drop_info() {
             ],
             "oncall",
         ),
+        // Kafka alerts as the rules label them: `source` copied from `cluster`, and the
+        // consumer group or topic.
+        (
+            vec![
+                "alertname=KafkaDeadLetterSpike",
+                "severity=critical",
+                "family=dead_letters",
+                "cluster=prod-eu",
+                "source=prod-eu",
+                "topic=orders.DLQ",
+            ],
+            "oncall",
+        ),
+        (
+            vec![
+                "alertname=KafkaConsumerGroupStalled",
+                "severity=critical",
+                "family=consumer_group",
+                "cluster=prod-eu",
+                "source=prod-eu",
+                "group=billing",
+            ],
+            "oncall",
+        ),
+        (
+            vec![
+                "alertname=KafkaConsumerLagGrowing",
+                "severity=warning",
+                "family=consumer_group",
+                "cluster=prod-eu",
+                "source=prod-eu",
+                "group=billing",
+            ],
+            "chat",
+        ),
+        (
+            vec![
+                "alertname=KafkaDeadLetter",
+                "severity=info",
+                "family=dead_letters",
+                "cluster=prod-eu",
+                "source=prod-eu",
+                "topic=orders.DLQ",
+            ],
+            "null",
+        ),
         (
             vec!["alertname=SomethingElse", "severity=critical"],
             "oncall",
@@ -673,4 +725,313 @@ fn runbooks_name_existing_dashboard_panels() {
         "too few panel references found ({references}) in {RUNBOOKS}"
     );
     assert!(problems.is_empty(), "{RUNBOOKS}:\n{}", problems.join("\n"));
+}
+
+// ---------------------------------------------------------------------------
+// Kafka dashboard queries on Kafka series
+
+/// Input series for promtool, shaped as the Kafka source exports them (catalogue labels,
+/// one group stalled, one caught up, a dead-letter and a retry topic), ten minutes long.
+const KAFKA_SERIES: &[(&str, &str)] = &[
+    (
+        r#"kafka_consumer_group_status{cluster="prod",group="billing",status="stall"}"#,
+        "1x10",
+    ),
+    (
+        r#"kafka_consumer_group_status{cluster="prod",group="billing",status="ok"}"#,
+        "0x10",
+    ),
+    (
+        r#"kafka_consumer_group_status{cluster="prod",group="orders",status="stall"}"#,
+        "0x10",
+    ),
+    (
+        r#"kafka_consumer_group_status{cluster="prod",group="orders",status="ok"}"#,
+        "1x10",
+    ),
+    (
+        r#"kafka_consumer_group_lag_messages{cluster="prod",group="billing",topic="billing",partition="0"}"#,
+        "40x10",
+    ),
+    (
+        r#"kafka_consumer_group_lag_seconds{cluster="prod",group="billing",topic="billing",partition="0"}"#,
+        "400+60x10",
+    ),
+    (
+        r#"kafka_consumer_group_committed_offset{cluster="prod",group="billing",topic="billing",partition="0"}"#,
+        "0+10x10",
+    ),
+    (
+        r#"kafka_consumer_group_uncommitted_partitions{cluster="prod",group="billing",topic="billing"}"#,
+        "1x10",
+    ),
+    (
+        r#"kafka_topic_partition_high_watermark{cluster="prod",topic="billing",partition="0"}"#,
+        "0+60x10",
+    ),
+    (
+        r#"kafka_consumer_group_last_commit_age_seconds{cluster="prod",group="billing"}"#,
+        "0+60x10",
+    ),
+    (
+        r#"kafka_consumer_group_members{cluster="prod",group="billing"}"#,
+        "2x10",
+    ),
+    (
+        r#"kafka_dead_letter_messages_total{cluster="prod",topic="billing.DLQ"}"#,
+        "0+6x10",
+    ),
+    (
+        r#"kafka_retry_messages_total{cluster="prod",topic="billing.retry.1m",tier="1m"}"#,
+        "0+12x10",
+    ),
+    (
+        r#"inboxwatch_kafka_record_reads_total{source="prod"}"#,
+        "0+30x10",
+    ),
+    (r#"inboxwatch_source_up{source="prod"}"#, "1x10"),
+    (
+        r#"inboxwatch_poll_duration_seconds_bucket{source="prod",le="0.1"}"#,
+        "0+1x10",
+    ),
+    (
+        r#"inboxwatch_poll_duration_seconds_bucket{source="prod",le="+Inf"}"#,
+        "0+1x10",
+    ),
+];
+
+/// Every panel query of a dashboard (rows' nested panels included).
+fn dashboard_exprs(json: &serde_json::Value, out: &mut Vec<(String, String)>) {
+    for panel in json["panels"].as_array().into_iter().flatten() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            if let Some(expr) = target["expr"].as_str() {
+                let title = panel["title"].as_str().unwrap_or_default().to_string();
+                out.push((title, expr.to_string()));
+            }
+        }
+        dashboard_exprs(panel, out);
+    }
+}
+
+/// Grafana variables as "All": `$__rate_interval` becomes 2m, any other `$name` /
+/// `${name}` matches everything (they are only used in regex matchers).
+fn all_variables(expr: &str) -> String {
+    let expr = expr.replace("$__rate_interval", "2m");
+    let mut out = String::new();
+    let mut rest = expr.as_str();
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let tail = &rest[i + 1..];
+        let end = if let Some(body) = tail.strip_prefix('{') {
+            body.find('}').map_or(tail.len(), |e| e + 2)
+        } else {
+            tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(tail.len())
+        };
+        out.push_str(".*");
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The end-to-end test has no Kafka source, so it only proves the Kafka panels'
+/// queries evaluate. Here promtool evaluates each of them (and the overview's Kafka
+/// stat) on series shaped as the Kafka source exports them: every one returns data.
+#[test]
+fn kafka_dashboard_queries_return_data_on_kafka_series() {
+    let mut exprs = Vec::new();
+    for file in files("dashboards", &[".json"]) {
+        let json: serde_json::Value =
+            serde_json::from_str(&read(&file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut all = Vec::new();
+        dashboard_exprs(&json, &mut all);
+        let kafka_dashboard = json["uid"] == "inboxwatch-kafka";
+        exprs.extend(
+            all.into_iter()
+                .filter(|(_, e)| kafka_dashboard || e.contains("kafka_"))
+                .map(|(title, e)| (format!("{file} / {title}"), e)),
+        );
+    }
+    assert!(
+        exprs.len() > 20,
+        "too few Kafka queries found ({})",
+        exprs.len()
+    );
+    let mut test = String::from(
+        "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
+    );
+    for (series, values) in KAFKA_SERIES {
+        test.push_str(&format!(
+            "      - series: '{series}'\n        values: '{values}'\n"
+        ));
+    }
+    test.push_str("    promql_expr_test:\n");
+    for (_, expr) in &exprs {
+        // One sample {} 1 when the query returns anything, none when it returns nothing.
+        let probe = format!("count({}) * 0 + 1", all_variables(expr));
+        let probe = serde_json::to_string(&probe).expect("a JSON string");
+        test.push_str(&format!(
+            "      - expr: {probe}\n        eval_time: 10m\n        exp_samples:\n          - labels: '{{}}'\n            value: 1\n"
+        ));
+    }
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("kafka-dashboard.test.yml");
+    std::fs::write(&path, &test).expect("write the promtool test");
+    let out = tool(
+        "promtool",
+        &["test", "rules", path.to_str().expect("UTF-8 path")],
+    );
+    let names: Vec<&str> = exprs.iter().map(|(n, _)| n.as_str()).collect();
+    assert_success(
+        &format!("Kafka dashboard queries on Kafka series ({names:#?})"),
+        &out,
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Inhibition, in a real Alertmanager
+
+/// Kills the child process when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `config/alertmanager.yml` in a real Alertmanager: a critical alert inhibits the
+/// warning and info alerts of its source and family and, for Kafka, of its own consumer
+/// group or topic only (a stalled group does not hide another group's growing lag).
+/// Alerts are added and read back with amtool.
+#[test]
+fn a_critical_inhibits_its_source_and_family_and_for_kafka_its_group_or_topic_only() {
+    // (labels, inhibited)
+    let alerts: &[(&str, bool)] = &[
+        (
+            "alertname=KafkaConsumerGroupStalled severity=critical family=consumer_group source=prod cluster=prod group=g1",
+            false,
+        ),
+        (
+            "alertname=KafkaConsumerLagGrowing severity=warning family=consumer_group source=prod cluster=prod group=g1",
+            true,
+        ),
+        (
+            "alertname=KafkaConsumerGroupRewind severity=info family=consumer_group source=prod cluster=prod group=g1",
+            true,
+        ),
+        (
+            "alertname=KafkaConsumerLagGrowing severity=warning family=consumer_group source=prod cluster=prod group=g2",
+            false,
+        ),
+        (
+            "alertname=KafkaConsumerLagGrowing severity=warning family=consumer_group source=staging cluster=staging group=g1",
+            false,
+        ),
+        (
+            "alertname=KafkaDeadLetterSpike severity=critical family=dead_letters source=prod cluster=prod topic=a.DLQ",
+            false,
+        ),
+        (
+            "alertname=KafkaDeadLetter severity=info family=dead_letters source=prod cluster=prod topic=a.DLQ",
+            true,
+        ),
+        (
+            "alertname=KafkaDeadLetter severity=info family=dead_letters source=prod cluster=prod topic=b.DLQ",
+            false,
+        ),
+        (
+            "alertname=InboxDeadLetterSpike severity=critical family=dead_letters source=orders",
+            false,
+        ),
+        (
+            "alertname=InboxDeadLetter severity=info family=dead_letters source=orders",
+            true,
+        ),
+        (
+            "alertname=InboxDeadLetter severity=info family=dead_letters source=billing",
+            false,
+        ),
+    ];
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let storage = tempfile::tempdir().expect("temporary directory");
+    let config = Path::new(ROOT).join(ALERTMANAGER_CONFIG);
+    let _alertmanager = KillOnDrop(
+        Command::new("prometheus-alertmanager")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.path={}", storage.path().display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--cluster.listen-address=") // no gossip port: tests may run side by side
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("cannot run `prometheus-alertmanager` ({e}): {INSTALL_HINT}")
+            }),
+    );
+    let url = format!("--alertmanager.url=http://127.0.0.1:{port}");
+    wait_for("Alertmanager to start", || {
+        let out = tool("amtool", &["alert", "query", &url]);
+        out.status.success().then_some(()).ok_or_else(|| text(&out))
+    });
+    for (labels, _) in alerts {
+        let mut args = vec!["alert", "add", url.as_str()];
+        args.extend(labels.split_whitespace());
+        assert_success("amtool alert add", &tool("amtool", &args));
+    }
+    wait_for("the inhibitions in Alertmanager", || {
+        let out = tool(
+            "amtool",
+            &[
+                "alert",
+                "query",
+                &url,
+                "--active",
+                "--inhibited",
+                "-o",
+                "json",
+            ],
+        );
+        if !out.status.success() {
+            return Err(text(&out));
+        }
+        let got: serde_json::Value =
+            serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {}", text(&out)))?;
+        let mut wrong = Vec::new();
+        for (labels, inhibited) in alerts {
+            let found = got.as_array().into_iter().flatten().find(|a| {
+                labels.split_whitespace().all(|l| {
+                    let (k, v) = l.split_once('=').expect("name=value");
+                    a["labels"][k] == v
+                })
+            });
+            let state = found.map(|a| a["status"]["state"].as_str().unwrap_or_default());
+            let want = if *inhibited { "suppressed" } else { "active" };
+            if state != Some(want) {
+                wrong.push(format!("{labels}: {state:?}, expected {want}"));
+            }
+        }
+        if wrong.is_empty() {
+            Ok(())
+        } else {
+            Err(wrong.join("\n"))
+        }
+    });
+}
+
+/// Calls `done` every 200 ms until it succeeds; panics with its last error after 30 s.
+fn wait_for(what: &str, mut done: impl FnMut() -> Result<(), String>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match done() {
+            Ok(()) => return,
+            Err(e) if std::time::Instant::now() > deadline => panic!("waiting for {what}: {e}"),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+        }
+    }
 }

@@ -15,7 +15,7 @@ use promql_parser::parser::{self, Expr, VectorSelector};
 use serde_json::Value;
 
 /// Every dashboard file and the uid it must keep (links and bookmarks use it).
-/// A new dashboard (e.g. Kafka lag) is added here.
+/// A new dashboard is added here.
 const EXPECTED: &[(&str, &str, &str)] = &[
     (
         "inboxwatch-overview.json",
@@ -31,6 +31,11 @@ const EXPECTED: &[(&str, &str, &str)] = &[
         "inboxwatch-agent.json",
         "inboxwatch-agent",
         "inboxwatch / Agent health",
+    ),
+    (
+        "inboxwatch-kafka.json",
+        "inboxwatch-kafka",
+        "inboxwatch / Kafka",
     ),
 ];
 
