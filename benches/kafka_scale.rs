@@ -1,0 +1,306 @@
+//! Kafka lag at scale: the agent's cycle time and memory as the number of
+//! partitions and consumer groups grows, on a tansu broker of its own.
+//!
+//! For each point (partitions P, groups G): P/100 topics of 100 partitions
+//! (fewer for small P), one record per partition, and G groups, group g
+//! committing offset 0 on every partition of topic g mod T — so every
+//! committed partition has lag 1 and needs one oldest-record read. Then:
+//! * a cold cycle: `inboxwatch doctor` runs one full cycle (metadata, high
+//!   watermarks, groups, offsets, and every record read) and prints its time;
+//! * steady state: `inboxwatch run` polls every 5 s; the mean of its
+//!   `inboxwatch_poll_duration_seconds` over the polls after the first, its
+//!   peak RSS (VmHWM) and CPU time.
+//!
+//! Run: `cargo bench --bench kafka_scale [-- 100x10 1000x100 ...]`
+//! (needs tansu, as the tests do; builds the release binary first).
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kafka_protocol::messages::offset_commit_request::{
+    OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+};
+use kafka_protocol::messages::{GroupId, OffsetCommitRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+mod common {
+    /// A TCP port nothing listens on right now.
+    pub fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port")
+    }
+}
+
+#[path = "../tests/common/kafka.rs"]
+#[allow(dead_code)]
+mod kafka_support;
+
+use kafka_support::{Broker, now_ms};
+
+const BIN: &str = "target/release/inboxwatch";
+
+struct Point {
+    partitions: usize,
+    groups: usize,
+}
+
+struct Row {
+    partitions: usize,
+    groups: usize,
+    committed: usize,
+    setup: Duration,
+    cold_ms: f64,
+    steady_ms: f64,
+    polls: f64,
+    rss_mb: f64,
+    hwm_mb: f64,
+    cpu_per_cycle_ms: f64,
+    series: usize,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a.contains('x'))
+        .collect();
+    let points: Vec<Point> = if args.is_empty() {
+        ["100x10", "1000x100", "5000x500", "10000x1000"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+    } else {
+        args
+    }
+    .iter()
+    .map(|s| {
+        let (p, g) = s.split_once('x').expect("PARTITIONSxGROUPS");
+        Point {
+            partitions: p.parse().expect("partitions"),
+            groups: g.parse().expect("groups"),
+        }
+    })
+    .collect();
+    let status = Command::new("cargo")
+        .args(["build", "--release", "--bin", "inboxwatch"])
+        .status()
+        .expect("cargo build --release");
+    assert!(status.success());
+
+    let mut rows = Vec::new();
+    for p in &points {
+        let row = run_point(p).await;
+        eprintln!(
+            "{} partitions x {} groups: cold {:.0} ms, steady {:.1} ms, RSS {:.1} MB",
+            row.partitions, row.groups, row.cold_ms, row.steady_ms, row.rss_mb
+        );
+        rows.push(row);
+    }
+    let mut out = String::new();
+    out.push_str("| partitions | groups | committed partitions | cold cycle (all record reads) | steady cycle (mean) | agent CPU per cycle | RSS | peak RSS | series | set-up |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for r in &rows {
+        out.push_str(&format!(
+            "| {} | {} | {} | {:.0} ms | {:.1} ms (over {:.0} polls) | {:.1} ms | {:.1} MB | {:.1} MB | {} | {:.0} s |\n",
+            r.partitions,
+            r.groups,
+            r.committed,
+            r.cold_ms,
+            r.steady_ms,
+            r.polls,
+            r.cpu_per_cycle_ms,
+            r.rss_mb,
+            r.hwm_mb,
+            r.series,
+            r.setup.as_secs_f64()
+        ));
+    }
+    println!("{out}");
+}
+
+async fn run_point(p: &Point) -> Row {
+    let t0 = Instant::now();
+    let broker = Broker::start().await;
+    let per_topic = p.partitions.min(100);
+    let topics = p.partitions.div_ceil(per_topic);
+    let names: Vec<String> = (0..topics).map(|i| format!("t{i:04}")).collect();
+    for n in &names {
+        broker.create_topic(n, per_topic as i32).await;
+    }
+    // One record per partition, each its own batch (see the tests' producer).
+    let producer = broker.producer();
+    for n in &names {
+        for part in 0..per_topic {
+            producer.send(n, part as i32, now_ms()).await;
+        }
+    }
+    // Commits with the agent's own client: OffsetCommit v2, no generation
+    // (a commit outside any group membership, as an admin tool makes it).
+    let connector = inboxwatch::sources::kafka::client::Connector::new(
+        "bench".into(),
+        Default::default(),
+        Duration::from_secs(30),
+    );
+    let mut conn = connector
+        .connect(&broker.bootstrap())
+        .await
+        .expect("connect");
+    let mut committed = 0;
+    for g in 0..p.groups {
+        let topic = &names[g % topics];
+        let req = OffsetCommitRequest::default()
+            .with_group_id(GroupId(StrBytes::from_string(format!("group-{g:05}"))))
+            .with_generation_id_or_member_epoch(-1)
+            .with_member_id(StrBytes::default())
+            .with_retention_time_ms(-1)
+            .with_topics(vec![
+                OffsetCommitRequestTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.clone())))
+                    .with_partitions(
+                        (0..per_topic)
+                            .map(|i| {
+                                OffsetCommitRequestPartition::default()
+                                    .with_partition_index(i as i32)
+                                    .with_committed_offset(0)
+                                    .with_committed_metadata(Some(StrBytes::default()))
+                            })
+                            .collect(),
+                    ),
+            ]);
+        let resp = conn.send_at(&req, 2).await.expect("OffsetCommit");
+        for t in resp.topics {
+            for part in t.partitions {
+                assert_eq!(part.error_code, 0, "commit of {topic}/{}", part.partition_index);
+                committed += 1;
+            }
+        }
+    }
+    let setup = t0.elapsed();
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("kafka.toml");
+    let mut f = std::fs::File::create(&cfg).unwrap();
+    write!(
+        f,
+        "[[sources]]\nname = \"bench\"\nkind = \"kafka\"\nbrokers = [\"{}\"]\npoll_interval = \"5s\"\ntimeout = \"60s\"\nstatus_window = \"1m\"\n",
+        broker.bootstrap()
+    )
+    .unwrap();
+    drop(f);
+
+    // Cold: one cycle with every record read.
+    let out = Command::new(BIN)
+        .args(["doctor", "--config"])
+        .arg(&cfg)
+        .output()
+        .expect("inboxwatch doctor");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let cold_ms: f64 = text
+        .split("one cycle in ")
+        .nth(1)
+        .and_then(|s| s.split(" ms").next())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("doctor said: {text}{}", String::from_utf8_lossy(&out.stderr)));
+    let series: usize = text
+        .split(" ms: ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+
+    // Steady state: the agent polling every 5 s.
+    let port = common::free_port();
+    let mut agent = Command::new(BIN)
+        .args(["run", "--config"])
+        .arg(&cfg)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("inboxwatch run");
+    let pid = agent.id();
+    let metric = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let scrape = || async {
+        let url = format!("127.0.0.1:{port}");
+        let mut s = tokio::net::TcpStream::connect(&url).await.ok()?;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+            .await
+            .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).await.ok()?;
+        Some(body)
+    };
+    // Skip the first (cold) poll, then average over the next ones.
+    let mut base = None;
+    let started = Instant::now();
+    let (mut sum, mut count) = (0.0, 0.0);
+    while started.elapsed() < Duration::from_secs(90) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Some(m) = scrape().await else { continue };
+        let c = metric(&m, "inboxwatch_poll_duration_seconds_count{source=\"bench\"}");
+        let s = metric(&m, "inboxwatch_poll_duration_seconds_sum{source=\"bench\"}");
+        match base {
+            None if c >= 1.0 => base = Some((s, c, cpu_ms(pid))),
+            Some((s0, c0, _)) => {
+                sum = s - s0;
+                count = c - c0;
+                if count >= 4.0 {
+                    break;
+                }
+            }
+            None => {}
+        }
+    }
+    let cpu_per_cycle_ms = base
+        .map(|(_, _, cpu0)| (cpu_ms(pid) - cpu0) / count.max(1.0))
+        .unwrap_or(0.0);
+    let (rss_mb, hwm_mb) = rss(pid);
+    let _ = agent.kill();
+    let _ = agent.wait();
+    Row {
+        partitions: p.partitions,
+        groups: p.groups,
+        committed,
+        setup,
+        cold_ms,
+        steady_ms: if count > 0.0 { sum / count * 1000.0 } else { f64::NAN },
+        polls: count,
+        rss_mb,
+        hwm_mb,
+        cpu_per_cycle_ms,
+        series,
+    }
+}
+
+/// (VmRSS, VmHWM) in MB.
+fn rss(pid: u32) -> (f64, f64) {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb = |key: &str| {
+        s.lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+            / 1024.0
+    };
+    (kb("VmRSS:"), kb("VmHWM:"))
+}
+
+/// User + system CPU time of a process, in ms.
+fn cpu_ms(pid: u32) -> f64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields 14 and 15 (utime, stime) are 11 and 12 after the command name.
+    (ticks(11) + ticks(12)) * 1000.0 / 100.0
+}
