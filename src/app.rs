@@ -31,6 +31,8 @@ pub struct Agent {
     http: tokio::task::JoinHandle<std::io::Result<()>>,
     stop_http: CancellationToken,
     grace: Duration,
+    /// The span export task and its stop signal, when `[tracing]` is set.
+    spans: Option<(tokio::task::JoinHandle<()>, CancellationToken)>,
     _owned_outright: Vec<watch::Sender<Option<bool>>>,
 }
 
@@ -65,6 +67,7 @@ impl Agent {
         let leadership = Arc::new(Leadership::default());
         // Senders of sources no lock decides (SQLite): kept so that ownership never ends.
         let mut owned_outright = Vec::new();
+        let mut linker = config.tracing.clone().map(crate::tracing_link::Linker::new);
         for spec in config.sources {
             let name = spec.name().to_string();
             let table = spec.table().clone();
@@ -99,17 +102,35 @@ impl Agent {
                 }
             };
             let (h, c) = (health.clone(), cancel.clone());
+            let sink = match linker.as_mut() {
+                Some(l) => Some(l.sink(&table)?),
+                None => None,
+            };
             match spec {
                 SourceSpec::Inbox(s) => {
-                    let make = move || TableSource::new(s.table.clone(), Inbox::new(s.clone()));
+                    let make = move || {
+                        TableSource::new(
+                            s.table.clone(),
+                            Inbox::new(s.clone()).with_spans(sink.clone()),
+                        )
+                    };
                     tasks.spawn(run_loop(name.clone(), make, h, leader, c));
                 }
                 SourceSpec::Outbox(s) => {
-                    let make = move || TableSource::new(s.table.clone(), Outbox::new(s.clone()));
+                    let make = move || {
+                        TableSource::new(
+                            s.table.clone(),
+                            Outbox::new(s.clone()).with_spans(sink.clone()),
+                        )
+                    };
                     tasks.spawn(run_loop(name.clone(), make, h, leader, c));
                 }
             }
         }
+        let spans = linker.map(|l| {
+            let stop = CancellationToken::new();
+            (tokio::spawn(l.run(stop.clone())), stop)
+        });
         let stop_http = CancellationToken::new();
         let state = AppState {
             metrics: handle,
@@ -126,12 +147,14 @@ impl Agent {
             http,
             stop_http,
             grace: config.shutdown_grace,
+            spans,
             _owned_outright: owned_outright,
         })
     }
 
     /// Stops polling and releases the sources' locks, then stops the HTTP
-    /// server after in-flight scrapes, all within the configured grace period.
+    /// server after in-flight scrapes, then flushes the queued spans, all
+    /// within the configured grace period.
     pub async fn shutdown(mut self) {
         self.cancel.cancel();
         let loops = async { while self.tasks.join_next().await.is_some() {} };
@@ -150,6 +173,12 @@ impl Agent {
             Ok(Ok(Err(e))) => warn!(error = %e, "HTTP server failed."),
             Ok(Err(e)) => warn!(error = %e, "HTTP server task failed."),
             Err(_) => warn!("HTTP server did not stop in time."),
+        }
+        if let Some((task, stop)) = self.spans {
+            stop.cancel();
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                warn!("Queued spans were not exported in time.");
+            }
         }
     }
 }

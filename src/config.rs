@@ -62,6 +62,8 @@ pub struct RawConfig {
     /// The watched sources.
     #[serde(default)]
     pub sources: Vec<RawSource>,
+    /// OTLP export of linked spans; absent: no spans.
+    pub tracing: Option<crate::tracing_link::config::RawTracing>,
 }
 
 /// `[server]`.
@@ -117,6 +119,8 @@ pub struct RawSource {
     /// Objectives exported as gauges for the alert rules.
     #[serde(default)]
     pub objectives: RawObjectives,
+    /// How this consumer's spans describe it (with `[tracing]`).
+    pub trace: Option<crate::tracing_link::config::RawSourceTrace>,
 }
 
 /// `[sources.columns]`: meaning = column name. An empty string means "not present".
@@ -171,6 +175,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The sources, in file order.
     pub sources: Vec<SourceSpec>,
+    /// Span export, when `[tracing]` is configured.
+    pub tracing: Option<crate::tracing_link::config::TracingConfig>,
 }
 
 /// One validated source.
@@ -341,6 +347,8 @@ pub struct TableSpec {
     pub max_tracked_events: usize,
     pub batch_size: usize,
     pub service_name: Option<String>,
+    /// `[sources.trace]`: how the consumer's spans describe it.
+    pub trace: crate::tracing_link::config::SourceTrace,
     pub objectives: Objectives,
     /// `sources[i]`, for messages that point back at the file.
     pub key: String,
@@ -627,11 +635,13 @@ pub fn validate(
             sources.push(spec);
         }
     }
+    let tracing = crate::tracing_link::config::validate(raw.tracing.as_ref(), env, &mut v.problems);
     if v.problems.is_empty() {
         Ok(Config {
             listen,
             shutdown_grace,
             sources,
+            tracing,
         })
     } else {
         Err(ConfigError {
@@ -817,6 +827,11 @@ impl Validator {
             max_tracked_events,
             batch_size,
             service_name: s.service_name.clone(),
+            trace: crate::tracing_link::config::validate_source(
+                key,
+                s.trace.as_ref(),
+                &mut self.problems,
+            ),
             objectives,
             key: key.to_string(),
         };

@@ -12,3 +12,4 @@ pub mod http;
 pub mod schema;
 pub mod sources;
 pub mod telemetry;
+pub mod tracing_link;

@@ -1,0 +1,234 @@
+//! An OTLP trace receiver for the tests, built on the `opentelemetry-proto`
+//! types: gRPC (`TraceService/Export` through tonic) and HTTP/protobuf
+//! (`POST /v1/traces` through axum) on one port each. Every received span is
+//! kept with its resource's `service.name`. The receiver can be stopped and
+//! started again on the same port, to play a collector that goes away.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
+use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message;
+use tokio_util::sync::CancellationToken;
+
+/// A received span with the resource it came under.
+#[derive(Clone, Debug)]
+pub struct Got {
+    pub service: String,
+    pub resource: BTreeMap<String, String>,
+    pub span: Span,
+    /// `grpc` or `http`.
+    pub via: &'static str,
+}
+
+impl Got {
+    pub fn trace_hex(&self) -> String {
+        hex(&self.span.trace_id)
+    }
+    pub fn span_hex(&self) -> String {
+        hex(&self.span.span_id)
+    }
+    /// A string attribute (ints rendered in decimal).
+    pub fn attr(&self, key: &str) -> Option<String> {
+        attr(&self.span.attributes, key)
+    }
+    pub fn start_ms(&self) -> i64 {
+        (self.span.start_time_unix_nano / 1_000_000) as i64
+    }
+    pub fn end_ms(&self) -> i64 {
+        (self.span.end_time_unix_nano / 1_000_000) as i64
+    }
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn attr(kvs: &[KeyValue], key: &str) -> Option<String> {
+    kvs.iter()
+        .find(|kv| kv.key == key)
+        .and_then(|kv| kv.value.as_ref())
+        .map(render)
+}
+
+fn render(v: &AnyValue) -> String {
+    match &v.value {
+        Some(Value::StringValue(s)) => s.clone(),
+        Some(Value::IntValue(i)) => i.to_string(),
+        Some(Value::BoolValue(b)) => b.to_string(),
+        Some(Value::DoubleValue(d)) => d.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+type Store = Arc<Mutex<Vec<Got>>>;
+
+fn take(store: &Store, req: ExportTraceServiceRequest, via: &'static str) {
+    let mut out = store.lock().expect("receiver store lock");
+    for rs in req.resource_spans {
+        let resource: BTreeMap<String, String> = rs
+            .resource
+            .map(|r| {
+                r.attributes
+                    .iter()
+                    .filter_map(|kv| kv.value.as_ref().map(|v| (kv.key.clone(), render(v))))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let service = resource.get("service.name").cloned().unwrap_or_default();
+        for ss in rs.scope_spans {
+            for span in ss.spans {
+                out.push(Got {
+                    service: service.clone(),
+                    resource: resource.clone(),
+                    span,
+                    via,
+                });
+            }
+        }
+    }
+}
+
+struct Grpc(Store);
+
+#[tonic::async_trait]
+impl TraceService for Grpc {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        take(&self.0, request.into_inner(), "grpc");
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+/// The receiver: gRPC on `grpc_port`, HTTP on `http_port`.
+pub struct Receiver {
+    pub grpc_port: u16,
+    pub http_port: u16,
+    store: Store,
+    stop: Option<CancellationToken>,
+}
+
+impl Receiver {
+    /// Starts on two free ports.
+    pub async fn start() -> Receiver {
+        let mut r = Receiver {
+            grpc_port: super::free_port(),
+            http_port: super::free_port(),
+            store: Store::default(),
+            stop: None,
+        };
+        r.resume().await;
+        r
+    }
+
+    /// `http://127.0.0.1:{grpc port}`.
+    pub fn grpc_endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port)
+    }
+
+    /// `http://127.0.0.1:{http port}` (the base URL; the agent appends `/v1/traces`).
+    pub fn http_endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http_port)
+    }
+
+    /// Everything received so far.
+    pub fn spans(&self) -> Vec<Got> {
+        self.store.lock().expect("receiver store lock").clone()
+    }
+
+    pub fn len(&self) -> usize {
+        self.store.lock().expect("receiver store lock").len()
+    }
+
+    /// Stops both listeners; connections are refused until [`Receiver::resume`].
+    pub async fn stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            s.cancel();
+        }
+        // Let the servers drop their listeners.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+
+    /// (Re)starts both listeners on the same ports.
+    pub async fn resume(&mut self) {
+        let stop = CancellationToken::new();
+        let grpc_addr: SocketAddr = ([127, 0, 0, 1], self.grpc_port).into();
+        let store = self.store.clone();
+        let s = stop.clone();
+        let listener = bind_retry(grpc_addr).await;
+        tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let _ = tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(Grpc(store)))
+                .serve_with_incoming_shutdown(incoming, s.cancelled_owned())
+                .await;
+        });
+        let http_addr: SocketAddr = ([127, 0, 0, 1], self.http_port).into();
+        let store = self.store.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let store = store.clone();
+                async move {
+                    match ExportTraceServiceRequest::decode(body) {
+                        Ok(req) => {
+                            take(&store, req, "http");
+                            let resp = ExportTraceServiceResponse {
+                                partial_success: None,
+                            };
+                            (
+                                axum::http::StatusCode::OK,
+                                [("content-type", "application/x-protobuf")],
+                                resp.encode_to_vec(),
+                            )
+                        }
+                        Err(_) => (
+                            axum::http::StatusCode::BAD_REQUEST,
+                            [("content-type", "text/plain")],
+                            b"not an ExportTraceServiceRequest".to_vec(),
+                        ),
+                    }
+                }
+            }),
+        );
+        let listener = bind_retry(http_addr).await;
+        let s = stop.clone();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(s.cancelled_owned())
+                .await;
+        });
+        self.stop = Some(stop);
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            s.cancel();
+        }
+    }
+}
+
+async fn bind_retry(addr: SocketAddr) -> tokio::net::TcpListener {
+    for _ in 0..100 {
+        if let Ok(l) = tokio::net::TcpListener::bind(addr).await {
+            return l;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("could not bind the OTLP receiver to {addr}");
+}
