@@ -1218,14 +1218,18 @@ table = "outbox"
     fn the_documented_example_is_valid() {
         let text = include_str!("../config/inboxwatch.toml");
         let raw: RawConfig = toml::from_str(text).expect("config/inboxwatch.toml parses");
-        let cfg = validate(&raw, &|_| Some("example".to_string()))
-            .expect("config/inboxwatch.toml is valid");
+        // Every ${VAR} set; the OTEL_EXPORTER_OTLP_* fallbacks left unset.
+        let env = |name: &str| (!name.starts_with("OTEL_")).then(|| "example".to_string());
+        let cfg = validate(&raw, &env).expect("config/inboxwatch.toml is valid");
         assert_eq!(cfg.sources.len(), 3);
         let SourceSpec::Inbox(billing) = &cfg.sources[1] else {
             panic!("billing-inbox is an inbox")
         };
         assert_eq!(billing.columns.deliveries, None);
         assert_eq!(billing.statuses.classify("parked"), Some(Status::Dead));
+        let tracing = cfg.tracing.expect("the example configures [tracing]");
+        assert_eq!(tracing.traces_endpoint, "http://otel-collector:4317");
+        assert_eq!(cfg.sources[0].table().trace.messaging_system, "kafka");
     }
 
     #[test]

@@ -48,20 +48,14 @@ fn error_class(text: &str) -> String {
 }
 
 fn config(db: &Db, inbox: &str, outbox: Option<&str>, tracing: &str, extra: &str) -> String {
-    let mut c = inbox_source_toml("tr-inbox", &db.dsn, inbox).replace(
-        "overlap = \"10s\"",
-        "overlap = \"5m\"\nstate_retention = \"10m\"",
-    );
+    let mut c = inbox_source_toml("tr-inbox", &db.dsn, inbox);
     c.push_str(&format!(
         "service_name = {}\n{extra}[sources.trace]\nmessaging_system = \"kafka\"\nconsumer_group = \"orders\"\n\
          resource = {{ \"deployment.environment\" = \"test\" }}\n\n",
         toml_str(CONSUMER)
     ));
     if let Some(outbox) = outbox {
-        c.push_str(&outbox_source_toml("tr-outbox", &db.dsn, outbox).replace(
-            "overlap = \"10s\"",
-            "overlap = \"5m\"\nstate_retention = \"10m\"",
-        ));
+        c.push_str(&outbox_source_toml("tr-outbox", &db.dsn, outbox));
         c.push_str(&format!("service_name = {}\n\n", toml_str(PRODUCER)));
     }
     c.push_str(tracing);
@@ -496,7 +490,8 @@ async fn postgres_spans_over_grpc_match_ground_truth_and_survive_a_restart() {
     let tables = db.fresh_tables("tr").await;
     let receiver = Receiver::start().await;
     let tracing = format!(
-        "[tracing]\notlp_endpoint = {}\nprotocol = \"grpc\"\nsample_ratio = 1.0\ntimeout = \"5s\"\n",
+        "[tracing]\notlp_endpoint = {}\nprotocol = \"grpc\"\nsample_ratio = 1.0\ntimeout = \"5s\"\n\
+         headers = {{ \"x-api-key\" = \"k3y-grpc-s3cret\" }}\n",
         toml_str(&receiver.grpc_endpoint())
     );
     let cfg = config(&db, &tables.inbox, Some(&tables.outbox), &tracing, "");
@@ -565,6 +560,11 @@ async fn postgres_spans_over_grpc_match_ground_truth_and_survive_a_restart() {
         receiver.spans().iter().all(|g| g.via == "grpc"),
         "everything came over gRPC"
     );
+    assert_eq!(receiver.api_key("grpc").as_deref(), Some("k3y-grpc-s3cret"));
+    assert!(
+        !agent.stderr().contains("k3y-grpc-s3cret"),
+        "a header value is never logged"
+    );
     // Counters: what was exported is what arrived; nothing dropped; two rejections.
     let received = receiver.len() as f64;
     let m = wait_until(Duration::from_secs(10), || async {
@@ -605,7 +605,12 @@ async fn postgres_spans_over_grpc_match_ground_truth_and_survive_a_restart() {
         "agent stops on SIGTERM"
     );
     let before = receiver.len();
-    let mut agent2 = Agent::start(&cfg);
+    // Its overlap window covers the whole run, so its first poll re-reads every row.
+    let cfg2 = cfg.replace(
+        "overlap = \"10s\"",
+        "overlap = \"5m\"\nstate_retention = \"10m\"",
+    );
+    let mut agent2 = Agent::start(&cfg2);
     agent2.wait_ready(READY_TIMEOUT).await;
     let terminal_ids: BTreeSet<String> = exp.terminal.keys().cloned().collect();
     let again = wait_until(CONVERGE, || {
@@ -644,7 +649,8 @@ async fn postgres_spans_over_http_keep_every_failure_and_sample_the_rest() {
     let tables = db.fresh_tables("trh").await;
     let receiver = Receiver::start().await;
     let tracing = format!(
-        "[tracing]\notlp_endpoint = {}\nprotocol = \"http/protobuf\"\nsample_ratio = 0.3\n",
+        "[tracing]\notlp_endpoint = {}\nprotocol = \"http/protobuf\"\nsample_ratio = 0.3\n\
+         headers = {{ \"x-api-key\" = \"k3y-http-s3cret\" }}\n",
         toml_str(&receiver.http_endpoint())
     );
     let cfg = config(&db, &tables.inbox, None, &tracing, "").replace(
@@ -678,6 +684,7 @@ async fn postgres_spans_over_http_keep_every_failure_and_sample_the_rest() {
         receiver.spans().iter().all(|g| g.via == "http"),
         "everything came over HTTP"
     );
+    assert_eq!(receiver.api_key("http").as_deref(), Some("k3y-http-s3cret"));
     let rest: Vec<&InboxEvent> = truth
         .events
         .iter()
@@ -828,4 +835,84 @@ async fn collector_down_drops_and_counts_spans_and_export_resumes() {
     assert!(m.sum("inboxwatch_spans_exported_total", &[]) >= want.len() as f64);
     drop(agent);
     db.cleanup().await;
+}
+
+/// Guards the `[tracing]` checks through the binary: exit 2, one line per
+/// problem, each naming its key (or the OTEL_EXPORTER_OTLP_* variable it came
+/// from).
+#[test]
+fn bad_tracing_config_exits_2_naming_every_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let source = "[[sources]]\nname = \"a\"\nkind = \"inbox\"\ndsn = \"postgres://u@db/x\"\ntable = \"inbox\"\n";
+    let check = |name: &str, text: String, protocol_var: Option<&str>| {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).expect("write config");
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.arg("check-config").arg(&file);
+        for var in [
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        ] {
+            cmd.env_remove(var);
+        }
+        if let Some(p) = protocol_var {
+            cmd.env("OTEL_EXPORTER_OTLP_PROTOCOL", p);
+        }
+        let out = cmd.output().expect("run check-config");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, err) = check(
+        "bad.toml",
+        format!(
+            "{source}[sources.trace]\nmessaging_system = \"\"\nresource = {{ \"service.name\" = \"x\" }}\n\n\
+             [tracing]\notlp_endpoint = \"collector:4317\"\nprotocol = \"http/json\"\nsample_ratio = 2.0\n\
+             timeout = \"soon\"\nqueue_size = 0\nheaders = {{ \"x-api-key\" = \"${{NOT_SET_ANYWHERE}}\" }}\n\
+             ca_file = \"/nonexistent/ca.pem\"\n"
+        ),
+        None,
+    );
+    assert_eq!(code, Some(2), "{err}");
+    let keys: Vec<&str> = err
+        .lines()
+        .map(|l| l.split(": ").next().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        keys,
+        vec![
+            "sources[0].trace.resource.service.name",
+            "sources[0].trace.messaging_system",
+            "tracing.protocol",
+            "tracing.otlp_endpoint",
+            "tracing.sample_ratio",
+            "tracing.headers.x-api-key",
+            "tracing.timeout",
+            "tracing.queue_size",
+            "tracing.ca_file",
+        ],
+        "{err}"
+    );
+    let (code, err) = check(
+        "unknown.toml",
+        format!("{source}[tracing]\nendpoint = \"http://x:4317\"\n"),
+        None,
+    );
+    assert_eq!(code, Some(2));
+    assert!(err.starts_with("tracing.endpoint: unknown field"), "{err}");
+    let (code, err) = check(
+        "env.toml",
+        format!("{source}[tracing]\n"),
+        Some("http/json"),
+    );
+    assert_eq!(code, Some(2));
+    assert!(
+        err.starts_with("OTEL_EXPORTER_OTLP_PROTOCOL: unknown protocol \"http/json\""),
+        "{err}"
+    );
+    let (code, err) = check("ok.toml", format!("{source}[tracing]\n"), None);
+    assert_eq!(code, Some(0), "{err}");
 }

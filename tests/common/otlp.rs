@@ -98,7 +98,10 @@ fn take(store: &Store, req: ExportTraceServiceRequest, via: &'static str) {
     }
 }
 
-struct Grpc(Store);
+/// The `x-api-key` values seen, by transport.
+type Keys = Arc<Mutex<BTreeMap<&'static str, String>>>;
+
+struct Grpc(Store, Keys);
 
 #[tonic::async_trait]
 impl TraceService for Grpc {
@@ -106,6 +109,16 @@ impl TraceService for Grpc {
         &self,
         request: tonic::Request<ExportTraceServiceRequest>,
     ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        if let Some(k) = request
+            .metadata()
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+        {
+            self.1
+                .lock()
+                .expect("keys lock")
+                .insert("grpc", k.to_string());
+        }
         take(&self.0, request.into_inner(), "grpc");
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
@@ -118,6 +131,7 @@ pub struct Receiver {
     pub grpc_port: u16,
     pub http_port: u16,
     store: Store,
+    keys: Keys,
     stop: Option<CancellationToken>,
 }
 
@@ -128,6 +142,7 @@ impl Receiver {
             grpc_port: super::free_port(),
             http_port: super::free_port(),
             store: Store::default(),
+            keys: Keys::default(),
             stop: None,
         };
         r.resume().await;
@@ -149,6 +164,11 @@ impl Receiver {
         self.store.lock().expect("receiver store lock").clone()
     }
 
+    /// The `x-api-key` header last seen over `grpc` or `http`.
+    pub fn api_key(&self, via: &str) -> Option<String> {
+        self.keys.lock().expect("keys lock").get(via).cloned()
+    }
+
     pub fn len(&self) -> usize {
         self.store.lock().expect("receiver store lock").len()
     }
@@ -167,42 +187,52 @@ impl Receiver {
         let stop = CancellationToken::new();
         let grpc_addr: SocketAddr = ([127, 0, 0, 1], self.grpc_port).into();
         let store = self.store.clone();
+        let keys = self.keys.clone();
         let s = stop.clone();
         let listener = bind_retry(grpc_addr).await;
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             let _ = tonic::transport::Server::builder()
-                .add_service(TraceServiceServer::new(Grpc(store)))
+                .add_service(TraceServiceServer::new(Grpc(store, keys)))
                 .serve_with_incoming_shutdown(incoming, s.cancelled_owned())
                 .await;
         });
         let http_addr: SocketAddr = ([127, 0, 0, 1], self.http_port).into();
         let store = self.store.clone();
+        let keys = self.keys.clone();
         let app = axum::Router::new().route(
             "/v1/traces",
-            axum::routing::post(move |body: axum::body::Bytes| {
-                let store = store.clone();
-                async move {
-                    match ExportTraceServiceRequest::decode(body) {
-                        Ok(req) => {
-                            take(&store, req, "http");
-                            let resp = ExportTraceServiceResponse {
-                                partial_success: None,
-                            };
-                            (
-                                axum::http::StatusCode::OK,
-                                [("content-type", "application/x-protobuf")],
-                                resp.encode_to_vec(),
-                            )
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let store = store.clone();
+                    let keys = keys.clone();
+                    async move {
+                        if let Some(k) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+                            keys.lock()
+                                .expect("keys lock")
+                                .insert("http", k.to_string());
                         }
-                        Err(_) => (
-                            axum::http::StatusCode::BAD_REQUEST,
-                            [("content-type", "text/plain")],
-                            b"not an ExportTraceServiceRequest".to_vec(),
-                        ),
+                        match ExportTraceServiceRequest::decode(body) {
+                            Ok(req) => {
+                                take(&store, req, "http");
+                                let resp = ExportTraceServiceResponse {
+                                    partial_success: None,
+                                };
+                                (
+                                    axum::http::StatusCode::OK,
+                                    [("content-type", "application/x-protobuf")],
+                                    resp.encode_to_vec(),
+                                )
+                            }
+                            Err(_) => (
+                                axum::http::StatusCode::BAD_REQUEST,
+                                [("content-type", "text/plain")],
+                                b"not an ExportTraceServiceRequest".to_vec(),
+                            ),
+                        }
                     }
-                }
-            }),
+                },
+            ),
         );
         let listener = bind_retry(http_addr).await;
         let s = stop.clone();
