@@ -38,9 +38,28 @@ pub struct Agent {
 
 /// Installs the global metrics recorder once and returns its handle.
 pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+    install_recorder_with(None)
+}
+
+/// Installs the Prometheus recorder and, when given, the OTLP metrics bridge
+/// beside it (every update goes to both).
+pub fn install_recorder_with(
+    otlp: Option<crate::telemetry::otlp::Bridge>,
+) -> anyhow::Result<PrometheusHandle> {
     let recorder = catalogue_recorder();
     let handle = recorder.handle();
-    metrics::set_global_recorder(recorder).context("installing the metrics recorder")?;
+    match otlp {
+        None => metrics::set_global_recorder(recorder)
+            .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed")),
+        Some(bridge) => metrics::set_global_recorder(
+            metrics_util::layers::FanoutBuilder::default()
+                .add_recorder(recorder)
+                .add_recorder(bridge)
+                .build(),
+        )
+        .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed")),
+    }
+    .context("installing the metrics recorder")?;
     m::describe();
     metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     let upkeep = handle.clone();
@@ -209,9 +228,18 @@ pub async fn shutdown_signal() {
 /// `inboxwatch run`: the agent until a signal.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     sqlx::any::install_default_drivers();
-    let handle = install_recorder()?;
+    let push = match &config.tracing {
+        Some(t) => crate::telemetry::otlp::start(t)?,
+        None => None,
+    };
+    let (push, bridge) = push.unzip();
+    let handle = install_recorder_with(bridge)?;
     let agent = Agent::start(config, handle).await?;
     shutdown_signal().await;
     agent.shutdown().await;
+    if let Some(push) = push {
+        // Flushing waits for the reader task on the runtime: not on a worker.
+        let _ = tokio::task::spawn_blocking(move || push.shutdown()).await;
+    }
     Ok(())
 }

@@ -996,3 +996,109 @@ async fn linker_throughput_per_cpu_second() {
     drop(agent);
     db.cleanup().await;
 }
+
+/// Guards the OTLP metrics push: with `export_metrics`, the same catalogue
+/// reaches the collector under the OpenTelemetry names (dots, no `_total`,
+/// unit apart), and once the workload is over every pushed counter, gauge and
+/// histogram count equals the scrape of `/metrics`, series by series.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn otlp_metrics_push_equals_the_scrape() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("trm").await;
+    let receiver = Receiver::start().await;
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = {}\nprotocol = \"grpc\"\nexport_metrics = true\nmetrics_interval = \"1s\"\n",
+        toml_str(&receiver.grpc_endpoint())
+    );
+    let cfg = config(&db, &tables.inbox, None, &tracing, "");
+    let mut agent = Agent::start(&cfg);
+    agent.wait_ready(READY_TIMEOUT).await;
+    let inbox = Target {
+        dialect: db.dialect,
+        pool: db.pool.clone(),
+        table: tables.inbox.clone(),
+    };
+    let clock = Clock::new(db.now_ms().await + 5);
+    let truth = InboxWorkload::small(300, 3).run(&inbox, clock).await;
+    common::scenarios::wait_for_expectations(
+        &agent,
+        &truth.expectations("tr-inbox"),
+        CONVERGE,
+        "inbox counters",
+    )
+    .await;
+    let compared = [
+        (
+            "inbox_messages_received_total",
+            "inbox.messages.received",
+            "",
+        ),
+        (
+            "inbox_messages_completed_total",
+            "inbox.messages.completed",
+            "",
+        ),
+        (
+            "inbox_duplicate_deliveries_total",
+            "inbox.duplicate.deliveries",
+            "",
+        ),
+        ("inbox_attempt_failures_total", "inbox.attempt.failures", ""),
+        (
+            "inbox_processing_duration_seconds_count",
+            "inbox.processing.duration",
+            "s",
+        ),
+        (
+            "inbox_delivery_attempts_count",
+            "inbox.delivery.attempts",
+            "",
+        ),
+        ("inbox_backlog_messages", "inbox.backlog.messages", ""),
+        ("inboxwatch_source_up", "inboxwatch.source.up", ""),
+        (
+            "inboxwatch_spans_exported_total",
+            "inboxwatch.spans.exported",
+            "",
+        ),
+    ];
+    let res = wait_until(Duration::from_secs(20), || async {
+        let m = agent.try_scrape().await?;
+        let points = receiver.latest_points();
+        let mut bad = Vec::new();
+        let mut n = 0;
+        for (prom, otel, unit) in compared {
+            for s in m.series(prom, &[("source", "tr-inbox")]) {
+                if s.value == 0.0 && prom.ends_with("_total") {
+                    // A series created at 0 may not have been pushed yet: no update.
+                    continue;
+                }
+                n += 1;
+                match points.get(&(otel.to_string(), s.labels.clone())) {
+                    Some(p)
+                        if p.value == s.value && p.unit == unit && p.service == "inboxwatch" => {}
+                    other => bad.push(format!(
+                        "{}: scrape {} vs OTLP {other:?}",
+                        s.series(),
+                        s.value
+                    )),
+                }
+            }
+        }
+        if n < 20 {
+            bad.push(format!("only {n} series compared"));
+        }
+        if bad.is_empty() {
+            Ok(n)
+        } else {
+            Err(bad.join("\n"))
+        }
+    })
+    .await;
+    match res {
+        Ok(n) => eprintln!("{n} series equal in the scrape and the OTLP push"),
+        Err(e) => panic!("the OTLP metrics push differs from /metrics:\n{e}"),
+    }
+    drop(agent);
+    db.cleanup().await;
+}

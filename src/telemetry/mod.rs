@@ -3,4 +3,5 @@
 
 pub mod catalogue;
 pub mod labels;
+pub mod otlp;
 pub mod sketch;

@@ -38,6 +38,10 @@ pub struct RawTracing {
     pub client_cert_file: Option<String>,
     /// PEM private key of the client certificate.
     pub client_key_file: Option<String>,
+    /// Also push the metric catalogue over OTLP, beside `/metrics` (default false).
+    pub export_metrics: Option<bool>,
+    /// How often metrics are pushed (default `60s`).
+    pub metrics_interval: Option<String>,
 }
 
 /// `[sources.trace]` as written: how one consumer's spans describe it.
@@ -84,6 +88,9 @@ pub struct TracingConfig {
     pub ca_pem: Option<Vec<u8>>,
     /// PEM client certificate and key.
     pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Where metrics are pushed (for HTTP, with `/v1/metrics`); `None`: no push.
+    pub metrics_endpoint: Option<String>,
+    pub metrics_interval: Duration,
 }
 
 impl std::fmt::Debug for TracingConfig {
@@ -103,6 +110,11 @@ impl std::fmt::Debug for TracingConfig {
                 "tls",
                 &(self.ca_pem.is_some(), self.client_identity.is_some()),
             )
+            .field(
+                "metrics_endpoint",
+                &self.metrics_endpoint.as_deref().map(crate::config::redact),
+            )
+            .field("metrics_interval", &self.metrics_interval)
             .finish()
     }
 }
@@ -204,6 +216,57 @@ pub fn validate(
             ),
         );
     }
+
+    let metrics_endpoint = raw.export_metrics.unwrap_or(false).then(|| {
+        let path = match protocol {
+            Protocol::Grpc => "",
+            Protocol::HttpProtobuf => "/v1/metrics",
+        };
+        if let Some(e) = &raw.otlp_endpoint {
+            join_path(e, path)
+        } else if let Some((_, e)) = env_first(&["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]) {
+            e
+        } else if let Some((_, e)) = env_first(&["OTEL_EXPORTER_OTLP_ENDPOINT"]) {
+            join_path(&e, path)
+        } else {
+            let base = match protocol {
+                Protocol::Grpc => DEFAULT_GRPC,
+                Protocol::HttpProtobuf => DEFAULT_HTTP,
+            };
+            join_path(base, path)
+        }
+    });
+    // A configured endpoint is checked above; the metrics variable here.
+    if let Some(e) = &metrics_endpoint
+        && raw.otlp_endpoint.is_none()
+        && (!(e.starts_with("http://") || e.starts_with("https://"))
+            || e.parse::<http::Uri>().is_err())
+    {
+        problem(
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            format!(
+                "\"{}\" is not an http:// or https:// URL",
+                crate::config::redact(e)
+            ),
+        );
+    }
+    let metrics_interval = match raw.metrics_interval.as_deref() {
+        None => Duration::from_secs(60),
+        Some(t) => match humantime::parse_duration(t) {
+            Ok(d) if d >= Duration::from_secs(1) => d,
+            Ok(_) => {
+                problem("tracing.metrics_interval", "must be at least 1s".into());
+                Duration::from_secs(60)
+            }
+            Err(e) => {
+                problem(
+                    "tracing.metrics_interval",
+                    format!("invalid duration \"{t}\": {e}"),
+                );
+                Duration::from_secs(60)
+            }
+        },
+    };
 
     let sample_ratio = match raw.sample_ratio {
         None => 1.0,
@@ -344,6 +407,8 @@ pub fn validate(
         queue_size,
         ca_pem,
         client_identity,
+        metrics_endpoint,
+        metrics_interval,
     })
 }
 

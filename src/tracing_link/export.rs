@@ -181,51 +181,78 @@ impl Exporter {
 fn build(c: &TracingConfig) -> anyhow::Result<opentelemetry_otlp::SpanExporter> {
     let exporter = match c.protocol {
         Protocol::Grpc => {
-            let mut headers = http::HeaderMap::new();
-            for (k, v) in &c.headers {
-                let name = http::HeaderName::from_bytes(k.as_bytes())
-                    .with_context(|| format!("tracing.headers.{k}: not a header name"))?;
-                let value = http::HeaderValue::from_str(v)
-                    .with_context(|| format!("tracing.headers.{k}: not a header value"))?;
-                headers.insert(name, value);
-            }
-            let metadata =
-                opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(headers);
             let mut b = opentelemetry_otlp::SpanExporter::builder()
                 .with_tonic()
                 .with_endpoint(c.traces_endpoint.clone())
                 .with_timeout(c.timeout)
-                .with_metadata(metadata);
-            if c.is_tls() || c.ca_pem.is_some() || c.client_identity.is_some() {
-                use opentelemetry_otlp::tonic_types::transport::{
-                    Certificate, ClientTlsConfig, Identity,
-                };
-                let mut tls = ClientTlsConfig::new().with_webpki_roots();
-                if let Some(ca) = &c.ca_pem {
-                    tls = tls.ca_certificate(Certificate::from_pem(ca));
-                }
-                if let Some((cert, key)) = &c.client_identity {
-                    tls = tls.identity(Identity::from_pem(cert, key));
-                }
+                .with_metadata(metadata(c)?);
+            if let Some(tls) = tonic_tls(c) {
                 b = b.with_tls_config(tls);
             }
             b.build()?
         }
         Protocol::HttpProtobuf => {
             let headers: HashMap<String, String> = c.headers.iter().cloned().collect();
-            let client =
-                opentelemetry_http::hyper::HyperClient::new(https_connector(c)?, c.timeout, None);
             opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_endpoint(c.traces_endpoint.clone())
                 .with_timeout(c.timeout)
                 .with_headers(headers)
-                .with_http_client(client)
+                .with_http_client(http_client(c)?)
                 .build()?
         }
     };
     Ok(exporter)
+}
+
+/// The configured headers as gRPC metadata.
+pub fn metadata(
+    c: &TracingConfig,
+) -> anyhow::Result<opentelemetry_otlp::tonic_types::metadata::MetadataMap> {
+    let mut headers = http::HeaderMap::new();
+    for (k, v) in &c.headers {
+        let name = http::HeaderName::from_bytes(k.as_bytes())
+            .with_context(|| format!("tracing.headers.{k}: not a header name"))?;
+        let value = http::HeaderValue::from_str(v)
+            .with_context(|| format!("tracing.headers.{k}: not a header value"))?;
+        headers.insert(name, value);
+    }
+    Ok(opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(headers))
+}
+
+/// TLS settings of the gRPC channel, for `https://` endpoints or when
+/// certificates are configured: the web PKI roots, `ca_file`, the client identity.
+pub fn tonic_tls(
+    c: &TracingConfig,
+) -> Option<opentelemetry_otlp::tonic_types::transport::ClientTlsConfig> {
+    use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig, Identity};
+    if !(c.is_tls() || c.ca_pem.is_some() || c.client_identity.is_some()) {
+        return None;
+    }
+    let mut tls = ClientTlsConfig::new().with_webpki_roots();
+    if let Some(ca) = &c.ca_pem {
+        tls = tls.ca_certificate(Certificate::from_pem(ca));
+    }
+    if let Some((cert, key)) = &c.client_identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    Some(tls)
+}
+
+/// The HTTP client of the HTTP/protobuf exporters: hyper on the agent's runtime.
+pub fn http_client(
+    c: &TracingConfig,
+) -> anyhow::Result<
+    opentelemetry_http::hyper::HyperClient<
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    >,
+> {
+    Ok(opentelemetry_http::hyper::HyperClient::new(
+        https_connector(c)?,
+        c.timeout,
+        None,
+    ))
 }
 
 /// An HTTP(S) connector on rustls/ring: the web PKI roots plus `ca_file`,

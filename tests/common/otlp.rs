@@ -8,6 +8,12 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -16,6 +22,8 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue};
+use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+use opentelemetry_proto::tonic::metrics::v1::number_data_point;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message;
 use tokio_util::sync::CancellationToken;
@@ -71,6 +79,82 @@ fn render(v: &AnyValue) -> String {
 }
 
 type Store = Arc<Mutex<Vec<Got>>>;
+
+/// One received metric point: name, unit, attributes, the value (sums and
+/// gauges) or the count (histograms), and its time.
+#[derive(Clone, Debug)]
+pub struct Point {
+    pub name: String,
+    pub unit: String,
+    pub attrs: BTreeMap<String, String>,
+    pub value: f64,
+    pub time: u64,
+    pub service: String,
+}
+
+type Points = Arc<Mutex<Vec<Point>>>;
+
+fn take_metrics(points: &Points, req: ExportMetricsServiceRequest) {
+    let mut out = points.lock().expect("receiver points lock");
+    for rm in req.resource_metrics {
+        let service = rm
+            .resource
+            .as_ref()
+            .and_then(|r| attr(&r.attributes, "service.name"))
+            .unwrap_or_default();
+        for sm in rm.scope_metrics {
+            for m in sm.metrics {
+                let attrs_of = |kvs: &[KeyValue]| -> BTreeMap<String, String> {
+                    kvs.iter()
+                        .filter_map(|kv| kv.value.as_ref().map(|v| (kv.key.clone(), render(v))))
+                        .collect()
+                };
+                let number = |v: &Option<number_data_point::Value>| match v {
+                    Some(number_data_point::Value::AsDouble(d)) => *d,
+                    Some(number_data_point::Value::AsInt(i)) => *i as f64,
+                    None => f64::NAN,
+                };
+                let mut push = |attrs, value, time| {
+                    out.push(Point {
+                        name: m.name.clone(),
+                        unit: m.unit.clone(),
+                        attrs,
+                        value,
+                        time,
+                        service: service.clone(),
+                    })
+                };
+                match &m.data {
+                    Some(Data::Sum(s)) => s.data_points.iter().for_each(|p| {
+                        push(attrs_of(&p.attributes), number(&p.value), p.time_unix_nano)
+                    }),
+                    Some(Data::Gauge(g)) => g.data_points.iter().for_each(|p| {
+                        push(attrs_of(&p.attributes), number(&p.value), p.time_unix_nano)
+                    }),
+                    Some(Data::Histogram(h)) => h.data_points.iter().for_each(|p| {
+                        push(attrs_of(&p.attributes), p.count as f64, p.time_unix_nano)
+                    }),
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+struct GrpcMetrics(Points);
+
+#[tonic::async_trait]
+impl MetricsService for GrpcMetrics {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        take_metrics(&self.0, request.into_inner());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
 
 fn take(store: &Store, req: ExportTraceServiceRequest, via: &'static str) {
     let mut out = store.lock().expect("receiver store lock");
@@ -131,6 +215,7 @@ pub struct Receiver {
     pub grpc_port: u16,
     pub http_port: u16,
     store: Store,
+    points: Points,
     keys: Keys,
     stop: Option<CancellationToken>,
 }
@@ -142,6 +227,7 @@ impl Receiver {
             grpc_port: super::free_port(),
             http_port: super::free_port(),
             store: Store::default(),
+            points: Points::default(),
             keys: Keys::default(),
             stop: None,
         };
@@ -162,6 +248,19 @@ impl Receiver {
     /// Everything received so far.
     pub fn spans(&self) -> Vec<Got> {
         self.store.lock().expect("receiver store lock").clone()
+    }
+
+    /// The latest value of every metric series received over gRPC, by
+    /// (name, attributes).
+    pub fn latest_points(&self) -> BTreeMap<(String, BTreeMap<String, String>), Point> {
+        let mut out: BTreeMap<(String, BTreeMap<String, String>), Point> = BTreeMap::new();
+        for p in self.points.lock().expect("receiver points lock").iter() {
+            let key = (p.name.clone(), p.attrs.clone());
+            if out.get(&key).is_none_or(|q| q.time <= p.time) {
+                out.insert(key, p.clone());
+            }
+        }
+        out
     }
 
     /// The `x-api-key` header last seen over `grpc` or `http`.
@@ -188,12 +287,14 @@ impl Receiver {
         let grpc_addr: SocketAddr = ([127, 0, 0, 1], self.grpc_port).into();
         let store = self.store.clone();
         let keys = self.keys.clone();
+        let points = self.points.clone();
         let s = stop.clone();
         let listener = bind_retry(grpc_addr).await;
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             let _ = tonic::transport::Server::builder()
                 .add_service(TraceServiceServer::new(Grpc(store, keys)))
+                .add_service(MetricsServiceServer::new(GrpcMetrics(points)))
                 .serve_with_incoming_shutdown(incoming, s.cancelled_owned())
                 .await;
         });
