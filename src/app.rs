@@ -234,12 +234,22 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
     };
     let (push, bridge) = push.unzip();
     let handle = install_recorder_with(bridge)?;
+    let own_spans = match &config.tracing {
+        Some(t) if t.agent_spans => Some(crate::telemetry::agent_spans::enable(t)?),
+        _ => None,
+    };
     let agent = Agent::start(config, handle).await?;
     shutdown_signal().await;
     agent.shutdown().await;
-    if let Some(push) = push {
-        // Flushing waits for the reader task on the runtime: not on a worker.
-        let _ = tokio::task::spawn_blocking(move || push.shutdown()).await;
-    }
+    // Flushing waits for the exporting tasks on the runtime: not on a worker.
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Some(push) = push {
+            push.shutdown();
+        }
+        if let Some(p) = own_spans {
+            let _ = p.shutdown();
+        }
+    })
+    .await;
     Ok(())
 }

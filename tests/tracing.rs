@@ -1102,3 +1102,51 @@ async fn otlp_metrics_push_equals_the_scrape() {
     drop(agent);
     db.cleanup().await;
 }
+
+/// Guards `agent_spans`: the agent's own poll cycles reach the collector as
+/// spans `poll` of `service.name = inboxwatch` with the source and the rows
+/// read, and no span of the libraries below it (drivers, HTTP) does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_poll_cycles_are_traced_when_enabled() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("tra").await;
+    let receiver = Receiver::start().await;
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = {}\nprotocol = \"grpc\"\nagent_spans = true\n",
+        toml_str(&receiver.grpc_endpoint())
+    );
+    let cfg = config(&db, &tables.inbox, None, &tracing, "");
+    let mut agent = Agent::start(&cfg);
+    agent.wait_ready(READY_TIMEOUT).await;
+    let polls = wait_until(Duration::from_secs(30), || {
+        let polls: Vec<Got> = receiver
+            .spans()
+            .into_iter()
+            .filter(|g| g.service == "inboxwatch")
+            .collect();
+        async move {
+            if polls.len() >= 3 {
+                Ok(polls)
+            } else {
+                Err(format!("{} poll spans", polls.len()))
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the agent's poll spans did not arrive: {e}"));
+    for g in &polls {
+        assert_eq!(g.span.name, "poll", "{:?}", g.span);
+        assert_eq!(g.attr("source").as_deref(), Some("tr-inbox"));
+        assert!(g.attr("rows_read").is_some(), "{:?}", g.span.attributes);
+        assert!(g.span.end_time_unix_nano >= g.span.start_time_unix_nano);
+    }
+    let names: BTreeSet<String> = receiver
+        .spans()
+        .iter()
+        .filter(|g| g.service == "inboxwatch")
+        .map(|g| g.span.name.clone())
+        .collect();
+    assert_eq!(names, BTreeSet::from(["poll".to_string()]));
+    drop(agent);
+    db.cleanup().await;
+}

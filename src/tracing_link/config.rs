@@ -42,6 +42,8 @@ pub struct RawTracing {
     pub export_metrics: Option<bool>,
     /// How often metrics are pushed (default `60s`).
     pub metrics_interval: Option<String>,
+    /// Also export the agent's own poll cycles as spans of `service.name = inboxwatch` (default false).
+    pub agent_spans: Option<bool>,
 }
 
 /// `[sources.trace]` as written: how one consumer's spans describe it.
@@ -91,6 +93,8 @@ pub struct TracingConfig {
     /// Where metrics are pushed (for HTTP, with `/v1/metrics`); `None`: no push.
     pub metrics_endpoint: Option<String>,
     pub metrics_interval: Duration,
+    /// Export the agent's own poll spans.
+    pub agent_spans: bool,
 }
 
 impl std::fmt::Debug for TracingConfig {
@@ -409,6 +413,7 @@ pub fn validate(
         client_identity,
         metrics_endpoint,
         metrics_interval,
+        agent_spans: raw.agent_spans.unwrap_or(false),
     })
 }
 

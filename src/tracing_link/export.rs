@@ -178,7 +178,7 @@ impl Exporter {
 }
 
 /// Builds one OTLP span exporter from the validated settings.
-fn build(c: &TracingConfig) -> anyhow::Result<opentelemetry_otlp::SpanExporter> {
+pub fn build(c: &TracingConfig) -> anyhow::Result<opentelemetry_otlp::SpanExporter> {
     let exporter = match c.protocol {
         Protocol::Grpc => {
             let mut b = opentelemetry_otlp::SpanExporter::builder()
