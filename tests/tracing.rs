@@ -676,11 +676,22 @@ async fn postgres_spans_over_http_keep_every_failure_and_sample_the_rest() {
         check_consumer(d, &truth, &exp)
     })
     .await;
-    // Let a few more polls pass: nothing outside the expected set may arrive.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let got = dedup(&receiver.spans()).expect("consistent spans");
-    let bad = check_consumer(&got, &truth, &exp);
-    assert!(bad.is_empty(), "after settling: {bad:?}");
+    // For several more polls (and a sweep), nothing outside the expected set arrives.
+    let settled = common::stays(Duration::from_secs(4), || {
+        let r = dedup(&receiver.spans()).and_then(|got| {
+            let bad = check_consumer(&got, &truth, &exp);
+            if bad.is_empty() {
+                Ok(())
+            } else {
+                Err(bad.join("\n"))
+            }
+        });
+        async move { r }
+    })
+    .await;
+    if let Err(e) = settled {
+        panic!("after the spans matched, more arrived: {e}");
+    }
     assert!(
         receiver.spans().iter().all(|g| g.via == "http"),
         "everything came over HTTP"

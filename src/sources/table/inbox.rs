@@ -314,7 +314,14 @@ impl Inbox {
                     let finished_recently = row.finished.is_some_and(|f| f >= recent);
                     let emit_terminal = terminal && (counted || finished_recently);
                     let emit_failed = status == Status::Failed && row.updated >= recent;
-                    self.emit(&row, status, failures, 0, emit_terminal || emit_failed)
+                    self.emit(
+                        &row,
+                        status,
+                        failures,
+                        0,
+                        emit_terminal || emit_failed,
+                        !baseline,
+                    )
                 } else {
                     0
                 };
@@ -369,7 +376,7 @@ impl Inbox {
         let newly_failed = status == Status::Failed;
         let spanned = if self.spans.is_some() {
             let emit = (terminal && !prev.completed) || newly_failed;
-            self.emit(&row, status, failures, prev.spanned, emit)
+            self.emit(&row, status, failures, prev.spanned, emit, !baseline)
         } else {
             0
         };
@@ -393,8 +400,17 @@ impl Inbox {
     /// Emits the span a row shows, if `emit` and it was not emitted yet:
     /// a terminal row's last attempt, or a failed row's failed attempt
     /// (once per attempt: `spanned` is the highest one already emitted).
+    /// A malformed `traceparent` is counted as rejected if `count_rejects`.
     /// Returns the new `spanned`.
-    fn emit(&mut self, row: &Row, status: Status, failures: u32, spanned: u32, emit: bool) -> u32 {
+    fn emit(
+        &mut self,
+        row: &Row,
+        status: Status,
+        failures: u32,
+        spanned: u32,
+        emit: bool,
+        count_rejects: bool,
+    ) -> u32 {
         let attempt = match row.attempts {
             Some(a) => u32::try_from(a.max(1)).unwrap_or(u32::MAX),
             None if status == Status::Failed => failures.max(1),
@@ -424,7 +440,8 @@ impl Inbox {
         let failed = status != Status::Succeeded || attempt > 1;
         let traceparent = row.traceparent.as_deref().filter(|t| !t.is_empty());
         let parsed = traceparent.and_then(TraceParent::parse);
-        if traceparent.is_some() && parsed.is_none() {
+        // A baseline read re-sends spans (same ids) but counts nothing again.
+        if count_rejects && traceparent.is_some() && parsed.is_none() {
             self.rejections.add(Reject::BadTraceparent);
         }
         if sink.keep(&row.event_id, failed, processing) {

@@ -95,11 +95,11 @@ impl Outbox {
         self
     }
 
-    fn emit(&mut self, p: &Publish<'_>, traceparent: Option<&str>) {
+    fn emit(&mut self, p: &Publish<'_>, traceparent: Option<&str>, count_rejects: bool) {
         let Some(sink) = self.spans.as_mut() else {
             return;
         };
-        if traceparent.is_some() && p.traceparent.is_none() {
+        if count_rejects && traceparent.is_some() && p.traceparent.is_none() {
             self.rejections.add(Reject::BadTraceparent);
         }
         if sink.keep(p.event_id, false, None) {
@@ -227,6 +227,7 @@ impl TableKind for Outbox {
                     traceparent: tp.and_then(TraceParent::parse),
                 },
                 tp,
+                !baseline,
             );
         }
         self.states.insert(
