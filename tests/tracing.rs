@@ -1161,3 +1161,85 @@ async fn agent_poll_cycles_are_traced_when_enabled() {
     drop(agent);
     db.cleanup().await;
 }
+
+/// Guards TLS to the collector on both transports: with `ca_file` naming the
+/// collector's private CA, spans arrive over `https://` by gRPC and by
+/// HTTP/protobuf (hyper on rustls); without it the certificate is not
+/// trusted, nothing arrives and the spans are counted as dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spans_reach_a_tls_collector_only_when_its_ca_is_trusted() {
+    let db = Db::postgres().await;
+    let pki = tempfile::tempdir().expect("temp dir");
+    let (ca, cert, key) = common::otlp::test_pki(pki.path());
+    let receiver = Receiver::start_tls(cert, key).await;
+    let endpoint = format!("https://localhost:{}", receiver.grpc_port);
+    for (i, protocol) in ["grpc", "http/protobuf", "untrusted"]
+        .into_iter()
+        .enumerate()
+    {
+        let tables = db.fresh_tables(&format!("trs{i}")).await;
+        let tracing = if protocol == "untrusted" {
+            format!(
+                "[tracing]\notlp_endpoint = {}\nprotocol = \"grpc\"\ntimeout = \"2s\"\n",
+                toml_str(&endpoint)
+            )
+        } else {
+            format!(
+                "[tracing]\notlp_endpoint = {}\nprotocol = {}\nca_file = {}\n",
+                toml_str(&endpoint),
+                toml_str(protocol),
+                toml_str(ca.to_str().expect("utf-8 path"))
+            )
+        };
+        let cfg = config(&db, &tables.inbox, None, &tracing, "");
+        let mut agent = Agent::start(&cfg);
+        agent.wait_ready(READY_TIMEOUT).await;
+        let before = receiver.len();
+        let inbox = Target {
+            dialect: db.dialect,
+            pool: db.pool.clone(),
+            table: tables.inbox.clone(),
+        };
+        let clock = Clock::new(db.now_ms().await + 5);
+        let truth = InboxWorkload::small(60, 2).run(&inbox, clock).await;
+        let terminal = truth.events.iter().filter(|e| e.is_terminal()).count();
+        let want = if protocol == "untrusted" {
+            "dropped"
+        } else {
+            "exported"
+        };
+        let metric = format!("inboxwatch_spans_{want}_total");
+        wait_until(CONVERGE, || async {
+            let m = agent.try_scrape().await?;
+            let n = m.sum(&metric, &[("source", "tr-inbox")]);
+            if n >= terminal as f64 {
+                Ok(())
+            } else {
+                Err(format!("{metric} = {n}, {terminal} events completed"))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{protocol}: {e}"));
+        let got = receiver.spans()[before..].to_vec();
+        if protocol == "untrusted" {
+            assert!(
+                got.is_empty(),
+                "an untrusted collector received {} spans",
+                got.len()
+            );
+        } else {
+            let via = if protocol == "grpc" { "grpc" } else { "http" };
+            assert!(
+                got.len() >= terminal,
+                "{protocol}: {} spans received",
+                got.len()
+            );
+            assert!(
+                got.iter().all(|g| g.via == via),
+                "{protocol}: all over {via}"
+            );
+        }
+        drop(agent);
+    }
+    db.cleanup().await;
+}

@@ -218,6 +218,8 @@ pub struct Receiver {
     points: Points,
     keys: Keys,
     stop: Option<CancellationToken>,
+    /// PEM certificate chain and key: serve TLS, gRPC and HTTP on one port.
+    tls: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Receiver {
@@ -230,6 +232,24 @@ impl Receiver {
             points: Points::default(),
             keys: Keys::default(),
             stop: None,
+            tls: None,
+        };
+        r.resume().await;
+        r
+    }
+
+    /// Starts with TLS (certificate chain and key in PEM) on one port that
+    /// speaks both gRPC and HTTP/1.1 (`POST /v1/traces`).
+    pub async fn start_tls(cert: Vec<u8>, key: Vec<u8>) -> Receiver {
+        let port = super::free_port();
+        let mut r = Receiver {
+            grpc_port: port,
+            http_port: port,
+            store: Store::default(),
+            points: Points::default(),
+            keys: Keys::default(),
+            stop: None,
+            tls: Some((cert, key)),
         };
         r.resume().await;
         r
@@ -283,6 +303,10 @@ impl Receiver {
 
     /// (Re)starts both listeners on the same ports.
     pub async fn resume(&mut self) {
+        if let Some((cert, key)) = self.tls.clone() {
+            self.resume_tls(cert, key).await;
+            return;
+        }
         let stop = CancellationToken::new();
         let grpc_addr: SocketAddr = ([127, 0, 0, 1], self.grpc_port).into();
         let store = self.store.clone();
@@ -344,6 +368,131 @@ impl Receiver {
         });
         self.stop = Some(stop);
     }
+}
+
+impl Receiver {
+    async fn resume_tls(&mut self, cert: Vec<u8>, key: Vec<u8>) {
+        let stop = CancellationToken::new();
+        let addr: SocketAddr = ([127, 0, 0, 1], self.grpc_port).into();
+        let store = self.store.clone();
+        let http = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let store = store.clone();
+                async move {
+                    let req = ExportTraceServiceRequest::decode(body)
+                        .map_err(|_| axum::http::StatusCode::BAD_REQUEST)?;
+                    take(&store, req, "http");
+                    Ok::<_, axum::http::StatusCode>((
+                        [("content-type", "application/x-protobuf")],
+                        ExportTraceServiceResponse {
+                            partial_success: None,
+                        }
+                        .encode_to_vec(),
+                    ))
+                }
+            }),
+        );
+        let routes = tonic::service::Routes::from(http).add_service(TraceServiceServer::new(Grpc(
+            self.store.clone(),
+            self.keys.clone(),
+        )));
+        let listener = bind_retry(addr).await;
+        let s = stop.clone();
+        tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let tls = tonic::transport::ServerTlsConfig::new()
+                .identity(tonic::transport::Identity::from_pem(cert, key));
+            let result = tonic::transport::Server::builder()
+                .tls_config(tls)
+                .expect("the test certificate is usable")
+                .accept_http1(true)
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, s.cancelled_owned())
+                .await;
+            if let Err(e) = result {
+                eprintln!("TLS receiver stopped: {e}");
+            }
+        });
+        self.stop = Some(stop);
+    }
+}
+
+/// A CA and a server certificate for `localhost` and 127.0.0.1, made with
+/// the `openssl` command in `dir`: (CA PEM path, server chain PEM, server key PEM).
+pub fn test_pki(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>, Vec<u8>) {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("the openssl command runs");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    run(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=inboxwatch test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+        "-subj",
+        "/CN=localhost",
+    ]);
+    std::fs::write(
+        dir.join("ext.cnf"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+         keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("write ext.cnf");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "ext.cnf",
+    ]);
+    let read = |f: &str| std::fs::read(dir.join(f)).expect("read a generated PEM");
+    (dir.join("ca.pem"), read("server.pem"), read("server.key"))
 }
 
 impl Drop for Receiver {
