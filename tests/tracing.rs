@@ -931,6 +931,25 @@ fn bad_tracing_config_exits_2_naming_every_key() {
     assert_eq!(code, Some(0), "{err}");
 }
 
+/// `n` completed events (one in ten dead-lettered), each with a traceparent,
+/// finished a minute ago, distinct change times.
+async fn bench_rows(db: &Db, table: &str, n: i64) {
+    db.pool
+        .raw(&format!(
+            "INSERT INTO {} (event_id, event_type, status, received_at, started_at, finished_at, attempts, \
+             deliveries, last_error, traceparent, updated_at) \
+             SELECT 'bench-' || i, 'order.paid', CASE WHEN i % 10 = 0 THEN 'dead' ELSE 'succeeded' END, \
+             now() - interval '60 s', now() - interval '59 s', now() - interval '58 s', 1 + i % 3, 1, \
+             CASE WHEN i % 10 = 0 THEN 'TimeoutError: upstream' END, \
+             '00-' || md5(i::text) || '-' || substr(md5('s' || i), 1, 16) || '-01', \
+             now() - interval '58 s' + i * interval '1 microsecond' \
+             FROM generate_series(1, {n}) AS i",
+            table
+        ))
+        .await
+        .expect("insert the rows");
+}
+
 /// CPU seconds (user + system) a process has used, from /proc.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -951,20 +970,7 @@ async fn linker_throughput_per_cpu_second() {
     const N: i64 = 50_000;
     let db = Db::postgres().await;
     let tables = db.fresh_tables("trt").await;
-    db.pool
-        .raw(&format!(
-            "INSERT INTO {} (event_id, event_type, status, received_at, started_at, finished_at, attempts, \
-             deliveries, last_error, traceparent, updated_at) \
-             SELECT 'bench-' || i, 'order.paid', CASE WHEN i % 10 = 0 THEN 'dead' ELSE 'succeeded' END, \
-             now() - interval '60 s', now() - interval '59 s', now() - interval '58 s', 1 + i % 3, 1, \
-             CASE WHEN i % 10 = 0 THEN 'TimeoutError: upstream' END, \
-             '00-' || md5(i::text) || '-' || substr(md5('s' || i), 1, 16) || '-01', \
-             now() - interval '58 s' + i * interval '1 microsecond' \
-             FROM generate_series(1, {N}) AS i",
-            tables.inbox
-        ))
-        .await
-        .expect("insert the rows");
+    bench_rows(&db, &tables.inbox, N).await;
     let receiver = Receiver::start().await;
     let tracing = format!(
         "[tracing]\notlp_endpoint = {}\nprotocol = \"grpc\"\nqueue_size = 100000\n",
@@ -1241,5 +1247,65 @@ async fn spans_reach_a_tls_collector_only_when_its_ca_is_trusted() {
         }
         drop(agent);
     }
+    db.cleanup().await;
+}
+
+/// Measures the memory the agent holds while the collector is down: 50,000
+/// completed rows turned into spans that all have to be dropped (default
+/// queue), against the same agent without `[tracing]`; prints both RSS and
+/// fails if tracing costs more than 32 MB. Run with `--run-ignored only`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run explicitly"]
+async fn memory_with_the_collector_down() {
+    const N: i64 = 50_000;
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("trq").await;
+    bench_rows(&db, &tables.inbox, N).await;
+    let mut receiver = Receiver::start().await;
+    receiver.stop().await;
+    let tracing = format!(
+        "[tracing]\notlp_endpoint = {}\nprotocol = \"grpc\"\ntimeout = \"1s\"\n",
+        toml_str(&receiver.grpc_endpoint())
+    );
+    let mut rss = Vec::new();
+    for with_tracing in [false, true] {
+        let cfg = config(
+            &db,
+            &tables.inbox,
+            None,
+            if with_tracing { &tracing } else { "" },
+            "",
+        )
+        .replace(
+            "overlap = \"10s\"",
+            "overlap = \"5m\"\nstate_retention = \"10m\"",
+        )
+        .replace("poll_interval = \"300ms\"", "poll_interval = \"1s\"")
+        .replace("timeout = \"2s\"", "timeout = \"30s\"");
+        let mut agent = Agent::start(&cfg);
+        agent.wait_ready(READY_TIMEOUT).await;
+        if with_tracing {
+            wait_until(Duration::from_secs(120), || async {
+                let m = agent.try_scrape().await?;
+                let d = m.sum("inboxwatch_spans_dropped_total", &[]);
+                if d >= N as f64 {
+                    Ok(())
+                } else {
+                    Err(format!("{d} of {N} dropped"))
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        } else {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        rss.push(rss_kb(agent.pid()));
+        drop(agent);
+    }
+    eprintln!(
+        "RSS after reading {N} completed rows: {} kB without [tracing], {} kB with the collector down and all {N} spans dropped",
+        rss[0], rss[1]
+    );
+    assert!(rss[1] <= rss[0] + 32 * 1024, "{rss:?} kB");
     db.cleanup().await;
 }
