@@ -1171,32 +1171,55 @@ async fn agent_poll_cycles_are_traced_when_enabled() {
 /// Guards TLS to the collector on both transports: with `ca_file` naming the
 /// collector's private CA, spans arrive over `https://` by gRPC and by
 /// HTTP/protobuf (hyper on rustls); without it the certificate is not
-/// trusted, nothing arrives and the spans are counted as dropped.
+/// trusted, nothing arrives and the spans are counted as dropped. Then mutual
+/// TLS: a collector that requires a client certificate gets the spans of an
+/// agent with `client_cert_file`/`client_key_file` on both transports, and
+/// none from an agent without.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn spans_reach_a_tls_collector_only_when_its_ca_is_trusted() {
     let db = Db::postgres().await;
     let pki = tempfile::tempdir().expect("temp dir");
     let (ca, cert, key) = common::otlp::test_pki(pki.path());
-    let receiver = Receiver::start_tls(cert, key).await;
-    let endpoint = format!("https://localhost:{}", receiver.grpc_port);
-    for (i, protocol) in ["grpc", "http/protobuf", "untrusted"]
-        .into_iter()
-        .enumerate()
-    {
+    let ca_pem = std::fs::read(&ca).expect("read the CA");
+    let path = |f: &str| pki.path().join(f).to_str().expect("utf-8 path").to_string();
+    let tls = Receiver::start_tls(cert.clone(), key.clone(), None).await;
+    let mtls = Receiver::start_tls(cert, key, Some(ca_pem)).await;
+    let cases = [
+        ("grpc", &tls, true, false),
+        ("http/protobuf", &tls, true, false),
+        ("grpc", &tls, false, false),
+        ("grpc", &mtls, true, true),
+        ("http/protobuf", &mtls, true, true),
+        ("grpc", &mtls, true, false),
+    ];
+    for (i, (protocol, receiver, trust_ca, client_cert)) in cases.into_iter().enumerate() {
+        let what = format!(
+            "{protocol}, CA {}, client certificate {}{}",
+            if trust_ca { "trusted" } else { "not trusted" },
+            if client_cert { "given" } else { "not given" },
+            if std::ptr::eq(receiver, &mtls) {
+                " (collector requires one)"
+            } else {
+                ""
+            },
+        );
+        let delivered = trust_ca && (client_cert || !std::ptr::eq(receiver, &mtls));
         let tables = db.fresh_tables(&format!("trs{i}")).await;
-        let tracing = if protocol == "untrusted" {
-            format!(
-                "[tracing]\notlp_endpoint = {}\nprotocol = \"grpc\"\ntimeout = \"2s\"\n",
-                toml_str(&endpoint)
-            )
-        } else {
-            format!(
-                "[tracing]\notlp_endpoint = {}\nprotocol = {}\nca_file = {}\n",
-                toml_str(&endpoint),
-                toml_str(protocol),
-                toml_str(ca.to_str().expect("utf-8 path"))
-            )
-        };
+        let mut tracing = format!(
+            "[tracing]\notlp_endpoint = {}\nprotocol = {}\ntimeout = \"2s\"\n",
+            toml_str(&format!("https://localhost:{}", receiver.grpc_port)),
+            toml_str(protocol)
+        );
+        if trust_ca {
+            tracing.push_str(&format!("ca_file = {}\n", toml_str(&path("ca.pem"))));
+        }
+        if client_cert {
+            tracing.push_str(&format!(
+                "client_cert_file = {}\nclient_key_file = {}\n",
+                toml_str(&path("client.pem")),
+                toml_str(&path("client.key"))
+            ));
+        }
         let cfg = config(&db, &tables.inbox, None, &tracing, "");
         let mut agent = Agent::start(&cfg);
         agent.wait_ready(READY_TIMEOUT).await;
@@ -1209,15 +1232,14 @@ async fn spans_reach_a_tls_collector_only_when_its_ca_is_trusted() {
         let clock = Clock::new(db.now_ms().await + 5);
         let truth = InboxWorkload::small(60, 2).run(&inbox, clock).await;
         let terminal = truth.events.iter().filter(|e| e.is_terminal()).count();
-        let want = if protocol == "untrusted" {
-            "dropped"
+        let metric = if delivered {
+            "inboxwatch_spans_exported_total"
         } else {
-            "exported"
+            "inboxwatch_spans_dropped_total"
         };
-        let metric = format!("inboxwatch_spans_{want}_total");
         wait_until(CONVERGE, || async {
             let m = agent.try_scrape().await?;
-            let n = m.sum(&metric, &[("source", "tr-inbox")]);
+            let n = m.sum(metric, &[("source", "tr-inbox")]);
             if n >= terminal as f64 {
                 Ok(())
             } else {
@@ -1225,25 +1247,18 @@ async fn spans_reach_a_tls_collector_only_when_its_ca_is_trusted() {
             }
         })
         .await
-        .unwrap_or_else(|e| panic!("{protocol}: {e}"));
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
         let got = receiver.spans()[before..].to_vec();
-        if protocol == "untrusted" {
-            assert!(
-                got.is_empty(),
-                "an untrusted collector received {} spans",
-                got.len()
-            );
-        } else {
+        if delivered {
             let via = if protocol == "grpc" { "grpc" } else { "http" };
             assert!(
                 got.len() >= terminal,
-                "{protocol}: {} spans received",
+                "{what}: {} spans received",
                 got.len()
             );
-            assert!(
-                got.iter().all(|g| g.via == via),
-                "{protocol}: all over {via}"
-            );
+            assert!(got.iter().all(|g| g.via == via), "{what}: all over {via}");
+        } else {
+            assert!(got.is_empty(), "{what}: {} spans received", got.len());
         }
         drop(agent);
     }

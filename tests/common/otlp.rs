@@ -220,6 +220,8 @@ pub struct Receiver {
     stop: Option<CancellationToken>,
     /// PEM certificate chain and key: serve TLS, gRPC and HTTP on one port.
     tls: Option<(Vec<u8>, Vec<u8>)>,
+    /// PEM CA that client certificates must chain to (mutual TLS).
+    client_ca: Option<Vec<u8>>,
 }
 
 impl Receiver {
@@ -233,6 +235,7 @@ impl Receiver {
             keys: Keys::default(),
             stop: None,
             tls: None,
+            client_ca: None,
         };
         r.resume().await;
         r
@@ -240,7 +243,7 @@ impl Receiver {
 
     /// Starts with TLS (certificate chain and key in PEM) on one port that
     /// speaks both gRPC and HTTP/1.1 (`POST /v1/traces`).
-    pub async fn start_tls(cert: Vec<u8>, key: Vec<u8>) -> Receiver {
+    pub async fn start_tls(cert: Vec<u8>, key: Vec<u8>, client_ca: Option<Vec<u8>>) -> Receiver {
         let port = super::free_port();
         let mut r = Receiver {
             grpc_port: port,
@@ -250,6 +253,7 @@ impl Receiver {
             keys: Keys::default(),
             stop: None,
             tls: Some((cert, key)),
+            client_ca,
         };
         r.resume().await;
         r
@@ -399,10 +403,14 @@ impl Receiver {
         )));
         let listener = bind_retry(addr).await;
         let s = stop.clone();
+        let client_ca = self.client_ca.clone();
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-            let tls = tonic::transport::ServerTlsConfig::new()
+            let mut tls = tonic::transport::ServerTlsConfig::new()
                 .identity(tonic::transport::Identity::from_pem(cert, key));
+            if let Some(ca) = client_ca {
+                tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(ca));
+            }
             let result = tonic::transport::Server::builder()
                 .tls_config(tls)
                 .expect("the test certificate is usable")
@@ -418,8 +426,10 @@ impl Receiver {
     }
 }
 
-/// A CA and a server certificate for `localhost` and 127.0.0.1, made with
-/// the `openssl` command in `dir`: (CA PEM path, server chain PEM, server key PEM).
+/// A CA, a server certificate for `localhost` and 127.0.0.1 and a client
+/// certificate, made with the `openssl` command in `dir`: (CA PEM path,
+/// server chain PEM, server key PEM); the client's are `client.pem` and
+/// `client.key` in `dir`.
 pub fn test_pki(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>, Vec<u8>) {
     let run = |args: &[&str]| {
         let out = std::process::Command::new("openssl")
@@ -490,6 +500,42 @@ pub fn test_pki(dir: &std::path::Path) -> (std::path::PathBuf, Vec<u8>, Vec<u8>)
         "2",
         "-extfile",
         "ext.cnf",
+    ]);
+    run(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=inboxwatch-agent",
+    ]);
+    std::fs::write(
+        dir.join("client.cnf"),
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )
+    .expect("write client.cnf");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "client.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "client.cnf",
     ]);
     let read = |f: &str| std::fs::read(dir.join(f)).expect("read a generated PEM");
     (dir.join("ca.pem"), read("server.pem"), read("server.key"))
