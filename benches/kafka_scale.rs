@@ -35,7 +35,6 @@ mod common {
 }
 
 #[path = "../tests/common/kafka.rs"]
-#[allow(dead_code)]
 mod kafka_support;
 
 use kafka_support::{Broker, now_ms};
@@ -172,7 +171,11 @@ async fn run_point(p: &Point) -> Row {
         let resp = conn.send_at(&req, 2).await.expect("OffsetCommit");
         for t in resp.topics {
             for part in t.partitions {
-                assert_eq!(part.error_code, 0, "commit of {topic}/{}", part.partition_index);
+                assert_eq!(
+                    part.error_code, 0,
+                    "commit of {topic}/{}",
+                    part.partition_index
+                );
                 committed += 1;
             }
         }
@@ -202,7 +205,12 @@ async fn run_point(p: &Point) -> Row {
         .nth(1)
         .and_then(|s| s.split(" ms").next())
         .and_then(|s| s.trim().parse().ok())
-        .unwrap_or_else(|| panic!("doctor said: {text}{}", String::from_utf8_lossy(&out.stderr)));
+        .unwrap_or_else(|| {
+            panic!(
+                "doctor said: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
     let series: usize = text
         .split(" ms: ")
         .nth(1)
@@ -246,7 +254,10 @@ async fn run_point(p: &Point) -> Row {
     while started.elapsed() < Duration::from_secs(90) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let Some(m) = scrape().await else { continue };
-        let c = metric(&m, "inboxwatch_poll_duration_seconds_count{source=\"bench\"}");
+        let c = metric(
+            &m,
+            "inboxwatch_poll_duration_seconds_count{source=\"bench\"}",
+        );
         let s = metric(&m, "inboxwatch_poll_duration_seconds_sum{source=\"bench\"}");
         match base {
             None if c >= 1.0 => base = Some((s, c, cpu_ms(pid))),
@@ -272,7 +283,11 @@ async fn run_point(p: &Point) -> Row {
         committed,
         setup,
         cold_ms,
-        steady_ms: if count > 0.0 { sum / count * 1000.0 } else { f64::NAN },
+        steady_ms: if count > 0.0 {
+            sum / count * 1000.0
+        } else {
+            f64::NAN
+        },
         polls: count,
         rss_mb,
         hwm_mb,

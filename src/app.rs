@@ -33,14 +33,35 @@ pub struct Agent {
     http: tokio::task::JoinHandle<std::io::Result<()>>,
     stop_http: CancellationToken,
     grace: Duration,
+    /// The span export task and its stop signal, when `[tracing]` is set.
+    spans: Option<(tokio::task::JoinHandle<()>, CancellationToken)>,
     _owned_outright: Vec<watch::Sender<Option<bool>>>,
 }
 
 /// Installs the global metrics recorder once and returns its handle.
 pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+    install_recorder_with(None)
+}
+
+/// Installs the Prometheus recorder and, when given, the OTLP metrics bridge
+/// beside it (every update goes to both).
+pub fn install_recorder_with(
+    otlp: Option<crate::telemetry::otlp::Bridge>,
+) -> anyhow::Result<PrometheusHandle> {
     let recorder = catalogue_recorder();
     let handle = recorder.handle();
-    metrics::set_global_recorder(recorder).context("installing the metrics recorder")?;
+    match otlp {
+        None => metrics::set_global_recorder(recorder)
+            .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed")),
+        Some(bridge) => metrics::set_global_recorder(
+            metrics_util::layers::FanoutBuilder::default()
+                .add_recorder(recorder)
+                .add_recorder(bridge)
+                .build(),
+        )
+        .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed")),
+    }
+    .context("installing the metrics recorder")?;
     m::describe();
     metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     let upkeep = handle.clone();
@@ -67,6 +88,7 @@ impl Agent {
         let leadership = Arc::new(Leadership::default());
         // Senders of sources no lock decides (SQLite): kept so that ownership never ends.
         let mut owned_outright = Vec::new();
+        let mut linker = config.tracing.clone().map(crate::tracing_link::Linker::new);
         for spec in config.sources {
             let name = spec.name().to_string();
             leadership.register(&name);
@@ -117,18 +139,36 @@ impl Agent {
                     rx
                 }
             };
+            let sink = match linker.as_mut() {
+                Some(l) => Some(l.sink(&table)?),
+                None => None,
+            };
             match spec {
                 SourceSpec::Inbox(s) => {
-                    let make = move || TableSource::new(s.table.clone(), Inbox::new(s.clone()));
+                    let make = move || {
+                        TableSource::new(
+                            s.table.clone(),
+                            Inbox::new(s.clone()).with_spans(sink.clone()),
+                        )
+                    };
                     tasks.spawn(run_loop(name.clone(), make, h, leader, c));
                 }
                 SourceSpec::Outbox(s) => {
-                    let make = move || TableSource::new(s.table.clone(), Outbox::new(s.clone()));
+                    let make = move || {
+                        TableSource::new(
+                            s.table.clone(),
+                            Outbox::new(s.clone()).with_spans(sink.clone()),
+                        )
+                    };
                     tasks.spawn(run_loop(name.clone(), make, h, leader, c));
                 }
                 SourceSpec::Kafka(_) => unreachable!("handled above"),
             }
         }
+        let spans = linker.map(|l| {
+            let stop = CancellationToken::new();
+            (tokio::spawn(l.run(stop.clone())), stop)
+        });
         let stop_http = CancellationToken::new();
         let state = AppState {
             metrics: handle,
@@ -145,12 +185,14 @@ impl Agent {
             http,
             stop_http,
             grace: config.shutdown_grace,
+            spans,
             _owned_outright: owned_outright,
         })
     }
 
     /// Stops polling and releases the sources' locks, then stops the HTTP
-    /// server after in-flight scrapes, all within the configured grace period.
+    /// server after in-flight scrapes, then flushes the queued spans, all
+    /// within the configured grace period.
     pub async fn shutdown(mut self) {
         self.cancel.cancel();
         let loops = async { while self.tasks.join_next().await.is_some() {} };
@@ -169,6 +211,12 @@ impl Agent {
             Ok(Ok(Err(e))) => warn!(error = %e, "HTTP server failed."),
             Ok(Err(e)) => warn!(error = %e, "HTTP server task failed."),
             Err(_) => warn!("HTTP server did not stop in time."),
+        }
+        if let Some((task, stop)) = self.spans {
+            stop.cancel();
+            if tokio::time::timeout_at(deadline, task).await.is_err() {
+                warn!("Queued spans were not exported in time.");
+            }
         }
     }
 }
@@ -199,9 +247,28 @@ pub async fn shutdown_signal() {
 /// `inboxwatch run`: the agent until a signal.
 pub async fn run(config: Config) -> anyhow::Result<()> {
     sqlx::any::install_default_drivers();
-    let handle = install_recorder()?;
+    let push = match &config.tracing {
+        Some(t) => crate::telemetry::otlp::start(t)?,
+        None => None,
+    };
+    let (push, bridge) = push.unzip();
+    let handle = install_recorder_with(bridge)?;
+    let own_spans = match &config.tracing {
+        Some(t) if t.agent_spans => Some(crate::telemetry::agent_spans::enable(t)?),
+        _ => None,
+    };
     let agent = Agent::start(config, handle).await?;
     shutdown_signal().await;
     agent.shutdown().await;
+    // Flushing waits for the exporting tasks on the runtime: not on a worker.
+    let _ = tokio::task::spawn_blocking(move || {
+        if let Some(push) = push {
+            push.shutdown();
+        }
+        if let Some(p) = own_spans {
+            let _ = p.shutdown();
+        }
+    })
+    .await;
     Ok(())
 }

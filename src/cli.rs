@@ -1,4 +1,5 @@
-//! Command line: `run`, `demo`, `check-config`, `schema`, `doctor`, `metrics`.
+//! Command line: `run`, `demo`, `check-config`, `schema`, `doctor`, `metrics`,
+//! `trace`, `dead-letters`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -65,4 +66,30 @@ pub enum Command {
     },
     /// Print the metric reference (every metric the agent exports) as Markdown.
     Metrics,
+    /// Look up one event: its timeline, its trace id and its producer's trace id (read-only).
+    Trace {
+        /// The event id (idempotency key).
+        event_id: String,
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Only this source (default: every inbox and outbox source).
+        #[arg(long)]
+        source: Option<String>,
+    },
+    /// List recently dead-lettered events, newest first, tab-separated (read-only).
+    DeadLetters {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Only this source (default: every inbox source).
+        #[arg(long)]
+        source: Option<String>,
+        /// How far back, e.g. `1h` or `2d`.
+        #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+        since: std::time::Duration,
+        /// At most this many events per source.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
 }

@@ -62,6 +62,8 @@ pub struct RawConfig {
     /// The watched sources.
     #[serde(default)]
     pub sources: Vec<RawSource>,
+    /// OTLP export of linked spans; absent: no spans.
+    pub tracing: Option<crate::tracing_link::config::RawTracing>,
 }
 
 /// `[server]`.
@@ -139,6 +141,8 @@ pub struct RawSource {
     pub tls: Option<RawTls>,
     /// Kafka: SASL authentication.
     pub sasl: Option<RawSasl>,
+    /// How this consumer's spans describe it (with `[tracing]`).
+    pub trace: Option<crate::tracing_link::config::RawSourceTrace>,
 }
 
 /// `{ include = [...], exclude = [...] }`: regexes matched against whole names.
@@ -226,6 +230,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// The sources, in file order.
     pub sources: Vec<SourceSpec>,
+    /// Span export, when `[tracing]` is configured.
+    pub tracing: Option<crate::tracing_link::config::TracingConfig>,
 }
 
 /// One validated source.
@@ -403,6 +409,8 @@ pub struct TableSpec {
     pub max_tracked_events: usize,
     pub batch_size: usize,
     pub service_name: Option<String>,
+    /// `[sources.trace]`: how the consumer's spans describe it.
+    pub trace: crate::tracing_link::config::SourceTrace,
     pub objectives: Objectives,
     /// `sources[i]`, for messages that point back at the file.
     pub key: String,
@@ -689,11 +697,13 @@ pub fn validate(
             sources.push(spec);
         }
     }
+    let tracing = crate::tracing_link::config::validate(raw.tracing.as_ref(), env, &mut v.problems);
     if v.problems.is_empty() {
         Ok(Config {
             listen,
             shutdown_grace,
             sources,
+            tracing,
         })
     } else {
         Err(ConfigError {
@@ -902,6 +912,11 @@ impl Validator {
             max_tracked_events,
             batch_size,
             service_name: s.service_name.clone(),
+            trace: crate::tracing_link::config::validate_source(
+                key,
+                s.trace.as_ref(),
+                &mut self.problems,
+            ),
             objectives,
             key: key.to_string(),
         };
@@ -1288,8 +1303,9 @@ table = "outbox"
     fn the_documented_example_is_valid() {
         let text = include_str!("../config/inboxwatch.toml");
         let raw: RawConfig = toml::from_str(text).expect("config/inboxwatch.toml parses");
-        let cfg = validate(&raw, &|_| Some("example".to_string()))
-            .expect("config/inboxwatch.toml is valid");
+        // Every ${VAR} set; the OTEL_EXPORTER_OTLP_* fallbacks left unset.
+        let env = |name: &str| (!name.starts_with("OTEL_")).then(|| "example".to_string());
+        let cfg = validate(&raw, &env).expect("config/inboxwatch.toml is valid");
         assert_eq!(cfg.sources.len(), 4);
         let SourceSpec::Inbox(billing) = &cfg.sources[1] else {
             panic!("billing-inbox is an inbox")
@@ -1307,6 +1323,16 @@ table = "outbox"
         assert!(k.dead_letter_topics.is_match("orders.DLQ"));
         assert!(!k.dead_letter_topics.is_match("orders.DLQ.archive"));
         assert!(!k.topics.matches("__consumer_offsets"));
+        let tracing = cfg.tracing.expect("the example configures [tracing]");
+        assert_eq!(tracing.traces_endpoint, "http://otel-collector:4317");
+        assert_eq!(
+            cfg.sources[0]
+                .table()
+                .expect("a table source")
+                .trace
+                .messaging_system,
+            "kafka"
+        );
     }
 
     /// Kafka sources: defaults, and keys of the other kinds refused by name.

@@ -9,6 +9,8 @@ pub mod coordination;
 pub mod demo;
 pub mod doctor;
 pub mod http;
+pub mod lookup;
 pub mod schema;
 pub mod sources;
 pub mod telemetry;
+pub mod tracing_link;

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use inboxwatch::cli::{Cli, Command};
 use inboxwatch::config::{self, is_table_name};
-use inboxwatch::{app, demo, doctor, schema, telemetry};
+use inboxwatch::{app, demo, doctor, lookup, schema, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -65,6 +65,49 @@ fn main() -> ExitCode {
                 Err(e) => finish(Err(e)),
             }
         }
+        Command::Trace {
+            event_id,
+            config: path,
+            source,
+        } => {
+            let cfg = match config::load(&path) {
+                Ok(c) => c,
+                Err(e) => return config_failure(&e),
+            };
+            sqlx::any::install_default_drivers();
+            lookup_output(runtime().block_on(lookup::trace(&cfg, &event_id, source.as_deref())))
+        }
+        Command::DeadLetters {
+            config: path,
+            source,
+            since,
+            limit,
+        } => {
+            let cfg = match config::load(&path) {
+                Ok(c) => c,
+                Err(e) => return config_failure(&e),
+            };
+            sqlx::any::install_default_drivers();
+            lookup_output(runtime().block_on(lookup::dead_letters(
+                &cfg,
+                source.as_deref(),
+                since,
+                limit,
+            )))
+        }
+    }
+}
+
+fn lookup_output(result: Result<String, lookup::LookupError>) -> ExitCode {
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
     }
 }
 
@@ -95,9 +138,13 @@ fn finish(result: anyhow::Result<()>) -> ExitCode {
 fn init_logging(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .finish()
+        .with(telemetry::agent_spans::AgentSpans::new())
         .init();
 }

@@ -563,6 +563,62 @@ async fn broker_down_marks_the_source_down_and_others_continue() {
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
 }
 
+/// A topic deleted mid-run takes its series with it (high watermarks, the
+/// lag of the groups on it); a deleted group's series go too — nothing
+/// freezes at its last value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleted_topics_and_groups_disappear_from_metrics() {
+    let broker = Broker::start().await;
+    for t in ["keep", "drop"] {
+        broker.create_topic(t, 1).await;
+    }
+    let producer = broker.producer();
+    for t in ["keep", "drop"] {
+        for _ in 0..3 {
+            producer.send(t, 0, now_ms()).await;
+        }
+    }
+    let a = broker.committer("a");
+    a.commit("keep", 0, 1);
+    a.commit("drop", 0, 1);
+    broker.committer("gone").commit("keep", 0, 2);
+    let mut agent = Agent::start(&kafka_source_toml("kx", &broker.bootstrap(), ""));
+    agent.wait_ready(READY_TIMEOUT).await;
+    wait_until(Duration::from_secs(10), || async {
+        let m = agent.try_scrape().await?;
+        let n = m.series(LAG, &[("cluster", "kx")]).count();
+        (n == 3 && m.get(HWM, &[("topic", "drop")]) == Some(3.0))
+            .then_some(())
+            .ok_or_else(|| format!("{n} lag series"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+
+    drop(a);
+    broker.delete_topic("drop").await;
+    broker.delete_group("gone").await;
+    wait_until(Duration::from_secs(10), || async {
+        let m = agent.try_scrape().await?;
+        let left: Vec<String> = m
+            .samples
+            .iter()
+            .filter(|s| {
+                s.labels.get("topic").map(String::as_str) == Some("drop")
+                    || s.labels.get("group").map(String::as_str) == Some("gone")
+            })
+            .map(|s| s.series())
+            .collect();
+        if !left.is_empty() {
+            return Err(format!("still exported: {left:?}"));
+        }
+        (m.get(LAG, &[("cluster", "kx"), ("group", "a"), ("topic", "keep")]) == Some(2.0))
+            .then_some(())
+            .ok_or_else(|| "the remaining group's lag is gone too".to_string())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+}
+
 fn check_config(toml: &str) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");

@@ -219,12 +219,33 @@ async fn poll_while_leading<S: Source>(
             return Some(source);
         }
         let started = Instant::now();
+        // One span per poll: exported with `[tracing] agent_spans`.
+        let span = tracing::info_span!(
+            "poll",
+            source = %name,
+            rows_read = tracing::field::Empty,
+            error = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty,
+        );
         let result = tokio::select! {
             _ = cancel.cancelled() => return None,
-            r = tokio::time::timeout(source.timeout(), source.poll()) => {
+            r = tracing::Instrument::instrument(
+                tokio::time::timeout(source.timeout(), source.poll()),
+                span.clone(),
+            ) => {
                 r.unwrap_or_else(|_| Err(SourceError::Timeout(source.timeout())))
             }
         };
+        match &result {
+            Ok(stats) => {
+                span.record("rows_read", stats.rows_read);
+            }
+            Err(e) => {
+                span.record("error", e.to_string());
+                span.record("otel.status_code", "ERROR");
+            }
+        }
+        drop(span);
         duration.record(started.elapsed().as_secs_f64());
         let delay = match result {
             Ok(stats) => {

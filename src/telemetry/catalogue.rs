@@ -275,7 +275,7 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Counter,
         Some(Unit::Count),
         &["source", "reason"],
-        "Rows that could not be used as they are, by reason (null_time, unknown_status, finish_before_start, last_error_too_long).",
+        "Rows that could not be used as they are, by reason (null_time, unknown_status, finish_before_start, last_error_too_long, bad_traceparent: the span is sent without its link).",
     ),
     def(
         SOURCE_LEADER,
@@ -289,14 +289,14 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Counter,
         Some(Unit::Count),
         S,
-        "Spans handed to the OTLP exporter.",
+        "Spans the OTLP collector accepted.",
     ),
     def(
         SPANS_DROPPED,
         Kind::Counter,
         Some(Unit::Count),
         S,
-        "Spans dropped because the export queue was full.",
+        "Spans dropped: the export queue was full or the collector did not accept them.",
     ),
     def(
         BUILD_INFO,

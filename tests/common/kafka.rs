@@ -135,6 +135,36 @@ impl Broker {
         }
     }
 
+    pub async fn delete_topic(&self, name: &str) {
+        let admin: AdminClient<DefaultClientContext> =
+            self.client().create().expect("admin client");
+        let r = admin
+            .delete_topics(
+                &[name],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .expect("delete_topics");
+        for t in r {
+            t.unwrap_or_else(|(n, e)| panic!("deleting topic {n}: {e}"));
+        }
+    }
+
+    pub async fn delete_group(&self, name: &str) {
+        let admin: AdminClient<DefaultClientContext> =
+            self.client().create().expect("admin client");
+        let r = admin
+            .delete_groups(
+                &[name],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await
+            .expect("delete_groups");
+        for g in r {
+            g.unwrap_or_else(|(n, e)| panic!("deleting group {n}: {e}"));
+        }
+    }
+
     /// A producer that sends one record per batch. tansu 0.6.0 reports a
     /// wrong high watermark after a multi-record batch (a batch of 10 on an
     /// empty partition gives 1), so every record is its own batch and each

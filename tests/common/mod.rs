@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod checks;
+pub mod otlp;
 pub mod proxy;
 pub mod scenarios;
 pub mod workload;
@@ -308,6 +309,11 @@ impl Agent {
             stderr_path,
             stdout_path,
         }
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// The working directory of the process (the demo keeps its files there).

@@ -167,6 +167,8 @@ pub(crate) fn validate(
         ("max_tracked_events", s.max_tracked_events.is_some()),
         ("batch_size", s.batch_size.is_some()),
         ("statuses", s.statuses.is_some()),
+        ("trace", s.trace.is_some()),
+        ("service_name", s.service_name.is_some()),
     ];
     for (k, set) in table_only {
         if set {

@@ -72,6 +72,14 @@ impl Sql {
         }
     }
 
+    /// The first `n` characters of a text expression.
+    pub fn prefix(&self, expr: &str, n: usize) -> String {
+        match self.dialect {
+            Dialect::Postgres | Dialect::MySql => format!("LEFT({expr}, {n})"),
+            Dialect::Sqlite => format!("SUBSTR({expr}, 1, {n})"),
+        }
+    }
+
     /// Length in characters of a text expression.
     pub fn char_length(&self, expr: &str) -> String {
         match self.dialect {

@@ -26,6 +26,7 @@ use crate::config::{InboxSpec, Status};
 use crate::telemetry::catalogue as m;
 use crate::telemetry::labels::LabelCap;
 use crate::telemetry::sketch::WindowedSketch;
+use crate::tracing_link::{self as link, Attempt, SpanSink, TraceParent};
 
 /// Quantiles exported by the sketch gauge.
 pub const QUANTILES: [f64; 3] = [0.5, 0.95, 0.99];
@@ -48,6 +49,8 @@ struct State {
     long_error_at: Option<i64>,
     /// False while the only versions seen were rejected.
     valid: bool,
+    /// The highest attempt whose failed-attempt span was emitted.
+    spanned: u32,
 }
 
 impl Entry for State {
@@ -74,6 +77,9 @@ struct Row {
     attempts: Option<i64>,
     deliveries: Option<i64>,
     error_len: Option<i64>,
+    /// The start of `last_error` (only read when spans are exported).
+    error_text: Option<String>,
+    traceparent: Option<String>,
     updated: i64,
 }
 
@@ -114,6 +120,10 @@ pub struct Inbox {
     /// Labels whose counter series exist (created at 0).
     series: HashSet<usize>,
     sketches: HashMap<usize, WindowedSketch>,
+    /// Where the consumer spans go, when `[tracing]` is configured.
+    spans: Option<SpanSink>,
+    /// Overlap window in microseconds: how far back a restarted agent re-emits spans.
+    overlap: i64,
 }
 
 impl Inbox {
@@ -121,6 +131,7 @@ impl Inbox {
     pub fn new(spec: InboxSpec) -> Self {
         let states = Tracked::new(spec.table.max_tracked_events);
         let labels = LabelCap::new(spec.table.event_type_limit);
+        let overlap = micros(spec.table.overlap);
         Inbox {
             spec,
             states,
@@ -132,7 +143,15 @@ impl Inbox {
             reported: HashSet::new(),
             series: HashSet::new(),
             sketches: HashMap::new(),
+            spans: None,
+            overlap,
         }
+    }
+
+    /// Emits consumer spans into `sink`.
+    pub fn with_spans(mut self, sink: Option<SpanSink>) -> Self {
+        self.spans = sink;
+        self
     }
 
     fn decode(&self, row: &AnyRow) -> Result<Row, String> {
@@ -146,7 +165,9 @@ impl Inbox {
             attempts: get(row, 6, "attempts")?,
             deliveries: get(row, 7, "deliveries")?,
             error_len: get(row, 8, "last_error")?,
-            updated: get::<Option<i64>>(row, 9, "updated_at")?.unwrap_or(i64::MIN),
+            error_text: get(row, 9, "last_error")?,
+            traceparent: get(row, 10, "traceparent")?,
+            updated: get::<Option<i64>>(row, 11, "updated_at")?.unwrap_or(i64::MIN),
         })
     }
 
@@ -248,6 +269,7 @@ impl Inbox {
                     rejected_at: Some(row.updated),
                     long_error_at,
                     valid: false,
+                    spanned: 0,
                 },
             };
             self.states.insert(key, state);
@@ -281,9 +303,36 @@ impl Inbox {
                     rejected_at: existing.and_then(|s| s.rejected_at),
                     long_error_at,
                     valid: true,
+                    spanned: 0,
                 };
                 let failures = self.failures_shown(status, row.attempts, &zero);
-                self.states.insert(key, State { failures, ..zero });
+                // Spans are idempotent (derived ids), so unlike counters they
+                // are emitted again for what changed within the overlap window
+                // before the start: a restart loses no span.
+                let recent = self.start.saturating_sub(self.overlap);
+                let spanned = if self.spans.is_some() {
+                    let finished_recently = row.finished.is_some_and(|f| f >= recent);
+                    let emit_terminal = terminal && (counted || finished_recently);
+                    let emit_failed = status == Status::Failed && row.updated >= recent;
+                    self.emit(
+                        &row,
+                        status,
+                        failures,
+                        0,
+                        emit_terminal || emit_failed,
+                        !baseline,
+                    )
+                } else {
+                    0
+                };
+                self.states.insert(
+                    key,
+                    State {
+                        failures,
+                        spanned,
+                        ..zero
+                    },
+                );
                 return;
             }
             None => {
@@ -298,6 +347,7 @@ impl Inbox {
                     rejected_at: existing.and_then(|s| s.rejected_at),
                     long_error_at,
                     valid: true,
+                    spanned: 0,
                 }
             }
         };
@@ -323,6 +373,13 @@ impl Inbox {
         } else {
             terminal && prev.completed
         };
+        let newly_failed = status == Status::Failed;
+        let spanned = if self.spans.is_some() {
+            let emit = (terminal && !prev.completed) || newly_failed;
+            self.emit(&row, status, failures, prev.spanned, emit, !baseline)
+        } else {
+            0
+        };
         self.states.insert(
             key,
             State {
@@ -335,8 +392,82 @@ impl Inbox {
                 rejected_at: prev.rejected_at,
                 long_error_at,
                 valid: true,
+                spanned,
             },
         );
+    }
+
+    /// Emits the span a row shows, if `emit` and it was not emitted yet:
+    /// a terminal row's last attempt, or a failed row's failed attempt
+    /// (once per attempt: `spanned` is the highest one already emitted).
+    /// A malformed `traceparent` is counted as rejected if `count_rejects`.
+    /// Returns the new `spanned`.
+    fn emit(
+        &mut self,
+        row: &Row,
+        status: Status,
+        failures: u32,
+        spanned: u32,
+        emit: bool,
+        count_rejects: bool,
+    ) -> u32 {
+        let attempt = match row.attempts {
+            Some(a) => u32::try_from(a.max(1)).unwrap_or(u32::MAX),
+            None if status == Status::Failed => failures.max(1),
+            None => failures + 1,
+        };
+        let outcome = match status {
+            Status::Succeeded => "succeeded",
+            Status::Dead => "dead_lettered",
+            Status::Failed => "failed",
+            Status::Pending | Status::Processing => return spanned,
+        };
+        if !emit || (status == Status::Failed && attempt <= spanned) {
+            return spanned;
+        }
+        let Some(sink) = self.spans.as_mut() else {
+            return spanned;
+        };
+        let Some(received) = row.received else {
+            return spanned;
+        };
+        // A failed attempt ends when the row turned failed: its change time.
+        let end = match status {
+            Status::Failed => row.updated,
+            _ => row.finished.unwrap_or(row.updated),
+        };
+        let processing = row.started.map(|s| end - s);
+        let failed = status != Status::Succeeded || attempt > 1;
+        let traceparent = row.traceparent.as_deref().filter(|t| !t.is_empty());
+        let parsed = traceparent.and_then(TraceParent::parse);
+        // A baseline read re-sends spans (same ids) but counts nothing again.
+        if count_rejects && traceparent.is_some() && parsed.is_none() {
+            self.rejections.add(Reject::BadTraceparent);
+        }
+        if sink.keep(&row.event_id, failed, processing) {
+            let span = link::consumer_span(
+                &sink.identity,
+                &Attempt {
+                    event_id: &row.event_id,
+                    event_type: row.event_type.as_deref(),
+                    outcome,
+                    attempt,
+                    attempts: row.attempts,
+                    deliveries: row.deliveries,
+                    received,
+                    started: row.started,
+                    end,
+                    last_error: row.error_text.as_deref(),
+                    traceparent: parsed,
+                },
+            );
+            sink.send(span);
+        }
+        if status == Status::Failed {
+            attempt
+        } else {
+            spanned
+        }
     }
 
     fn record(&mut self) {
@@ -390,6 +521,9 @@ impl Inbox {
             }
         }
         self.rejections.flush(&source);
+        if let Some(sink) = self.spans.as_mut() {
+            sink.flush();
+        }
     }
 
     fn record_gauges(&mut self, db_now: i64, now: Instant) {
@@ -461,6 +595,24 @@ impl TableKind for Inbox {
             (
                 "last_error",
                 opt(&c.last_error, &|e| sql.int(&sql.char_length(e))),
+            ),
+            (
+                "last_error",
+                if self.spans.is_some() {
+                    opt(&c.last_error, &|e| {
+                        sql.text(&sql.prefix(e, link::ERROR_TEXT_LEN + 1))
+                    })
+                } else {
+                    "NULL".to_string()
+                },
+            ),
+            (
+                "traceparent",
+                if self.spans.is_some() {
+                    opt(&c.traceparent, &|e| sql.text(e))
+                } else {
+                    "NULL".to_string()
+                },
             ),
             ("updated_at", sql.micros(&sql.ident(&c.updated_at))),
         ]

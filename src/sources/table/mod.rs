@@ -40,6 +40,8 @@ pub enum Reject {
     UnknownStatus,
     FinishBeforeStart,
     LastErrorTooLong,
+    /// A `traceparent` that is not a W3C trace context: its span has no link.
+    BadTraceparent,
 }
 
 impl Reject {
@@ -50,6 +52,7 @@ impl Reject {
             Reject::UnknownStatus => "unknown_status",
             Reject::FinishBeforeStart => "finish_before_start",
             Reject::LastErrorTooLong => "last_error_too_long",
+            Reject::BadTraceparent => "bad_traceparent",
         }
     }
 }
@@ -413,6 +416,7 @@ impl Rejections {
                 Reject::UnknownStatus,
                 Reject::FinishBeforeStart,
                 Reject::LastErrorTooLong,
+                Reject::BadTraceparent,
             ] {
                 metrics::counter!(m::ROWS_REJECTED, "source" => source.to_string(), "reason" => reason.as_str())
                     .increment(0);

@@ -16,6 +16,7 @@ use super::{Reject, Rejections, TableKind, get, key_of};
 use crate::config::OutboxSpec;
 use crate::telemetry::catalogue as m;
 use crate::telemetry::labels::LabelCap;
+use crate::tracing_link::{self as link, Publish, SpanSink, TraceParent};
 
 #[derive(Debug, Clone, Copy)]
 struct State {
@@ -63,11 +64,16 @@ pub struct Outbox {
     reported: HashSet<usize>,
     /// Labels whose counter series exist (created at 0).
     series: HashSet<usize>,
+    /// Where the producer spans go, when `[tracing]` is configured.
+    spans: Option<SpanSink>,
+    /// Overlap window in microseconds: how far back a restarted agent re-emits spans.
+    overlap: i64,
 }
 
 impl Outbox {
     /// The outbox logic of one configured source.
     pub fn new(spec: OutboxSpec) -> Self {
+        let overlap = super::inbox::micros(spec.table.overlap);
         Outbox {
             states: Tracked::new(spec.table.max_tracked_events),
             labels: LabelCap::new(spec.table.event_type_limit),
@@ -78,6 +84,27 @@ impl Outbox {
             gauges: BTreeMap::new(),
             reported: HashSet::new(),
             series: HashSet::new(),
+            spans: None,
+            overlap,
+        }
+    }
+
+    /// Emits producer spans into `sink`.
+    pub fn with_spans(mut self, sink: Option<SpanSink>) -> Self {
+        self.spans = sink;
+        self
+    }
+
+    fn emit(&mut self, p: &Publish<'_>, traceparent: Option<&str>, count_rejects: bool) {
+        let Some(sink) = self.spans.as_mut() else {
+            return;
+        };
+        if count_rejects && traceparent.is_some() && p.traceparent.is_none() {
+            self.rejections.add(Reject::BadTraceparent);
+        }
+        if sink.keep(p.event_id, false, None) {
+            let span = link::producer_span(&sink.identity, p);
+            sink.send(span);
         }
     }
 }
@@ -104,6 +131,13 @@ impl TableKind for Outbox {
             ),
             ("created_at", sql.micros(&sql.ident(&c.created_at))),
             ("published_at", sql.micros(&sql.ident(&c.published_at))),
+            (
+                "traceparent",
+                match (&c.traceparent, &self.spans) {
+                    (Some(t), Some(_)) => sql.text(&sql.ident(t)),
+                    _ => "NULL".to_string(),
+                },
+            ),
             ("updated_at", sql.micros(&sql.ident(&c.updated_at))),
         ]
     }
@@ -129,7 +163,8 @@ impl TableKind for Outbox {
         let event_type: Option<String> = get(row, 1, "event_type")?;
         let created: Option<i64> = get(row, 2, "created_at")?;
         let published: Option<i64> = get(row, 3, "published_at")?;
-        let updated: i64 = get::<Option<i64>>(row, 4, "updated_at")?.unwrap_or(i64::MIN);
+        let traceparent: Option<String> = get(row, 4, "traceparent")?;
+        let updated: i64 = get::<Option<i64>>(row, 5, "updated_at")?.unwrap_or(i64::MIN);
         let key = key_of(&event_id);
         let label = self.labels.resolve(event_type.as_deref());
         let existing = self.states.get(key).copied();
@@ -174,6 +209,26 @@ impl TableKind for Outbox {
             let counts = self.counts.entry(label).or_default();
             counts.published += 1;
             counts.delays.push(seconds(p - created));
+        }
+        // Spans have derived ids, so a restart re-emits those published within
+        // the overlap window before the start instead of losing them.
+        let first_seen_recent = existing.is_none_or(|s| !s.valid)
+            && published.is_some_and(|p| p >= self.start.saturating_sub(self.overlap));
+        if let Some(p) = published
+            && (!was_published || first_seen_recent)
+        {
+            let tp = traceparent.as_deref().filter(|t| !t.is_empty());
+            self.emit(
+                &Publish {
+                    event_id: &event_id,
+                    event_type: event_type.as_deref(),
+                    created,
+                    published: p,
+                    traceparent: tp.and_then(TraceParent::parse),
+                },
+                tp,
+                !baseline,
+            );
         }
         self.states.insert(
             key,
@@ -243,6 +298,9 @@ impl TableKind for Outbox {
             c.delays.iter().for_each(|d| h.record(*d));
         }
         self.rejections.flush(&source);
+        if let Some(sink) = self.spans.as_mut() {
+            sink.flush();
+        }
         let labels: HashSet<usize> = self
             .reported
             .iter()

@@ -1,0 +1,589 @@
+//! The `[tracing]` section and the per-source `[sources.trace]` table: what
+//! the file may say, and the validated settings the exporter runs on.
+//!
+//! Every key falls back to the standard `OTEL_EXPORTER_OTLP_*` variables
+//! (the signal-specific `…_TRACES_…` one first), then to the OTLP defaults.
+//! The file wins over the environment, as the OpenTelemetry specification
+//! asks of programmatic configuration.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::config::{Problem, expand_env};
+
+/// `[tracing]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTracing {
+    /// Base URL of the OTLP receiver, as `OTEL_EXPORTER_OTLP_ENDPOINT`: for
+    /// HTTP/protobuf `/v1/traces` is appended (default `http://localhost:4317`
+    /// for gRPC, `http://localhost:4318` for HTTP).
+    pub otlp_endpoint: Option<String>,
+    /// `grpc` or `http/protobuf` (default `grpc`).
+    pub protocol: Option<String>,
+    /// Share of successful, fast events whose spans are kept, 0 to 1 (default 1).
+    /// Failed, dead-lettered and slow events are always kept.
+    pub sample_ratio: Option<f64>,
+    /// Extra request headers (gRPC metadata), e.g. an API key; `${VAR}` is expanded.
+    pub headers: Option<BTreeMap<String, String>>,
+    /// Timeout of one export request (default `10s`).
+    pub timeout: Option<String>,
+    /// Spans waiting for export; beyond it new spans are dropped and counted (default 4096).
+    pub queue_size: Option<i64>,
+    /// PEM file of the CA that signs the collector's certificate (default: the web PKI roots).
+    pub ca_file: Option<String>,
+    /// PEM client certificate for mutual TLS (with `client_key_file`).
+    pub client_cert_file: Option<String>,
+    /// PEM private key of the client certificate.
+    pub client_key_file: Option<String>,
+    /// Also push the metric catalogue over OTLP, beside `/metrics` (default false).
+    pub export_metrics: Option<bool>,
+    /// How often metrics are pushed (default `60s`).
+    pub metrics_interval: Option<String>,
+    /// Also export the agent's own poll cycles as spans of `service.name = inboxwatch` (default false).
+    pub agent_spans: Option<bool>,
+}
+
+/// `[sources.trace]` as written: how one consumer's spans describe it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSourceTrace {
+    /// `messaging.system` of the consumer's spans, e.g. `kafka` or `rabbitmq` (default `inbox`).
+    pub messaging_system: Option<String>,
+    /// `messaging.consumer.group.name` (default: the source's `service_name`, else its name).
+    pub consumer_group: Option<String>,
+    /// Extra resource attributes of the source's spans, e.g. `deployment.environment`.
+    pub resource: Option<BTreeMap<String, String>>,
+}
+
+/// OTLP transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Grpc,
+    HttpProtobuf,
+}
+
+impl Protocol {
+    /// The config / environment spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::HttpProtobuf => "http/protobuf",
+        }
+    }
+}
+
+/// Validated `[tracing]`.
+#[derive(Clone)]
+pub struct TracingConfig {
+    /// Where spans go: the full URL of the traces endpoint (for HTTP, with `/v1/traces`).
+    pub traces_endpoint: String,
+    pub protocol: Protocol,
+    pub sample_ratio: f64,
+    /// Header name and value; values may be secrets and are never printed.
+    pub headers: Vec<(String, String)>,
+    pub timeout: Duration,
+    pub queue_size: usize,
+    /// PEM of extra trust anchors.
+    pub ca_pem: Option<Vec<u8>>,
+    /// PEM client certificate and key.
+    pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// Where metrics are pushed (for HTTP, with `/v1/metrics`); `None`: no push.
+    pub metrics_endpoint: Option<String>,
+    pub metrics_interval: Duration,
+    /// Export the agent's own poll spans.
+    pub agent_spans: bool,
+}
+
+impl std::fmt::Debug for TracingConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("TracingConfig")
+            .field(
+                "traces_endpoint",
+                &crate::config::redact(&self.traces_endpoint),
+            )
+            .field("protocol", &self.protocol)
+            .field("sample_ratio", &self.sample_ratio)
+            .field("headers", &names)
+            .field("timeout", &self.timeout)
+            .field("queue_size", &self.queue_size)
+            .field(
+                "tls",
+                &(self.ca_pem.is_some(), self.client_identity.is_some()),
+            )
+            .field(
+                "metrics_endpoint",
+                &self.metrics_endpoint.as_deref().map(crate::config::redact),
+            )
+            .field("metrics_interval", &self.metrics_interval)
+            .finish()
+    }
+}
+
+impl TracingConfig {
+    /// Whether the endpoint asks for TLS.
+    pub fn is_tls(&self) -> bool {
+        self.traces_endpoint.starts_with("https://")
+    }
+}
+
+/// Validated `[sources.trace]`.
+#[derive(Debug, Clone, Default)]
+pub struct SourceTrace {
+    pub messaging_system: String,
+    pub consumer_group: Option<String>,
+    pub resource: Vec<(String, String)>,
+}
+
+const DEFAULT_GRPC: &str = "http://localhost:4317";
+const DEFAULT_HTTP: &str = "http://localhost:4318";
+/// Default bound of the export queue.
+pub const DEFAULT_QUEUE: usize = 4096;
+
+/// Validates `[tracing]`; `None` when the section is absent (no spans).
+pub fn validate(
+    raw: Option<&RawTracing>,
+    env: &dyn Fn(&str) -> Option<String>,
+    problems: &mut Vec<Problem>,
+) -> Option<TracingConfig> {
+    let raw = raw?;
+    let before = problems.len();
+    let mut problem = |key: &str, message: String| {
+        problems.push(Problem {
+            key: key.to_string(),
+            message,
+        })
+    };
+    let env_first = |names: &[&str]| -> Option<(String, String)> {
+        names
+            .iter()
+            .find_map(|n| env(n).filter(|v| !v.is_empty()).map(|v| (n.to_string(), v)))
+    };
+
+    let protocol = match raw
+        .protocol
+        .clone()
+        .map(|p| ("tracing.protocol".to_string(), p))
+        .or_else(|| {
+            env_first(&[
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                "OTEL_EXPORTER_OTLP_PROTOCOL",
+            ])
+        }) {
+        None => Protocol::Grpc,
+        Some((_, p)) if p == "grpc" => Protocol::Grpc,
+        Some((_, p)) if p == "http/protobuf" => Protocol::HttpProtobuf,
+        Some((key, p)) => {
+            problem(
+                &key,
+                format!("unknown protocol \"{p}\" (expected grpc or http/protobuf)"),
+            );
+            Protocol::Grpc
+        }
+    };
+
+    let signal_path = match protocol {
+        Protocol::Grpc => "",
+        Protocol::HttpProtobuf => "/v1/traces",
+    };
+    let (endpoint_key, traces_endpoint) = if let Some(e) = &raw.otlp_endpoint {
+        (
+            "tracing.otlp_endpoint".to_string(),
+            join_path(e, signal_path),
+        )
+    } else if let Some((k, e)) = env_first(&["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]) {
+        // The signal-specific variable is the full URL, used as it is.
+        (k, e)
+    } else if let Some((k, e)) = env_first(&["OTEL_EXPORTER_OTLP_ENDPOINT"]) {
+        (k, join_path(&e, signal_path))
+    } else {
+        let base = match protocol {
+            Protocol::Grpc => DEFAULT_GRPC,
+            Protocol::HttpProtobuf => DEFAULT_HTTP,
+        };
+        (
+            "tracing.otlp_endpoint".to_string(),
+            join_path(base, signal_path),
+        )
+    };
+    if !(traces_endpoint.starts_with("http://") || traces_endpoint.starts_with("https://"))
+        || traces_endpoint.parse::<http::Uri>().is_err()
+    {
+        problem(
+            &endpoint_key,
+            format!(
+                "\"{}\" is not an http:// or https:// URL",
+                crate::config::redact(&traces_endpoint)
+            ),
+        );
+    }
+
+    let metrics_endpoint = raw.export_metrics.unwrap_or(false).then(|| {
+        let path = match protocol {
+            Protocol::Grpc => "",
+            Protocol::HttpProtobuf => "/v1/metrics",
+        };
+        if let Some(e) = &raw.otlp_endpoint {
+            join_path(e, path)
+        } else if let Some((_, e)) = env_first(&["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]) {
+            e
+        } else if let Some((_, e)) = env_first(&["OTEL_EXPORTER_OTLP_ENDPOINT"]) {
+            join_path(&e, path)
+        } else {
+            let base = match protocol {
+                Protocol::Grpc => DEFAULT_GRPC,
+                Protocol::HttpProtobuf => DEFAULT_HTTP,
+            };
+            join_path(base, path)
+        }
+    });
+    // A configured endpoint is checked above; the metrics variable here.
+    if let Some(e) = &metrics_endpoint
+        && raw.otlp_endpoint.is_none()
+        && (!(e.starts_with("http://") || e.starts_with("https://"))
+            || e.parse::<http::Uri>().is_err())
+    {
+        problem(
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            format!(
+                "\"{}\" is not an http:// or https:// URL",
+                crate::config::redact(e)
+            ),
+        );
+    }
+    let metrics_interval = match raw.metrics_interval.as_deref() {
+        None => Duration::from_secs(60),
+        Some(t) => match humantime::parse_duration(t) {
+            Ok(d) if d >= Duration::from_secs(1) => d,
+            Ok(_) => {
+                problem("tracing.metrics_interval", "must be at least 1s".into());
+                Duration::from_secs(60)
+            }
+            Err(e) => {
+                problem(
+                    "tracing.metrics_interval",
+                    format!("invalid duration \"{t}\": {e}"),
+                );
+                Duration::from_secs(60)
+            }
+        },
+    };
+
+    let sample_ratio = match raw.sample_ratio {
+        None => 1.0,
+        Some(r) if (0.0..=1.0).contains(&r) => r,
+        Some(r) => {
+            problem(
+                "tracing.sample_ratio",
+                format!("must be between 0 and 1, got {r}"),
+            );
+            1.0
+        }
+    };
+
+    let mut headers = Vec::new();
+    for (name, value) in raw.headers.iter().flatten() {
+        let key = format!("tracing.headers.{name}");
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            problem(&key, "not a valid header name".into());
+            continue;
+        }
+        match expand_env(value, env) {
+            Ok(v) if v.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) => {
+                headers.push((name.to_ascii_lowercase(), v))
+            }
+            Ok(_) => problem(
+                &key,
+                "the value has characters a header cannot carry".into(),
+            ),
+            Err(var) => problem(&key, format!("environment variable {var} is not set")),
+        }
+    }
+
+    let timeout = match (
+        &raw.timeout,
+        env_first(&[
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ]),
+    ) {
+        (Some(t), _) => match humantime::parse_duration(t) {
+            Ok(d) if !d.is_zero() => d,
+            Ok(_) => {
+                problem("tracing.timeout", "must be greater than zero".into());
+                Duration::from_secs(10)
+            }
+            Err(e) => {
+                problem("tracing.timeout", format!("invalid duration \"{t}\": {e}"));
+                Duration::from_secs(10)
+            }
+        },
+        // The variables are in milliseconds.
+        (None, Some((k, ms))) => match ms.trim().parse::<u64>() {
+            Ok(ms) if ms > 0 => Duration::from_millis(ms),
+            _ => {
+                problem(&k, format!("\"{ms}\" is not a number of milliseconds"));
+                Duration::from_secs(10)
+            }
+        },
+        (None, None) => Duration::from_secs(10),
+    };
+
+    let queue_size = match raw.queue_size {
+        None => DEFAULT_QUEUE,
+        Some(n) if (1..=1_000_000).contains(&n) => n as usize,
+        Some(n) => {
+            problem(
+                "tracing.queue_size",
+                format!("must be between 1 and 1000000, got {n}"),
+            );
+            DEFAULT_QUEUE
+        }
+    };
+
+    let mut read = |key: &str, var: &str, path: &Option<String>| -> Option<Vec<u8>> {
+        let (key, path) = match path {
+            Some(p) => (key.to_string(), p.clone()),
+            None => {
+                let p = env(var).filter(|v| !v.is_empty())?;
+                (var.to_string(), p)
+            }
+        };
+        match std::fs::read(&path) {
+            Ok(b) if b.windows(10).any(|w| w == b"-----BEGIN") => Some(b),
+            Ok(_) => {
+                problem(&key, format!("\"{path}\" is not a PEM file"));
+                None
+            }
+            Err(e) => {
+                problem(&key, format!("cannot read \"{path}\": {e}"));
+                None
+            }
+        }
+    };
+    let ca_pem = read(
+        "tracing.ca_file",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        &raw.ca_file,
+    );
+    let cert = read(
+        "tracing.client_cert_file",
+        "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        &raw.client_cert_file,
+    );
+    let key = read(
+        "tracing.client_key_file",
+        "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        &raw.client_key_file,
+    );
+    let client_identity = match (cert, key) {
+        (Some(c), Some(k)) => Some((c, k)),
+        (None, None) => None,
+        (Some(_), None) => {
+            problem(
+                "tracing.client_key_file",
+                "required with client_cert_file".into(),
+            );
+            None
+        }
+        (None, Some(_)) => {
+            problem(
+                "tracing.client_cert_file",
+                "required with client_key_file".into(),
+            );
+            None
+        }
+    };
+
+    (problems.len() == before).then_some(TracingConfig {
+        traces_endpoint,
+        protocol,
+        sample_ratio,
+        headers,
+        timeout,
+        queue_size,
+        ca_pem,
+        client_identity,
+        metrics_endpoint,
+        metrics_interval,
+        agent_spans: raw.agent_spans.unwrap_or(false),
+    })
+}
+
+/// Validates one source's `[sources.trace]`.
+pub fn validate_source(
+    key: &str,
+    raw: Option<&RawSourceTrace>,
+    problems: &mut Vec<Problem>,
+) -> SourceTrace {
+    let Some(raw) = raw else {
+        return SourceTrace {
+            messaging_system: "inbox".into(),
+            ..SourceTrace::default()
+        };
+    };
+    let mut resource = Vec::new();
+    for (k, v) in raw.resource.iter().flatten() {
+        if k.is_empty() {
+            problems.push(Problem {
+                key: format!("{key}.trace.resource"),
+                message: "attribute names must not be empty".into(),
+            });
+        } else if k == "service.name" {
+            problems.push(Problem {
+                key: format!("{key}.trace.resource.service.name"),
+                message: "set the source's service_name instead".into(),
+            });
+        } else {
+            resource.push((k.clone(), v.clone()));
+        }
+    }
+    let nonempty = |field: &str, v: &Option<String>, problems: &mut Vec<Problem>| match v {
+        Some(s) if s.trim().is_empty() => {
+            problems.push(Problem {
+                key: format!("{key}.trace.{field}"),
+                message: "must not be empty".into(),
+            });
+            None
+        }
+        other => other.clone(),
+    };
+    SourceTrace {
+        messaging_system: nonempty("messaging_system", &raw.messaging_system, problems)
+            .unwrap_or_else(|| "inbox".into()),
+        consumer_group: nonempty("consumer_group", &raw.consumer_group, problems),
+        resource,
+    }
+}
+
+/// `base` with the signal path appended, without doubling the slash.
+fn join_path(base: &str, path: &str) -> String {
+    if path.is_empty() {
+        return base.to_string();
+    }
+    format!("{}{path}", base.trim_end_matches('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(raw: RawTracing, vars: &[(&str, &str)]) -> Result<TracingConfig, Vec<Problem>> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let env = move |n: &str| vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        let mut problems = Vec::new();
+        match validate(Some(&raw), &env, &mut problems) {
+            Some(c) => Ok(c),
+            None => Err(problems),
+        }
+    }
+
+    #[test]
+    fn the_endpoint_is_a_base_url_and_http_appends_the_signal_path() {
+        let c = check(
+            RawTracing {
+                otlp_endpoint: Some("http://collector:4318/".into()),
+                protocol: Some("http/protobuf".into()),
+                ..RawTracing::default()
+            },
+            &[],
+        )
+        .expect("valid");
+        assert_eq!(c.traces_endpoint, "http://collector:4318/v1/traces");
+        let c = check(RawTracing::default(), &[]).expect("valid");
+        assert_eq!(c.traces_endpoint, "http://localhost:4317");
+        assert_eq!(c.protocol, Protocol::Grpc);
+        assert_eq!(c.sample_ratio, 1.0);
+    }
+
+    #[test]
+    fn the_standard_variables_apply_when_the_file_is_silent() {
+        let c = check(
+            RawTracing::default(),
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://otel.example:4318"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(c.traces_endpoint, "https://otel.example:4318/v1/traces");
+        assert_eq!(c.timeout, Duration::from_millis(2500));
+        assert!(c.is_tls());
+        let c = check(
+            RawTracing::default(),
+            &[
+                ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://a:1/custom"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://b:2"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ],
+        )
+        .expect("valid");
+        assert_eq!(c.traces_endpoint, "http://a:1/custom");
+    }
+
+    #[test]
+    fn every_problem_names_its_key_or_variable() {
+        let mut headers = BTreeMap::new();
+        headers.insert("x-api-key".to_string(), "${NOPE}".to_string());
+        let err = check(
+            RawTracing {
+                protocol: Some("http/json".into()),
+                sample_ratio: Some(1.5),
+                headers: Some(headers),
+                timeout: Some("soon".into()),
+                queue_size: Some(0),
+                ca_file: Some("/nonexistent/ca.pem".into()),
+                client_cert_file: Some("/nonexistent/c.pem".into()),
+                ..RawTracing::default()
+            },
+            &[],
+        )
+        .expect_err("invalid");
+        let keys: Vec<&str> = err.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            vec![
+                "tracing.protocol",
+                "tracing.sample_ratio",
+                "tracing.headers.x-api-key",
+                "tracing.timeout",
+                "tracing.queue_size",
+                "tracing.ca_file",
+                "tracing.client_cert_file",
+            ]
+        );
+        let err = check(
+            RawTracing::default(),
+            &[("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json")],
+        )
+        .expect_err("invalid");
+        assert_eq!(err[0].key, "OTEL_EXPORTER_OTLP_PROTOCOL");
+    }
+
+    #[test]
+    fn header_values_never_reach_debug_output() {
+        let mut headers = BTreeMap::new();
+        headers.insert("authorization".to_string(), "Bearer ${TOKEN}".to_string());
+        let c = check(
+            RawTracing {
+                headers: Some(headers),
+                ..RawTracing::default()
+            },
+            &[("TOKEN", "t0ps3cret")],
+        )
+        .expect("valid");
+        assert_eq!(c.headers[0].1, "Bearer t0ps3cret");
+        assert!(!format!("{c:?}").contains("t0ps3cret"));
+    }
+}

@@ -1,0 +1,334 @@
+//! `inboxwatch trace` and `inboxwatch dead-letters` through the binary, against
+//! PostgreSQL and MariaDB: generated events with known timestamps, and the
+//! exact text each command must print for them.
+
+mod common;
+
+use std::process::Command;
+
+use common::otlp::hex;
+use common::workload::{InboxEvent, OutboxEvent, Status, Target};
+use common::{BIN, Db, toml_str};
+use sha2::{Digest, Sha256};
+
+fn trace_of(event_id: &str) -> String {
+    hex(&Sha256::digest(event_id.as_bytes())[..16])
+}
+
+fn span_of(service: &str, event_id: &str, attempt: u32) -> String {
+    let mut h = Sha256::new();
+    for part in [
+        b"process".as_slice(),
+        service.as_bytes(),
+        event_id.as_bytes(),
+    ] {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    h.update(attempt.to_be_bytes());
+    hex(&h.finalize()[..8])
+}
+
+/// RFC 3339 with milliseconds, UTC.
+fn ts(ms: i64) -> String {
+    humantime::format_rfc3339_millis(
+        std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms as u64),
+    )
+    .to_string()
+}
+
+fn dur(ms: i64) -> String {
+    if ms >= 1000 {
+        format!("{:.3}s", ms as f64 / 1000.0)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+fn base_start(e: &InboxEvent) -> i64 {
+    e.started_ms.expect("started")
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run inboxwatch");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+struct Case {
+    dead: InboxEvent,
+    ok: InboxEvent,
+    unstarted: InboxEvent,
+    old_dead: InboxEvent,
+    failed: InboxEvent,
+    published: OutboxEvent,
+}
+
+async fn seed(db: &Db, inbox: &str, outbox: &str, tag: &str) -> Case {
+    let now = db.now_ms().await;
+    let base = now - 10 * 60_000;
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_string();
+    let ev = |id: &str, status: Status| InboxEvent {
+        id: format!("{tag}-{id}"),
+        event_type: Some("order.paid".into()),
+        status,
+        received_ms: base,
+        started_ms: Some(base + 1_250),
+        finished_ms: Some(base + 1_400),
+        attempts: 1,
+        deliveries: 1,
+        last_error: None,
+        traceparent: None,
+        updated_ms: base + 1_400,
+    };
+    let case = Case {
+        dead: InboxEvent {
+            attempts: 3,
+            deliveries: 2,
+            last_error: Some("TimeoutError: upstream did not answer within 5s".into()),
+            traceparent: Some(tp.clone()),
+            ..ev("dead", Status::Dead)
+        },
+        ok: ev("ok", Status::Succeeded),
+        unstarted: InboxEvent {
+            event_type: None,
+            started_ms: None,
+            finished_ms: Some(base + 2_000),
+            updated_ms: base + 2_000,
+            deliveries: 3,
+            last_error: Some("SchemaError: payload does not match schema v3".into()),
+            traceparent: Some("garbage".into()),
+            ..ev("unstarted", Status::Dead)
+        },
+        old_dead: InboxEvent {
+            received_ms: now - 3 * 3_600_000,
+            started_ms: Some(now - 3 * 3_600_000 + 10),
+            finished_ms: Some(now - 3 * 3_600_000 + 20),
+            updated_ms: now - 3 * 3_600_000 + 20,
+            last_error: Some("HttpError: 503".into()),
+            ..ev("old", Status::Dead)
+        },
+        failed: InboxEvent {
+            finished_ms: None,
+            attempts: 2,
+            updated_ms: base + 1_900,
+            last_error: Some("DeadlockDetected: retry the transaction".into()),
+            ..ev("failed", Status::Failed)
+        },
+        published: OutboxEvent {
+            id: format!("{tag}-dead"),
+            event_type: Some("order.paid".into()),
+            created_ms: base - 500,
+            published_ms: Some(base - 380),
+            traceparent: Some(tp),
+            updated_ms: base - 380,
+        },
+    };
+    let target = Target {
+        dialect: db.dialect,
+        pool: db.pool.clone(),
+        table: inbox.to_string(),
+    };
+    for e in [
+        &case.dead,
+        &case.ok,
+        &case.unstarted,
+        &case.old_dead,
+        &case.failed,
+    ] {
+        let (sql, args) = e.insert_stmt(target.dialect, &target.table);
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .expect("insert inbox row");
+    }
+    let (sql, args) = case.published.insert_stmt(db.dialect, outbox);
+    db.pool
+        .execute(&sql, &args)
+        .await
+        .expect("insert outbox row");
+    case
+}
+
+async fn lookups(db: Db, tag: &str) {
+    let tables = db.fresh_tables(tag).await;
+    let case = seed(&db, &tables.inbox, &tables.outbox, tag).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = dir.path().join("inboxwatch.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[sources]]\nname = \"lk-inbox\"\nkind = \"inbox\"\ndsn = {dsn}\ntable = {}\nservice_name = \"billing\"\n\n\
+             [[sources]]\nname = \"lk-outbox\"\nkind = \"outbox\"\ndsn = {dsn}\ntable = {}\nservice_name = \"orders-api\"\n",
+            toml_str(&tables.inbox),
+            toml_str(&tables.outbox),
+            dsn = toml_str(&db.dsn),
+        ),
+    )
+    .expect("write config");
+    let cfg = cfg.to_str().expect("utf-8 path");
+
+    // The dead-lettered event with an outbox row: every fact, exactly.
+    let d = &case.dead;
+    let (code, out, err) = run(&["trace", &d.id, "--config", cfg]);
+    assert_eq!(code, 0, "trace: {err}");
+    let expected = format!(
+        "event {id}\ntrace id {trace}  (derived from the event id)\n\
+         \nsource lk-inbox (inbox {inbox}, service billing)\n\
+         \x20 event type      order.paid\n\
+         \x20 status          dead (dead)\n\
+         \x20 {received}  received\n\
+         \x20 {started}  attempt 3 started (earlier attempts' times are not stored), {wait} after receipt\n\
+         \x20 {finished}  dead-lettered after {proc} of processing\n\
+         \x20 attempts        3\n\
+         \x20 deliveries      2 (1 duplicate)\n\
+         \x20 last error      TimeoutError: upstream did not answer within 5s\n\
+         \x20 span id         {span}  (attempt 3)\n\
+         \x20 producer trace  4bf92f3577b34da6a3ce929d0e0e4736 (parent span 00f067aa0ba902b7)\n\
+         \nsource lk-outbox (outbox {outbox}, service orders-api)\n\
+         \x20 event type      order.paid\n\
+         \x20 {created}  created\n\
+         \x20 {published}  published after 120ms\n\
+         \x20 producer trace  4bf92f3577b34da6a3ce929d0e0e4736 (parent span 00f067aa0ba902b7)\n",
+        id = d.id,
+        trace = trace_of(&d.id),
+        inbox = tables.inbox,
+        outbox = tables.outbox,
+        received = ts(d.received_ms),
+        started = ts(d.started_ms.expect("started")),
+        wait = dur(1_250),
+        finished = ts(d.finished_ms.expect("finished")),
+        proc = dur(150),
+        span = span_of("billing", &d.id, 3),
+        created = ts(case.published.created_ms),
+        published = ts(case.published.published_ms.expect("published")),
+    );
+    assert_eq!(out, expected, "trace output of a dead-lettered event");
+
+    // Dead on receipt, no type, malformed traceparent; only the inbox source.
+    let u = &case.unstarted;
+    let (code, out, err) = run(&["trace", &u.id, "--config", cfg, "--source", "lk-inbox"]);
+    assert_eq!(code, 0, "trace: {err}");
+    let expected = format!(
+        "event {id}\ntrace id {trace}  (derived from the event id)\n\
+         \nsource lk-inbox (inbox {inbox}, service billing)\n\
+         \x20 event type      unknown\n\
+         \x20 status          dead (dead)\n\
+         \x20 {received}  received\n\
+         \x20 {finished}  dead-lettered\n\
+         \x20 attempts        1\n\
+         \x20 deliveries      3 (2 duplicates)\n\
+         \x20 last error      SchemaError: payload does not match schema v3\n\
+         \x20 span id         {span}  (attempt 1)\n\
+         \x20 producer trace  unreadable traceparent \"garbage\"\n",
+        id = u.id,
+        trace = trace_of(&u.id),
+        inbox = tables.inbox,
+        received = ts(u.received_ms),
+        finished = ts(u.finished_ms.expect("finished")),
+        span = span_of("billing", &u.id, 1),
+    );
+    assert_eq!(out, expected, "trace output of an event dead on receipt");
+
+    // A failed event waiting for its retry.
+    let f = &case.failed;
+    let (code, out, err) = run(&["trace", &f.id, "--config", cfg, "--source", "lk-inbox"]);
+    assert_eq!(code, 0, "trace: {err}");
+    assert!(
+        out.contains(&format!(
+            "  {}  failed; will be retried (last change of the row)\n",
+            ts(f.updated_ms)
+        )) && out.contains("  status          failed (failed)\n")
+            && out.contains("  producer trace  none (no traceparent stored)\n"),
+        "trace output of a failed event:\n{out}"
+    );
+
+    // A succeeded event: no error, one attempt.
+    let o = &case.ok;
+    let (code, out, err) = run(&["trace", &o.id, "--config", cfg, "--source", "lk-inbox"]);
+    assert_eq!(code, 0, "trace: {err}");
+    assert!(
+        out.contains(&format!(
+            "  {}  succeeded after 150ms of processing\n",
+            ts(o.finished_ms.expect("finished"))
+        )) && out.contains(&format!(
+            "  {}  attempt 1 started, 1.250s after receipt\n",
+            ts(base_start(o))
+        )) && !out.contains("last error"),
+        "trace output of a succeeded event:\n{out}"
+    );
+
+    // An unknown event id: a clear message and exit 1.
+    let (code, out, err) = run(&["trace", "no-such-event", "--config", cfg]);
+    assert_eq!(code, 1, "unknown event id exits 1 (stdout {out:?})");
+    assert_eq!(
+        err.trim(),
+        "error: event \"no-such-event\" not found in source \"lk-inbox\", \"lk-outbox\""
+    );
+    let (code, _, err) = run(&["trace", "x", "--config", cfg, "--source", "nope"]);
+    assert_eq!(code, 2);
+    assert_eq!(
+        err.trim(),
+        "error: --source: no inbox or outbox source named \"nope\" in the config"
+    );
+
+    // Dead letters of the last hour: newest first, the 3-hour-old one left out.
+    let (code, out, err) = run(&["dead-letters", "--config", cfg, "--since", "1h"]);
+    assert_eq!(code, 0, "dead-letters: {err}");
+    let row = |e: &InboxEvent| {
+        format!(
+            "lk-inbox\t{}\t{}\t{}\t{}\t{}\t{}\t{}\n",
+            e.id,
+            e.label(),
+            ts(e.received_ms),
+            ts(e.finished_ms.expect("finished")),
+            e.attempts,
+            trace_of(&e.id),
+            e.last_error.as_deref().expect("error")
+        )
+    };
+    let header = "source\tevent_id\tevent_type\tfirst_received\tdead_lettered\tattempts\ttrace_id\tlast_error\n";
+    assert_eq!(
+        out,
+        format!("{header}{}{}", row(&case.unstarted), row(&case.dead)),
+        "dead-letters --since 1h"
+    );
+    let (code, out, _) = run(&["dead-letters", "--config", cfg, "--since", "4h"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        out,
+        format!(
+            "{header}{}{}{}",
+            row(&case.unstarted),
+            row(&case.dead),
+            row(&case.old_dead)
+        ),
+        "dead-letters --since 4h"
+    );
+    let (code, out, _) = run(&["dead-letters", "--config", cfg, "--source", "lk-outbox"]);
+    assert_eq!(code, 0);
+    assert_eq!(out, header, "an outbox source has no dead letters");
+    db.cleanup().await;
+}
+
+/// Guards the on-call lookups on PostgreSQL: exact `trace` output (timeline,
+/// attempts, duplicates, last error, derived trace and span ids, producer
+/// context from `traceparent`, outbox publish), the unknown-id message, and
+/// the exact `dead-letters` listing within `--since`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_trace_and_dead_letters_print_the_exact_facts() {
+    lookups(Db::postgres().await, "lkpg").await;
+}
+
+/// The same on MariaDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_trace_and_dead_letters_print_the_exact_facts() {
+    lookups(Db::mysql().await, "lkmy").await;
+}
