@@ -11,7 +11,8 @@
 //!   `inboxwatch_poll_duration_seconds` over the polls after the first, its
 //!   peak RSS (VmHWM) and CPU time.
 //!
-//! Run: `cargo bench --bench kafka_scale [-- 100x10 1000x100 ...]`
+//! Run: `cargo bench --bench kafka_scale [-- 100x10 1000x100 ... [--topic]]`
+//! (`--topic`: the source uses `granularity = "topic"`).
 //! (needs tansu, as the tests do; builds the release binary first).
 
 use std::io::Write as _;
@@ -89,9 +90,10 @@ async fn main() {
         .expect("cargo build --release");
     assert!(status.success());
 
+    let per_topic = std::env::args().any(|a| a == "--topic");
     let mut rows = Vec::new();
     for p in &points {
-        let row = run_point(p).await;
+        let row = run_point(p, per_topic).await;
         eprintln!(
             "{} partitions x {} groups: cold {:.0} ms, steady {:.1} ms, RSS {:.1} MB",
             row.partitions, row.groups, row.cold_ms, row.steady_ms, row.rss_mb
@@ -116,10 +118,13 @@ async fn main() {
             r.setup.as_secs_f64()
         ));
     }
-    println!("{out}");
+    println!(
+        "granularity = \"{}\"\n\n{out}",
+        if per_topic { "topic" } else { "partition" }
+    );
 }
 
-async fn run_point(p: &Point) -> Row {
+async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
     let t0 = Instant::now();
     let broker = Broker::start().await;
     let per_topic = p.partitions.min(100);
@@ -187,8 +192,9 @@ async fn run_point(p: &Point) -> Row {
     let mut f = std::fs::File::create(&cfg).unwrap();
     write!(
         f,
-        "[[sources]]\nname = \"bench\"\nkind = \"kafka\"\nbrokers = [\"{}\"]\npoll_interval = \"5s\"\ntimeout = \"60s\"\nstatus_window = \"1m\"\n",
-        broker.bootstrap()
+        "[[sources]]\nname = \"bench\"\nkind = \"kafka\"\nbrokers = [\"{}\"]\npoll_interval = \"5s\"\ntimeout = \"60s\"\nstatus_window = \"1m\"\ngranularity = \"{}\"\n",
+        broker.bootstrap(),
+        if per_topic_granularity { "topic" } else { "partition" }
     )
     .unwrap();
     drop(f);

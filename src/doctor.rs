@@ -75,9 +75,7 @@ async fn check_kafka(spec: &crate::sources::kafka::config::KafkaSpec) -> Vec<Fin
     let started = std::time::Instant::now();
     match tokio::time::timeout(spec.timeout, source.poll()).await {
         Ok(Ok(stats)) => {
-            let series = crate::telemetry::snapshot::get(&spec.name)
-                .map(|s| s.len())
-                .unwrap_or(0);
+            let series = crate::telemetry::snapshot::count(&spec.name).unwrap_or(0);
             vec![Finding::Ok(format!(
                 "one cycle in {:.0} ms: {series} series, {} records read for lag seconds",
                 started.elapsed().as_secs_f64() * 1000.0,

@@ -17,14 +17,51 @@ pub struct Sample {
     pub value: f64,
 }
 
-static SNAPSHOTS: Mutex<BTreeMap<String, Arc<Vec<Sample>>>> = Mutex::new(BTreeMap::new());
+/// One source's series of one cycle, already in the text format, one block
+/// per family: about the size of the `/metrics` text it becomes.
+#[derive(Debug, Default)]
+pub struct Builder {
+    families: BTreeMap<&'static str, String>,
+    count: usize,
+}
 
-fn lock() -> std::sync::MutexGuard<'static, BTreeMap<String, Arc<Vec<Sample>>>> {
+impl Builder {
+    /// Adds one sample.
+    pub fn push(&mut self, s: Sample) {
+        let out = self.families.entry(s.name).or_default();
+        out.push_str(s.name);
+        if !s.labels.is_empty() {
+            out.push('{');
+            for (i, (k, v)) in s.labels.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                let _ = write!(out, "{k}=\"{}\"", escape(v));
+            }
+            out.push('}');
+        }
+        let _ = writeln!(out, " {}", s.value);
+        self.count += 1;
+    }
+
+    /// Samples added.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+static SNAPSHOTS: Mutex<BTreeMap<String, Arc<Builder>>> = Mutex::new(BTreeMap::new());
+
+fn lock() -> std::sync::MutexGuard<'static, BTreeMap<String, Arc<Builder>>> {
     SNAPSHOTS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Replaces the samples of `source`.
-pub fn publish(source: &str, samples: Vec<Sample>) {
+pub fn publish(source: &str, samples: Builder) {
     lock().insert(source.to_string(), Arc::new(samples));
 }
 
@@ -33,15 +70,15 @@ pub fn clear(source: &str) {
     lock().remove(source);
 }
 
-/// The samples of `source`, for tests and the OTLP push.
-pub fn get(source: &str) -> Option<Arc<Vec<Sample>>> {
-    lock().get(source).cloned()
+/// How many samples `source` last published.
+pub fn count(source: &str) -> Option<usize> {
+    lock().get(source).map(|b| b.len())
 }
 
 /// Appends every snapshot except the `hidden` sources' in the Prometheus text
 /// format, one `# HELP`/`# TYPE` per family, families in catalogue order.
 pub fn render(out: &mut String, hidden: &[String]) {
-    let snaps: Vec<Arc<Vec<Sample>>> = lock()
+    let snaps: Vec<Arc<Builder>> = lock()
         .iter()
         .filter(|(k, _)| !hidden.contains(k))
         .map(|(_, v)| v.clone())
@@ -51,28 +88,13 @@ pub fn render(out: &mut String, hidden: &[String]) {
     }
     for def in CATALOGUE {
         let mut header = false;
-        for s in snaps
-            .iter()
-            .flat_map(|v| v.iter())
-            .filter(|s| s.name == def.name)
-        {
+        for block in snaps.iter().filter_map(|s| s.families.get(def.name)) {
             if !header {
                 let _ = writeln!(out, "# HELP {} {}", def.name, def.help);
                 let _ = writeln!(out, "# TYPE {} {}", def.name, def.kind.as_str());
                 header = true;
             }
-            out.push_str(def.name);
-            if !s.labels.is_empty() {
-                out.push('{');
-                for (i, (k, v)) in s.labels.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    let _ = write!(out, "{k}=\"{}\"", escape(v));
-                }
-                out.push('}');
-            }
-            let _ = writeln!(out, " {}", s.value);
+            out.push_str(block);
         }
     }
 }
@@ -99,8 +121,13 @@ mod tests {
             labels: vec![("cluster", "c".into()), ("group", group.into())],
             value: v,
         };
-        publish("snap-a", vec![s("g\"1", 3.0)]);
-        publish("snap-b", vec![s("g2", 4.5)]);
+        let mut a = Builder::default();
+        a.push(s("g\"1", 3.0));
+        publish("snap-a", a);
+        let mut b = Builder::default();
+        b.push(s("g2", 4.5));
+        publish("snap-b", b);
+        assert_eq!(count("snap-b"), Some(1));
         let mut out = String::new();
         render(&mut out, &[]);
         assert_eq!(

@@ -248,7 +248,7 @@ impl KafkaSource {
         }
 
         // 5. Series.
-        let mut out = Vec::new();
+        let mut out = snapshot::Builder::default();
         let per_topic = self.spec.per_topic;
         let label_sets = |group: Option<&str>, tp: &Tp| -> Vec<(&'static str, String)> {
             let mut l = vec![("cluster", cluster.clone())];
