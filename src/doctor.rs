@@ -68,26 +68,73 @@ fn print_findings(findings: Vec<Finding>) {
     }
 }
 
-/// One full cycle of the Kafka source, as the agent would run it.
+/// The negotiated API versions of the first reachable broker, then one full
+/// cycle of the Kafka source, as the agent would run it.
 async fn check_kafka(spec: &crate::sources::kafka::config::KafkaSpec) -> Vec<Finding> {
     use crate::sources::Source as _;
+    use kafka_protocol::messages::{
+        DescribeGroupsRequest, FetchRequest, ListGroupsRequest, ListOffsetsRequest,
+        MetadataRequest, OffsetFetchRequest,
+    };
+    let mut out = Vec::new();
+    let connector = crate::sources::kafka::client::Connector::new(
+        spec.client_id.clone(),
+        spec.security.clone(),
+        spec.timeout,
+    );
+    let mut last = None;
+    for b in &spec.brokers {
+        match connector.connect(b).await {
+            Ok(c) => {
+                let v = |r: Result<i16, _>| {
+                    r.map(|v| format!("v{v}")).unwrap_or_else(
+                        |_: crate::sources::kafka::client::KafkaError| "unsupported".into(),
+                    )
+                };
+                out.push(Finding::Ok(format!(
+                    "{b}: Metadata {}, ListOffsets {}, ListGroups {}, DescribeGroups {}, OffsetFetch {}, Fetch {}",
+                    v(c.version::<MetadataRequest>()),
+                    v(c.version::<ListOffsetsRequest>()),
+                    v(c.version::<ListGroupsRequest>()),
+                    v(c.version::<DescribeGroupsRequest>()),
+                    v(c.version::<OffsetFetchRequest>()),
+                    v(c.version::<FetchRequest>()),
+                )));
+                if c.version::<OffsetFetchRequest>().is_ok_and(|v| v < 8) {
+                    out.push(Finding::Warn(
+                        "OffsetFetch below v8: one request per group each cycle instead of one per 100 groups".into(),
+                    ));
+                }
+                last = None;
+                break;
+            }
+            Err(e) => last = Some(e.to_string()),
+        }
+    }
+    if let Some(e) = last {
+        out.push(Finding::Error(e));
+        return out;
+    }
     let mut source = crate::sources::kafka::KafkaSource::new(spec.clone());
     let started = std::time::Instant::now();
-    match tokio::time::timeout(spec.timeout, source.poll()).await {
-        Ok(Ok(stats)) => {
-            let series = crate::telemetry::snapshot::count(&spec.name).unwrap_or(0);
-            vec![Finding::Ok(format!(
-                "one cycle in {:.0} ms: {series} series, {} records read for lag seconds",
-                started.elapsed().as_secs_f64() * 1000.0,
-                stats.rows_read
-            ))]
-        }
-        Ok(Err(e)) => vec![Finding::Error(e.to_string())],
-        Err(_) => vec![Finding::Error(format!(
-            "one cycle did not finish within {:?}",
-            spec.timeout
-        ))],
-    }
+    out.push(
+        match tokio::time::timeout(spec.timeout, source.poll()).await {
+            Ok(Ok(stats)) => {
+                let series = crate::telemetry::snapshot::count(&spec.name).unwrap_or(0);
+                Finding::Ok(format!(
+                    "one cycle in {:.0} ms: {series} series, {} records read for lag seconds",
+                    started.elapsed().as_secs_f64() * 1000.0,
+                    stats.rows_read
+                ))
+            }
+            Ok(Err(e)) => Finding::Error(e.to_string()),
+            Err(_) => Finding::Error(format!(
+                "one cycle did not finish within {:?}",
+                spec.timeout
+            )),
+        },
+    );
+    out
 }
 
 async fn check<K: crate::sources::table::TableKind>(
