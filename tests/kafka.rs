@@ -619,6 +619,75 @@ async fn deleted_topics_and_groups_disappear_from_metrics() {
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
 }
 
+/// With `[tracing] export_metrics`, the Kafka series are pushed over OTLP
+/// too, with the values and labels `/metrics` shows (gauges and counters).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kafka_series_are_pushed_over_otlp_like_the_scrape() {
+    let broker = Broker::start().await;
+    broker.create_topic("orders", 2).await;
+    broker.create_topic("orders.DLQ", 1).await;
+    let producer = broker.producer();
+    for p in 0..2 {
+        for _ in 0..4 {
+            producer.send("orders", p, now_ms()).await;
+        }
+    }
+    broker.committer("billing").commit("orders", 0, 1);
+    broker.committer("billing").commit("orders", 1, 3);
+    let receiver = common::otlp::Receiver::start().await;
+    let config = format!(
+        "{}[tracing]\notlp_endpoint = \"{}\"\nprotocol = \"grpc\"\nexport_metrics = true\nmetrics_interval = \"1s\"\n",
+        kafka_source_toml("ko", &broker.bootstrap(), ""),
+        receiver.grpc_endpoint()
+    );
+    let mut agent = Agent::start(&config);
+    agent.wait_ready(READY_TIMEOUT).await;
+    for _ in 0..3 {
+        producer.send("orders.DLQ", 0, now_ms()).await;
+    }
+    let compared = [
+        (LAG, "kafka.consumer.group.lag.messages"),
+        (COMMITTED, "kafka.consumer.group.committed.offset"),
+        (HWM, "kafka.topic.partition.high.watermark"),
+        (
+            "kafka_dead_letter_messages_total",
+            "kafka.dead.letter.messages",
+        ),
+    ];
+    wait_until(Duration::from_secs(20), || async {
+        let m = agent.try_scrape().await?;
+        if m.get(
+            "kafka_dead_letter_messages_total",
+            &[("topic", "orders.DLQ")],
+        ) != Some(3.0)
+        {
+            return Err("dead letters not counted yet".into());
+        }
+        let points = receiver.latest_points();
+        let mut n = 0;
+        for (prom, otel) in compared {
+            for s in m.series(prom, &[("cluster", "ko")]) {
+                n += 1;
+                match points.get(&(otel.to_string(), s.labels.clone())) {
+                    Some(p) if p.value == s.value => {}
+                    other => {
+                        return Err(format!(
+                            "{}: scrape {} vs OTLP {other:?}",
+                            s.series(),
+                            s.value
+                        ));
+                    }
+                }
+            }
+        }
+        (n >= 8)
+            .then_some(())
+            .ok_or_else(|| format!("only {n} series compared"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+}
+
 fn check_config(toml: &str) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");

@@ -92,6 +92,7 @@ impl MetricsPush {
             )
             .build();
         let meter = provider.meter("inboxwatch");
+        observe_snapshots(&meter);
         Ok((
             MetricsPush { provider },
             OtlpRecorder {
@@ -105,6 +106,47 @@ impl MetricsPush {
     pub fn shutdown(self) {
         let _ = self.provider.force_flush();
         let _ = self.provider.shutdown();
+    }
+}
+
+/// The series sources publish as snapshots (Kafka) are read at each push by
+/// observable instruments: a gauge per gauge family, a cumulative counter per
+/// counter family.
+fn observe_snapshots(meter: &Meter) {
+    for def in catalogue::CATALOGUE {
+        if !super::snapshot::is_snapshot_metric(def.name) {
+            continue;
+        }
+        let (name, unit) = otel_name(def.name);
+        let family = def.name;
+        let attrs = |labels: Vec<(String, String)>| -> Vec<KeyValue> {
+            labels
+                .into_iter()
+                .map(|(k, v)| KeyValue::new(k, v))
+                .collect()
+        };
+        match def.kind {
+            Kind::Counter => {
+                meter
+                    .f64_observable_counter(name)
+                    .with_unit(unit)
+                    .with_description(def.help)
+                    .with_callback(move |o| {
+                        super::snapshot::for_each(family, |l, v| o.observe(v, &attrs(l)))
+                    })
+                    .build();
+            }
+            _ => {
+                meter
+                    .f64_observable_gauge(name)
+                    .with_unit(unit)
+                    .with_description(def.help)
+                    .with_callback(move |o| {
+                        super::snapshot::for_each(family, |l, v| o.observe(v, &attrs(l)))
+                    })
+                    .build();
+            }
+        }
     }
 }
 

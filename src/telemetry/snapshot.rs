@@ -99,6 +99,55 @@ pub fn render(out: &mut String, hidden: &[String]) {
     }
 }
 
+/// Calls `f` with the labels and value of every sample of family `name` in
+/// every published snapshot (for the OTLP metrics push).
+pub fn for_each(name: &str, mut f: impl FnMut(Vec<(String, String)>, f64)) {
+    let snaps: Vec<Arc<Builder>> = lock().values().cloned().collect();
+    for block in snaps.iter().filter_map(|s| s.families.get(name)) {
+        for line in block.lines() {
+            if let Some((labels, value)) = parse_line(line) {
+                f(labels, value);
+            }
+        }
+    }
+}
+
+/// `name{a="b",c="d"} 1.5` → ([(a, b), (c, d)], 1.5).
+fn parse_line(line: &str) -> Option<(Vec<(String, String)>, f64)> {
+    let (series, value) = line.rsplit_once(' ')?;
+    let value: f64 = value.parse().ok()?;
+    let mut labels = Vec::new();
+    if let Some(open) = series.find('{') {
+        let mut rest = series[open + 1..].strip_suffix('}')?;
+        while !rest.is_empty() {
+            let (key, after) = rest.split_once("=\"")?;
+            let mut val = String::new();
+            let mut chars = after.char_indices();
+            let mut end = None;
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => match chars.next() {
+                        Some((_, 'n')) => val.push('\n'),
+                        Some((_, other)) => val.push(other),
+                        None => return None,
+                    },
+                    '"' => {
+                        end = Some(i);
+                        break;
+                    }
+                    c => val.push(c),
+                }
+            }
+            let end = end?;
+            labels.push((key.to_string(), val));
+            rest = after[end + 1..]
+                .strip_prefix(',')
+                .unwrap_or(&after[end + 1..]);
+        }
+    }
+    Some((labels, value))
+}
+
 fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -142,6 +191,12 @@ mod tests {
         let mut out = String::new();
         render(&mut out, &["snap-b".to_string()]);
         assert!(!out.contains("g2"));
+        let mut seen = Vec::new();
+        for_each(catalogue::KAFKA_LAG_MESSAGES, |l, v| seen.push((l, v)));
+        seen.sort_by(|a, b| a.1.total_cmp(&b.1));
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0].0[1], ("group".to_string(), "g\"1".to_string()));
+        assert_eq!(seen[1].1, 4.5);
         clear("snap-a");
         clear("snap-b");
     }
