@@ -574,17 +574,15 @@ impl KafkaSource {
                             offsets.insert(name, Err(error_name(g.error_code)));
                             continue;
                         }
-                        let mut v = Vec::new();
-                        for t in g.topics {
-                            let Some((k, _)) = topics.get_key_value(t.name.0.as_str()) else {
-                                continue;
-                            };
-                            for p in t.partitions {
-                                if p.error_code == 0 && p.committed_offset >= 0 {
-                                    v.push(((k.clone(), p.partition_index), p.committed_offset));
-                                }
-                            }
-                        }
+                        let v = committed(
+                            topics,
+                            g.topics.iter().flat_map(|t| {
+                                t.partitions.iter().map(|p| {
+                                    let o = (p.partition_index, p.committed_offset, p.error_code);
+                                    (t.name.0.as_str(), o)
+                                })
+                            }),
+                        );
                         offsets.insert(name, Ok(v));
                     }
                 }
@@ -601,20 +599,15 @@ impl KafkaSource {
                     .with_topics(None);
                 let r = match self.send(coord, &req).await {
                     Ok(resp) if resp.error_code != 0 => Err(error_name(resp.error_code)),
-                    Ok(resp) => {
-                        let mut v = Vec::new();
-                        for t in resp.topics {
-                            let Some((k, _)) = topics.get_key_value(t.name.0.as_str()) else {
-                                continue;
-                            };
-                            for p in t.partitions {
-                                if p.error_code == 0 && p.committed_offset >= 0 {
-                                    v.push(((k.clone(), p.partition_index), p.committed_offset));
-                                }
-                            }
-                        }
-                        Ok(v)
-                    }
+                    Ok(resp) => Ok(committed(
+                        topics,
+                        resp.topics.iter().flat_map(|t| {
+                            t.partitions.iter().map(|p| {
+                                let o = (p.partition_index, p.committed_offset, p.error_code);
+                                (t.name.0.as_str(), o)
+                            })
+                        }),
+                    )),
                     Err(e) => Err(e.to_string()),
                 };
                 offsets.insert(g.clone(), r);
@@ -741,6 +734,22 @@ impl KafkaSource {
         self.dead_letters.retain(|t, _| live_dlq.contains(t));
         self.retries.retain(|k, _| live_retry.contains(k));
     }
+}
+
+/// The committed offsets of watched topics from an OffsetFetch answer's
+/// (topic, (partition, offset, error)) entries; `-1` (no commit) and errors
+/// are left out.
+fn committed<'a>(
+    topics: &BTreeMap<Arc<str>, BTreeMap<i32, PartitionMeta>>,
+    entries: impl Iterator<Item = (&'a str, (i32, i64, i16))>,
+) -> Vec<(Tp, i64)> {
+    entries
+        .filter(|(_, (_, offset, code))| *code == 0 && *offset >= 0)
+        .filter_map(|(t, (p, offset, _))| {
+            let (k, _) = topics.get_key_value(t)?;
+            Some(((k.clone(), p), offset))
+        })
+        .collect()
 }
 
 fn list_offsets(topics: &BTreeMap<Arc<str>, Vec<i32>>, timestamp: i64) -> ListOffsetsRequest {
