@@ -4,11 +4,12 @@
 //! (at or after the agent's start); the publish delay is `published_at −
 //! created_at`. Unpublished rows at start are the baseline.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use sqlx::any::AnyRow;
 
+use super::backlog::{GaugeMap, Unfinished};
 use super::dialect::Sql;
 use super::inbox::seconds;
 use super::state::{Entry, Tracked};
@@ -45,12 +46,6 @@ struct Counts {
     delays: Vec<f64>,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-struct Gauges {
-    backlog: u64,
-    oldest_created: Option<i64>,
-}
-
 /// The outbox part of a table source.
 pub struct Outbox {
     spec: OutboxSpec,
@@ -59,7 +54,6 @@ pub struct Outbox {
     start: i64,
     counts: HashMap<usize, Counts>,
     rejections: Rejections,
-    gauges: BTreeMap<usize, Gauges>,
     reported: HashSet<usize>,
     /// Labels whose counter series exist (created at 0).
     series: HashSet<usize>,
@@ -75,7 +69,6 @@ impl Outbox {
             start: i64::MIN,
             counts: HashMap::new(),
             rejections: Rejections::default(),
-            gauges: BTreeMap::new(),
             reported: HashSet::new(),
             series: HashSet::new(),
         }
@@ -205,8 +198,8 @@ impl TableKind for Outbox {
         )
     }
 
-    fn gauges(&mut self, rows: &[AnyRow], _db_now: i64) -> Result<(), String> {
-        self.gauges.clear();
+    fn gauges(&mut self, rows: &[AnyRow]) -> Result<GaugeMap, String> {
+        let mut out = GaugeMap::new();
         for row in rows {
             let et: Option<String> = get(row, 0, "event_type")?;
             let count: i64 = get(row, 1, "published_at")?;
@@ -215,16 +208,38 @@ impl TableKind for Outbox {
                 continue;
             }
             let label = self.labels.resolve(et.as_deref());
-            let g = self.gauges.entry(label).or_default();
-            g.backlog += u64::try_from(count).unwrap_or(0);
-            if let Some(o) = oldest {
-                g.oldest_created = Some(g.oldest_created.map_or(o, |p| p.min(o)));
-            }
+            out.entry(label)
+                .or_default()
+                .add(0, u64::try_from(count).unwrap_or(0), oldest, 0);
         }
-        Ok(())
+        Ok(out)
     }
 
-    fn flush(&mut self, db_now: i64, now: Instant) {
+    fn unfinished(&mut self, row: &AnyRow) -> Result<(u64, Option<Unfinished>), String> {
+        let event_id: Option<String> = get(row, 0, "event_id")?;
+        let key = key_of(event_id.as_deref().unwrap_or_default());
+        let published: Option<i64> = get(row, 3, "published_at")?;
+        if published.is_some() {
+            return Ok((key, None));
+        }
+        let et: Option<String> = get(row, 1, "event_type")?;
+        let born: Option<i64> = get(row, 2, "created_at")?;
+        Ok((
+            key,
+            Some(Unfinished {
+                label: self.labels.resolve(et.as_deref()),
+                class: 0,
+                born,
+                stuck_from: None,
+            }),
+        ))
+    }
+
+    fn stuck_before(&self, _db_now: i64) -> i64 {
+        i64::MIN
+    }
+
+    fn flush(&mut self, gauges: &GaugeMap, db_now: i64, now: Instant) {
         let source = self.spec.table.name.clone();
         let counts: Vec<(usize, Counts)> = self.counts.drain().collect();
         for (label, c) in counts {
@@ -243,22 +258,15 @@ impl TableKind for Outbox {
             c.delays.iter().for_each(|d| h.record(*d));
         }
         self.rejections.flush(&source);
-        let labels: HashSet<usize> = self
-            .reported
-            .iter()
-            .chain(self.gauges.keys())
-            .copied()
-            .collect();
+        let labels: HashSet<usize> = self.reported.iter().chain(gauges.keys()).copied().collect();
         for label in labels {
-            let g = self.gauges.get(&label).copied().unwrap_or_default();
+            let g = gauges.get(&label).copied().unwrap_or_default();
             let l = [
                 ("source", source.clone()),
                 ("event_type", self.labels.value(label).to_string()),
             ];
-            metrics::gauge!(m::OUTBOX_BACKLOG, &l).set(g.backlog as f64);
-            let age = g
-                .oldest_created
-                .map_or(0.0, |c| seconds(db_now - c).max(0.0));
+            metrics::gauge!(m::OUTBOX_BACKLOG, &l).set(g.counts[0] as f64);
+            let age = g.oldest.map_or(0.0, |c| seconds(db_now - c).max(0.0));
             metrics::gauge!(m::OUTBOX_OLDEST_AGE, &l).set(age);
             self.reported.insert(label);
         }
