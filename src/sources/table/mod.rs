@@ -18,6 +18,7 @@ mod state;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use futures_util::TryStreamExt;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Connection, Row};
 use tracing::debug;
@@ -219,18 +220,18 @@ impl<K: TableKind> TableSource<K> {
         if baseline {
             self.kind.start(db_now);
             if let Some(seed) = &seed {
-                let rows = sqlx::query(sqlx::AssertSqlSafe(seed.clone()))
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(q)?;
-                rows_read += rows.len() as u64;
+                // Streamed: the backlog can be large, and memory stays bounded
+                // by the maps, not by the result set.
+                let mut rows = sqlx::query(sqlx::AssertSqlSafe(seed.clone())).fetch(&mut *tx);
+                let mut n = 0usize;
                 self.backlog.clear();
-                for row in &rows {
-                    self.kind.observe(row, true).map_err(SourceError::Schema)?;
-                    self.see(row)?;
+                while let Some(row) = rows.try_next().await.map_err(q)? {
+                    n += 1;
+                    self.kind.observe(&row, true).map_err(SourceError::Schema)?;
+                    self.see(&row)?;
                 }
-                self.backlog
-                    .filled(rows.len() < self.spec.max_tracked_events);
+                rows_read += n as u64;
+                self.backlog.filled(n < self.spec.max_tracked_events);
                 self.last_reconcile = Some(Instant::now());
             }
         }
@@ -296,17 +297,15 @@ impl<K: TableKind> TableSource<K> {
                     // changed without moving the cursor), or the backlog fits
                     // again after being too large: read it afresh.
                     debug!(source = %self.spec.name, kept, "Re-reading the unfinished rows for the gauges.");
-                    let rows = sqlx::query(sqlx::AssertSqlSafe(seed))
-                        .fetch_all(&mut *tx)
-                        .await
-                        .map_err(q)?;
-                    rows_read += rows.len() as u64;
+                    let mut rows = sqlx::query(sqlx::AssertSqlSafe(seed)).fetch(&mut *tx);
+                    let mut n = 0usize;
                     self.backlog.clear();
-                    for row in &rows {
-                        self.see(row)?;
+                    while let Some(row) = rows.try_next().await.map_err(q)? {
+                        n += 1;
+                        self.see(&row)?;
                     }
-                    self.backlog
-                        .filled(rows.len() < self.spec.max_tracked_events);
+                    rows_read += n as u64;
+                    self.backlog.filled(n < self.spec.max_tracked_events);
                 }
             }
             truth
