@@ -129,6 +129,34 @@ impl Sql {
         }
     }
 
+    /// PostgreSQL: the oldest transaction still running when the poll's
+    /// snapshot was taken, as a 64-bit transaction id.
+    pub fn snapshot_xmin(&self) -> Option<&'static str> {
+        match self.dialect {
+            Dialect::Postgres => {
+                Some("CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT)")
+            }
+            Dialect::MySql | Dialect::Sqlite => None,
+        }
+    }
+
+    /// PostgreSQL: the tail's condition for rows that were already read: a
+    /// row version at or before the high-water mark (parameter `high`) is
+    /// returned only if it was written by a transaction that had not ended
+    /// when an earlier poll, which read its range, took its snapshot (its
+    /// `xmin` at or after that snapshot's xmin, parameter `xmin`; 0 returns
+    /// every row). Such a version is a late commit; every other one was read.
+    pub fn unseen(&self, column: &str, high: usize, xmin: usize) -> Option<String> {
+        match self.dialect {
+            Dialect::Postgres => Some(format!(
+                "({} OR age(xmin) <= age(CAST(CAST(CAST({} AS TEXT) AS xid8) AS xid)))",
+                self.after(column, high),
+                self.placeholder(xmin)
+            )),
+            Dialect::MySql | Dialect::Sqlite => None,
+        }
+    }
+
     /// The parameter [`Sql::after`] compares with, for a cursor in microseconds.
     pub fn cursor(&self, micros: i64) -> Param {
         match self.dialect {

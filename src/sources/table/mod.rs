@@ -99,6 +99,10 @@ pub struct TableSource<K: TableKind> {
     high: Option<i64>,
     /// When the whole overlap window was last re-read.
     last_sweep: Option<Instant>,
+    /// PostgreSQL: the snapshot xmin of the last poll and of the last sweep
+    /// (see [`Sql::unseen`]).
+    poll_xmin: Option<i64>,
+    sweep_xmin: Option<i64>,
     /// The unfinished rows, for the gauges.
     backlog: Backlog,
     /// When the backlog was last checked against the gauge query.
@@ -119,6 +123,8 @@ impl<K: TableKind> TableSource<K> {
             conn: None,
             high: None,
             last_sweep: None,
+            poll_xmin: None,
+            sweep_xmin: None,
             last_reconcile: None,
         }
     }
@@ -141,8 +147,12 @@ impl<K: TableKind> TableSource<K> {
             .map(|(_, e)| e)
             .collect();
         let updated = self.sql.ident(self.kind.updated_at());
+        let unseen = self
+            .sql
+            .unseen(&updated, 2, 3)
+            .map_or(String::new(), |u| format!(" AND {u}"));
         format!(
-            "SELECT {} FROM {} WHERE {} ORDER BY {updated} {}",
+            "SELECT {} FROM {} WHERE {}{unseen} ORDER BY {updated} {}",
             list.join(", "),
             self.sql.table(&self.spec.table),
             self.sql.after(&updated, 1),
@@ -195,13 +205,16 @@ impl<K: TableKind> TableSource<K> {
         let seed = self.seed_query();
         let updated_col = self.kind.select_list(&self.sql).len() - 1;
         let mut tx = conn.begin().await.map_err(q)?;
-        let db_now: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT {}",
-            self.sql.now_micros()
+        let now_row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {}, {}",
+            self.sql.now_micros(),
+            self.sql.snapshot_xmin().unwrap_or("0")
         )))
         .fetch_one(&mut *tx)
         .await
         .map_err(q)?;
+        let db_now: i64 = now_row.try_get(0).map_err(q)?;
+        let snapshot_xmin: i64 = now_row.try_get(1).map_err(q)?;
         // Most polls look back only COMMIT_LAG, which catches ordinary commit
         // latency at once; every third of the overlap window a sweep re-reads
         // the whole window for the rare transaction that commits later still.
@@ -236,16 +249,30 @@ impl<K: TableKind> TableSource<K> {
             }
         }
         let high = self.high.unwrap_or(db_now);
+        // Rows up to `high` in the range re-read were read by the last poll
+        // (the last sweep, for a sweep) unless written by a transaction still
+        // running then; 0 (unknown) re-reads them all.
+        let seen_before = if sweep {
+            self.sweep_xmin
+        } else {
+            self.poll_xmin
+        };
+        let seen_before = if baseline {
+            0
+        } else {
+            seen_before.unwrap_or(0)
+        };
         let mut low = high.saturating_sub(overlap);
         let mut max_seen = high;
         loop {
-            let rows = bind(
+            let mut query = bind(
                 sqlx::query(sqlx::AssertSqlSafe(tail.clone())),
                 self.sql.cursor(low),
-            )
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(q)?;
+            );
+            if self.sql.snapshot_xmin().is_some() {
+                query = bind(query, self.sql.cursor(high)).bind(seen_before);
+            }
+            let rows = query.fetch_all(&mut *tx).await.map_err(q)?;
             rows_read += rows.len() as u64;
             let mut last = low;
             for row in &rows {
@@ -271,6 +298,10 @@ impl<K: TableKind> TableSource<K> {
         }
         // A clock ahead of the database must not push the cursor into the future.
         self.high = Some(max_seen.min(db_now));
+        self.poll_xmin = Some(snapshot_xmin);
+        if sweep {
+            self.sweep_xmin = Some(snapshot_xmin);
+        }
         let stuck_before = self.kind.stuck_before(db_now);
         let due = self
             .last_reconcile
