@@ -544,12 +544,12 @@ impl TableKind for Inbox {
         let started: Option<i64> = get(row, 4, "started_at")?;
         Ok((
             key,
-            Some(Unfinished {
-                label: self.labels.resolve(et.as_deref()),
+            Some(Unfinished::new(
+                self.labels.resolve(et.as_deref()),
                 class,
                 born,
-                stuck_from: if class == PROCESSING { started } else { None },
-            }),
+                if class == PROCESSING { started } else { None },
+            )),
         ))
     }
 

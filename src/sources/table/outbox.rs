@@ -226,12 +226,12 @@ impl TableKind for Outbox {
         let born: Option<i64> = get(row, 2, "created_at")?;
         Ok((
             key,
-            Some(Unfinished {
-                label: self.labels.resolve(et.as_deref()),
-                class: 0,
+            Some(Unfinished::new(
+                self.labels.resolve(et.as_deref()),
+                0,
                 born,
-                stuck_from: None,
-            }),
+                None,
+            )),
         ))
     }
 
