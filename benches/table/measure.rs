@@ -586,6 +586,15 @@ fn human(rows: u64) -> String {
     }
 }
 
+/// Milliseconds with `digits` decimals, or a dash when not measured.
+fn ms(v: f64, digits: usize) -> String {
+    if v.is_finite() {
+        format!("{v:.digits$}")
+    } else {
+        "—".to_string()
+    }
+}
+
 fn ratio(a: f64, b: f64) -> String {
     if a > 0.0 && b.is_finite() {
         format!("{:.0}×", b / a)
@@ -654,14 +663,14 @@ impl Report {
         };
         row(
             "database time, median (ms)",
-            format!("{:.2}", med.0),
-            format!("{:.1}", med.1),
+            ms(med.0, 2),
+            ms(med.1, 1),
             ratio(med.0, med.1),
         );
         row(
             "database time, p95 (ms)",
-            format!("{:.2}", p95.0),
-            format!("{:.1}", p95.1),
+            ms(p95.0, 2),
+            ms(p95.1, 1),
             ratio(p95.0, p95.1),
         );
         row(
