@@ -448,7 +448,9 @@ async fn main() {
     };
     let p95 = measure::p95_errors(&mut conn, d, &m, run_start).await;
     let plans = match d {
-        Dialect::Postgres => measure::agent_plans(&mut conn, a.poll + 2.0).await,
+        Dialect::Postgres => {
+            measure::agent_plans(&mut conn, a.poll, run_start + (window * 1e6) as i64).await
+        }
         Dialect::MySql => Vec::new(),
     };
     let agent_proc = proc_stats(agent_pid);

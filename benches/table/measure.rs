@@ -339,36 +339,64 @@ impl Sampler {
     }
 }
 
-/// EXPLAIN (ANALYZE, BUFFERS) of inboxwatch's own queries as
-/// pg_stat_statements recorded them: the tail over one poll's window (cursor
-/// `window_s` back from now) and the reconciling aggregate. PostgreSQL only.
-pub async fn agent_plans(conn: &mut AnyConnection, window_s: f64) -> Vec<(String, Vec<String>)> {
-    let queries: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+/// EXPLAIN (ANALYZE, BUFFERS) of inboxwatch's queries on PostgreSQL, over
+/// the writer's last `poll` seconds (it ended at `end` µs): the tail of a
+/// normal poll and of a sweep (its text as pg_stat_statements recorded it,
+/// cursor $1, high-water mark $2, snapshot xmin $3), and the reconciling
+/// aggregate (rebuilt here: pg_stat_statements keeps it without constants).
+pub async fn agent_plans(
+    conn: &mut AnyConnection,
+    poll: f64,
+    end: i64,
+) -> Vec<(String, Vec<String>)> {
+    let tail: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
-         WHERE r.rolname = '{AGENT_USER}' AND s.query LIKE '%{}%' AND s.query NOT LIKE '%LIMIT%LIMIT%' ORDER BY s.calls DESC",
+         WHERE r.rolname = '{AGENT_USER}' AND s.query LIKE '%ORDER BY%' AND s.query LIKE '%{}%' \
+         ORDER BY s.calls DESC LIMIT 1",
         load::TABLE
     )))
-    .fetch_all(&mut *conn)
+    .fetch_optional(&mut *conn)
     .await
     .unwrap_or_default();
-    let now: i64 = sqlx::query_scalar("SELECT CAST(EXTRACT(EPOCH FROM now()) * 1000000 AS BIGINT)")
-        .fetch_one(&mut *conn)
-        .await
-        .expect("now");
-    let cursor = now - (window_s * 1e6) as i64;
-    let mut out = Vec::new();
-    for q in queries {
-        let what = if q.contains("$1") {
-            format!("tail over the last {window_s:.0} s (one poll plus the 2 s look-back)")
-        } else if q.contains("GROUP BY") {
-            "reconciling aggregate (every reconcile_every, 1 min)".to_string()
-        } else {
-            continue;
+    let xmin: i64 = sqlx::query_scalar(
+        "SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT)",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .expect("snapshot xmin");
+    let us = |s: f64| (s * 1e6) as i64;
+    let high = end - us(poll);
+    let mut runs = Vec::new();
+    if let Some(t) = tail {
+        let at = |low: i64| {
+            t.replace("$1", &low.to_string())
+                .replace("$2", &high.to_string())
+                .replace("$3", &xmin.to_string())
         };
-        let sql = format!(
-            "EXPLAIN (ANALYZE, BUFFERS) {}",
-            q.replace("$1", &cursor.to_string())
-        );
+        runs.push((
+            format!("tail of a normal poll ({poll} s of changes plus the 2 s look-back)"),
+            at(high - us(2.0)),
+        ));
+        runs.push((
+            "tail of a sweep (the 30 s overlap window, every 10 s)".to_string(),
+            at(high - us(30.0)),
+        ));
+    }
+    let stuck = end - us(600.0);
+    runs.push((
+        "reconciling aggregate over the unfinished rows (once a minute)".to_string(),
+        format!(
+            "SELECT CAST(\"status\" AS TEXT), CAST(\"event_type\" AS TEXT), COUNT(*), \
+             CAST(date_part('epoch', MIN(\"received_at\")) * 1000000 AS BIGINT), \
+             CAST(SUM(CASE WHEN \"status\" IN ('processing') AND CAST(date_part('epoch', \"started_at\") * 1000000 AS BIGINT) < {stuck} \
+             THEN 1 ELSE 0 END) AS BIGINT) FROM \"{}\" WHERE \"status\" IN ('pending', 'processing', 'failed') \
+             GROUP BY \"status\", \"event_type\"",
+            load::TABLE
+        ),
+    ));
+    let mut out = Vec::new();
+    for (what, q) in runs {
+        let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {q}");
         if let Ok(plan) = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql))
             .fetch_all(&mut *conn)
             .await
@@ -780,7 +808,7 @@ impl Report {
         s.push_str("\n</details>\n");
         for (what, plan) in &self.plans {
             s.push_str(&format!(
-                "\n<details><summary>EXPLAIN (ANALYZE, BUFFERS): inboxwatch's {what}</summary>\n\n```\n{}\n```\n\n</details>\n",
+                "\n<details><summary>EXPLAIN (ANALYZE, BUFFERS), inboxwatch: {what}</summary>\n\n```\n{}\n```\n\n</details>\n",
                 plan.join("\n")
             ));
         }
