@@ -202,9 +202,10 @@ impl Sampler {
                 ),
             ),
             Dialect::MySql => (
-                // Digests have no user: the agent's queries start with a
-                // CAST (and are cut before their FROM at 1 kB), the
-                // exporter's do not; the agent's lock heartbeat is left out.
+                // Digests have no user: the exporter's queries are told by
+                // not starting with a CAST. The agent's are prepared
+                // statements, which get no digest, so its per-poll time is
+                // not measured here (its mean comes from the per-user totals).
                 format!(
                     "SELECT CASE WHEN DIGEST_TEXT LIKE 'SELECT CAST%' THEN '{AGENT_USER}' ELSE '{EXPORTER_USER}' END, \
                      CAST(SUM(SUM_TIMER_WAIT) / 1e9 AS DOUBLE) FROM performance_schema.events_statements_summary_by_digest \
