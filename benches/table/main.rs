@@ -446,7 +446,7 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let p95 = measure::p95_errors(&mut conn, d, &m, run_start).await;
+    let p95 = measure::p95_errors(&mut conn, d, &m, run_start, &truth).await;
     let plans = match d {
         Dialect::Postgres => {
             measure::agent_plans(&mut conn, a.poll, run_start + (window * 1e6) as i64).await
@@ -495,9 +495,15 @@ async fn main() {
             "inboxwatch's counters differ from the ground truth:\n{}",
             mismatches.join("\n")
         );
-        let worst = r.p95.iter().map(|p| p.error).fold(0.0, f64::max);
+        // At the sketch's own rank: with the CI's few hundred completions per
+        // event type, percentile_cont's interpolation alone can exceed 1 %.
+        let worst = r.p95.iter().map(|p| p.rank_error).fold(0.0, f64::max);
         assert!(!r.p95.is_empty(), "no P95 to compare");
-        assert!(worst <= 0.01, "P95 off by {:.2} % (> 1 %)", worst * 100.0);
+        assert!(
+            worst <= 0.01,
+            "P95 off by {:.2} % (> 1 %) from the exact value at its rank",
+            worst * 100.0
+        );
         assert!(
             r.exporter_refreshes >= 1.0,
             "prometheus-sql-exporter never refreshed"
