@@ -103,6 +103,9 @@ pub struct RawSource {
     pub quantile_window: Option<String>,
     /// How long the state of a finished event is remembered to count late duplicates (default `15m`).
     pub state_retention: Option<String>,
+    /// How often the gauges kept from the tailed rows are checked against an
+    /// aggregate over the unfinished rows, which catches deleted rows (default `1m`).
+    pub reconcile_every: Option<String>,
     /// Distinct `event_type` label values kept; the rest fold into `other` (default 50).
     pub event_type_limit: Option<i64>,
     /// Upper bound on events whose state is remembered (default 500000).
@@ -405,6 +408,7 @@ pub struct TableSpec {
     pub timeout: Duration,
     pub quantile_window: Duration,
     pub state_retention: Duration,
+    pub reconcile_every: Duration,
     pub event_type_limit: usize,
     pub max_tracked_events: usize,
     pub batch_size: usize,
@@ -869,6 +873,17 @@ impl Validator {
                 "must be at least the overlap window".into(),
             );
         }
+        let reconcile_every = self.duration(
+            &format!("{key}.reconcile_every"),
+            s.reconcile_every.as_deref(),
+            Duration::from_secs(60),
+        );
+        if reconcile_every.is_zero() {
+            self.problem(
+                &format!("{key}.reconcile_every"),
+                "must be greater than zero".into(),
+            );
+        }
         let event_type_limit = self.positive(
             &format!("{key}.event_type_limit"),
             s.event_type_limit,
@@ -908,6 +923,7 @@ impl Validator {
             timeout,
             quantile_window,
             state_retention,
+            reconcile_every,
             event_type_limit,
             max_tracked_events,
             batch_size,

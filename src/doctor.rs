@@ -186,8 +186,14 @@ fn inline(sql: &Sql, query: &str) -> String {
         Param::Int(v) => v.to_string(),
         Param::Text(t) => sql.literal(&t),
     };
-    let placeholder = sql.placeholder(1);
-    query.replacen(&placeholder, &literal, 1)
+    // PostgreSQL's tail also binds the high-water mark ($2) and a snapshot
+    // xmin ($3, 0: every row).
+    let query = query.replacen(&sql.placeholder(1), &literal, 1);
+    if sql.dialect == crate::config::Dialect::Postgres {
+        query.replacen("$2", &literal, 1).replacen("$3", "0", 1)
+    } else {
+        query
+    }
 }
 
 /// Whether the plan of `query` reads every row of `table`.

@@ -487,3 +487,159 @@ async fn connection_loss_downs_source_in_two_polls_and_recovers_without_loss_or_
     drop(proxy);
     db.cleanup().await;
 }
+
+/// Guards the gauges kept from the tailed rows instead of an aggregate on every poll
+/// (SPEC §7 poll cost) and the reconcile that corrects them:
+/// * with `reconcile_every = "1h"`, rows the tail reads (a new pending row) show in
+///   backlog, oldest age and stuck rows at once, equal to direct queries, while a
+///   change the tail cannot see (a row finished without moving `updated_at`, a row
+///   deleted) leaves the backlog as it was for 3 s of polls: no aggregate runs per poll;
+/// * with `reconcile_every = "2s"` and a backlog over `max_tracked_events` (gauges from
+///   the aggregate), the gauges equal direct queries after an unseen delete, after the
+///   backlog shrinks under the cap (the map is re-read), after another unseen change
+///   (the reconcile finds the difference and re-reads), and after a tailed insert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn gauges_follow_the_tail_and_the_reconcile_catches_what_it_cannot_see() {
+    use common::scenarios::{inbox_gauge_expectations, wait_for_live};
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("rec").await;
+    let t = tables.inbox.clone();
+    let now = db.now_ms().await;
+    let old = now - 60_000;
+    let rows: [(&str, &str, &str, Option<i64>); 8] = [
+        ("p-0", "orders.created", "pending", None),
+        ("p-1", "orders.created", "pending", None),
+        ("p-2", "orders.created", "pending", None),
+        ("p-3", "payments.captured", "pending", None),
+        (
+            "r-0",
+            "payments.captured",
+            "processing",
+            Some(now - 3_600_000),
+        ),
+        ("r-1", "orders.created", "processing", Some(now - 1_000)),
+        ("f-0", "orders.created", "failed", Some(now - 5_000)),
+        ("s-0", "orders.created", "succeeded", Some(now - 5_000)),
+    ];
+    for (i, (id, et, status, started)) in rows.iter().enumerate() {
+        let received = Some(now - 7_200_000 + i as i64 * 1_000);
+        let finished = (*status == "succeeded").then_some(now - 4_000);
+        insert_raw(&db, &t, id, et, status, received, *started, finished, old).await;
+    }
+    // Changes the tail cannot see: `updated_at` stays where it was.
+    let unseen = |sql: String| {
+        let db = &db;
+        async move {
+            db.exec(&sql, &[]).await;
+        }
+    };
+
+    let toml = |extra: &str| format!("{}{extra}", inbox_source_toml("rec", &db.dsn, &t));
+    let mut agent = Agent::start(&toml("reconcile_every = \"1h\"\n"));
+    agent.wait_ready(READY_TIMEOUT).await;
+    wait_for_live(
+        &agent,
+        Duration::from_secs(15),
+        "gauges after the seed",
+        || inbox_gauge_expectations(&db, &t, "rec"),
+    )
+    .await;
+    let tick = db.now_ms().await;
+    insert_raw(
+        &db,
+        &t,
+        "p-4",
+        "orders.created",
+        "pending",
+        Some(tick),
+        None,
+        None,
+        tick,
+    )
+    .await;
+    wait_for_live(
+        &agent,
+        Duration::from_secs(15),
+        "gauges after a tailed insert",
+        || inbox_gauge_expectations(&db, &t, "rec"),
+    )
+    .await;
+    let pending = [
+        ("source", "rec"),
+        ("event_type", "orders.created"),
+        ("status", "pending"),
+    ];
+    let failed = [
+        ("source", "rec"),
+        ("event_type", "orders.created"),
+        ("status", "failed"),
+    ];
+    let before = agent.scrape().await;
+    assert_eq!(before.get("inbox_backlog_messages", &pending), Some(4.0));
+    assert_eq!(before.get("inbox_backlog_messages", &failed), Some(1.0));
+    unseen(format!(
+        "UPDATE {t} SET status = 'succeeded', started_at = now(), finished_at = now() WHERE event_id = 'p-0'"
+    ))
+    .await;
+    unseen(format!("DELETE FROM {t} WHERE event_id = 'f-0'")).await;
+    let agent_ref = &agent;
+    let kept = stays(Duration::from_secs(3), || async move {
+        let m = agent_ref.try_scrape().await?;
+        let got = (
+            m.get("inbox_backlog_messages", &pending),
+            m.get("inbox_backlog_messages", &failed),
+        );
+        if got == (Some(4.0), Some(1.0)) {
+            Ok(())
+        } else {
+            Err(format!(
+                "backlog (pending, failed) = {got:?} moved on a change the tail cannot see, \
+                 with the reconcile an hour away: an aggregate ran on a poll"
+            ))
+        }
+    })
+    .await;
+    if let Err(e) = kept {
+        panic!("{e}");
+    }
+    drop(agent);
+
+    // Six unfinished rows, a cap of four: the gauges come from the aggregate.
+    let mut agent = Agent::start(&toml("reconcile_every = \"2s\"\nmax_tracked_events = 4\n"));
+    agent.wait_ready(READY_TIMEOUT).await;
+    let live = |what: &'static str| {
+        let (db, t, agent) = (&db, t.as_str(), &agent);
+        async move {
+            wait_for_live(agent, Duration::from_secs(15), what, || {
+                inbox_gauge_expectations(db, t, "rec")
+            })
+            .await;
+        }
+    };
+    live("gauges over the cap").await;
+    unseen(format!("DELETE FROM {t} WHERE event_id = 'p-1'")).await;
+    live("gauges over the cap after an unseen delete").await;
+    unseen(format!("DELETE FROM {t} WHERE event_id IN ('p-2', 'p-3')")).await;
+    live("gauges after the backlog shrank under the cap").await;
+    unseen(format!(
+        "UPDATE {t} SET status = 'dead', finished_at = now() WHERE event_id = 'r-1'"
+    ))
+    .await;
+    live("gauges after an unseen change under the cap").await;
+    let tick = db.now_ms().await;
+    insert_raw(
+        &db,
+        &t,
+        "p-5",
+        "payments.captured",
+        "failed",
+        Some(tick),
+        Some(tick),
+        None,
+        tick,
+    )
+    .await;
+    live("gauges after a tailed insert under the cap").await;
+    drop(agent);
+    db.cleanup().await;
+}

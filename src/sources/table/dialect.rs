@@ -91,7 +91,10 @@ impl Sql {
     /// A timestamp expression as microseconds since the epoch (NULL stays NULL).
     pub fn micros(&self, expr: &str) -> String {
         match self.dialect {
-            Dialect::Postgres => format!("CAST(EXTRACT(EPOCH FROM {expr}) * 1000000 AS BIGINT)"),
+            // date_part is float8 arithmetic, EXTRACT numeric: about half the
+            // cost per value, and exact to the microsecond for dates within a
+            // century of 1970 (the float's error stays under 0.25 µs).
+            Dialect::Postgres => format!("CAST(date_part('epoch', {expr}) * 1000000 AS BIGINT)"),
             Dialect::MySql => {
                 format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {expr})")
             }
@@ -131,6 +134,34 @@ impl Sql {
                 format!("{column} > TIMESTAMPADD(MICROSECOND, {p}, '1970-01-01 00:00:00')")
             }
             Dialect::Sqlite => format!("{column} > {p}"),
+        }
+    }
+
+    /// PostgreSQL: the oldest transaction still running when the poll's
+    /// snapshot was taken, as a 64-bit transaction id.
+    pub fn snapshot_xmin(&self) -> Option<&'static str> {
+        match self.dialect {
+            Dialect::Postgres => {
+                Some("CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT)")
+            }
+            Dialect::MySql | Dialect::Sqlite => None,
+        }
+    }
+
+    /// PostgreSQL: the tail's condition for rows that were already read: a
+    /// row version at or before the high-water mark (parameter `high`) is
+    /// returned only if it was written by a transaction that had not ended
+    /// when an earlier poll, which read its range, took its snapshot (its
+    /// `xmin` at or after that snapshot's xmin, parameter `xmin`; 0 returns
+    /// every row). Such a version is a late commit; every other one was read.
+    pub fn unseen(&self, column: &str, high: usize, xmin: usize) -> Option<String> {
+        match self.dialect {
+            Dialect::Postgres => Some(format!(
+                "({} OR age(xmin) <= age(CAST(CAST(CAST({} AS TEXT) AS xid8) AS xid)))",
+                self.after(column, high),
+                self.placeholder(xmin)
+            )),
+            Dialect::MySql | Dialect::Sqlite => None,
         }
     }
 

@@ -14,11 +14,12 @@
 //! * events that predate the agent are a baseline: their later changes count,
 //!   their history does not.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use sqlx::any::AnyRow;
 
+use super::backlog::{GaugeMap, Unfinished};
 use super::dialect::Sql;
 use super::state::{Entry, Tracked};
 use super::{MAX_ERROR_LEN, Reject, Rejections, TableKind, get, key_of};
@@ -97,16 +98,6 @@ struct Counts {
     attempts: Vec<f64>,
 }
 
-/// Gauge values of one `event_type` label.
-#[derive(Debug, Default, Clone, Copy)]
-struct Gauges {
-    pending: u64,
-    processing: u64,
-    failed: u64,
-    oldest_received: Option<i64>,
-    stuck: u64,
-}
-
 /// The inbox part of a table source.
 pub struct Inbox {
     spec: InboxSpec,
@@ -115,7 +106,6 @@ pub struct Inbox {
     start: i64,
     counts: HashMap<usize, Counts>,
     rejections: Rejections,
-    gauges: BTreeMap<usize, Gauges>,
     reported: HashSet<usize>,
     /// Labels whose counter series exist (created at 0).
     series: HashSet<usize>,
@@ -139,7 +129,6 @@ impl Inbox {
             start: i64::MIN,
             counts: HashMap::new(),
             rejections: Rejections::default(),
-            gauges: BTreeMap::new(),
             reported: HashSet::new(),
             series: HashSet::new(),
             sketches: HashMap::new(),
@@ -526,30 +515,28 @@ impl Inbox {
         }
     }
 
-    fn record_gauges(&mut self, db_now: i64, now: Instant) {
+    fn record_gauges(&mut self, gauges: &GaugeMap, db_now: i64, now: Instant) {
         let source = self.spec.table.name.clone();
         let labels: Vec<usize> = self
             .reported
             .iter()
-            .chain(self.gauges.keys())
+            .chain(gauges.keys())
             .copied()
             .collect::<HashSet<_>>()
             .into_iter()
             .collect();
         for label in labels {
-            let g = self.gauges.get(&label).copied().unwrap_or_default();
+            let g = gauges.get(&label).copied().unwrap_or_default();
             let et = self.labels.value(label).to_string();
             for (status, n) in [
-                ("pending", g.pending),
-                ("processing", g.processing),
-                ("failed", g.failed),
+                ("pending", g.counts[PENDING]),
+                ("processing", g.counts[PROCESSING]),
+                ("failed", g.counts[FAILED]),
             ] {
                 metrics::gauge!(m::INBOX_BACKLOG, "source" => source.clone(), "event_type" => et.clone(), "status" => status)
                     .set(n as f64);
             }
-            let age = g
-                .oldest_received
-                .map_or(0.0, |r| seconds(db_now - r).max(0.0));
+            let age = g.oldest.map_or(0.0, |r| seconds(db_now - r).max(0.0));
             metrics::gauge!(m::INBOX_OLDEST_AGE, "source" => source.clone(), "event_type" => et.clone()).set(age);
             metrics::gauge!(m::INBOX_STUCK, "source" => source.clone(), "event_type" => et.clone())
                 .set(g.stuck as f64);
@@ -671,35 +658,79 @@ impl TableKind for Inbox {
         )
     }
 
-    fn gauges(&mut self, rows: &[AnyRow], _db_now: i64) -> Result<(), String> {
-        self.gauges.clear();
+    fn gauges(&mut self, rows: &[AnyRow]) -> Result<GaugeMap, String> {
+        let mut out = GaugeMap::new();
         for row in rows {
             let word: Option<String> = get(row, 0, "status")?;
             let et: Option<String> = get(row, 1, "event_type")?;
             let count: i64 = get(row, 2, "status")?;
             let oldest: Option<i64> = get(row, 3, "received_at")?;
             let stuck: Option<i64> = get(row, 4, "started_at")?;
+            // A word the database matched but the agent does not (MySQL compares
+            // case-insensitively) is an unknown status, as the tail rejects it.
+            let Some(class) = word.and_then(|w| self.spec.statuses.classify(&w).and_then(class_of))
+            else {
+                continue;
+            };
             let label = self.labels.resolve(et.as_deref());
-            let g = self.gauges.entry(label).or_default();
-            let n = u64::try_from(count).unwrap_or(0);
-            match word.and_then(|w| self.spec.statuses.classify(&w)) {
-                Some(Status::Pending) => g.pending += n,
-                Some(Status::Processing) => g.processing += n,
-                Some(Status::Failed) => g.failed += n,
-                _ => {}
-            }
-            if let Some(o) = oldest {
-                g.oldest_received = Some(g.oldest_received.map_or(o, |p| p.min(o)));
-            }
-            g.stuck += u64::try_from(stuck.unwrap_or(0)).unwrap_or(0);
+            out.entry(label).or_default().add(
+                class,
+                u64::try_from(count).unwrap_or(0),
+                oldest,
+                u64::try_from(stuck.unwrap_or(0)).unwrap_or(0),
+            );
         }
-        Ok(())
+        Ok(out)
     }
 
-    fn flush(&mut self, db_now: i64, now: Instant) {
+    fn unfinished(&mut self, row: &AnyRow) -> Result<(u64, Option<Unfinished>), String> {
+        let event_id: Option<String> = get(row, 0, "event_id")?;
+        let key = key_of(event_id.as_deref().unwrap_or_default());
+        let word: Option<String> = get(row, 2, "status")?;
+        let Some(class) = word.and_then(|w| self.spec.statuses.classify(&w).and_then(class_of))
+        else {
+            return Ok((key, None));
+        };
+        let et: Option<String> = get(row, 1, "event_type")?;
+        let born: Option<i64> = get(row, 3, "received_at")?;
+        let started: Option<i64> = get(row, 4, "started_at")?;
+        Ok((
+            key,
+            Some(Unfinished::new(
+                self.labels.resolve(et.as_deref()),
+                class,
+                born,
+                if class == PROCESSING { started } else { None },
+            )),
+        ))
+    }
+
+    fn stuck_before(&self, db_now: i64) -> i64 {
+        if self.spec.columns.started_at.is_some() {
+            db_now - micros(self.spec.stuck_after)
+        } else {
+            i64::MIN
+        }
+    }
+
+    fn flush(&mut self, gauges: &GaugeMap, db_now: i64, now: Instant) {
         self.record();
-        self.record_gauges(db_now, now);
+        self.record_gauges(gauges, db_now, now);
         self.states.tidy(&self.spec.table, db_now, now);
+    }
+}
+
+/// Index of each unfinished status in [`super::backlog::Gauges::counts`].
+const PENDING: usize = 0;
+const PROCESSING: usize = 1;
+const FAILED: usize = 2;
+
+fn class_of(status: Status) -> Option<usize> {
+    match status {
+        Status::Pending => Some(PENDING),
+        Status::Processing => Some(PROCESSING),
+        Status::Failed => Some(FAILED),
+        Status::Succeeded | Status::Dead => None,
     }
 }
 

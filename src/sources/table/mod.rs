@@ -1,12 +1,15 @@
 //! Inbox and outbox tables on PostgreSQL, MySQL/MariaDB and SQLite.
 //!
-//! Each poll is one read-only transaction that (1) tails the change cursor
+//! Each poll is one read-only transaction that tails the change cursor
 //! (`updated_at`) from the last high-water mark minus the overlap window, so a
-//! transaction that commits late is still seen, and (2) runs one aggregate over
-//! the unfinished rows for the gauges. What a row changed since it was last
-//! seen is worked out against a bounded map of recently seen events, so
-//! re-reading the overlap never counts twice.
+//! transaction that commits late is still seen. What a row changed since it
+//! was last seen is worked out against a bounded map of recently seen events,
+//! so re-reading the overlap never counts twice. The gauges come from a map of
+//! the unfinished rows kept from the same rows ([`backlog`]), checked against
+//! an aggregate over the unfinished rows every `reconcile_every`; it runs on
+//! every poll only while the backlog is too large to keep.
 
+pub mod backlog;
 pub mod dialect;
 pub mod inbox;
 pub mod outbox;
@@ -15,6 +18,7 @@ mod state;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use futures_util::TryStreamExt;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Connection, Row};
 use tracing::debug;
@@ -22,6 +26,7 @@ use tracing::debug;
 use crate::config::{Dialect, TableSpec};
 use crate::sources::{PollStats, Source, SourceError};
 use crate::telemetry::catalogue as m;
+use backlog::{Backlog, GaugeMap, Unfinished};
 use dialect::{Param, Sql};
 
 /// How far behind the change cursor every poll looks, for transactions that
@@ -73,12 +78,18 @@ pub trait TableKind: Send + 'static {
     /// Takes one row of the tail (or seed) into account. `baseline`: the row
     /// predates the agent and only sets the state it is compared with later.
     fn observe(&mut self, row: &AnyRow, baseline: bool) -> Result<(), String>;
+    /// A tail or seed row's event key and, if the row is unfinished, what the
+    /// gauges need of it.
+    fn unfinished(&mut self, row: &AnyRow) -> Result<(u64, Option<Unfinished>), String>;
     /// The aggregate over unfinished rows that gives the gauges.
     fn gauge_query(&self, sql: &Sql, db_now: i64) -> String;
-    /// Takes the gauge query's rows.
-    fn gauges(&mut self, rows: &[AnyRow], db_now: i64) -> Result<(), String>;
-    /// Records what the poll accumulated, once, and forgets old state.
-    fn flush(&mut self, db_now: i64, now: Instant);
+    /// The gauges in the gauge query's rows.
+    fn gauges(&mut self, rows: &[AnyRow]) -> Result<GaugeMap, String>;
+    /// Rows whose `stuck_from` lies before this are stuck (microseconds).
+    fn stuck_before(&self, db_now: i64) -> i64;
+    /// Records what the poll accumulated and the gauges, once, and forgets
+    /// old state.
+    fn flush(&mut self, gauges: &GaugeMap, db_now: i64, now: Instant);
 }
 
 /// A table source: connection, cursor and the poll transaction.
@@ -91,6 +102,14 @@ pub struct TableSource<K: TableKind> {
     high: Option<i64>,
     /// When the whole overlap window was last re-read.
     last_sweep: Option<Instant>,
+    /// PostgreSQL: the snapshot xmin of the last poll and of the last sweep
+    /// (see [`Sql::unseen`]).
+    poll_xmin: Option<i64>,
+    sweep_xmin: Option<i64>,
+    /// The unfinished rows, for the gauges.
+    backlog: Backlog,
+    /// When the backlog was last checked against the gauge query.
+    last_reconcile: Option<Instant>,
 }
 
 impl<K: TableKind> TableSource<K> {
@@ -100,12 +119,16 @@ impl<K: TableKind> TableSource<K> {
             dialect: spec.dsn.dialect(),
         };
         TableSource {
+            backlog: Backlog::new(spec.max_tracked_events),
             spec,
             sql,
             kind,
             conn: None,
             high: None,
             last_sweep: None,
+            poll_xmin: None,
+            sweep_xmin: None,
+            last_reconcile: None,
         }
     }
 
@@ -127,8 +150,12 @@ impl<K: TableKind> TableSource<K> {
             .map(|(_, e)| e)
             .collect();
         let updated = self.sql.ident(self.kind.updated_at());
+        let unseen = self
+            .sql
+            .unseen(&updated, 2, 3)
+            .map_or(String::new(), |u| format!(" AND {u}"));
         format!(
-            "SELECT {} FROM {} WHERE {} ORDER BY {updated} {}",
+            "SELECT {} FROM {} WHERE {}{unseen} ORDER BY {updated} {}",
             list.join(", "),
             self.sql.table(&self.spec.table),
             self.sql.after(&updated, 1),
@@ -181,13 +208,16 @@ impl<K: TableKind> TableSource<K> {
         let seed = self.seed_query();
         let updated_col = self.kind.select_list(&self.sql).len() - 1;
         let mut tx = conn.begin().await.map_err(q)?;
-        let db_now: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT {}",
-            self.sql.now_micros()
+        let now_row = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT {}, {}",
+            self.sql.now_micros(),
+            self.sql.snapshot_xmin().unwrap_or("0")
         )))
         .fetch_one(&mut *tx)
         .await
         .map_err(q)?;
+        let db_now: i64 = now_row.try_get(0).map_err(q)?;
+        let snapshot_xmin: i64 = now_row.try_get(1).map_err(q)?;
         // Most polls look back only COMMIT_LAG, which catches ordinary commit
         // latency at once; every third of the overlap window a sweep re-reads
         // the whole window for the rare transaction that commits later still.
@@ -205,34 +235,54 @@ impl<K: TableKind> TableSource<K> {
         let baseline = self.high.is_none();
         if baseline {
             self.kind.start(db_now);
-            if let Some(seed) = seed {
-                let rows = sqlx::query(sqlx::AssertSqlSafe(seed))
-                    .fetch_all(&mut *tx)
-                    .await
-                    .map_err(q)?;
-                rows_read += rows.len() as u64;
-                for row in &rows {
-                    self.kind.observe(row, true).map_err(SourceError::Schema)?;
+            if let Some(seed) = &seed {
+                // Streamed: the backlog can be large, and memory stays bounded
+                // by the maps, not by the result set.
+                let mut rows = sqlx::query(sqlx::AssertSqlSafe(seed.clone())).fetch(&mut *tx);
+                let mut n = 0usize;
+                self.backlog.clear();
+                while let Some(row) = rows.try_next().await.map_err(q)? {
+                    n += 1;
+                    self.kind.observe(&row, true).map_err(SourceError::Schema)?;
+                    self.see(&row)?;
                 }
+                rows_read += n as u64;
+                self.backlog.filled(n < self.spec.max_tracked_events);
+                self.last_reconcile = Some(Instant::now());
             }
         }
         let high = self.high.unwrap_or(db_now);
+        // Rows up to `high` in the range re-read were read by the last poll
+        // (the last sweep, for a sweep) unless written by a transaction still
+        // running then; 0 (unknown) re-reads them all.
+        let seen_before = if sweep {
+            self.sweep_xmin
+        } else {
+            self.poll_xmin
+        };
+        let seen_before = if baseline {
+            0
+        } else {
+            seen_before.unwrap_or(0)
+        };
         let mut low = high.saturating_sub(overlap);
         let mut max_seen = high;
         loop {
-            let rows = bind(
+            let mut query = bind(
                 sqlx::query(sqlx::AssertSqlSafe(tail.clone())),
                 self.sql.cursor(low),
-            )
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(q)?;
+            );
+            if self.sql.snapshot_xmin().is_some() {
+                query = bind(query, self.sql.cursor(high)).bind(seen_before);
+            }
+            let rows = query.fetch_all(&mut *tx).await.map_err(q)?;
             rows_read += rows.len() as u64;
             let mut last = low;
             for row in &rows {
                 self.kind
                     .observe(row, baseline)
                     .map_err(SourceError::Schema)?;
+                self.see(row)?;
                 let updated: Option<i64> =
                     get(row, updated_col, "updated_at").map_err(SourceError::Schema)?;
                 if let Some(u) = updated {
@@ -251,18 +301,59 @@ impl<K: TableKind> TableSource<K> {
         }
         // A clock ahead of the database must not push the cursor into the future.
         self.high = Some(max_seen.min(db_now));
-        let gauge_rows = sqlx::query(sqlx::AssertSqlSafe(
-            self.kind.gauge_query(&self.sql, db_now),
-        ))
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(q)?;
+        self.poll_xmin = Some(snapshot_xmin);
+        if sweep {
+            self.sweep_xmin = Some(snapshot_xmin);
+        }
+        let stuck_before = self.kind.stuck_before(db_now);
+        let due = self
+            .last_reconcile
+            .is_none_or(|t| t.elapsed() >= self.spec.reconcile_every);
+        let gauges = if self.backlog.is_complete() && !due {
+            self.backlog.gauges(stuck_before)
+        } else {
+            let rows = sqlx::query(sqlx::AssertSqlSafe(
+                self.kind.gauge_query(&self.sql, db_now),
+            ))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(q)?;
+            let truth = self.kind.gauges(&rows).map_err(SourceError::Schema)?;
+            if due {
+                self.last_reconcile = Some(Instant::now());
+                let kept = self.backlog.is_complete();
+                let total: u64 = truth.values().flat_map(|g| g.counts).sum();
+                let fits = usize::try_from(total).is_ok_and(|n| n < self.backlog.cap());
+                if let Some(seed) = seed.filter(|_| fits)
+                    && !(kept && self.backlog.gauges(stuck_before) == truth)
+                {
+                    // Rows changed where the tail cannot see them (deleted, or
+                    // changed without moving the cursor), or the backlog fits
+                    // again after being too large: read it afresh.
+                    debug!(source = %self.spec.name, kept, "Re-reading the unfinished rows for the gauges.");
+                    let mut rows = sqlx::query(sqlx::AssertSqlSafe(seed)).fetch(&mut *tx);
+                    let mut n = 0usize;
+                    self.backlog.clear();
+                    while let Some(row) = rows.try_next().await.map_err(q)? {
+                        n += 1;
+                        self.see(&row)?;
+                    }
+                    rows_read += n as u64;
+                    self.backlog.filled(n < self.spec.max_tracked_events);
+                }
+            }
+            truth
+        };
         tx.commit().await.map_err(q)?;
-        self.kind
-            .gauges(&gauge_rows, db_now)
-            .map_err(SourceError::Schema)?;
-        self.kind.flush(db_now, Instant::now());
+        self.kind.flush(&gauges, db_now, Instant::now());
         Ok(PollStats { rows_read })
+    }
+
+    /// Takes a row's current version into the backlog.
+    fn see(&mut self, row: &AnyRow) -> Result<(), SourceError> {
+        let (key, unfinished) = self.kind.unfinished(row).map_err(SourceError::Schema)?;
+        self.backlog.update(key, unfinished);
+        Ok(())
     }
 }
 

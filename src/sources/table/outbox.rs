@@ -4,11 +4,12 @@
 //! (at or after the agent's start); the publish delay is `published_at −
 //! created_at`. Unpublished rows at start are the baseline.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use sqlx::any::AnyRow;
 
+use super::backlog::{GaugeMap, Unfinished};
 use super::dialect::Sql;
 use super::inbox::seconds;
 use super::state::{Entry, Tracked};
@@ -46,12 +47,6 @@ struct Counts {
     delays: Vec<f64>,
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-struct Gauges {
-    backlog: u64,
-    oldest_created: Option<i64>,
-}
-
 /// The outbox part of a table source.
 pub struct Outbox {
     spec: OutboxSpec,
@@ -60,7 +55,6 @@ pub struct Outbox {
     start: i64,
     counts: HashMap<usize, Counts>,
     rejections: Rejections,
-    gauges: BTreeMap<usize, Gauges>,
     reported: HashSet<usize>,
     /// Labels whose counter series exist (created at 0).
     series: HashSet<usize>,
@@ -81,7 +75,6 @@ impl Outbox {
             start: i64::MIN,
             counts: HashMap::new(),
             rejections: Rejections::default(),
-            gauges: BTreeMap::new(),
             reported: HashSet::new(),
             series: HashSet::new(),
             spans: None,
@@ -260,8 +253,8 @@ impl TableKind for Outbox {
         )
     }
 
-    fn gauges(&mut self, rows: &[AnyRow], _db_now: i64) -> Result<(), String> {
-        self.gauges.clear();
+    fn gauges(&mut self, rows: &[AnyRow]) -> Result<GaugeMap, String> {
+        let mut out = GaugeMap::new();
         for row in rows {
             let et: Option<String> = get(row, 0, "event_type")?;
             let count: i64 = get(row, 1, "published_at")?;
@@ -270,16 +263,38 @@ impl TableKind for Outbox {
                 continue;
             }
             let label = self.labels.resolve(et.as_deref());
-            let g = self.gauges.entry(label).or_default();
-            g.backlog += u64::try_from(count).unwrap_or(0);
-            if let Some(o) = oldest {
-                g.oldest_created = Some(g.oldest_created.map_or(o, |p| p.min(o)));
-            }
+            out.entry(label)
+                .or_default()
+                .add(0, u64::try_from(count).unwrap_or(0), oldest, 0);
         }
-        Ok(())
+        Ok(out)
     }
 
-    fn flush(&mut self, db_now: i64, now: Instant) {
+    fn unfinished(&mut self, row: &AnyRow) -> Result<(u64, Option<Unfinished>), String> {
+        let event_id: Option<String> = get(row, 0, "event_id")?;
+        let key = key_of(event_id.as_deref().unwrap_or_default());
+        let published: Option<i64> = get(row, 3, "published_at")?;
+        if published.is_some() {
+            return Ok((key, None));
+        }
+        let et: Option<String> = get(row, 1, "event_type")?;
+        let born: Option<i64> = get(row, 2, "created_at")?;
+        Ok((
+            key,
+            Some(Unfinished::new(
+                self.labels.resolve(et.as_deref()),
+                0,
+                born,
+                None,
+            )),
+        ))
+    }
+
+    fn stuck_before(&self, _db_now: i64) -> i64 {
+        i64::MIN
+    }
+
+    fn flush(&mut self, gauges: &GaugeMap, db_now: i64, now: Instant) {
         let source = self.spec.table.name.clone();
         let counts: Vec<(usize, Counts)> = self.counts.drain().collect();
         for (label, c) in counts {
@@ -301,22 +316,15 @@ impl TableKind for Outbox {
         if let Some(sink) = self.spans.as_mut() {
             sink.flush();
         }
-        let labels: HashSet<usize> = self
-            .reported
-            .iter()
-            .chain(self.gauges.keys())
-            .copied()
-            .collect();
+        let labels: HashSet<usize> = self.reported.iter().chain(gauges.keys()).copied().collect();
         for label in labels {
-            let g = self.gauges.get(&label).copied().unwrap_or_default();
+            let g = gauges.get(&label).copied().unwrap_or_default();
             let l = [
                 ("source", source.clone()),
                 ("event_type", self.labels.value(label).to_string()),
             ];
-            metrics::gauge!(m::OUTBOX_BACKLOG, &l).set(g.backlog as f64);
-            let age = g
-                .oldest_created
-                .map_or(0.0, |c| seconds(db_now - c).max(0.0));
+            metrics::gauge!(m::OUTBOX_BACKLOG, &l).set(g.counts[0] as f64);
+            let age = g.oldest.map_or(0.0, |c| seconds(db_now - c).max(0.0));
             metrics::gauge!(m::OUTBOX_OLDEST_AGE, &l).set(age);
             self.reported.insert(label);
         }

@@ -1,0 +1,154 @@
+#!/usr/bin/env bash
+# The table-source benchmark (docs/performance.md): inboxwatch against
+# prometheus-sql-exporter on the same inbox table, side by side.
+#
+#   scripts/bench.sh            PostgreSQL 10 M rows (polls every 5 s and every 1 s) and
+#                               1 M rows, MariaDB 1 M rows; writes the tables into
+#                               docs/performance.md
+#   scripts/bench.sh --ci       PostgreSQL and MariaDB, 100 k rows, 30 s, debug build;
+#                               fails if a counter is not exact or P95 is off by > 1 %;
+#                               writes nothing into the repository
+#
+# Environment: RATE (changes/s, default 2000), POLL (refresh interval in
+# seconds, default 5), SECONDS_RUN (writer run, default 120), PG_ROWS
+# ("10000000 10000000:1 1000000": rows, optionally :refresh interval), MY_ROWS
+# ("1000000"; the same form).
+#
+# Every database is the benchmark's own: a PostgreSQL 15 cluster (initdb,
+# pg_stat_statements preloaded) and a mariadbd instance (performance_schema
+# on), each on a free port in a temporary directory removed at the end.
+# prometheus-sql-exporter is installed from Debian if missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CI=0
+if [ "${1:-}" = "--ci" ]; then CI=1; fi
+RATE=${RATE:-2000}
+POLL=${POLL:-5}
+if [ $CI = 1 ]; then
+  SECONDS_RUN=${SECONDS_RUN:-30}; PG_ROWS=${PG_ROWS:-100000}; MY_ROWS=${MY_ROWS:-100000}
+else
+  SECONDS_RUN=${SECONDS_RUN:-120}; PG_ROWS=${PG_ROWS:-"10000000 10000000:1 1000000"}; MY_ROWS=${MY_ROWS:-1000000}
+fi
+PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+
+if ! command -v prometheus-sql-exporter >/dev/null 2>&1; then
+  echo "Installing prometheus-sql-exporter (Debian package)..."
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends prometheus-sql-exporter >/dev/null
+fi
+
+WORK=$(mktemp -d /tmp/inboxwatch-bench.XXXXXX)
+chmod 755 "$WORK"
+PG_PID= ; MY_PID=
+cleanup() {
+  if [ -n "$PG_PID" ]; then runuser -u postgres -- "$PGBIN/pg_ctl" -D "$WORK/pg" -m fast -w stop >/dev/null 2>&1 || true; fi
+  if [ -n "$MY_PID" ]; then kill "$MY_PID" 2>/dev/null || true; wait "$MY_PID" 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+as_owner() { # user, command...: run as `user` when root (PostgreSQL refuses to run as root)
+  local u=$1; shift
+  if [ "$(id -u)" = 0 ]; then runuser -u "$u" -- "$@"; else "$@"; fi
+}
+
+start_pg() {
+  PG_PORT=$(free_port)
+  mkdir -p "$WORK/pg"
+  [ "$(id -u)" = 0 ] && chown postgres "$WORK/pg"
+  as_owner postgres "$PGBIN/initdb" -D "$WORK/pg" -U postgres -A trust -E UTF8 --no-sync >/dev/null
+  local mem=1GB; [ $CI = 1 ] && mem=256MB
+  cat >> "$WORK/pg/postgresql.conf" <<CONF
+port = $PG_PORT
+listen_addresses = '127.0.0.1'
+unix_socket_directories = '$WORK/pg'
+shared_preload_libraries = 'pg_stat_statements'
+pg_stat_statements.track = top
+pg_stat_statements.track_planning = on
+shared_buffers = $mem
+max_wal_size = 8GB
+checkpoint_timeout = 30min
+CONF
+  as_owner postgres "$PGBIN/pg_ctl" -D "$WORK/pg" -l "$WORK/pg/server.log" -w start >/dev/null
+  PG_PID=$(head -n1 "$WORK/pg/postmaster.pid")
+}
+
+start_mariadb() {
+  MY_PORT=$(free_port)
+  mkdir -p "$WORK/my"
+  [ "$(id -u)" = 0 ] && chown mysql "$WORK/my"
+  mariadb-install-db --no-defaults --user=mysql --datadir="$WORK/my" \
+    --auth-root-authentication-method=normal --skip-test-db >/dev/null
+  local mem=1G; [ $CI = 1 ] && mem=256M
+  mariadbd --no-defaults --user=mysql --datadir="$WORK/my" --port="$MY_PORT" --bind-address=127.0.0.1 \
+    --socket="$WORK/my/mysqld.sock" --pid-file="$WORK/my/mysqld.pid" --performance-schema=ON \
+    --innodb-buffer-pool-size=$mem --innodb-log-file-size=1G --innodb-flush-log-at-trx-commit=1 \
+    --log-error="$WORK/my/error.log" &
+  MY_PID=$!
+  for _ in $(seq 1 60); do
+    mariadb-admin -h 127.0.0.1 -P "$MY_PORT" -u root ping >/dev/null 2>&1 && return 0
+    sleep 1
+  done
+  echo "error: mariadbd did not start; $WORK/my/error.log:" >&2
+  cat "$WORK/my/error.log" >&2
+  return 1
+}
+
+if [ $CI = 1 ]; then
+  # The test profile's build, shared with the test suite.
+  run_bench() { cargo test --quiet --bench table -- "$@" --check; }
+else
+  run_bench() { cargo bench --quiet --bench table -- "$@"; }
+fi
+bench_args=(--rate "$RATE" --seconds "$SECONDS_RUN" --work "$WORK")
+sections=()
+# "rows" or "rows:poll" -> "--rows R --poll P"
+spec_args() { local r=${1%%:*} p=$POLL; [[ $1 == *:* ]] && p=${1#*:}; echo "--rows $r --poll $p"; }
+
+start_pg
+for spec in $PG_ROWS; do
+  echo "== PostgreSQL, $spec"
+  # shellcheck disable=SC2046
+  run_bench --dialect postgres --host "127.0.0.1:$PG_PORT" $(spec_args "$spec") "${bench_args[@]}" --out "$WORK/pg-$spec.md"
+  sections+=("$WORK/pg-$spec.md")
+done
+runuser -u postgres -- "$PGBIN/pg_ctl" -D "$WORK/pg" -m fast -w stop >/dev/null 2>&1 || as_owner postgres "$PGBIN/pg_ctl" -D "$WORK/pg" -m fast -w stop >/dev/null
+PG_PID=
+
+start_mariadb
+for spec in $MY_ROWS; do
+  echo "== MariaDB, $spec"
+  # shellcheck disable=SC2046
+  run_bench --dialect mysql --host "127.0.0.1:$MY_PORT" $(spec_args "$spec") "${bench_args[@]}" --out "$WORK/my-$spec.md"
+  sections+=("$WORK/my-$spec.md")
+done
+
+if [ $CI = 1 ]; then
+  echo "Benchmark harness OK (CI size; results not written)."
+  exit 0
+fi
+
+# Replace the generated part of docs/performance.md.
+{
+  echo "<!-- bench:begin (generated by scripts/bench.sh; edits here are overwritten) -->"
+  echo
+  echo "Run on $(date -u '+%Y-%m-%d %H:%M UTC') with \`scripts/bench.sh\` (RATE=$RATE, POLL=$POLL, SECONDS_RUN=$SECONDS_RUN, PG_ROWS=\"$PG_ROWS\", MY_ROWS=\"$MY_ROWS\")."
+  echo "Machine: $(nproc) × $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/^Mem:/ {print $2}') GB RAM,"
+  echo "$(. /etc/os-release && echo "$PRETTY_NAME"), $("$PGBIN/postgres" --version), $(mariadbd --version | awk '{print $3}'),"
+  echo "prometheus-sql-exporter $(dpkg-query -W -f='${Version}' prometheus-sql-exporter 2>/dev/null || echo unknown); inboxwatch $(git describe --always --dirty)."
+  echo
+  for s in "${sections[@]}"; do cat "$s"; echo; done
+  echo "<!-- bench:end -->"
+} > "$WORK/generated.md"
+python3 - "$WORK/generated.md" docs/performance.md <<'PY'
+import re, sys
+gen = open(sys.argv[1]).read().rstrip("\n")
+doc = open(sys.argv[2]).read()
+new, n = re.subn(r"<!-- bench:begin.*?<!-- bench:end -->", lambda _: gen, doc, flags=re.S)
+if n != 1:
+    sys.exit("docs/performance.md has no <!-- bench:begin --> … <!-- bench:end --> block")
+open(sys.argv[2], "w").write(new)
+PY
+echo "Wrote the results into docs/performance.md."
