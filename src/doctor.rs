@@ -82,38 +82,32 @@ async fn check_kafka(spec: &crate::sources::kafka::config::KafkaSpec) -> Vec<Fin
         spec.security.clone(),
         spec.timeout,
     );
-    let mut last = None;
-    for b in &spec.brokers {
-        match connector.connect(b).await {
-            Ok(c) => {
-                let v = |r: Result<i16, _>| {
-                    r.map(|v| format!("v{v}")).unwrap_or_else(
-                        |_: crate::sources::kafka::client::KafkaError| "unsupported".into(),
-                    )
-                };
-                out.push(Finding::Ok(format!(
-                    "{b}: Metadata {}, ListOffsets {}, ListGroups {}, DescribeGroups {}, OffsetFetch {}, Fetch {}",
-                    v(c.version::<MetadataRequest>()),
-                    v(c.version::<ListOffsetsRequest>()),
-                    v(c.version::<ListGroupsRequest>()),
-                    v(c.version::<DescribeGroupsRequest>()),
-                    v(c.version::<OffsetFetchRequest>()),
-                    v(c.version::<FetchRequest>()),
-                )));
-                if c.version::<OffsetFetchRequest>().is_ok_and(|v| v < 8) {
-                    out.push(Finding::Warn(
-                        "OffsetFetch below v8: one request per group each cycle instead of one per 100 groups".into(),
-                    ));
-                }
-                last = None;
-                break;
-            }
-            Err(e) => last = Some(e.to_string()),
+    let c = match connector.connect_any(&spec.brokers).await {
+        Ok(c) => c,
+        Err(e) => {
+            out.push(Finding::Error(e.to_string()));
+            return out;
         }
-    }
-    if let Some(e) = last {
-        out.push(Finding::Error(e));
-        return out;
+    };
+    let v = |r: Result<i16, crate::sources::kafka::client::KafkaError>| {
+        r.map(|v| format!("v{v}"))
+            .unwrap_or_else(|_| "unsupported".into())
+    };
+    out.push(Finding::Ok(format!(
+        "{}: Metadata {}, ListOffsets {}, ListGroups {}, DescribeGroups {}, OffsetFetch {}, Fetch {}",
+        c.addr(),
+        v(c.version::<MetadataRequest>()),
+        v(c.version::<ListOffsetsRequest>()),
+        v(c.version::<ListGroupsRequest>()),
+        v(c.version::<DescribeGroupsRequest>()),
+        v(c.version::<OffsetFetchRequest>()),
+        v(c.version::<FetchRequest>()),
+    )));
+    if c.version::<OffsetFetchRequest>().is_ok_and(|v| v < 8) {
+        out.push(Finding::Warn(
+            "OffsetFetch below v8: one request per group each cycle instead of one per 100 groups"
+                .into(),
+        ));
     }
     let mut source = crate::sources::kafka::KafkaSource::new(spec.clone());
     let started = std::time::Instant::now();

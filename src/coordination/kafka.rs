@@ -77,18 +77,11 @@ impl KafkaElection {
     /// A connection to the election group's coordinator.
     async fn coordinator(&mut self) -> Result<&mut Connection, String> {
         if self.conn.is_none() {
-            let mut boot = None;
-            let mut last = String::from("no brokers");
-            for b in &self.brokers {
-                match self.connector.connect(b).await {
-                    Ok(c) => {
-                        boot = Some(c);
-                        break;
-                    }
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            let mut boot = boot.ok_or(last)?;
+            let mut boot = self
+                .connector
+                .connect_any(&self.brokers)
+                .await
+                .map_err(|e| e.to_string())?;
             let v = boot
                 .version::<FindCoordinatorRequest>()
                 .map_err(|e| e.to_string())?;

@@ -114,6 +114,18 @@ impl Connector {
         }
     }
 
+    /// Connects to the first of `brokers` that answers (the bootstrap list).
+    pub async fn connect_any(&self, brokers: &[String]) -> Result<Connection, KafkaError> {
+        let mut last = KafkaError::Protocol("no bootstrap brokers configured".into());
+        for addr in brokers {
+            match self.connect(addr).await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
     /// Connects, negotiates versions and authenticates.
     pub async fn connect(&self, addr: &str) -> Result<Connection, KafkaError> {
         let connect_err = |message: String| KafkaError::Connect {

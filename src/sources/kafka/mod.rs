@@ -123,25 +123,7 @@ impl KafkaSource {
     async fn conn(&mut self, id: i32) -> Result<&mut Connection, KafkaError> {
         if !self.conns.contains_key(&id) {
             let c = if id < 0 {
-                let mut last = None;
-                let mut found = None;
-                for addr in &self.spec.brokers {
-                    match self.connector.connect(addr).await {
-                        Ok(c) => {
-                            found = Some(c);
-                            break;
-                        }
-                        Err(e) => last = Some(e),
-                    }
-                }
-                match found {
-                    Some(c) => c,
-                    None => {
-                        return Err(last.unwrap_or_else(|| {
-                            KafkaError::Protocol("no bootstrap brokers".into())
-                        }));
-                    }
-                }
+                self.connector.connect_any(&self.spec.brokers).await?
             } else {
                 let addr = self.brokers.get(&id).cloned().ok_or_else(|| {
                     KafkaError::Protocol(format!("broker {id} is not in the metadata"))
