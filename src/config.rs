@@ -112,6 +112,9 @@ pub struct RawSource {
     pub max_tracked_events: Option<i64>,
     /// Rows fetched per query page (default 5000).
     pub batch_size: Option<i64>,
+    /// Largest growth of `attempts` or `deliveries` in one change that is
+    /// believed (default 1000); a larger one is rejected as `implausible_count`.
+    pub max_count_jump: Option<i64>,
     /// `service.name` of the spans emitted for this consumer.
     pub service_name: Option<String>,
     /// Column names by meaning.
@@ -412,6 +415,7 @@ pub struct TableSpec {
     pub event_type_limit: usize,
     pub max_tracked_events: usize,
     pub batch_size: usize,
+    pub max_count_jump: u64,
     pub service_name: Option<String>,
     /// `[sources.trace]`: how the consumer's spans describe it.
     pub trace: crate::tracing_link::config::SourceTrace,
@@ -898,6 +902,12 @@ impl Validator {
         );
         let batch_size =
             self.positive(&format!("{key}.batch_size"), s.batch_size, 5_000, 1_000_000);
+        let max_count_jump = self.positive(
+            &format!("{key}.max_count_jump"),
+            s.max_count_jump,
+            1_000,
+            1_000_000_000,
+        ) as u64;
         let objectives =
             Objectives {
                 oldest_age: s.objectives.oldest_age.as_deref().map(|t| {
@@ -927,6 +937,7 @@ impl Validator {
             event_type_limit,
             max_tracked_events,
             batch_size,
+            max_count_jump,
             service_name: s.service_name.clone(),
             trace: crate::tracing_link::config::validate_source(
                 key,

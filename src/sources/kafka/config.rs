@@ -166,6 +166,7 @@ pub(crate) fn validate(
         ("event_type_limit", s.event_type_limit.is_some()),
         ("max_tracked_events", s.max_tracked_events.is_some()),
         ("batch_size", s.batch_size.is_some()),
+        ("max_count_jump", s.max_count_jump.is_some()),
         ("statuses", s.statuses.is_some()),
         ("trace", s.trace.is_some()),
         ("service_name", s.service_name.is_some()),

@@ -8,6 +8,12 @@ use std::time::Duration;
 
 use crate::config::Dialect;
 
+/// What [`Sql::micros`] gives for a time that has no microsecond value that
+/// fits in 64 bits (PostgreSQL's `infinity`, a year past 294,000) or that the
+/// database cannot read as a time (SQLite text): the row is rejected as
+/// `time_out_of_range`, the source stays up.
+pub const OUT_OF_RANGE: i64 = i64::MIN + 1;
+
 /// A value bound as the tail cursor.
 #[derive(Debug, Clone)]
 pub enum Param {
@@ -89,19 +95,73 @@ impl Sql {
     }
 
     /// A timestamp expression as microseconds since the epoch (NULL stays NULL).
+    /// A time that has no such value — PostgreSQL's `infinity` and
+    /// `-infinity`, a year past 294,000, a text SQLite cannot read as a time —
+    /// comes out as [`OUT_OF_RANGE`] instead of failing the whole query, so
+    /// that one bad row is rejected rather than taking the source down.
     pub fn micros(&self, expr: &str) -> String {
         match self.dialect {
             // date_part is float8 arithmetic, EXTRACT numeric: about half the
             // cost per value, and exact to the microsecond for dates within a
             // century of 1970 (the float's error stays under 0.25 µs).
-            Dialect::Postgres => format!("CAST(date_part('epoch', {expr}) * 1000000 AS BIGINT)"),
-            Dialect::MySql => {
-                format!("TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {expr})")
-            }
-            // SQLite keeps times as text; julianday() parses the ISO-8601 forms.
-            Dialect::Sqlite => format!(
-                "(CAST(ROUND((julianday({expr}) - 2440587.5) * 86400000.0) AS INTEGER) * 1000)"
+            // ±9.2e12 s is the range whose microseconds fit a BIGINT.
+            Dialect::Postgres => format!(
+                "CASE WHEN {expr} IS NULL THEN NULL \
+                 WHEN date_part('epoch', {expr}) BETWEEN -9.2e12 AND 9.2e12 \
+                 THEN CAST(date_part('epoch', {expr}) * 1000000 AS BIGINT) \
+                 ELSE {OUT_OF_RANGE} END"
             ),
+            // DATETIME and TIMESTAMP span years 1000 (0 on MariaDB) to 9999,
+            // within range; a zero or invalid date has no difference (NULL).
+            Dialect::MySql => format!(
+                "CASE WHEN {expr} IS NULL THEN NULL \
+                 WHEN TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {expr}) IS NULL THEN {OUT_OF_RANGE} \
+                 ELSE TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', {expr}) END"
+            ),
+            // SQLite keeps times as text; julianday() parses the ISO-8601 forms
+            // and gives NULL for anything else.
+            Dialect::Sqlite => format!(
+                "CASE WHEN {expr} IS NULL THEN NULL WHEN julianday({expr}) IS NULL THEN {OUT_OF_RANGE} \
+                 ELSE (CAST(ROUND((julianday({expr}) - 2440587.5) * 86400000.0) AS INTEGER) * 1000) END"
+            ),
+        }
+    }
+
+    /// The earliest time of a column in an aggregate, as microseconds;
+    /// PostgreSQL's `-infinity` is left out (it has no age).
+    pub fn min_micros(&self, column: &str) -> String {
+        match self.dialect {
+            Dialect::Postgres => self.micros(&format!(
+                "MIN(CASE WHEN isfinite({column}) THEN {column} END)"
+            )),
+            Dialect::MySql | Dialect::Sqlite => self.micros(&format!("MIN({column})")),
+        }
+    }
+
+    /// A time in microseconds read from a row, `None` where the database
+    /// gave NULL or [`OUT_OF_RANGE`].
+    pub fn in_range(micros: Option<i64>) -> Option<i64> {
+        micros.filter(|m| *m != OUT_OF_RANGE)
+    }
+
+    /// A text expression that orders and compares byte by byte, whatever the
+    /// column's collation: the tie-breaker of the tail's keyset, which must be
+    /// total (a case-insensitive collation would make two event ids equal).
+    pub fn id_key(&self, expr: &str) -> String {
+        match self.dialect {
+            Dialect::Postgres => format!("{} COLLATE \"C\"", self.text(expr)),
+            Dialect::MySql => format!("CAST({expr} AS BINARY)"),
+            Dialect::Sqlite => format!("{} COLLATE BINARY", self.text(expr)),
+        }
+    }
+
+    /// A bound text parameter compared with [`Sql::id_key`].
+    pub fn id_param(&self, n: usize) -> String {
+        let p = self.placeholder(n);
+        match self.dialect {
+            Dialect::Postgres => format!("CAST({p} AS TEXT) COLLATE \"C\""),
+            Dialect::MySql => format!("CAST({p} AS BINARY)"),
+            Dialect::Sqlite => format!("{p} COLLATE BINARY"),
         }
     }
 
@@ -170,6 +230,15 @@ impl Sql {
         match self.dialect {
             Dialect::Postgres | Dialect::MySql => Param::Int(micros),
             Dialect::Sqlite => Param::Text(sqlite_time(micros)),
+        }
+    }
+
+    /// The resolution of a cursor in microseconds: SQLite's times are read to
+    /// the millisecond.
+    pub fn cursor_unit(&self) -> i64 {
+        match self.dialect {
+            Dialect::Postgres | Dialect::MySql => 1,
+            Dialect::Sqlite => 1000,
         }
     }
 

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use sqlx::any::AnyRow;
 
 use super::backlog::{GaugeMap, Unfinished};
-use super::dialect::Sql;
+use super::dialect::{OUT_OF_RANGE, Sql};
 use super::state::{Entry, Tracked};
-use super::{MAX_ERROR_LEN, Reject, Rejections, TableKind, get, key_of};
+use super::{MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
 use crate::config::{InboxSpec, Status};
 use crate::telemetry::catalogue as m;
 use crate::telemetry::labels::LabelCap;
@@ -156,12 +156,22 @@ impl Inbox {
             error_len: get(row, 8, "last_error")?,
             error_text: get(row, 9, "last_error")?,
             traceparent: get(row, 10, "traceparent")?,
-            updated: get::<Option<i64>>(row, 11, "updated_at")?.unwrap_or(i64::MIN),
+            updated: get::<Option<i64>>(row, 11, "updated_at")?.unwrap_or(NO_CURSOR),
         })
     }
 
     /// What is wrong with a row, if anything keeps it from being used.
     fn check(&self, row: &Row, status: Option<Status>) -> Option<Reject> {
+        if row.updated == NO_CURSOR {
+            return Some(Reject::NullCursor);
+        }
+        let times = [row.received, row.started, row.finished, Some(row.updated)];
+        if times.contains(&Some(OUT_OF_RANGE)) {
+            return Some(Reject::TimeOutOfRange);
+        }
+        if row.attempts.is_some_and(|a| a < 0) || row.deliveries.is_some_and(|d| d < 0) {
+            return Some(Reject::ImplausibleCount);
+        }
         let status = match status {
             Some(s) => s,
             None => return Some(Reject::UnknownStatus),
@@ -244,12 +254,13 @@ impl Inbox {
             }
             let state = match existing {
                 Some(s) => State {
+                    updated: forget_after(row.updated).max(s.updated),
                     rejected_at: Some(row.updated),
                     long_error_at,
                     ..s
                 },
                 None => State {
-                    updated: row.updated,
+                    updated: forget_after(row.updated),
                     received: row.received.unwrap_or(i64::MIN),
                     deliveries: 0,
                     failures: 0,
@@ -344,18 +355,38 @@ impl Inbox {
         let failures = self
             .failures_shown(status, row.attempts, &prev)
             .max(prev.failures);
-        let counts = self.counts.entry(label).or_default();
-        if deliveries > prev.deliveries {
-            let added = u64::from(deliveries - prev.deliveries);
-            counts.deliveries += added;
-            // The first delivery of a new event is not a duplicate.
-            counts.duplicates += if prev.deliveries == 0 {
-                added - 1
-            } else {
-                added
-            };
+        // Counts that grow by more than `max_count_jump` in one change are a
+        // corrupt or foreign value, not that many deliveries or attempts: the
+        // version is rejected as such and its counts become the new baseline,
+        // so one bad value never adds millions to a counter for good. The
+        // rest of the row (status, completion, durations) is used as usual.
+        let jump = self.spec.table.max_count_jump;
+        let implausible = u64::from(deliveries.saturating_sub(prev.deliveries.max(1))) > jump
+            || u64::from(failures - prev.failures) > jump;
+        let mut rejected_at = prev.rejected_at;
+        if implausible {
+            if rejected_at != Some(row.updated) && !baseline {
+                self.rejections.add(Reject::ImplausibleCount);
+            }
+            rejected_at = Some(row.updated);
         }
-        counts.failures += u64::from(failures - prev.failures);
+        let counts = self.counts.entry(label).or_default();
+        if implausible {
+            // A new event still arrived once.
+            counts.deliveries += u64::from(prev.deliveries == 0);
+        } else {
+            if deliveries > prev.deliveries {
+                let added = u64::from(deliveries - prev.deliveries);
+                counts.deliveries += added;
+                // The first delivery of a new event is not a duplicate.
+                counts.duplicates += if prev.deliveries == 0 {
+                    added - 1
+                } else {
+                    added
+                };
+            }
+            counts.failures += u64::from(failures - prev.failures);
+        }
         let completed = if terminal && !prev.completed {
             self.complete(label, &row, status, now);
             true
@@ -378,7 +409,7 @@ impl Inbox {
                 failures,
                 status,
                 completed,
-                rejected_at: prev.rejected_at,
+                rejected_at,
                 long_error_at,
                 valid: true,
                 spanned,
@@ -609,6 +640,10 @@ impl TableKind for Inbox {
         &self.spec.columns.updated_at
     }
 
+    fn event_id(&self) -> &str {
+        &self.spec.columns.event_id
+    }
+
     fn seed_filter(&self, sql: &Sql) -> Option<String> {
         let words = self.spec.statuses.unfinished_words();
         Some(format!(
@@ -616,6 +651,10 @@ impl TableKind for Inbox {
             sql.ident(&self.spec.columns.status),
             sql.in_list(&words)
         ))
+    }
+
+    fn reject(&mut self, reason: Reject) {
+        self.rejections.add(reason);
     }
 
     fn start(&mut self, db_now: i64) {
@@ -635,9 +674,11 @@ impl TableKind for Inbox {
         let stuck_before = db_now - micros(self.spec.stuck_after);
         let stuck = match &c.started_at {
             Some(started) => format!(
-                "CASE WHEN {status} IN {} AND {} < {stuck_before} THEN 1 ELSE 0 END",
+                "CASE WHEN {status} IN {} AND {} BETWEEN {} AND {} THEN 1 ELSE 0 END",
                 sql.in_list(&self.spec.statuses.words_for(Status::Processing)),
                 sql.micros(&sql.ident(started)),
+                OUT_OF_RANGE + 1,
+                stuck_before - 1,
             ),
             None => "0".to_string(),
         };
@@ -651,7 +692,7 @@ impl TableKind for Inbox {
         format!(
             "SELECT {}, {et_select}, COUNT(*), {}, {} FROM {} WHERE {status} IN {} GROUP BY {group}",
             sql.text(&status),
-            sql.micros(&format!("MIN({})", sql.ident(&c.received_at))),
+            sql.min_micros(&sql.ident(&c.received_at)),
             sql.int(&format!("SUM({stuck})")),
             sql.table(&self.spec.table.table),
             sql.in_list(&self.spec.statuses.unfinished_words()),
@@ -664,7 +705,7 @@ impl TableKind for Inbox {
             let word: Option<String> = get(row, 0, "status")?;
             let et: Option<String> = get(row, 1, "event_type")?;
             let count: i64 = get(row, 2, "status")?;
-            let oldest: Option<i64> = get(row, 3, "received_at")?;
+            let oldest = Sql::in_range(get(row, 3, "received_at")?);
             let stuck: Option<i64> = get(row, 4, "started_at")?;
             // A word the database matched but the agent does not (MySQL compares
             // case-insensitively) is an unknown status, as the tail rejects it.
@@ -692,8 +733,8 @@ impl TableKind for Inbox {
             return Ok((key, None));
         };
         let et: Option<String> = get(row, 1, "event_type")?;
-        let born: Option<i64> = get(row, 3, "received_at")?;
-        let started: Option<i64> = get(row, 4, "started_at")?;
+        let born = Sql::in_range(get(row, 3, "received_at")?);
+        let started = Sql::in_range(get(row, 4, "started_at")?);
         Ok((
             key,
             Some(Unfinished::new(
@@ -731,6 +772,18 @@ fn class_of(status: Status) -> Option<usize> {
         Status::Processing => Some(PROCESSING),
         Status::Failed => Some(FAILED),
         Status::Succeeded | Status::Dead => None,
+    }
+}
+
+/// The change time a rejected row is remembered by. A cursor out of range
+/// (`infinity`) sorts after every other and is read again on every poll: such
+/// a row is kept as if it had just changed, so it is not forgotten and
+/// counted again.
+pub(crate) fn forget_after(updated: i64) -> i64 {
+    if updated == OUT_OF_RANGE {
+        i64::MAX
+    } else {
+        updated
     }
 }
 

@@ -15,7 +15,7 @@ pub mod inbox;
 pub mod outbox;
 mod state;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
@@ -38,6 +38,9 @@ pub const COMMIT_LAG: Duration = Duration::from_secs(2);
 /// source and counted under `last_error_too_long`.
 pub const MAX_ERROR_LEN: i64 = 64 * 1024;
 
+/// A row's change cursor when the column is NULL.
+pub(crate) const NO_CURSOR: i64 = i64::MIN;
+
 /// Why a row was rejected (the `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reject {
@@ -47,9 +50,29 @@ pub enum Reject {
     LastErrorTooLong,
     /// A `traceparent` that is not a W3C trace context: its span has no link.
     BadTraceparent,
+    /// A time with no value in range (`infinity`, a year past 294,000, a
+    /// text that is not a time).
+    TimeOutOfRange,
+    /// `attempts` or `deliveries` negative, or grown by more than
+    /// `max_count_jump` in one change.
+    ImplausibleCount,
+    /// A NULL change cursor: the tail cannot see the row change.
+    NullCursor,
 }
 
 impl Reject {
+    /// Every reason, for creating the series at 0.
+    pub const ALL: [Reject; 8] = [
+        Reject::NullTime,
+        Reject::UnknownStatus,
+        Reject::FinishBeforeStart,
+        Reject::LastErrorTooLong,
+        Reject::BadTraceparent,
+        Reject::TimeOutOfRange,
+        Reject::ImplausibleCount,
+        Reject::NullCursor,
+    ];
+
     /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -58,6 +81,9 @@ impl Reject {
             Reject::FinishBeforeStart => "finish_before_start",
             Reject::LastErrorTooLong => "last_error_too_long",
             Reject::BadTraceparent => "bad_traceparent",
+            Reject::TimeOutOfRange => "time_out_of_range",
+            Reject::ImplausibleCount => "implausible_count",
+            Reject::NullCursor => "null_cursor",
         }
     }
 }
@@ -70,9 +96,14 @@ pub trait TableKind: Send + 'static {
     fn select_list(&self, sql: &Sql) -> Vec<(&'static str, String)>;
     /// The change-cursor column.
     fn updated_at(&self) -> &str;
+    /// The event id column: the tie-breaker of the tail's keyset. The select
+    /// list has it first, as text.
+    fn event_id(&self) -> &str;
     /// A query over the unfinished rows whose result seeds the state map at
     /// start, so their later changes count exactly (`None`: nothing to seed).
     fn seed_filter(&self, sql: &Sql) -> Option<String>;
+    /// Counts a rejected row the kind did not read itself.
+    fn reject(&mut self, reason: Reject);
     /// Sets the agent's start on the database clock.
     fn start(&mut self, db_now: i64);
     /// Takes one row of the tail (or seed) into account. `baseline`: the row
@@ -110,6 +141,20 @@ pub struct TableSource<K: TableKind> {
     backlog: Backlog,
     /// When the backlog was last checked against the gauge query.
     last_reconcile: Option<Instant>,
+    /// Rows whose change cursor is NULL, which the tail cannot see.
+    nulls: NullScan,
+}
+
+/// The scan for rows with a NULL change cursor, a page per sweep: each such
+/// row is counted once as rejected (`null_cursor`) while it stays NULL.
+#[derive(Debug, Default)]
+struct NullScan {
+    /// The last event id of the previous page; empty: from the start.
+    after: String,
+    /// Keys counted, and the keys seen in the current pass over the table:
+    /// a key not seen again in a whole pass has left (got a cursor, deleted).
+    counted: HashSet<u64>,
+    pass: HashSet<u64>,
 }
 
 impl<K: TableKind> TableSource<K> {
@@ -129,6 +174,7 @@ impl<K: TableKind> TableSource<K> {
             poll_xmin: None,
             sweep_xmin: None,
             last_reconcile: None,
+            nulls: NullScan::default(),
         }
     }
 
@@ -142,7 +188,13 @@ impl<K: TableKind> TableSource<K> {
         }
     }
 
-    fn tail_query(&self) -> String {
+    /// The tail: rows changed after a cursor, in keyset order (cursor, event
+    /// id), so that paging through any number of rows sharing one cursor
+    /// value (a bulk transaction: PostgreSQL's `now()` is one value per
+    /// transaction) neither skips nor repeats a row. `next`: the query of the
+    /// pages after the first, which also binds the last row's cursor (twice)
+    /// and event id.
+    fn tail_query(&self, next: bool) -> String {
         let list: Vec<String> = self
             .kind
             .select_list(&self.sql)
@@ -150,15 +202,51 @@ impl<K: TableKind> TableSource<K> {
             .map(|(_, e)| e)
             .collect();
         let updated = self.sql.ident(self.kind.updated_at());
+        let id = self.sql.id_key(&self.sql.ident(self.kind.event_id()));
         let unseen = self
             .sql
             .unseen(&updated, 2, 3)
             .map_or(String::new(), |u| format!(" AND {u}"));
+        let keyset = if next {
+            let first = if self.sql.snapshot_xmin().is_some() {
+                4
+            } else {
+                2
+            };
+            let cursor = self.sql.micros(&updated);
+            format!(
+                " AND ({cursor} > {} OR ({cursor} = {} AND {id} > {}))",
+                self.sql.placeholder(first),
+                self.sql.placeholder(first + 1),
+                self.sql.id_param(first + 2),
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "SELECT {} FROM {} WHERE {}{unseen} ORDER BY {updated} {}",
+            "SELECT {} FROM {} WHERE {}{unseen}{keyset} ORDER BY {updated}, {id} {}",
             list.join(", "),
             self.sql.table(&self.spec.table),
             self.sql.after(&updated, 1),
+            self.sql.limit(self.spec.batch_size),
+        )
+    }
+
+    /// A page of rows whose change cursor is NULL, after an event id.
+    fn null_query(&self) -> String {
+        let list: Vec<String> = self
+            .kind
+            .select_list(&self.sql)
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
+        let id = self.sql.id_key(&self.sql.ident(self.kind.event_id()));
+        format!(
+            "SELECT {} FROM {} WHERE {} IS NULL AND {id} > {} ORDER BY {id} {}",
+            list.join(", "),
+            self.sql.table(&self.spec.table),
+            self.sql.ident(self.kind.updated_at()),
+            self.sql.id_param(1),
             self.sql.limit(self.spec.batch_size),
         )
     }
@@ -182,7 +270,7 @@ impl<K: TableKind> TableSource<K> {
     /// The queries one poll runs, for `doctor`'s EXPLAIN: (what, SQL, whether
     /// it binds the cursor as its first parameter).
     pub fn queries(&self) -> Vec<(&'static str, String, bool)> {
-        let mut out = vec![("tail", self.tail_query(), true)];
+        let mut out = vec![("tail", self.tail_query(false), true)];
         out.push(("gauges", self.kind.gauge_query(&self.sql, 0), false));
         if let Some(seed) = self.seed_query() {
             out.push(("seed", seed, false));
@@ -204,7 +292,8 @@ impl<K: TableKind> TableSource<K> {
 
     async fn poll_on(&mut self, conn: &mut AnyConnection) -> Result<PollStats, SourceError> {
         let q = |e: sqlx::Error| SourceError::Query(e.to_string());
-        let tail = self.tail_query();
+        let tail = self.tail_query(false);
+        let tail_next = self.tail_query(true);
         let seed = self.seed_query();
         let updated_col = self.kind.select_list(&self.sql).len() - 1;
         let mut tx = conn.begin().await.map_err(q)?;
@@ -265,19 +354,30 @@ impl<K: TableKind> TableSource<K> {
         } else {
             seen_before.unwrap_or(0)
         };
-        let mut low = high.saturating_sub(overlap);
+        let low = high.saturating_sub(overlap);
         let mut max_seen = high;
+        // The last row of the previous page, when it was full: (cursor, event id).
+        let mut after: Option<(i64, String)> = None;
         loop {
+            let (text, from) = match &after {
+                // The range condition keeps the index scan tight; the keyset
+                // decides. One microsecond (SQLite: one millisecond) below the
+                // last cursor, since the cursor is rounded to that unit.
+                Some((cursor, _)) => (&tail_next, cursor.saturating_sub(self.sql.cursor_unit())),
+                None => (&tail, low),
+            };
             let mut query = bind(
-                sqlx::query(sqlx::AssertSqlSafe(tail.clone())),
-                self.sql.cursor(low),
+                sqlx::query(sqlx::AssertSqlSafe(text.clone())),
+                self.sql.cursor(from.max(low)),
             );
             if self.sql.snapshot_xmin().is_some() {
                 query = bind(query, self.sql.cursor(high)).bind(seen_before);
             }
+            if let Some((cursor, id)) = &after {
+                query = query.bind(*cursor).bind(*cursor).bind(id.clone());
+            }
             let rows = query.fetch_all(&mut *tx).await.map_err(q)?;
             rows_read += rows.len() as u64;
-            let mut last = low;
             for row in &rows {
                 self.kind
                     .observe(row, baseline)
@@ -285,25 +385,57 @@ impl<K: TableKind> TableSource<K> {
                 self.see(row)?;
                 let updated: Option<i64> =
                     get(row, updated_col, "updated_at").map_err(SourceError::Schema)?;
-                if let Some(u) = updated {
-                    last = last.max(u);
+                if let Some(u) = updated.filter(|u| *u != dialect::OUT_OF_RANGE) {
+                    max_seen = max_seen.max(u);
                 }
             }
-            max_seen = max_seen.max(last);
             if rows.len() < self.spec.batch_size {
                 break;
             }
-            // A full page: go on from its last cursor value. Rows sharing that
-            // value are read again and recognised; a page of one value only
-            // would not advance, so step past it.
-            let next = last - 1;
-            low = if next > low { next } else { last };
+            let last = rows.last().expect("a full page has a last row");
+            let cursor: Option<i64> =
+                get(last, updated_col, "updated_at").map_err(SourceError::Schema)?;
+            let id: Option<String> = get(last, 0, "event_id").map_err(SourceError::Schema)?;
+            match cursor {
+                // Rows whose cursor has no value (`infinity`) sort last: the
+                // page holds only such rows from here on, each rejected.
+                Some(c) if c != dialect::OUT_OF_RANGE => after = Some((c, id.unwrap_or_default())),
+                _ => break,
+            }
         }
         // A clock ahead of the database must not push the cursor into the future.
         self.high = Some(max_seen.min(db_now));
         self.poll_xmin = Some(snapshot_xmin);
         if sweep {
             self.sweep_xmin = Some(snapshot_xmin);
+            let rows = sqlx::query(sqlx::AssertSqlSafe(self.null_query()))
+                .bind(self.nulls.after.clone())
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(q)?;
+            rows_read += rows.len() as u64;
+            for row in &rows {
+                let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
+                let key = key_of(id.as_deref().unwrap_or_default());
+                self.nulls.pass.insert(key);
+                if self.nulls.counted.insert(key) {
+                    self.kind.reject(Reject::NullCursor);
+                }
+                self.see(row)?;
+            }
+            match rows.last() {
+                Some(last) if rows.len() == self.spec.batch_size => {
+                    let id: Option<String> =
+                        get(last, 0, "event_id").map_err(SourceError::Schema)?;
+                    self.nulls.after = id.unwrap_or_default();
+                }
+                _ => {
+                    // A whole pass: forget the rows that were not seen in it.
+                    self.nulls.after.clear();
+                    let pass = std::mem::take(&mut self.nulls.pass);
+                    self.nulls.counted.retain(|k| pass.contains(k));
+                }
+            }
         }
         let stuck_before = self.kind.stuck_before(db_now);
         let due = self
@@ -502,13 +634,7 @@ impl Rejections {
     pub(crate) fn flush(&mut self, source: &str) {
         if !self.created {
             self.created = true;
-            for reason in [
-                Reject::NullTime,
-                Reject::UnknownStatus,
-                Reject::FinishBeforeStart,
-                Reject::LastErrorTooLong,
-                Reject::BadTraceparent,
-            ] {
+            for reason in Reject::ALL {
                 metrics::counter!(m::ROWS_REJECTED, "source" => source.to_string(), "reason" => reason.as_str())
                     .increment(0);
             }

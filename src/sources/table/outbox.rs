@@ -10,10 +10,10 @@ use std::time::Instant;
 use sqlx::any::AnyRow;
 
 use super::backlog::{GaugeMap, Unfinished};
-use super::dialect::Sql;
+use super::dialect::{OUT_OF_RANGE, Sql};
 use super::inbox::seconds;
 use super::state::{Entry, Tracked};
-use super::{Reject, Rejections, TableKind, get, key_of};
+use super::{NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
 use crate::config::OutboxSpec;
 use crate::telemetry::catalogue as m;
 use crate::telemetry::labels::LabelCap;
@@ -139,11 +139,19 @@ impl TableKind for Outbox {
         &self.spec.columns.updated_at
     }
 
+    fn event_id(&self) -> &str {
+        &self.spec.columns.event_id
+    }
+
     fn seed_filter(&self, sql: &Sql) -> Option<String> {
         Some(format!(
             "{} IS NULL",
             sql.ident(&self.spec.columns.published_at)
         ))
+    }
+
+    fn reject(&mut self, reason: Reject) {
+        self.rejections.add(reason);
     }
 
     fn start(&mut self, db_now: i64) {
@@ -157,12 +165,16 @@ impl TableKind for Outbox {
         let created: Option<i64> = get(row, 2, "created_at")?;
         let published: Option<i64> = get(row, 3, "published_at")?;
         let traceparent: Option<String> = get(row, 4, "traceparent")?;
-        let updated: i64 = get::<Option<i64>>(row, 5, "updated_at")?.unwrap_or(i64::MIN);
+        let updated: i64 = get::<Option<i64>>(row, 5, "updated_at")?.unwrap_or(NO_CURSOR);
         let key = key_of(&event_id);
         let label = self.labels.resolve(event_type.as_deref());
         let existing = self.states.get(key).copied();
 
         let problem = match (created, published) {
+            _ if updated == NO_CURSOR => Some(Reject::NullCursor),
+            _ if [created, published, Some(updated)].contains(&Some(OUT_OF_RANGE)) => {
+                Some(Reject::TimeOutOfRange)
+            }
             (None, _) => Some(Reject::NullTime),
             (Some(c), Some(p)) if p < c => Some(Reject::FinishBeforeStart),
             _ => None,
@@ -172,7 +184,7 @@ impl TableKind for Outbox {
                 self.rejections.add(reason);
             }
             let state = existing.unwrap_or(State {
-                updated,
+                updated: super::inbox::forget_after(updated),
                 created: created.unwrap_or(i64::MIN),
                 published: false,
                 rejected_at: None,
@@ -247,7 +259,7 @@ impl TableKind for Outbox {
         };
         format!(
             "SELECT {et_select}, COUNT(*), {} FROM {} WHERE {} IS NULL{group}",
-            sql.micros(&format!("MIN({})", sql.ident(&c.created_at))),
+            sql.min_micros(&sql.ident(&c.created_at)),
             sql.table(&self.spec.table.table),
             sql.ident(&c.published_at),
         )
@@ -258,7 +270,7 @@ impl TableKind for Outbox {
         for row in rows {
             let et: Option<String> = get(row, 0, "event_type")?;
             let count: i64 = get(row, 1, "published_at")?;
-            let oldest: Option<i64> = get(row, 2, "created_at")?;
+            let oldest = Sql::in_range(get(row, 2, "created_at")?);
             if count == 0 {
                 continue;
             }
@@ -278,7 +290,7 @@ impl TableKind for Outbox {
             return Ok((key, None));
         }
         let et: Option<String> = get(row, 1, "event_type")?;
-        let born: Option<i64> = get(row, 2, "created_at")?;
+        let born = Sql::in_range(get(row, 2, "created_at")?);
         Ok((
             key,
             Some(Unfinished::new(
