@@ -15,12 +15,12 @@ use tracing::{info, warn};
 
 use crate::config::{Config, SourceSpec};
 use crate::coordination::kafka::KafkaElection;
-use crate::coordination::{Leadership, SourceLock, elect};
+use crate::coordination::{Leadership, LockSessions, SourceLock, elect};
 use crate::http::{self, AppState};
 use crate::sources::kafka::KafkaSource;
-use crate::sources::table::TableSource;
 use crate::sources::table::inbox::Inbox;
 use crate::sources::table::outbox::Outbox;
+use crate::sources::table::{Pools, TableSource};
 use crate::sources::{Health, run_loop};
 use crate::telemetry::catalogue::{self as m, catalogue_recorder};
 
@@ -89,6 +89,10 @@ impl Agent {
         // Senders of sources no lock decides (SQLite): kept so that ownership never ends.
         let mut owned_outright = Vec::new();
         let mut linker = config.tracing.clone().map(crate::tracing_link::Linker::new);
+        // One lock session and one small poll pool per database, whatever the
+        // number of sources on it.
+        let lock_sessions = LockSessions::default();
+        let pools = Pools::new(config.max_connections_per_database);
         for spec in config.sources {
             let name = spec.name().to_string();
             leadership.register(&name);
@@ -120,7 +124,7 @@ impl Agent {
                 metrics::gauge!(m::OBJECTIVE_P95, "source" => name.clone()).set(p.as_secs_f64());
             }
             info!(source = %name, dsn = %table.dsn, table = %table.table, "Watching source.");
-            let leader = match SourceLock::for_source(&table) {
+            let leader = match SourceLock::for_source(&table, &lock_sessions) {
                 Some(lock) => {
                     let (tx, rx) = watch::channel(None);
                     tasks.spawn(elect(
@@ -143,6 +147,9 @@ impl Agent {
                 Some(l) => Some(l.sink(&table)?),
                 None => None,
             };
+            let pool = pools
+                .get(&table)
+                .with_context(|| format!("source \"{name}\""))?;
             match spec {
                 SourceSpec::Inbox(s) => {
                     let make = move || {
@@ -150,6 +157,7 @@ impl Agent {
                             s.table.clone(),
                             Inbox::new(s.clone()).with_spans(sink.clone()),
                         )
+                        .with_pool(pool.clone())
                     };
                     tasks.spawn(run_loop(name.clone(), make, h, leader, c));
                 }
@@ -159,6 +167,7 @@ impl Agent {
                             s.table.clone(),
                             Outbox::new(s.clone()).with_spans(sink.clone()),
                         )
+                        .with_pool(pool.clone())
                     };
                     tasks.spawn(run_loop(name.clone(), make, h, leader, c));
                 }

@@ -74,6 +74,9 @@ pub struct RawServer {
     pub listen: Option<String>,
     /// How long shutdown may take, from SIGTERM to exit (default `20s`).
     pub shutdown_grace: Option<String>,
+    /// Poll sessions per database (and statement timeout), shared by every
+    /// source on it (default 4); the locks add one session per database.
+    pub max_connections_per_database: Option<i64>,
 }
 
 /// One `[[sources]]` entry; which keys apply depends on `kind`.
@@ -234,6 +237,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// How long shutdown may take: stop polling, release locks, finish scrapes.
     pub shutdown_grace: Duration,
+    /// `[server] max_connections_per_database`.
+    pub max_connections_per_database: u32,
     /// The sources, in file order.
     pub sources: Vec<SourceSpec>,
     /// Span export, when `[tracing]` is configured.
@@ -683,6 +688,12 @@ pub fn validate(
     if shutdown_grace < Duration::from_secs(1) {
         v.problem("server.shutdown_grace", "must be at least 1s".into());
     }
+    let max_connections_per_database = v.positive(
+        "server.max_connections_per_database",
+        raw.server.max_connections_per_database,
+        4,
+        1_000,
+    ) as u32;
     if raw.sources.is_empty() {
         v.problem(
             "sources",
@@ -710,6 +721,7 @@ pub fn validate(
         Ok(Config {
             listen,
             shutdown_grace,
+            max_connections_per_database,
             sources,
             tracing,
         })

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::scenarios::{CONVERGE, wait_for_expectations};
-use common::{Agent, Db, Dialect, Metrics, READY_TIMEOUT, V, toml_str};
+use common::{Agent, Db, Dialect, Metrics, READY_TIMEOUT, V, toml_str, wait_until};
 
 use common::checks::{Expectations, Tol};
 
@@ -472,4 +472,327 @@ async fn sqlite_out_of_range_times_and_implausible_counts_are_rejected_rows() {
         Some("'infinity'"),
     )
     .await;
+}
+
+fn metric(m: &Metrics, name: &str, labels: &[(&str, &str)]) -> f64 {
+    m.sum(name, labels)
+}
+
+/// Sets `deliveries = deliveries + 1` (a duplicate delivery) on one event.
+async fn redeliver(db: &Db, table: &str, id: &str) {
+    let at = db.now_ms().await + 5;
+    db.exec(
+        &format!(
+            "UPDATE {table} SET deliveries = deliveries + 1, updated_at = {{ts}} WHERE event_id = ?"
+        ),
+        &[ts(db.dialect, at), V::text(id)],
+    )
+    .await;
+}
+
+/// Completes one event (succeeded, one attempt).
+async fn complete(db: &Db, table: &str, id: &str) {
+    let at = db.now_ms().await + 5;
+    db.exec(
+        &format!(
+            "UPDATE {table} SET status = 'succeeded', attempts = 1, started_at = {{ts}}, \
+             finished_at = {{ts}}, updated_at = {{ts}} WHERE event_id = ?"
+        ),
+        &[
+            ts(db.dialect, at - 2),
+            ts(db.dialect, at),
+            ts(db.dialect, at),
+            V::text(id),
+        ],
+    )
+    .await;
+}
+
+/// Guards defect "an outage longer than the lock lease silently drops what
+/// happened during it, even with one agent": the database is cut off for
+/// 25 s (longer than the 20 s lease, so the lock is lost) while 23 events
+/// complete and 4 get duplicate deliveries; after the cut the agent takes the
+/// source back (nobody else owned it) and resumes from its own cursor: every
+/// completion and duplicate is counted, and so are duplicates of events
+/// finished before the outage (their state was kept). No gap is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_outage_longer_than_the_lease_is_resumed_from_the_agents_own_cursor() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("outage").await;
+    let t = &tables.inbox;
+    let proxy = common::Proxy::start(&common::url_hostport(&db.dsn)).await;
+    let dsn = common::url_with_hostport(&db.dsn, &format!("127.0.0.1:{}", proxy.port));
+    let source = "outage";
+    let mut agent = Agent::start(&paged_source(source, &dsn, t, 100));
+    agent.wait_ready(READY_TIMEOUT).await;
+
+    let at = db.now_ms().await + 5;
+    insert_bulk(&db, t, "o", 40, at).await;
+    for i in 0..5 {
+        complete(&db, t, &format!("o-{i:05}")).await;
+    }
+    let l = [("source", source)];
+    let mut exp = Expectations::default();
+    exp.push("inbox_messages_received_total", &l, 40.0, Tol::Exact);
+    exp.push("inbox_messages_completed_total", &l, 5.0, Tol::Exact);
+    exp.push("inboxwatch_source_up", &l, 1.0, Tol::Exact);
+    wait_for_expectations(&agent, &exp, CONVERGE, "before the outage").await;
+
+    proxy.cut();
+    let agent_ref = &agent;
+    wait_until(Duration::from_secs(20), || async move {
+        let m = agent_ref.try_scrape().await?;
+        match m.get("inboxwatch_source_up", &[("source", source)]) {
+            Some(v) if v == 0.0 => Ok(()),
+            v => Err(format!("inboxwatch_source_up = {v:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the source never went down during the cut: {e}"));
+    for i in 5..28 {
+        complete(&db, t, &format!("o-{i:05}")).await;
+    }
+    for i in 30..34 {
+        redeliver(&db, t, &format!("o-{i:05}")).await;
+    }
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    let lost = agent.stderr();
+    assert!(
+        lost.contains("Lost the source's lock") || lost.contains("gave its lock up"),
+        "the cut should have cost the agent its lock (the test is about outages longer than the lease)"
+    );
+    proxy.restore();
+    // Duplicates of events finished before the outage.
+    redeliver(&db, t, "o-00000").await;
+    redeliver(&db, t, "o-00001").await;
+
+    let mut exp = Expectations::default();
+    exp.push("inbox_messages_received_total", &l, 40.0, Tol::Exact);
+    exp.push("inbox_messages_completed_total", &l, 28.0, Tol::Exact);
+    exp.push("inbox_duplicate_deliveries_total", &l, 6.0, Tol::Exact);
+    exp.push("inboxwatch_counting_gaps_total", &l, 0.0, Tol::Exact);
+    exp.push("inboxwatch_source_up", &l, 1.0, Tol::Exact);
+    exp.push(
+        "inbox_backlog_messages",
+        &[("source", source), ("status", "pending")],
+        12.0,
+        Tol::Exact,
+    );
+    wait_for_expectations(&agent, &exp, CONVERGE, "after a 25 s outage").await;
+    agent.kill();
+    db.cleanup().await;
+}
+
+/// Guards "when another agent did own it, make the gap visible": agent B
+/// stands by while A owns the source; A is killed; B takes over from scratch
+/// (it cannot know A's cursor) and says so: one
+/// `inboxwatch_counting_gaps_total{reason="handover"}`, the gap's seconds
+/// (from B's last sighting of A's lock to B's own start, a lower bound) no
+/// longer than the handover itself, and a WARN line naming both times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_takeover_from_another_agent_is_reported_as_a_counting_gap() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("gap").await;
+    let source = "gap";
+    let config = paged_source(source, &db.dsn, &tables.inbox, 100);
+    let mut a = Agent::start(&config);
+    a.wait_ready(READY_TIMEOUT).await;
+    let l = [("source", source)];
+    let leader = |m: &Metrics| m.get("inboxwatch_source_leader", &l);
+    let a_ref = &a;
+    wait_until(Duration::from_secs(30), || async move {
+        match leader(&a_ref.try_scrape().await?) {
+            Some(v) if v == 1.0 => Ok(()),
+            v => Err(format!("A's inboxwatch_source_leader = {v:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the first agent never owned the source: {e}"));
+    let mut b = Agent::start(&config);
+    b.wait_ready(READY_TIMEOUT).await;
+    let b_ref = &b;
+    // B has seen A's lock at least once (it is standing by).
+    wait_until(Duration::from_secs(30), || async move {
+        let (_, body) = b_ref.get("/readyz").await?;
+        if body.contains("standby") {
+            Ok(())
+        } else {
+            Err(format!("B's /readyz: {body}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the second agent never stood by: {e}"));
+    let m = b.scrape().await;
+    assert_eq!(
+        metric(&m, "inboxwatch_counting_gaps_total", &l),
+        0.0,
+        "B reported a gap while standing by"
+    );
+
+    let killed = std::time::Instant::now();
+    a.kill();
+    let handover = wait_until(Duration::from_secs(40), || async move {
+        let m = b_ref.try_scrape().await?;
+        match (leader(&m), m.get("inboxwatch_source_up", &l)) {
+            (Some(1.0), Some(1.0)) => Ok(killed.elapsed()),
+            v => Err(format!("B's (leader, up) = {v:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("B never took over: {e}"));
+    let m = b.scrape().await;
+    assert_eq!(
+        metric(
+            &m,
+            "inboxwatch_counting_gaps_total",
+            &[("source", source), ("reason", "handover")]
+        ),
+        1.0,
+        "gaps reported by the agent that took over"
+    );
+    let seconds = metric(&m, "inboxwatch_counting_gap_seconds_total", &l);
+    // From B's last sighting of the lock (at most one heartbeat, 5 s + 20 %
+    // jitter, before the kill) to B's start; whole seconds rounded up.
+    let bound = (handover.as_secs_f64() + 6.0).ceil() + 1.0;
+    eprintln!("handover took {handover:?}; gap reported: {seconds} s (bound {bound})");
+    assert!(
+        (1.0..=bound).contains(&seconds),
+        "gap seconds {seconds} outside 1..={bound} (handover {handover:?})"
+    );
+    let log = b.stderr();
+    assert!(
+        log.contains("WARN") && log.contains("Counts were not kept"),
+        "no WARN line about the gap in B's log:\n{log}"
+    );
+    b.kill();
+    db.cleanup().await;
+}
+
+/// A PostgreSQL role limited to `limit` sessions, with read access to `table`;
+/// returns its DSN.
+async fn limited_role(db: &Db, table: &str, limit: u32) -> String {
+    let role = common::unique_name("iw_lim", "r");
+    db.register_role(&role);
+    let dbname = db.query("SELECT current_database()::text", &[]).await[0][0]
+        .clone()
+        .expect("current_database()");
+    for stmt in [
+        format!("CREATE ROLE {role} LOGIN PASSWORD 'lim' CONNECTION LIMIT {limit}"),
+        format!("GRANT CONNECT ON DATABASE \"{dbname}\" TO {role}"),
+        format!("GRANT USAGE ON SCHEMA public TO {role}"),
+        format!("GRANT SELECT ON {table} TO {role}"),
+    ] {
+        db.exec(&stmt, &[]).await;
+    }
+    common::url_with_user(&db.dsn, &role, "lim")
+}
+
+/// Sessions a role has open.
+async fn sessions_of(db: &Db, dsn: &str) -> i64 {
+    let role = dsn
+        .split("://")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .expect("a user in the DSN");
+    db.query(
+        &format!("SELECT CAST(count(*) AS text) FROM pg_stat_activity WHERE usename = '{role}'"),
+        &[],
+    )
+    .await[0][0]
+        .clone()
+        .and_then(|n| n.parse().ok())
+        .expect("a session count")
+}
+
+/// Guards defect "each source holds two database sessions, never shared": 50
+/// sources on one database, under a role capped at 10 sessions, are all up
+/// and count the same 30 events exactly; the agent holds one lock session
+/// plus at most `max_connections_per_database` (4) poll sessions there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_fifty_sources_share_one_lock_session_and_a_small_pool() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("budget").await;
+    let dsn = limited_role(&db, &tables.inbox, 10).await;
+    let mut config = String::new();
+    for i in 0..50 {
+        config.push_str(&paged_source(&format!("s{i:02}"), &dsn, &tables.inbox, 100));
+    }
+    let mut agent = Agent::start(&config);
+    agent.wait_ready(READY_TIMEOUT).await;
+    let at = db.now_ms().await + 5;
+    insert_bulk(&db, &tables.inbox, "c", 30, at).await;
+    let mut exp = Expectations::default();
+    for i in 0..50 {
+        let name = format!("s{i:02}");
+        let l = [("source", name.as_str())];
+        exp.push("inboxwatch_source_up", &l, 1.0, Tol::Exact);
+        exp.push("inboxwatch_source_leader", &l, 1.0, Tol::Exact);
+        exp.push("inbox_messages_received_total", &l, 30.0, Tol::Exact);
+    }
+    wait_for_expectations(&agent, &exp, CONVERGE, "50 sources under a 10-session role").await;
+    let sessions = sessions_of(&db, &dsn).await;
+    eprintln!("sessions of the agent's role: {sessions}");
+    assert!(
+        (2..=5).contains(&sessions),
+        "the agent holds {sessions} sessions; expected one lock session and at most 4 poll sessions"
+    );
+    let m = agent.scrape().await;
+    assert_eq!(
+        m.sum("inboxwatch_poll_errors_total", &[]),
+        0.0,
+        "poll errors"
+    );
+    agent.kill();
+    db.cleanup().await;
+}
+
+/// Guards "release the lock of a source that cannot poll, so another agent
+/// can take it": agent A takes the source's lock but cannot open a poll
+/// session (its role's session limit is used up by others); it gives the lock
+/// up, and agent B, which can poll, takes the source over and counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_an_owner_that_cannot_poll_gives_the_source_up() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("yield").await;
+    let dsn_a = limited_role(&db, &tables.inbox, 2).await;
+    // One session of A's role held by somebody else: A's lock session is the
+    // second and last it may open.
+    let hog = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(1)
+        .connect(&dsn_a)
+        .await
+        .expect("a session of the limited role");
+    let source = "yield";
+    let mut a = Agent::start(&paged_source(source, &dsn_a, &tables.inbox, 100));
+    let l = [("source", source)];
+    let a_ref = &a;
+    wait_until(Duration::from_secs(30), || async move {
+        let log = a_ref.stderr();
+        if log.contains("gave its lock up") {
+            Ok(())
+        } else {
+            Err(format!("A's log so far:\n{log}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("A never gave up a source it cannot poll: {e}"));
+    let mut b = Agent::start(&paged_source(source, &db.dsn, &tables.inbox, 100));
+    b.wait_ready(READY_TIMEOUT).await;
+    let at = db.now_ms().await + 5;
+    insert_bulk(&db, &tables.inbox, "y", 12, at).await;
+    let mut exp = Expectations::default();
+    exp.push("inboxwatch_source_leader", &l, 1.0, Tol::Exact);
+    exp.push("inbox_messages_received_total", &l, 12.0, Tol::Exact);
+    wait_for_expectations(&b, &exp, CONVERGE, "B after A gave the source up").await;
+    let m = a.scrape().await;
+    assert_eq!(
+        m.get("inboxwatch_source_leader", &l),
+        Some(0.0),
+        "A still claims the source"
+    );
+    drop(hog);
+    a.kill();
+    b.kill();
+    db.cleanup().await;
 }

@@ -3,13 +3,18 @@
 //! `inboxwatch_source_leader{source} 0` and take over when the owner goes.
 //!
 //! Table sources are elected with a lock the watched database provides, held
-//! on a session of its own, so no extra infrastructure or write permission is
-//! needed:
-//! * PostgreSQL: `pg_try_advisory_xact_lock` inside a transaction kept open
-//!   with `idle_in_transaction_session_timeout`, so the server drops the lock of
-//!   an owner that stops answering (killed, or cut off the network);
+//! on one session per database that all its sources share ([`LockSession`]),
+//! so no extra infrastructure or write permission is needed:
+//! * PostgreSQL: session-level `pg_try_advisory_lock` on a session that keeps
+//!   a transaction open with `idle_in_transaction_session_timeout`, so the
+//!   server drops the locks of an owner that stops answering (killed, or cut
+//!   off the network);
 //! * MySQL/MariaDB: `GET_LOCK` on a session with a short `wait_timeout`, for the
 //!   same reason.
+//!
+//! An owner whose polls cannot reach the database gives the source up
+//! ([`crate::sources::Health::request_yield`]), so that an agent that can
+//! poll it takes over.
 //!
 //! The owner renews every [`HEARTBEAT`]; a renewal that fails stops the export
 //! at once, well before the server's timeout ([`LEASE`]) lets another agent in,
@@ -34,6 +39,8 @@ use crate::telemetry::catalogue as m;
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
 /// How long the database keeps the lock of an owner that stopped answering.
 pub const LEASE: Duration = Duration::from_secs(20);
+/// Heartbeats an agent waits before it contests a source it gave up.
+const YIELD_PAUSE: u32 = 3;
 /// Head start an agent gives the others per source it already owns.
 const SPREAD: Duration = Duration::from_secs(1);
 /// Longest wait for one lock statement.
@@ -178,23 +185,80 @@ impl Lock for SourceLock {
     async fn release(&mut self) {
         self.release_db().await
     }
+
+    async fn abandon(&mut self) {
+        // The shared session may be mid-statement: nobody can use it now.
+        self.held_on = None;
+        self.session.state.lock().await.drop_session();
+    }
 }
 
-/// The database lock of one source.
+/// The one session that holds the locks of every source on a database: an
+/// agent watching 50 sources of one database keeps one lock session there,
+/// not 50. PostgreSQL keeps a transaction open on it (so that
+/// `idle_in_transaction_session_timeout` ends the session of an agent that
+/// stops answering) and takes session-level advisory locks, which a source can
+/// release alone; MySQL/MariaDB hold several `GET_LOCK`s on one session.
+pub struct LockSession {
+    dsn: crate::config::Dsn,
+    state: tokio::sync::Mutex<SessionState>,
+}
+
+#[derive(Default)]
+struct SessionState {
+    conn: Option<AnyConnection>,
+    /// Bumped on every new session: a lock taken on an older one is gone.
+    generation: u64,
+}
+
+impl SessionState {
+    fn drop_session(&mut self) {
+        // Dropping the connection closes the socket: the server ends the
+        // session and every lock on it.
+        self.conn = None;
+        self.generation += 1;
+    }
+}
+
+/// The lock sessions of an agent, one per database (DSN).
+#[derive(Default)]
+pub struct LockSessions {
+    by_dsn: Mutex<std::collections::HashMap<String, std::sync::Arc<LockSession>>>,
+}
+
+impl LockSessions {
+    /// The session for the database of `spec`.
+    pub fn session(&self, spec: &TableSpec) -> std::sync::Arc<LockSession> {
+        lock(&self.by_dsn)
+            .entry(spec.dsn.expose().to_string())
+            .or_insert_with(|| {
+                std::sync::Arc::new(LockSession {
+                    dsn: spec.dsn.clone(),
+                    state: tokio::sync::Mutex::new(SessionState::default()),
+                })
+            })
+            .clone()
+    }
+}
+
+/// The database lock of one source, on its database's shared [`LockSession`].
 pub struct SourceLock {
     spec: TableSpec,
     key: i64,
-    conn: Option<AnyConnection>,
+    session: std::sync::Arc<LockSession>,
+    /// The session generation the lock was taken on, while held.
+    held_on: Option<u64>,
 }
 
 impl SourceLock {
     /// The lock for a source; `None` where the dialect has none to share (SQLite).
-    pub fn for_source(spec: &TableSpec) -> Option<SourceLock> {
+    pub fn for_source(spec: &TableSpec, sessions: &LockSessions) -> Option<SourceLock> {
         match spec.dsn.dialect() {
             Dialect::Postgres | Dialect::MySql => Some(SourceLock {
                 spec: spec.clone(),
                 key: lock_key(spec),
-                conn: None,
+                session: sessions.session(spec),
+                held_on: None,
             }),
             Dialect::Sqlite => None,
         }
@@ -202,69 +266,108 @@ impl SourceLock {
 
     /// Tries once to take the lock; true when this agent now owns the source.
     async fn try_acquire_db(&mut self) -> Result<bool, sqlx::Error> {
-        let mut conn = match self.conn.take() {
-            Some(c) => c,
-            None => connect(self.spec.dsn.clone()).await?,
-        };
+        let mut state = self.session.state.lock().await;
+        if state.conn.is_none() {
+            let conn = connect(self.session.dsn.clone()).await?;
+            state.conn = Some(conn);
+            state.generation += 1;
+        }
+        let generation = state.generation;
+        let conn = state.conn.as_mut().expect("connected above");
         let key = self.key;
         let got = match self.spec.dsn.dialect() {
             Dialect::Postgres => {
-                sqlx::raw_sql("BEGIN").execute(&mut conn).await?;
-                let got: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT pg_try_advisory_xact_lock({key})"
+                sqlx::query_scalar::<_, bool>(sqlx::AssertSqlSafe(format!(
+                    "SELECT pg_try_advisory_lock({key})"
                 )))
-                .fetch_one(&mut conn)
-                .await?;
-                if !got {
-                    sqlx::raw_sql("ROLLBACK").execute(&mut conn).await?;
-                }
-                got
+                .fetch_one(&mut *conn)
+                .await
             }
-            _ => {
-                let got: Option<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT CAST(GET_LOCK('inboxwatch:{key:x}', 0) AS SIGNED)"
-                )))
-                .fetch_one(&mut conn)
-                .await?;
-                got == Some(1)
-            }
+            _ => sqlx::query_scalar::<_, Option<i64>>(sqlx::AssertSqlSafe(format!(
+                "SELECT CAST(GET_LOCK('inboxwatch:{key:x}', 0) AS SIGNED)"
+            )))
+            .fetch_one(&mut *conn)
+            .await
+            .map(|got| got == Some(1)),
         };
-        self.conn = Some(conn);
-        Ok(got)
+        match got {
+            Ok(got) => {
+                self.held_on = got.then_some(generation);
+                Ok(got)
+            }
+            Err(e) => {
+                state.drop_session();
+                Err(e)
+            }
+        }
     }
 
     /// Renews the lock; an error means it may be lost.
     async fn renew_db(&mut self) -> Result<(), sqlx::Error> {
         let key = self.key;
         let dialect = self.spec.dsn.dialect();
-        let conn = self.conn.as_mut().ok_or(sqlx::Error::PoolClosed)?;
-        let held: Option<i64> =
+        let mut state = self.session.state.lock().await;
+        if self.held_on != Some(state.generation) || state.conn.is_none() {
+            self.held_on = None;
+            return Err(sqlx::Error::Protocol(
+                "the session that held the lock ended".into(),
+            ));
+        }
+        let conn = state.conn.as_mut().expect("checked above");
+        let held: Result<Option<i64>, sqlx::Error> =
             match dialect {
-                // Inside the lock's transaction: resets the idle timeout.
+                // Inside the session's transaction: resets the idle timeout; the
+                // lock lives as long as the session.
                 Dialect::Postgres => {
                     sqlx::query_scalar("SELECT CAST(1 AS BIGINT)")
-                        .fetch_one(conn)
-                        .await?
+                        .fetch_one(&mut *conn)
+                        .await
                 }
                 _ => sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                     "SELECT CAST(IS_USED_LOCK('inboxwatch:{key:x}') = CONNECTION_ID() AS SIGNED)"
                 )))
-                .fetch_one(conn)
-                .await?,
+                .fetch_one(&mut *conn)
+                .await,
             };
-        if held == Some(1) {
-            Ok(())
-        } else {
-            Err(sqlx::Error::Protocol(
-                "the lock is held by another session".into(),
-            ))
+        match held {
+            Ok(Some(1)) => Ok(()),
+            Ok(_) => {
+                self.held_on = None;
+                Err(sqlx::Error::Protocol(
+                    "the lock is held by another session".into(),
+                ))
+            }
+            Err(e) => {
+                self.held_on = None;
+                state.drop_session();
+                Err(e)
+            }
         }
     }
 
-    /// Gives the lock up (ending the session releases it in every dialect).
+    /// Gives this source's lock up; the session stays for the others.
     async fn release_db(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            let _ = conn.close().await;
+        let Some(generation) = self.held_on.take() else {
+            return;
+        };
+        let key = self.key;
+        let mut state = self.session.state.lock().await;
+        if state.generation != generation {
+            return;
+        }
+        let Some(conn) = state.conn.as_mut() else {
+            return;
+        };
+        let sql = match self.spec.dsn.dialect() {
+            Dialect::Postgres => format!("SELECT pg_advisory_unlock({key})"),
+            _ => format!("SELECT RELEASE_LOCK('inboxwatch:{key:x}')"),
+        };
+        if sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&mut *conn)
+            .await
+            .is_err()
+        {
+            state.drop_session();
         }
     }
 }
@@ -278,7 +381,7 @@ fn lock_key(spec: &TableSpec) -> i64 {
     h.finish() as i64
 }
 
-/// A session for the lock: it ends, and so releases the lock, when the agent
+/// A session for the locks: it ends, and so releases them, when the agent
 /// stops answering for [`LEASE`].
 async fn connect(dsn: crate::config::Dsn) -> Result<AnyConnection, sqlx::Error> {
     let mut conn = AnyConnection::connect(dsn.expose()).await?;
@@ -288,6 +391,9 @@ async fn connect(dsn: crate::config::Dsn) -> Result<AnyConnection, sqlx::Error> 
             "SET application_name = 'inboxwatch-leader'".to_string(),
             format!("SET idle_in_transaction_session_timeout = '{lease}s'"),
             "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY".to_string(),
+            // Kept open for the session's life (READ ONLY, so no xid: it
+            // holds back no vacuum); the locks themselves are session-level.
+            "BEGIN".to_string(),
         ],
         _ => vec![format!("SET SESSION wait_timeout = {lease}")],
     };
@@ -326,11 +432,24 @@ pub async fn elect<L: Lock>(
             _ = cancel.cancelled() => break,
             _ = tokio::time::sleep(delay) => {}
         }
+        if held && health.take_yield(&source) {
+            // The source cannot be polled from here (its polls cannot connect
+            // or time out): holding it would keep an agent that can from
+            // taking over. It is tried again after the others had a chance.
+            held = false;
+            let _ = leader.send(None);
+            leadership.set_contending(&source);
+            warn!(source = %source, "Cannot poll the source from here; gave its lock up so that another agent can take it.");
+            lock.release().await;
+            delay = heartbeat * YIELD_PAUSE;
+            continue;
+        }
         if held {
             match tokio::time::timeout(patience, lock.renew()).await {
                 Ok(Ok(true)) => {}
                 Ok(Ok(false)) => {
                     held = false;
+                    health.saw_other_owner(&source);
                     leadership.set(&source, false);
                     let _ = leader.send(Some(false));
                     info!(source = %source, "Another agent owns the source now; standing by.");
@@ -366,6 +485,7 @@ pub async fn elect<L: Lock>(
                     info!(source = %source, "Took the source's lock; exporting it.");
                 }
                 Ok(Ok(false)) => {
+                    health.saw_other_owner(&source);
                     leadership.set(&source, false);
                     leader.send_if_modified(|v| v.replace(false) != Some(false));
                 }

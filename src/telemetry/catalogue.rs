@@ -79,6 +79,8 @@ names! {
     ROWS_READ = "inboxwatch_rows_read_total";
     ROWS_REJECTED = "inboxwatch_rows_rejected_total";
     SOURCE_LEADER = "inboxwatch_source_leader";
+    COUNTING_GAPS = "inboxwatch_counting_gaps_total";
+    COUNTING_GAP_SECONDS = "inboxwatch_counting_gap_seconds_total";
     SPANS_EXPORTED = "inboxwatch_spans_exported_total";
     SPANS_DROPPED = "inboxwatch_spans_dropped_total";
     BUILD_INFO = "inboxwatch_build_info";
@@ -275,7 +277,7 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Counter,
         Some(Unit::Count),
         &["source", "reason"],
-        "Rows that could not be used as they are, by reason (null_time, unknown_status, finish_before_start, last_error_too_long, bad_traceparent: the span is sent without its link).",
+        "Rows that could not be used as they are, by reason (null_time, unknown_status, finish_before_start, last_error_too_long, bad_traceparent: the span is sent without its link, time_out_of_range, implausible_count, null_cursor).",
     ),
     def(
         SOURCE_LEADER,
@@ -283,6 +285,20 @@ pub static CATALOGUE: &[MetricDef] = &[
         None,
         S,
         "1 when this agent owns the source and exports it, 0 when it stands by.",
+    ),
+    def(
+        COUNTING_GAPS,
+        Kind::Counter,
+        Some(Unit::Count),
+        &["source", "reason"],
+        "Times this agent began counting a source afresh where counts may have been lost before it (reason handover: it took over from another agent).",
+    ),
+    def(
+        COUNTING_GAP_SECONDS,
+        Kind::Counter,
+        Some(Unit::Seconds),
+        S,
+        "Length of the periods in which nobody may have counted the source, as far as this agent can tell (a lower bound, in whole seconds rounded up).",
     ),
     def(
         SPANS_EXPORTED,

@@ -19,8 +19,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
+use sqlx::any::AnyPoolOptions;
 use sqlx::any::AnyRow;
-use sqlx::{AnyConnection, Connection, Row};
+use sqlx::{AnyConnection, AnyPool, Connection, Row};
 use tracing::debug;
 
 use crate::config::{Dialect, TableSpec};
@@ -129,6 +130,11 @@ pub struct TableSource<K: TableKind> {
     sql: Sql,
     kind: K,
     conn: Option<AnyConnection>,
+    /// The database's shared pool, when the agent gives one (`run`); without
+    /// one (`doctor`, `trace`) the source keeps a connection of its own.
+    pool: Option<AnyPool>,
+    /// Whether the table and columns were checked on the pool's connections.
+    schema_checked: bool,
     /// Highest change cursor read so far (microseconds), capped at the database's now.
     high: Option<i64>,
     /// When the whole overlap window was last re-read.
@@ -169,6 +175,8 @@ impl<K: TableKind> TableSource<K> {
             sql,
             kind,
             conn: None,
+            pool: None,
+            schema_checked: false,
             high: None,
             last_sweep: None,
             poll_xmin: None,
@@ -176,6 +184,13 @@ impl<K: TableKind> TableSource<K> {
             last_reconcile: None,
             nulls: NullScan::default(),
         }
+    }
+
+    /// Polls on connections of `pool` (one pool per database, shared by its
+    /// sources) instead of a connection of its own.
+    pub fn with_pool(mut self, pool: AnyPool) -> Self {
+        self.pool = Some(pool);
+        self
     }
 
     /// What connecting needs, detached from the source so that no borrow of
@@ -279,6 +294,27 @@ impl<K: TableKind> TableSource<K> {
     }
 
     async fn poll_once(&mut self) -> Result<PollStats, SourceError> {
+        if let Some(pool) = self.pool.clone() {
+            let mut conn = pool.acquire().await.map_err(|e| SourceError::Connect {
+                dsn: self.spec.dsn.to_string(),
+                message: self.spec.dsn.scrub(&e.to_string()),
+            })?;
+            let result = async {
+                if !self.schema_checked {
+                    self.opener().check_schema(&mut conn).await?;
+                    self.schema_checked = true;
+                }
+                self.poll_on(&mut conn).await
+            }
+            .await;
+            if result.is_err() {
+                // The connection may be broken or mid-transaction: the pool
+                // opens a new one rather than handing this one out again.
+                conn.close_on_drop();
+                self.schema_checked = false;
+            }
+            return result;
+        }
         // The connection is taken for the poll and put back only when it
         // succeeds: a failed poll leaves none, so the next one reconnects.
         let mut conn = match self.conn.take() {
@@ -489,6 +525,86 @@ impl<K: TableKind> TableSource<K> {
     }
 }
 
+/// Sets a new session up: UTC, read-only transactions, the statement timeout.
+async fn setup_session(
+    conn: &mut AnyConnection,
+    sql: Sql,
+    timeout: Duration,
+) -> Result<(), sqlx::Error> {
+    for stmt in sql.session_setup(timeout) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
+            .execute(&mut *conn)
+            .await?;
+    }
+    let variants = sql.statement_timeout_variants(timeout);
+    if !variants.is_empty() {
+        let mut ok = false;
+        for stmt in variants {
+            if sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
+                .execute(&mut *conn)
+                .await
+                .is_ok()
+            {
+                ok = true;
+                break;
+            }
+        }
+        if !ok {
+            debug!("No statement timeout variable on this server.");
+        }
+    }
+    Ok(())
+}
+
+/// The poll connections of an agent: one small pool per database (and
+/// statement timeout), shared by every source on it, so that the sessions an
+/// agent opens do not grow with the number of sources.
+pub struct Pools {
+    max_connections: u32,
+    by_database: std::sync::Mutex<HashMap<(String, Duration), AnyPool>>,
+}
+
+impl Pools {
+    /// Pools of at most `max_connections` sessions each.
+    pub fn new(max_connections: u32) -> Self {
+        Pools {
+            max_connections,
+            by_database: std::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The pool of `spec`'s database; connects lazily.
+    pub fn get(&self, spec: &TableSpec) -> Result<AnyPool, SourceError> {
+        let mut pools = self.by_database.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (spec.dsn.expose().to_string(), spec.timeout);
+        if let Some(pool) = pools.get(&key) {
+            return Ok(pool.clone());
+        }
+        let sql = Sql {
+            dialect: spec.dsn.dialect(),
+        };
+        let timeout = spec.timeout;
+        let pool = AnyPoolOptions::new()
+            .max_connections(self.max_connections)
+            .min_connections(0)
+            .acquire_timeout(timeout)
+            .idle_timeout(Duration::from_secs(60))
+            // A broken connection fails its poll and is closed then; a test
+            // query before every poll would cost a round trip each.
+            .test_before_acquire(false)
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move { setup_session(conn, sql, timeout).await })
+            })
+            .connect_lazy(&connect_url(spec))
+            .map_err(|e| SourceError::Connect {
+                dsn: spec.dsn.to_string(),
+                message: spec.dsn.scrub(&e.to_string()),
+            })?;
+        pools.insert(key, pool.clone());
+        Ok(pool)
+    }
+}
+
 /// Opens a checked, read-only connection for a table source.
 pub struct Opener {
     spec: TableSpec,
@@ -506,29 +622,9 @@ impl Opener {
             message: self.spec.dsn.scrub(&e.to_string()),
         };
         let mut conn = AnyConnection::connect(&url).await.map_err(connect_err)?;
-        for stmt in self.sql.session_setup(self.spec.timeout) {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(stmt.clone()))
-                .execute(&mut conn)
-                .await
-                .map_err(connect_err)?;
-        }
-        let variants = self.sql.statement_timeout_variants(self.spec.timeout);
-        if !variants.is_empty() {
-            let mut ok = false;
-            for stmt in &variants {
-                if sqlx::raw_sql(sqlx::AssertSqlSafe(stmt.clone()))
-                    .execute(&mut conn)
-                    .await
-                    .is_ok()
-                {
-                    ok = true;
-                    break;
-                }
-            }
-            if !ok {
-                debug!(source = %self.spec.name, "No statement timeout variable on this server.");
-            }
-        }
+        setup_session(&mut conn, self.sql, self.spec.timeout)
+            .await
+            .map_err(connect_err)?;
         self.check_schema(&mut conn).await?;
         Ok(conn)
     }
