@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::dsn::{Dsn, DsnError, redact};
+
 /// Where `run` listens when neither the config nor a flag says otherwise.
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:9469";
 
@@ -310,90 +312,6 @@ impl std::str::FromStr for Dialect {
             )),
         }
     }
-}
-
-/// A connection string whose password never reaches a log line.
-#[derive(Clone)]
-pub struct Dsn {
-    url: String,
-    dialect: Dialect,
-}
-
-impl Dsn {
-    /// Checks the scheme of an already expanded connection string.
-    pub fn parse(url: &str) -> Result<Dsn, String> {
-        let dialect = Dialect::from_dsn(url).ok_or_else(|| {
-            let scheme = url.split_once(':').map_or(url, |(s, _)| s);
-            format!(
-                "unknown dialect \"{}\" (expected postgres://, mysql:// or sqlite://)",
-                redact(scheme)
-            )
-        })?;
-        Ok(Dsn {
-            url: url.to_string(),
-            dialect,
-        })
-    }
-
-    /// The full connection string, secrets included: only for connecting.
-    pub fn expose(&self) -> &str {
-        &self.url
-    }
-
-    /// Replaces the connection string, wherever a driver message echoes it,
-    /// with its redacted form.
-    pub fn scrub(&self, message: &str) -> String {
-        message.replace(&self.url, &self.to_string())
-    }
-
-    /// The dialect the scheme names.
-    pub fn dialect(&self) -> Dialect {
-        self.dialect
-    }
-}
-
-impl fmt::Display for Dsn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&redact(&self.url))
-    }
-}
-
-impl fmt::Debug for Dsn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Dsn({self})")
-    }
-}
-
-/// Replaces the password of a URL (`scheme://user:password@host`) and any
-/// `password=` query parameter with `***`.
-pub fn redact(url: &str) -> String {
-    let mut out = url.to_string();
-    if let Some(scheme_end) = out.find("://") {
-        let rest_start = scheme_end + 3;
-        let authority_end = out[rest_start..]
-            .find('/')
-            .map_or(out.len(), |i| rest_start + i);
-        if let Some(at) = out[rest_start..authority_end].rfind('@') {
-            let userinfo = &out[rest_start..rest_start + at];
-            if let Some(colon) = userinfo.find(':') {
-                let start = rest_start + colon + 1;
-                let end = rest_start + at;
-                out.replace_range(start..end, "***");
-            }
-        }
-    }
-    if let Some(q) = out.find('?') {
-        let (head, query) = out.split_at(q + 1);
-        let redacted: Vec<String> = query
-            .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                _ => kv.to_string(),
-            })
-            .collect();
-        out = format!("{head}{}", redacted.join("&"));
-    }
-    out
 }
 
 /// Settings shared by inbox and outbox sources.
@@ -913,10 +831,7 @@ impl Validator {
             };
         let common = TableSpec {
             name,
-            dsn: dsn.unwrap_or_else(|| Dsn {
-                url: String::new(),
-                dialect: Dialect::Postgres,
-            }),
+            dsn: dsn.unwrap_or_else(Dsn::refused),
             table,
             poll_interval,
             overlap,
@@ -1008,17 +923,10 @@ impl Validator {
                 return None;
             }
         };
-        let expanded = match expand_env(&text, env) {
-            Ok(t) => t,
-            Err(var) => {
-                self.problem(&dsn_key, format!("environment variable {var} is not set"));
-                return None;
-            }
-        };
-        match Dsn::parse(&expanded) {
+        match Dsn::expand(&text, env) {
             Ok(d) => Some(d),
-            Err(msg) => {
-                self.problem(&dsn_key, msg);
+            Err(e) => {
+                self.problem(&dsn_key, e.to_string());
                 None
             }
         }
@@ -1298,20 +1206,6 @@ table = "outbox"
         assert_eq!(err.problems[0].key, "server.port");
         let err = parse_str("sources = 3\n").expect_err("invalid");
         assert_eq!(err.problems[0].key, "sources");
-    }
-
-    #[test]
-    fn redaction_hides_passwords_in_urls_and_queries() {
-        assert_eq!(
-            redact("mysql://root:pw@h:3306/db"),
-            "mysql://root:***@h:3306/db"
-        );
-        assert_eq!(
-            redact("postgres://h/db?user=a&password=x"),
-            "postgres://h/db?user=a&password=***"
-        );
-        assert_eq!(redact("sqlite:///tmp/a.db"), "sqlite:///tmp/a.db");
-        assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
     }
 
     /// Guards the documented example: it must stay valid as keys change.
