@@ -87,7 +87,8 @@ pub struct RawSource {
     /// `inbox` or `outbox`.
     pub kind: Option<String>,
     /// Connection string; the scheme picks the dialect (`postgres://`, `mysql://`, `sqlite://`).
-    /// `${VAR}` is replaced by the environment variable VAR.
+    /// `${VAR}` is replaced by the environment variable VAR, percent-encoded
+    /// where it lands in the user, password or a query value.
     pub dsn: Option<String>,
     /// A file whose content is the DSN (a mounted secret); instead of `dsn`.
     pub dsn_file: Option<String>,
@@ -200,6 +201,29 @@ pub struct RawColumns {
     pub updated_at: Option<String>,
     pub created_at: Option<String>,
     pub published_at: Option<String>,
+}
+
+impl RawColumns {
+    /// What the file sets for a meaning.
+    fn get(&self, meaning: &str) -> Option<&str> {
+        let value = match meaning {
+            "event_id" => &self.event_id,
+            "event_type" => &self.event_type,
+            "status" => &self.status,
+            "received_at" => &self.received_at,
+            "started_at" => &self.started_at,
+            "finished_at" => &self.finished_at,
+            "attempts" => &self.attempts,
+            "deliveries" => &self.deliveries,
+            "last_error" => &self.last_error,
+            "traceparent" => &self.traceparent,
+            "updated_at" => &self.updated_at,
+            "created_at" => &self.created_at,
+            "published_at" => &self.published_at,
+            _ => &None,
+        };
+        value.as_deref()
+    }
 }
 
 /// `[sources.statuses]`: meaning = the words the table uses for it.
@@ -517,8 +541,39 @@ impl Default for StatusMap {
 // ---------------------------------------------------------------------------
 // Loading and validation.
 
+/// Where `${VAR}` gets its value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Environment {
+    /// The process environment.
+    #[default]
+    Process,
+    /// Every `${VAR}` is set, to [`PLACEHOLDER`], and nothing else is read from
+    /// the environment: `check-config --no-env`, for pipelines without the secrets.
+    Placeholders,
+}
+
+/// The value of every `${VAR}` under `--no-env`: a valid user, password, host,
+/// port and database name alike.
+pub const PLACEHOLDER: &str = "1";
+
+impl Environment {
+    fn lookup(self, name: &str) -> Option<String> {
+        match self {
+            Environment::Process => std::env::var(name).ok(),
+            // The only variables read other than through `${VAR}` are the
+            // OTEL_EXPORTER_OTLP_* fallbacks of [tracing]: those stay unset.
+            Environment::Placeholders => (!name.starts_with("OTEL_")).then(|| PLACEHOLDER.into()),
+        }
+    }
+}
+
 /// Reads, parses and validates a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    load_in(path, Environment::Process)
+}
+
+/// [`load`], with `${VAR}` taken from `environment`.
+pub fn load_in(path: &Path, environment: Environment) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
         path: Some(path.display().to_string()),
         problems: vec![Problem {
@@ -526,7 +581,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
             message: format!("cannot read the config file: {e}"),
         }],
     })?;
-    parse_str(&text).map_err(|mut e| {
+    parse_str_in(&text, environment).map_err(|mut e| {
         e.path = Some(path.display().to_string());
         e
     })
@@ -534,12 +589,17 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 
 /// Parses and validates config text, reading `${VAR}` from the process environment.
 pub fn parse_str(text: &str) -> Result<Config, ConfigError> {
+    parse_str_in(text, Environment::Process)
+}
+
+/// [`parse_str`], with `${VAR}` taken from `environment`.
+pub fn parse_str_in(text: &str, environment: Environment) -> Result<Config, ConfigError> {
     let de = toml::Deserializer::parse(text).map_err(|e| toml_error(text, &e, None))?;
     let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         toml_error(text, e.inner(), Some(path))
     })?;
-    validate(&raw, &|name| std::env::var(name).ok())
+    validate_in(&raw, &|name| environment.lookup(name), environment)
 }
 
 fn toml_error(text: &str, e: &toml::de::Error, path: Option<String>) -> ConfigError {
@@ -573,7 +633,18 @@ pub fn validate(
     raw: &RawConfig,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigError> {
-    let mut v = Validator::default();
+    validate_in(raw, env, Environment::Process)
+}
+
+fn validate_in(
+    raw: &RawConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    environment: Environment,
+) -> Result<Config, ConfigError> {
+    let mut v = Validator {
+        environment,
+        ..Validator::default()
+    };
     let listen = match raw
         .server
         .listen
@@ -638,6 +709,7 @@ pub fn validate(
 #[derive(Default)]
 pub(crate) struct Validator {
     problems: Vec<Problem>,
+    environment: Environment,
 }
 
 impl Validator {
@@ -691,6 +763,14 @@ impl Validator {
     ) -> Option<SourceSpec> {
         let before = self.problems.len();
         let name = match s.name.as_deref() {
+            // It ends up in log lines, label values and /readyz lines.
+            Some(n) if n.chars().any(char::is_control) => {
+                self.problem(
+                    &format!("{key}.name"),
+                    "must not contain control characters (newline, tab, …)".into(),
+                );
+                String::new()
+            }
             Some(n) if !n.trim().is_empty() => n.to_string(),
             Some(_) => {
                 self.problem(&format!("{key}.name"), "must not be empty".into());
@@ -923,6 +1003,10 @@ impl Validator {
                 return None;
             }
         };
+        if self.environment == Environment::Placeholders && text.trim_start().starts_with("${") {
+            // The scheme, and so everything, comes from a variable: nothing to check without it.
+            return Some(Dsn::refused());
+        }
         match Dsn::expand(&text, env) {
             Ok(d) => Some(d),
             Err(e) => {
@@ -996,7 +1080,30 @@ impl Validator {
                 .column(key, "updated_at", &c.updated_at, true)
                 .unwrap_or_default(),
         };
+        self.distinct_columns(key, &cols.mapped(), c);
         (self.problems.len() == before).then_some(cols)
+    }
+
+    /// One meaning per column: a column mapped twice (`status` and `event_id`
+    /// to `id`) is named at the key the file sets, the later one when both are set.
+    fn distinct_columns(&mut self, key: &str, mapped: &[(&'static str, &str)], raw: &RawColumns) {
+        let written = |meaning: &str| raw.get(meaning).is_some_and(|c| !c.is_empty());
+        for (i, (meaning, column)) in mapped.iter().enumerate() {
+            if let Some((earlier, _)) = mapped[..i].iter().find(|(_, c)| c == column) {
+                let named = if written(meaning) || !written(earlier) {
+                    meaning
+                } else {
+                    earlier
+                };
+                let other = if named == meaning { earlier } else { meaning };
+                self.problem(
+                    &format!("{key}.columns.{named}"),
+                    format!(
+                        "column \"{column}\" is also mapped to {other}; a column can have one meaning only"
+                    ),
+                );
+            }
+        }
     }
 
     fn outbox_columns(&mut self, key: &str, c: &RawColumns) -> Option<OutboxColumns> {
@@ -1034,6 +1141,7 @@ impl Validator {
                 .column(key, "updated_at", &c.updated_at, true)
                 .unwrap_or_default(),
         };
+        self.distinct_columns(key, &cols.mapped(), c);
         (self.problems.len() == before).then_some(cols)
     }
 
@@ -1206,6 +1314,44 @@ table = "outbox"
         assert_eq!(err.problems[0].key, "server.port");
         let err = parse_str("sources = 3\n").expect_err("invalid");
         assert_eq!(err.problems[0].key, "sources");
+    }
+
+    /// Guards what panic and `expect` messages are made of: a config's `Debug`
+    /// and `Display` forms carry no piece of a password, whatever it holds
+    /// (before issue 16, `postgres:u:pw@h` was accepted and printed raw).
+    #[test]
+    fn a_config_formats_no_password() {
+        let hostile = "Lk9qA/Zt8wB@Wm7eC:Vp6rD%2FJn5tE#Hb4yF?Cd3uG+Ef2iH Qs1oJ";
+        let env = |name: &str| (name == "PW").then(|| hostile.to_string());
+        let text = "[[sources]]\nname = \"a\"\nkind = \"inbox\"\ntable = \"t\"\n\
+                    dsn = \"postgres://u:${PW}@db/x\"\n\
+                    [[sources]]\nname = \"b\"\nkind = \"outbox\"\ntable = \"t\"\n\
+                    dsn = \"mysql://u@db/x?ssl-mode=required\"\n";
+        let raw: RawConfig = toml::from_str(text).expect("test config parses");
+        let cfg = validate(&raw, &env).expect("valid");
+        let shown = format!(
+            "{cfg:?} {}",
+            cfg.sources
+                .iter()
+                .filter_map(|s| s.table().map(|t| t.dsn.to_string()))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        assert!(shown.contains("u:***@db"), "{shown}");
+        for piece in hostile.split(['/', '@', ':', '%', '#', '?', '+', ' ']) {
+            assert!(
+                piece.len() < 5 || !shown.contains(piece),
+                "{piece}: {shown}"
+            );
+        }
+        for misread in ["postgres:u:Lk9qA@db/x", "postgres://u:1/Lk9qA@db/x"] {
+            let text = format!(
+                "[[sources]]\nname = \"a\"\nkind = \"inbox\"\ntable = \"t\"\ndsn = \"{misread}\"\n"
+            );
+            let raw: RawConfig = toml::from_str(&text).expect("test config parses");
+            let err = validate(&raw, &env).expect_err(misread);
+            assert!(!format!("{err} {err:?}").contains("Lk9qA"), "{err:?}");
+        }
     }
 
     /// Guards the documented example: it must stay valid as keys change.

@@ -200,7 +200,11 @@ fn is_password(key: &str) -> bool {
 
 fn redact_url(mut url: Url) -> String {
     // `u:1/pw@host` parses as host `u`, port 1 and a path holding the password.
-    let after_host = [url.path(), url.query().unwrap_or(""), url.fragment().unwrap_or("")];
+    let after_host = [
+        url.path(),
+        url.query().unwrap_or(""),
+        url.fragment().unwrap_or(""),
+    ];
     if after_host.iter().any(|part| part.contains('@')) {
         return "<URL not printed: an @ after the host may end a password>".to_string();
     }
@@ -274,10 +278,7 @@ fn check_parameters(url: &Url, dialect: Dialect) -> Result<(), DsnError> {
             if allowed.iter().any(|a| a.eq_ignore_ascii_case(&value)) {
                 Ok(())
             } else {
-                Err(format!(
-                    "\"{value}\" is not one of {}",
-                    allowed.join(", ")
-                ))
+                Err(format!("\"{value}\" is not one of {}", allowed.join(", ")))
             }
         };
         let number = |max: u64| match value.parse::<u64>() {
@@ -541,9 +542,15 @@ mod tests {
         for (bad, says) in [
             ("postgres://u@db/x?sslmode=bogus", "parameter sslmode:"),
             ("postgres://u@db/x?ssl-mode=required", "parameter ssl-mode:"),
-            ("postgres://u@db/x?sslmod=require", "unknown parameter \"sslmod\""),
+            (
+                "postgres://u@db/x?sslmod=require",
+                "unknown parameter \"sslmod\"",
+            ),
             ("mysql://u@db/x?sslmode=require", "parameter sslmode:"),
-            ("mysql://u@db/x?password=x", "unknown parameter \"password\""),
+            (
+                "mysql://u@db/x?password=x",
+                "unknown parameter \"password\"",
+            ),
             ("sqlite:///tmp/a.db?mode=readonly", "parameter mode:"),
             ("sqlite:///tmp/a.db?mode=RO", "lower case"),
             ("postgres://u@db/x?port=70000", "parameter port:"),
