@@ -1025,7 +1025,8 @@ impl Db {
             .push(name.to_string());
     }
 
-    /// Remembers a PostgreSQL role to drop at cleanup.
+    /// Remembers a PostgreSQL role (or a MariaDB user, at `%`, `localhost` and
+    /// `127.0.0.1`) to drop at cleanup.
     pub fn register_role(&self, name: &str) {
         self.roles
             .lock()
@@ -1127,10 +1128,17 @@ fn cleanup_statements(dialect: Dialect, tables: &[String], roles: &[String]) -> 
         .iter()
         .map(|t| format!("DROP TABLE IF EXISTS {t}"))
         .collect();
-    if dialect == Dialect::Postgres {
-        for r in roles {
-            out.push(format!("DROP OWNED BY {r}"));
-            out.push(format!("DROP ROLE IF EXISTS {r}"));
+    for r in roles {
+        match dialect {
+            Dialect::Postgres => {
+                out.push(format!("DROP OWNED BY {r}"));
+                out.push(format!("DROP ROLE IF EXISTS {r}"));
+            }
+            Dialect::Mysql => out.extend(
+                ["%", "localhost", "127.0.0.1"]
+                    .map(|host| format!("DROP USER IF EXISTS '{r}'@'{host}'")),
+            ),
+            Dialect::Sqlite => {}
         }
     }
     out
