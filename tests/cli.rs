@@ -626,21 +626,18 @@ fn check_config_checks_host_port_and_parameters_of_each_dsn() {
 /// `id`) was accepted; it is a problem at the key that set it.
 #[test]
 fn check_config_refuses_a_column_mapped_twice() {
-    let inbox =
-        SourceToml::inbox("orders").table("sources.columns", "event_id = \"id\"\nstatus = \"id\"");
-    assert_problem(
-        &check_config(&config(&[inbox])),
-        "sources[0].columns.status",
-        Some("event_id"),
-    );
-    // The default name of another meaning counts too.
-    let inbox =
-        SourceToml::inbox("orders").table("sources.columns", "finished_at = \"updated_at\"");
-    assert_problem(
-        &check_config(&config(&[inbox])),
-        "sources[0].columns.finished_at",
-        Some("updated_at"),
-    );
+    for (columns, key, other) in [
+        ("event_id = \"id\"\nstatus = \"id\"", "status", "event_id"),
+        // The default name of another meaning counts too.
+        ("finished_at = \"updated_at\"", "finished_at", "updated_at"),
+    ] {
+        let inbox = SourceToml::inbox("orders").table("sources.columns", columns);
+        assert_problem(
+            &check_config(&config(&[inbox])),
+            &format!("sources[0].columns.{key}"),
+            Some(other),
+        );
+    }
     let outbox = SourceToml::inbox("outbox")
         .set("kind", &q("outbox"))
         .remove("stuck_after")
