@@ -80,7 +80,7 @@ impl Agent {
     pub async fn start(config: Config, handle: PrometheusHandle) -> anyhow::Result<Agent> {
         let listener = TcpListener::bind(config.listen)
             .await
-            .with_context(|| format!("failed to listen on {}", config.listen))?;
+            .map_err(|e| listen_error(config.listen, &e))?;
         let addr = listener.local_addr()?;
         let health = Arc::new(Health::default());
         let cancel = CancellationToken::new();
@@ -227,6 +227,20 @@ impl Agent {
                 warn!("Queued spans were not exported in time.");
             }
         }
+    }
+}
+
+/// Why `server.listen` (or `--listen`) cannot be bound, in one line naming the key.
+fn listen_error(addr: SocketAddr, e: &std::io::Error) -> anyhow::Error {
+    if e.kind() == std::io::ErrorKind::AddrInUse {
+        anyhow::anyhow!(
+            "server.listen: {addr} is already in use by another process \
+             (choose another address with server.listen or --listen)"
+        )
+    } else {
+        anyhow::anyhow!(
+            "server.listen: cannot listen on {addr}: {e} (see server.listen or --listen)"
+        )
     }
 }
 

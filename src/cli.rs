@@ -45,6 +45,10 @@ pub enum Command {
     CheckConfig {
         /// The TOML config file.
         file: PathBuf,
+        /// Treat every `${VAR}` as set (to a placeholder) and read nothing from the
+        /// environment: for CI pipelines that check a config without its secrets.
+        #[arg(long)]
+        no_env: bool,
     },
     /// Print the recommended DDL and indexes for a dialect.
     Schema {

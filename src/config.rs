@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::dsn::{Dsn, DsnError, redact};
+
 /// Where `run` listens when neither the config nor a flag says otherwise.
 pub const DEFAULT_LISTEN: &str = "0.0.0.0:9469";
 
@@ -88,7 +90,8 @@ pub struct RawSource {
     /// `inbox` or `outbox`.
     pub kind: Option<String>,
     /// Connection string; the scheme picks the dialect (`postgres://`, `mysql://`, `sqlite://`).
-    /// `${VAR}` is replaced by the environment variable VAR.
+    /// `${VAR}` is replaced by the environment variable VAR, percent-encoded
+    /// where it lands in the user, password or a query value.
     pub dsn: Option<String>,
     /// A file whose content is the DSN (a mounted secret); instead of `dsn`.
     pub dsn_file: Option<String>,
@@ -206,6 +209,29 @@ pub struct RawColumns {
     pub published_at: Option<String>,
 }
 
+impl RawColumns {
+    /// What the file sets for a meaning.
+    fn get(&self, meaning: &str) -> Option<&str> {
+        let value = match meaning {
+            "event_id" => &self.event_id,
+            "event_type" => &self.event_type,
+            "status" => &self.status,
+            "received_at" => &self.received_at,
+            "started_at" => &self.started_at,
+            "finished_at" => &self.finished_at,
+            "attempts" => &self.attempts,
+            "deliveries" => &self.deliveries,
+            "last_error" => &self.last_error,
+            "traceparent" => &self.traceparent,
+            "updated_at" => &self.updated_at,
+            "created_at" => &self.created_at,
+            "published_at" => &self.published_at,
+            _ => &None,
+        };
+        value.as_deref()
+    }
+}
+
 /// `[sources.statuses]`: meaning = the words the table uses for it.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -318,90 +344,6 @@ impl std::str::FromStr for Dialect {
             )),
         }
     }
-}
-
-/// A connection string whose password never reaches a log line.
-#[derive(Clone)]
-pub struct Dsn {
-    url: String,
-    dialect: Dialect,
-}
-
-impl Dsn {
-    /// Checks the scheme of an already expanded connection string.
-    pub fn parse(url: &str) -> Result<Dsn, String> {
-        let dialect = Dialect::from_dsn(url).ok_or_else(|| {
-            let scheme = url.split_once(':').map_or(url, |(s, _)| s);
-            format!(
-                "unknown dialect \"{}\" (expected postgres://, mysql:// or sqlite://)",
-                redact(scheme)
-            )
-        })?;
-        Ok(Dsn {
-            url: url.to_string(),
-            dialect,
-        })
-    }
-
-    /// The full connection string, secrets included: only for connecting.
-    pub fn expose(&self) -> &str {
-        &self.url
-    }
-
-    /// Replaces the connection string, wherever a driver message echoes it,
-    /// with its redacted form.
-    pub fn scrub(&self, message: &str) -> String {
-        message.replace(&self.url, &self.to_string())
-    }
-
-    /// The dialect the scheme names.
-    pub fn dialect(&self) -> Dialect {
-        self.dialect
-    }
-}
-
-impl fmt::Display for Dsn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&redact(&self.url))
-    }
-}
-
-impl fmt::Debug for Dsn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Dsn({self})")
-    }
-}
-
-/// Replaces the password of a URL (`scheme://user:password@host`) and any
-/// `password=` query parameter with `***`.
-pub fn redact(url: &str) -> String {
-    let mut out = url.to_string();
-    if let Some(scheme_end) = out.find("://") {
-        let rest_start = scheme_end + 3;
-        let authority_end = out[rest_start..]
-            .find('/')
-            .map_or(out.len(), |i| rest_start + i);
-        if let Some(at) = out[rest_start..authority_end].rfind('@') {
-            let userinfo = &out[rest_start..rest_start + at];
-            if let Some(colon) = userinfo.find(':') {
-                let start = rest_start + colon + 1;
-                let end = rest_start + at;
-                out.replace_range(start..end, "***");
-            }
-        }
-    }
-    if let Some(q) = out.find('?') {
-        let (head, query) = out.split_at(q + 1);
-        let redacted: Vec<String> = query
-            .split('&')
-            .map(|kv| match kv.split_once('=') {
-                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
-                _ => kv.to_string(),
-            })
-            .collect();
-        out = format!("{head}{}", redacted.join("&"));
-    }
-    out
 }
 
 /// Settings shared by inbox and outbox sources.
@@ -608,8 +550,39 @@ impl Default for StatusMap {
 // ---------------------------------------------------------------------------
 // Loading and validation.
 
+/// Where `${VAR}` gets its value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Environment {
+    /// The process environment.
+    #[default]
+    Process,
+    /// Every `${VAR}` is set, to [`PLACEHOLDER`], and nothing else is read from
+    /// the environment: `check-config --no-env`, for pipelines without the secrets.
+    Placeholders,
+}
+
+/// The value of every `${VAR}` under `--no-env`: a valid user, password, host,
+/// port and database name alike.
+pub const PLACEHOLDER: &str = "1";
+
+impl Environment {
+    fn lookup(self, name: &str) -> Option<String> {
+        match self {
+            Environment::Process => std::env::var(name).ok(),
+            // The only variables read other than through `${VAR}` are the
+            // OTEL_EXPORTER_OTLP_* fallbacks of [tracing]: those stay unset.
+            Environment::Placeholders => (!name.starts_with("OTEL_")).then(|| PLACEHOLDER.into()),
+        }
+    }
+}
+
 /// Reads, parses and validates a config file.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    load_in(path, Environment::Process)
+}
+
+/// [`load`], with `${VAR}` taken from `environment`.
+pub fn load_in(path: &Path, environment: Environment) -> Result<Config, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
         path: Some(path.display().to_string()),
         problems: vec![Problem {
@@ -617,7 +590,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
             message: format!("cannot read the config file: {e}"),
         }],
     })?;
-    parse_str(&text).map_err(|mut e| {
+    parse_str_in(&text, environment).map_err(|mut e| {
         e.path = Some(path.display().to_string());
         e
     })
@@ -625,12 +598,17 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
 
 /// Parses and validates config text, reading `${VAR}` from the process environment.
 pub fn parse_str(text: &str) -> Result<Config, ConfigError> {
+    parse_str_in(text, Environment::Process)
+}
+
+/// [`parse_str`], with `${VAR}` taken from `environment`.
+pub fn parse_str_in(text: &str, environment: Environment) -> Result<Config, ConfigError> {
     let de = toml::Deserializer::parse(text).map_err(|e| toml_error(text, &e, None))?;
     let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         toml_error(text, e.inner(), Some(path))
     })?;
-    validate(&raw, &|name| std::env::var(name).ok())
+    validate_in(&raw, &|name| environment.lookup(name), environment)
 }
 
 fn toml_error(text: &str, e: &toml::de::Error, path: Option<String>) -> ConfigError {
@@ -664,7 +642,18 @@ pub fn validate(
     raw: &RawConfig,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Config, ConfigError> {
-    let mut v = Validator::default();
+    validate_in(raw, env, Environment::Process)
+}
+
+fn validate_in(
+    raw: &RawConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+    environment: Environment,
+) -> Result<Config, ConfigError> {
+    let mut v = Validator {
+        environment,
+        ..Validator::default()
+    };
     let listen = match raw
         .server
         .listen
@@ -736,6 +725,7 @@ pub fn validate(
 #[derive(Default)]
 pub(crate) struct Validator {
     problems: Vec<Problem>,
+    environment: Environment,
 }
 
 impl Validator {
@@ -789,6 +779,14 @@ impl Validator {
     ) -> Option<SourceSpec> {
         let before = self.problems.len();
         let name = match s.name.as_deref() {
+            // It ends up in log lines, label values and /readyz lines.
+            Some(n) if n.chars().any(char::is_control) => {
+                self.problem(
+                    &format!("{key}.name"),
+                    "must not contain control characters (newline, tab, …)".into(),
+                );
+                String::new()
+            }
             Some(n) if !n.trim().is_empty() => n.to_string(),
             Some(_) => {
                 self.problem(&format!("{key}.name"), "must not be empty".into());
@@ -935,10 +933,7 @@ impl Validator {
             };
         let common = TableSpec {
             name,
-            dsn: dsn.unwrap_or_else(|| Dsn {
-                url: String::new(),
-                dialect: Dialect::Postgres,
-            }),
+            dsn: dsn.unwrap_or_else(Dsn::refused),
             table,
             poll_interval,
             overlap,
@@ -1031,17 +1026,14 @@ impl Validator {
                 return None;
             }
         };
-        let expanded = match expand_env(&text, env) {
-            Ok(t) => t,
-            Err(var) => {
-                self.problem(&dsn_key, format!("environment variable {var} is not set"));
-                return None;
-            }
-        };
-        match Dsn::parse(&expanded) {
+        if self.environment == Environment::Placeholders && text.trim_start().starts_with("${") {
+            // The scheme, and so everything, comes from a variable: nothing to check without it.
+            return Some(Dsn::refused());
+        }
+        match Dsn::expand(&text, env) {
             Ok(d) => Some(d),
-            Err(msg) => {
-                self.problem(&dsn_key, msg);
+            Err(e) => {
+                self.problem(&dsn_key, e.to_string());
                 None
             }
         }
@@ -1111,7 +1103,30 @@ impl Validator {
                 .column(key, "updated_at", &c.updated_at, true)
                 .unwrap_or_default(),
         };
+        self.distinct_columns(key, &cols.mapped(), c);
         (self.problems.len() == before).then_some(cols)
+    }
+
+    /// One meaning per column: a column mapped twice (`status` and `event_id`
+    /// to `id`) is named at the key the file sets, the later one when both are set.
+    fn distinct_columns(&mut self, key: &str, mapped: &[(&'static str, &str)], raw: &RawColumns) {
+        let written = |meaning: &str| raw.get(meaning).is_some_and(|c| !c.is_empty());
+        for (i, (meaning, column)) in mapped.iter().enumerate() {
+            if let Some((earlier, _)) = mapped[..i].iter().find(|(_, c)| c == column) {
+                let named = if written(meaning) || !written(earlier) {
+                    meaning
+                } else {
+                    earlier
+                };
+                let other = if named == meaning { earlier } else { meaning };
+                self.problem(
+                    &format!("{key}.columns.{named}"),
+                    format!(
+                        "column \"{column}\" is also mapped to {other}; a column can have one meaning only"
+                    ),
+                );
+            }
+        }
     }
 
     fn outbox_columns(&mut self, key: &str, c: &RawColumns) -> Option<OutboxColumns> {
@@ -1149,6 +1164,7 @@ impl Validator {
                 .column(key, "updated_at", &c.updated_at, true)
                 .unwrap_or_default(),
         };
+        self.distinct_columns(key, &cols.mapped(), c);
         (self.problems.len() == before).then_some(cols)
     }
 
@@ -1323,18 +1339,42 @@ table = "outbox"
         assert_eq!(err.problems[0].key, "sources");
     }
 
+    /// Guards what panic and `expect` messages are made of: a config's `Debug`
+    /// and `Display` forms carry no piece of a password, whatever it holds
+    /// (before issue 16, `postgres:u:pw@h` was accepted and printed raw).
     #[test]
-    fn redaction_hides_passwords_in_urls_and_queries() {
-        assert_eq!(
-            redact("mysql://root:pw@h:3306/db"),
-            "mysql://root:***@h:3306/db"
+    fn a_config_formats_no_password() {
+        let hostile = "Lk9qA/Zt8wB@Wm7eC:Vp6rD%2FJn5tE#Hb4yF?Cd3uG+Ef2iH Qs1oJ";
+        let env = |name: &str| (name == "PW").then(|| hostile.to_string());
+        let text = "[[sources]]\nname = \"a\"\nkind = \"inbox\"\ntable = \"t\"\n\
+                    dsn = \"postgres://u:${PW}@db/x\"\n\
+                    [[sources]]\nname = \"b\"\nkind = \"outbox\"\ntable = \"t\"\n\
+                    dsn = \"mysql://u@db/x?ssl-mode=required\"\n";
+        let raw: RawConfig = toml::from_str(text).expect("test config parses");
+        let cfg = validate(&raw, &env).expect("valid");
+        let shown = format!(
+            "{cfg:?} {}",
+            cfg.sources
+                .iter()
+                .filter_map(|s| s.table().map(|t| t.dsn.to_string()))
+                .collect::<Vec<_>>()
+                .join(" ")
         );
-        assert_eq!(
-            redact("postgres://h/db?user=a&password=x"),
-            "postgres://h/db?user=a&password=***"
-        );
-        assert_eq!(redact("sqlite:///tmp/a.db"), "sqlite:///tmp/a.db");
-        assert_eq!(redact("postgres://u:p@ss@h/db"), "postgres://u:***@h/db");
+        assert!(shown.contains("u:***@db"), "{shown}");
+        for piece in hostile.split(['/', '@', ':', '%', '#', '?', '+', ' ']) {
+            assert!(
+                piece.len() < 5 || !shown.contains(piece),
+                "{piece}: {shown}"
+            );
+        }
+        for misread in ["postgres:u:Lk9qA@db/x", "postgres://u:1/Lk9qA@db/x"] {
+            let text = format!(
+                "[[sources]]\nname = \"a\"\nkind = \"inbox\"\ntable = \"t\"\ndsn = \"{misread}\"\n"
+            );
+            let raw: RawConfig = toml::from_str(&text).expect("test config parses");
+            let err = validate(&raw, &env).expect_err(misread);
+            assert!(!format!("{err} {err:?}").contains("Lk9qA"), "{err:?}");
+        }
     }
 
     /// Guards the documented example: it must stay valid as keys change.

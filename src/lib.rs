@@ -8,6 +8,7 @@ pub mod config;
 pub mod coordination;
 pub mod demo;
 pub mod doctor;
+pub mod dsn;
 pub mod http;
 pub mod lookup;
 pub mod schema;

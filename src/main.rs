@@ -12,7 +12,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log);
     match cli.command {
-        Command::CheckConfig { file } => match config::load(&file) {
+        Command::CheckConfig { file, no_env } => match config::load_in(
+            &file,
+            if no_env {
+                config::Environment::Placeholders
+            } else {
+                config::Environment::Process
+            },
+        ) {
             Ok(cfg) => {
                 println!("config OK: {} sources", cfg.sources.len());
                 ExitCode::SUCCESS

@@ -46,9 +46,15 @@ impl Outcome {
 }
 
 fn run_cli(args: &[&str]) -> Outcome {
+    run_cli_env(args, &[])
+}
+
+/// [`run_cli`] with extra environment variables.
+fn run_cli_env(args: &[&str], env: &[(&str, &str)]) -> Outcome {
     let out = Command::new(BIN)
         .args(args)
         .env_remove(UNSET_VAR)
+        .envs(env.iter().copied())
         .timeout(Duration::from_secs(30))
         .output()
         .expect("the inboxwatch binary can be spawned");
@@ -497,6 +503,271 @@ fn check_config_never_prints_a_dsn_password() {
     let out = check_config(&config(&[other]));
     assert_problem(&out, "sources[0].poll_interval", Some("5 parsecs"));
     assert_no_secret("stderr", &out.stderr);
+}
+
+/// Every character a generated secret may hold, each piece distinctive.
+const HOSTILE: &str = "Lk9qA/Zt8wB@Wm7eC:Vp6rD%2FJn5tE#Hb4yF?Cd3uG+Ef2iH Qs1oJ";
+
+fn assert_no_hostile_piece(what: &str, text: &str) {
+    for piece in HOSTILE.split(['/', '@', ':', '%', '#', '?', '+', ' ']) {
+        assert!(
+            piece.len() < 5 || !text.contains(piece),
+            "{what} carries `{piece}`, a piece of the password:\n{text}"
+        );
+    }
+}
+
+/// Guards issue 16: a password with `/` from `${VAR}` was substituted unencoded
+/// and check-config said OK about a URL that sqlx misreads; now the variable's
+/// value is encoded into the userinfo, so any password is valid.
+#[test]
+fn check_config_accepts_any_password_through_a_variable() {
+    const VAR: &str = "INBOXWATCH_CLI_TEST_HOSTILE_PASSWORD";
+    let sources = [
+        SourceToml::inbox("orders").set(
+            "dsn",
+            &q(&format!(
+                "postgres://u:${{{VAR}}}@127.0.0.1:5432/db?sslmode=prefer"
+            )),
+        ),
+        SourceToml::inbox("billing").set(
+            "dsn",
+            &q(&format!(
+                "mysql://u:${{{VAR}}}@127.0.0.1:3306/db?ssl-mode=DISABLED"
+            )),
+        ),
+    ];
+    let file = write_config(&config(&sources));
+    let path = file.path().to_str().expect("temp paths are UTF-8");
+    let out = run_cli_env(&["check-config", path], &[(VAR, HOSTILE)]);
+    assert_config_ok(&out, 2);
+    assert_no_hostile_piece("check-config", &format!("{}{}", out.stdout, out.stderr));
+}
+
+/// Guards issue 16: a DSN that sqlx would read other than as written (a literal
+/// password with `/ ? #`, or `postgres:user:pw@host` without `//`) was accepted, and
+/// printed in clear because the redaction fell back to the raw text. Now each is
+/// one problem naming `sources[0].dsn`, and no line carries any piece of it.
+#[test]
+fn check_config_refuses_a_dsn_sqlx_would_misread_without_printing_it() {
+    for (dsn, says) in [
+        ("postgres:u:Lk9qA@127.0.0.1:5432/db", "//"),
+        (
+            "postgres://u:Lk9qA/Zt8wB@127.0.0.1:5432/db",
+            "<unparsable DSN>",
+        ),
+        ("postgres://u:1/Lk9qA@127.0.0.1:5432/db", "percent-encoded"),
+        ("postgres://u:1?Lk9qA@127.0.0.1:5432/db", "percent-encoded"),
+        ("mysql://u:1#Lk9qA@127.0.0.1:3306/db", "percent-encoded"),
+    ] {
+        let source = SourceToml::inbox("orders").set("dsn", &q(dsn));
+        let out = check_config(&config(&[source]));
+        assert_problem(&out, "sources[0].dsn", Some(says));
+        assert_no_hostile_piece(dsn, &out.stderr);
+    }
+    // The same through dsn_file, the key named as written.
+    let dir = tempfile::tempdir().expect("a temporary directory can be created");
+    let file = dir.path().join("orders.dsn");
+    std::fs::write(&file, "postgres://u:Lk9qA/Zt8wB@127.0.0.1:5432/db\n")
+        .expect("write the DSN file");
+    let source = SourceToml::inbox("orders")
+        .remove("dsn")
+        .set("dsn_file", &q(file.to_str().expect("temp paths are UTF-8")));
+    let out = check_config(&config(&[source]));
+    assert_problem(&out, "sources[0].dsn_file", Some("<unparsable DSN>"));
+    assert_no_hostile_piece("dsn_file", &out.stderr);
+}
+
+/// Guards issue 16's "check-config parses each DSN": host, port range and the
+/// query parameters sqlx 0.9 reads, with their values, each one problem naming
+/// the key and never the password.
+#[test]
+fn check_config_checks_host_port_and_parameters_of_each_dsn() {
+    for (dsn, says) in [
+        ("postgres://u:s3cr3t-pw@127.0.0.1:70000/db", "invalid port"),
+        ("postgres://u:s3cr3t-pw@127.0.0.1:0/db", "port 0"),
+        ("mysql://u:s3cr3t-pw@/db", "empty host"),
+        ("postgres:///db", "no host"),
+        ("postgres://u:s3cr3t-pw@db/x?sslmode=on", "verify-full"),
+        (
+            "postgres://u:s3cr3t-pw@db/x?sslmod=require",
+            "unknown parameter \"sslmod\"",
+        ),
+        (
+            "mysql://u:s3cr3t-pw@db/x?ssl-mode=require",
+            "verify_identity",
+        ),
+        (
+            "mysql://u@db/x?password=s3cr3t-pw",
+            "unknown parameter \"password\"",
+        ),
+        ("sqlite:///tmp/inbox.db?mode=readonly", "rwc"),
+        (
+            "sqlite:///tmp/inbox.db?journal=wal",
+            "unknown parameter \"journal\"",
+        ),
+    ] {
+        let source = SourceToml::inbox("orders").set("dsn", &q(dsn));
+        let out = check_config(&config(&[source]));
+        assert_problem(&out, "sources[0].dsn", Some(says));
+        assert_no_secret(dsn, &out.stderr);
+    }
+    for dsn in [
+        "postgres://u:s3cr3t-pw@db:5432/x?sslmode=verify-full&application_name=iw",
+        "mysql://u:s3cr3t-pw@db:3306/x?ssl-mode=REQUIRED&charset=utf8mb4",
+        "sqlite:///tmp/inbox.db?mode=ro",
+    ] {
+        let source = SourceToml::inbox("orders").set("dsn", &q(dsn));
+        assert_config_ok(&check_config(&config(&[source])), 1);
+    }
+}
+
+/// Guards issue 16: one column with two meanings (`status` and `event_id` both
+/// `id`) was accepted; it is a problem at the key that set it.
+#[test]
+fn check_config_refuses_a_column_mapped_twice() {
+    for (columns, key, other) in [
+        ("event_id = \"id\"\nstatus = \"id\"", "status", "event_id"),
+        // The default name of another meaning counts too.
+        ("finished_at = \"updated_at\"", "finished_at", "updated_at"),
+    ] {
+        let inbox = SourceToml::inbox("orders").table("sources.columns", columns);
+        assert_problem(
+            &check_config(&config(&[inbox])),
+            &format!("sources[0].columns.{key}"),
+            Some(other),
+        );
+    }
+    let outbox = SourceToml::inbox("outbox")
+        .set("kind", &q("outbox"))
+        .remove("stuck_after")
+        .table("sources.columns", "published_at = \"created_at\"");
+    assert_problem(
+        &check_config(&config(&[outbox])),
+        "sources[0].columns.published_at",
+        Some("created_at"),
+    );
+}
+
+/// Guards issue 16: a source name with a newline broke log lines and the
+/// `/readyz` line format; control characters in names are refused by key.
+#[test]
+fn check_config_refuses_control_characters_in_source_names() {
+    for name in [
+        "orders\\nfake_line 1",
+        "tab\\there",
+        "bell\\u0007",
+        "del\\u007f",
+    ] {
+        let source = SourceToml::inbox("x").set("name", &format!("\"{name}\""));
+        assert_problem(
+            &check_config(&config(&[source])),
+            "sources[0].name",
+            Some("control characters"),
+        );
+    }
+    let kafka = "\n[[sources]]\nname = \"k\\r\"\nkind = \"kafka\"\nbrokers = [\"b:9092\"]\n";
+    let out = check_config(&format!("[server]\nlisten = \"127.0.0.1:0\"\n{kafka}"));
+    assert_problem(&out, "sources[0].name", Some("control characters"));
+}
+
+/// Guards issue 16: the shipped example failed check-config unless every
+/// secret was in the environment; `--no-env` treats every `${VAR}` as set,
+/// also a whole DSN from a variable, and reads no OTEL_* fallback either.
+#[test]
+fn check_config_no_env_checks_a_config_without_its_secrets() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/inboxwatch.toml");
+    let example = example.to_str().expect("the checkout's path is UTF-8");
+    let text = std::fs::read_to_string(example).expect("read the example");
+    let sources = text.lines().filter(|l| l.trim() == "[[sources]]").count();
+    let vars = env_references(&text);
+    let run = |args: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "not a URL")
+            .timeout(Duration::from_secs(30));
+        for var in &vars {
+            cmd.env_remove(var);
+        }
+        let out = cmd.output().expect("the inboxwatch binary can be spawned");
+        Outcome {
+            code: out.status.code(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    };
+    let without = run(&["check-config", example]);
+    assert_eq!(without.code, Some(2), "{}", without.describe());
+    assert!(
+        without.stderr.contains("ORDERS_DB_PASSWORD"),
+        "{}",
+        without.describe()
+    );
+    assert_config_ok(&run(&["check-config", "--no-env", example]), sources);
+
+    let whole = SourceToml::inbox("orders").set("dsn", &q(&format!("${{{UNSET_VAR}}}")));
+    let port = SourceToml::inbox("billing").set(
+        "dsn",
+        &q(&format!(
+            "postgres://u:${{{UNSET_VAR}}}@${{{UNSET_VAR}}}:${{{UNSET_VAR}}}/db"
+        )),
+    );
+    let file = write_config(&config(&[whole, port]));
+    let path = file.path().to_str().expect("temp paths are UTF-8");
+    assert_config_ok(&run_cli(&["check-config", "--no-env", path]), 2);
+    // Still checked: everything the variables do not bring.
+    let bad = SourceToml::inbox("orders").set(
+        "dsn",
+        &q(&format!("postgres://u:${{{UNSET_VAR}}}@db/x?sslmode=maybe")),
+    );
+    let out = check_config_no_env(&config(&[bad]));
+    assert_problem(&out, "sources[0].dsn", Some("sslmode"));
+}
+
+fn check_config_no_env(toml: &str) -> Outcome {
+    let file = write_config(toml);
+    let path = file.path().to_str().expect("temp paths are UTF-8");
+    run_cli(&["check-config", "--no-env", path])
+}
+
+/// Guards issue 16: a listen address in use was "failed to listen on …"; it is
+/// one line saying the address is in use and naming `server.listen` / `--listen`,
+/// and the agent exits non-zero at once.
+#[test]
+fn run_reports_a_listen_address_in_use_naming_server_listen() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("an ephemeral port can be bound");
+    let addr = taken
+        .local_addr()
+        .expect("a bound listener has an address")
+        .to_string();
+    let source = SourceToml::inbox("orders").set("dsn", &q("sqlite:///nonexistent/inbox.db"));
+    let file = write_config(&config_with(
+        "",
+        &format!("listen = {}", q(&addr)),
+        &[source],
+    ));
+    let path = file.path().to_str().expect("temp paths are UTF-8");
+    for args in [
+        vec!["run", "--config", path],
+        vec!["run", "--config", path, "--listen", &addr],
+    ] {
+        let out = run_cli(&args);
+        assert!(matches!(out.code, Some(c) if c != 0), "{}", out.describe());
+        let lines: Vec<&str> = out
+            .stderr
+            .lines()
+            .filter(|l| !l.contains(" INFO ") && !l.trim().is_empty())
+            .collect();
+        assert_eq!(lines.len(), 1, "one error line\n{}", out.describe());
+        assert!(
+            lines[0].contains("server.listen")
+                && lines[0].contains("--listen")
+                && lines[0].contains(&addr)
+                && lines[0].contains("already in use"),
+            "{}",
+            out.describe()
+        );
+    }
 }
 
 fn free_addr() -> String {

@@ -250,6 +250,12 @@ pub struct Agent {
 impl Agent {
     /// `inboxwatch run --config <tempfile> --listen 127.0.0.1:<free port>`.
     pub fn start(config_toml: &str) -> Agent {
+        Self::start_with_env(config_toml, &[])
+    }
+
+    /// [`Agent::start`] with extra environment variables (they win over the
+    /// harness's own, so `INBOXWATCH_LOG` sets the log filter).
+    pub fn start_with_env(config_toml: &str, env: &[(&str, &str)]) -> Agent {
         let dir = tempfile::tempdir().expect("create a temp dir for the agent");
         let config_path = dir.path().join("inboxwatch.toml");
         std::fs::write(&config_path, config_toml).expect("write the agent config");
@@ -265,6 +271,7 @@ impl Agent {
                 OsStr::new("--listen"),
                 OsStr::new(&listen),
             ],
+            env,
         )
     }
 
@@ -281,10 +288,11 @@ impl Agent {
                 OsStr::new("--listen"),
                 OsStr::new(&listen),
             ],
+            &[],
         )
     }
 
-    fn spawn(dir: tempfile::TempDir, port: u16, args: &[&OsStr]) -> Agent {
+    fn spawn(dir: tempfile::TempDir, port: u16, args: &[&OsStr], env: &[(&str, &str)]) -> Agent {
         let stderr_path = dir.path().join("agent.stderr");
         let stdout_path = dir.path().join("agent.stdout");
         let stderr = File::create(&stderr_path).expect("create the agent's stderr file");
@@ -300,6 +308,7 @@ impl Agent {
             .env("RUST_LOG", &log)
             .env("INBOXWATCH_LOG", &log)
             .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
             .spawn()
             .unwrap_or_else(|e| panic!("failed to spawn {BIN}: {e}"));
         Agent {
@@ -1016,7 +1025,8 @@ impl Db {
             .push(name.to_string());
     }
 
-    /// Remembers a PostgreSQL role to drop at cleanup.
+    /// Remembers a PostgreSQL role (or a MariaDB user, at `%`, `localhost` and
+    /// `127.0.0.1`) to drop at cleanup.
     pub fn register_role(&self, name: &str) {
         self.roles
             .lock()
@@ -1118,10 +1128,17 @@ fn cleanup_statements(dialect: Dialect, tables: &[String], roles: &[String]) -> 
         .iter()
         .map(|t| format!("DROP TABLE IF EXISTS {t}"))
         .collect();
-    if dialect == Dialect::Postgres {
-        for r in roles {
-            out.push(format!("DROP OWNED BY {r}"));
-            out.push(format!("DROP ROLE IF EXISTS {r}"));
+    for r in roles {
+        match dialect {
+            Dialect::Postgres => {
+                out.push(format!("DROP OWNED BY {r}"));
+                out.push(format!("DROP ROLE IF EXISTS {r}"));
+            }
+            Dialect::Mysql => out.extend(
+                ["%", "localhost", "127.0.0.1"]
+                    .map(|host| format!("DROP USER IF EXISTS '{r}'@'{host}'")),
+            ),
+            Dialect::Sqlite => {}
         }
     }
     out
