@@ -483,7 +483,8 @@ mod tests {
                 m.name
             );
             if m.unit == Some(Unit::Seconds) {
-                assert!(m.name.ends_with("_seconds"), "{} is in seconds", m.name);
+                let stem = m.name.strip_suffix("_total").unwrap_or(m.name);
+                assert!(stem.ends_with("_seconds"), "{} is in seconds", m.name);
             }
             assert!(!m.help.is_empty());
         }
