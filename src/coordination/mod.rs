@@ -480,6 +480,8 @@ pub async fn elect<L: Lock>(
             match tokio::time::timeout(patience, lock.try_acquire()).await {
                 Ok(Ok(true)) => {
                     held = true;
+                    // A request to give the source up made before this term is stale.
+                    health.take_yield(&source);
                     leadership.set(&source, true);
                     let _ = leader.send(Some(true));
                     info!(source = %source, "Took the source's lock; exporting it.");
