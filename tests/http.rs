@@ -40,6 +40,16 @@ async fn connect(port: u16) -> TcpStream {
         .unwrap_or_else(|e| panic!("connect to 127.0.0.1:{port}: {e}"))
 }
 
+/// A connection whose request's headers never end.
+async fn half_sent(port: u16) -> TcpStream {
+    let mut stream = connect(port).await;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: inboxwatch\r\n")
+        .await
+        .expect("write half a request");
+    stream
+}
+
 /// Reads and discards until the server closes the connection (EOF or reset);
 /// returns when, or `None` if it is still open after `deadline`.
 async fn closed_within(stream: &mut TcpStream, deadline: Duration) -> Option<Instant> {
@@ -99,11 +109,7 @@ async fn half_sent_silent_and_idle_keepalive_connections_are_closed() {
     let (agent, db) = agent("hsend", "").await;
     let deadline = Duration::from_secs(30);
 
-    let mut half_sent = connect(agent.port).await;
-    half_sent
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: inboxwatch\r\n")
-        .await
-        .expect("write half a request");
+    let mut half_sent = half_sent(agent.port).await;
     let half_sent_at = Instant::now();
 
     let mut silent = connect(agent.port).await;
@@ -266,11 +272,7 @@ async fn shutdown_is_not_held_by_idle_or_half_sent_connections() {
     let (mut agent, db) = agent("shut", "shutdown_grace = \"30s\"").await;
     let mut keepalive = connect(agent.port).await;
     assert_eq!(scrape_on(&mut keepalive).await, "HTTP/1.1 200 OK");
-    let mut half_sent = connect(agent.port).await;
-    half_sent
-        .write_all(b"GET /metrics HTTP/1.1\r\n")
-        .await
-        .expect("write half a request");
+    let half_sent = half_sent(agent.port).await;
     let sent = Instant::now();
     let status = agent
         .terminate(Duration::from_secs(20))
