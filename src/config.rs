@@ -79,8 +79,8 @@ pub struct RawServer {
     pub header_read_timeout: Option<String>,
     /// A connection that moves no byte either way for this long is closed (default `60s`).
     pub idle_timeout: Option<String>,
-    /// Connections served at once; more wait until one closes (default 256).
-    pub max_connections: Option<i64>,
+    /// HTTP connections served at once; more wait until one closes (default 256).
+    pub max_http_connections: Option<i64>,
 }
 
 /// One `[[sources]]` entry; which keys apply depends on `kind`.
@@ -780,8 +780,8 @@ impl Validator {
                 default.idle_timeout,
             ),
             max_connections: self.positive(
-                "server.max_connections",
-                server.max_connections,
+                "server.max_http_connections",
+                server.max_http_connections,
                 default.max_connections,
                 65_536,
             ),
@@ -1344,13 +1344,13 @@ table = "outbox"
     /// Guards the listener limits (issue 16): each bad value is named by its key.
     #[test]
     fn http_limits_name_their_keys() {
-        let text = "[server]\nheader_read_timeout = \"0s\"\nidle_timeout = \"soon\"\nmax_connections = 0\n";
+        let text = "[server]\nheader_read_timeout = \"0s\"\nidle_timeout = \"soon\"\nmax_http_connections = 0\n";
         let err = parse_str(text).expect_err("invalid");
         let keys: Vec<&str> = err.problems.iter().map(|p| p.key.as_str()).collect();
         for key in [
             "server.header_read_timeout",
             "server.idle_timeout",
-            "server.max_connections",
+            "server.max_http_connections",
         ] {
             assert!(keys.contains(&key), "{key} not reported: {keys:?}");
         }

@@ -101,7 +101,7 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     (code, body)
 }
 
-/// What one client may hold on the listener (`[server]` keys of the same names).
+/// What one client may hold on the listener (`[server]` keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Time to send a request's headers, counted from the moment the server
@@ -111,7 +111,7 @@ pub struct Limits {
     /// A connection that moves no byte either way for this long is closed: a
     /// client that stops reading its response or sending its body.
     pub idle_timeout: Duration,
-    /// Connections served at once; the next ones wait in the listen backlog
+    /// Connections served at once (`max_http_connections`); the next ones wait in the listen backlog
     /// until one closes.
     pub max_connections: usize,
 }
@@ -134,7 +134,7 @@ impl Default for Limits {
 
 /// The largest read buffer of a connection, and so the largest request head
 /// (hyper answers 431 beyond it). hyper's default of 408 KiB times
-/// `max_connections` would not fit the DaemonSet's 128 MiB.
+/// `max_http_connections` would not fit the DaemonSet's 128 MiB.
 pub const READ_BUFFER: usize = 16 * 1024;
 
 /// Serves until `shutdown` fires, then finishes in-flight requests: each

@@ -16,7 +16,7 @@ use common::{Agent, Db};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-/// The listener's defaults (`[server] header_read_timeout`, `max_connections`).
+/// The listener's defaults (`[server] header_read_timeout`, `max_http_connections`).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_CONNECTIONS: usize = 256;
 
@@ -207,7 +207,7 @@ async fn a_client_that_stops_reading_is_closed_after_the_idle_timeout() {
     db.cleanup().await;
 }
 
-/// Guards the connection bound: with the default `max_connections` (256) held by
+/// Guards the connection bound: with the default `max_http_connections` (256) held by
 /// clients that send nothing, a scrape waits rather than being served by a 257th
 /// connection; it is answered as soon as some of the others close. `/metrics`,
 /// `/healthz` and `/readyz` answer before and after.
