@@ -185,7 +185,7 @@ impl Agent {
             leadership,
             stopping: cancel.clone(),
         };
-        let http = tokio::spawn(http::serve(listener, state, stop_http.clone()));
+        let http = tokio::spawn(http::serve(listener, state, config.http, stop_http.clone()));
         info!(listen = %addr, "Serving /metrics, /healthz and /readyz.");
         Ok(Agent {
             addr,

@@ -79,6 +79,13 @@ pub struct RawServer {
     /// Poll sessions per database (and statement timeout), shared by every
     /// source on it (default 4); the locks add one session per database.
     pub max_connections_per_database: Option<i64>,
+    /// Time a client has to send a request's headers, from connecting or from
+    /// its previous response; also how long an idle keep-alive connection is kept (default `10s`).
+    pub header_read_timeout: Option<String>,
+    /// A connection that moves no byte either way for this long is closed (default `60s`).
+    pub idle_timeout: Option<String>,
+    /// HTTP connections served at once; more wait until one closes (default 256).
+    pub max_http_connections: Option<i64>,
 }
 
 /// One `[[sources]]` entry; which keys apply depends on `kind`.
@@ -265,6 +272,8 @@ pub struct Config {
     pub shutdown_grace: Duration,
     /// `[server] max_connections_per_database`.
     pub max_connections_per_database: u32,
+    /// What one client may hold on the listener.
+    pub http: crate::http::Limits,
     /// The sources, in file order.
     pub sources: Vec<SourceSpec>,
     /// Span export, when `[tracing]` is configured.
@@ -683,6 +692,7 @@ fn validate_in(
         4,
         1_000,
     ) as u32;
+    let http = v.http_limits(&raw.server);
     if raw.sources.is_empty() {
         v.problem(
             "sources",
@@ -711,6 +721,7 @@ fn validate_in(
             listen,
             shutdown_grace,
             max_connections_per_database,
+            http,
             sources,
             tracing,
         })
@@ -751,6 +762,35 @@ impl Validator {
                     default
                 }
             },
+        }
+    }
+
+    fn http_limits(&mut self, server: &RawServer) -> crate::http::Limits {
+        let default = crate::http::Limits::default();
+        let mut timeout = |key: &str, value: Option<&str>, default: Duration| {
+            let d = self.duration(key, value, default);
+            if d.is_zero() {
+                self.problem(key, "must be more than 0s".into());
+            }
+            d
+        };
+        crate::http::Limits {
+            header_read_timeout: timeout(
+                "server.header_read_timeout",
+                server.header_read_timeout.as_deref(),
+                default.header_read_timeout,
+            ),
+            idle_timeout: timeout(
+                "server.idle_timeout",
+                server.idle_timeout.as_deref(),
+                default.idle_timeout,
+            ),
+            max_connections: self.positive(
+                "server.max_http_connections",
+                server.max_http_connections,
+                default.max_connections,
+                65_536,
+            ),
         }
     }
 
@@ -1284,6 +1324,7 @@ table = "inbox"
         assert_eq!(s.table.dsn.to_string(), "postgres://u:***@db/orders");
         assert_eq!(cfg.listen.to_string(), "0.0.0.0:9469");
         assert_eq!(cfg.shutdown_grace, Duration::from_secs(20));
+        assert_eq!(cfg.http, crate::http::Limits::default());
     }
 
     #[test]
@@ -1337,6 +1378,21 @@ table = "outbox"
         assert_eq!(err.problems[0].key, "server.port");
         let err = parse_str("sources = 3\n").expect_err("invalid");
         assert_eq!(err.problems[0].key, "sources");
+    }
+
+    /// Guards the listener limits (issue 16): each bad value is named by its key.
+    #[test]
+    fn http_limits_name_their_keys() {
+        let text = "[server]\nheader_read_timeout = \"0s\"\nidle_timeout = \"soon\"\nmax_http_connections = 0\n";
+        let err = parse_str(text).expect_err("invalid");
+        let keys: Vec<&str> = err.problems.iter().map(|p| p.key.as_str()).collect();
+        for key in [
+            "server.header_read_timeout",
+            "server.idle_timeout",
+            "server.max_http_connections",
+        ] {
+            assert!(keys.contains(&key), "{key} not reported: {keys:?}");
+        }
     }
 
     /// Guards what panic and `expect` messages are made of: a config's `Debug`

@@ -1,17 +1,31 @@
 //! `/metrics`, `/healthz` and `/readyz` on one listener. A scrape only renders
-//! what the sources last recorded; it never polls.
+//! what the sources last recorded; it never polls. The listener bounds what a
+//! client can hold: connections, the time to send a request's headers, and the
+//! time a connection may stall (issue 16).
 
 use std::fmt::Write as _;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
 
 use crate::coordination::{Leadership, hide_standby};
 use crate::sources::Health;
@@ -87,13 +101,218 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     (code, body)
 }
 
-/// Serves until `shutdown` fires, then finishes in-flight requests.
+/// What one client may hold on the listener (`[server]` keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Time to send a request's headers, counted from the moment the server
+    /// waits for them: a new connection, or a kept-alive one after its last
+    /// response. So it is also how long an idle keep-alive connection is kept.
+    pub header_read_timeout: Duration,
+    /// A connection that moves no byte either way for this long is closed: a
+    /// client that stops reading its response or sending its body.
+    pub idle_timeout: Duration,
+    /// Connections served at once (`max_http_connections`); the next ones wait in the listen backlog
+    /// until one closes.
+    pub max_connections: usize,
+}
+
+impl Default for Limits {
+    /// Prometheus sends a request's headers in one packet, so 10 s is generous
+    /// on any network and cuts a held connection short; with scrape intervals
+    /// of 15 s and more it costs one TCP handshake per scrape. 60 s of silence
+    /// outlasts any `scrape_timeout`. 256 connections are a hundred times what
+    /// a pod sees (one or two Prometheus replicas and the kubelet's probes) and,
+    /// at [`READ_BUFFER`] each, fit the DaemonSet's memory limit many times.
+    fn default() -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 256,
+        }
+    }
+}
+
+/// The largest read buffer of a connection, and so the largest request head
+/// (hyper answers 431 beyond it). hyper's default of 408 KiB times
+/// `max_http_connections` would not fit the DaemonSet's 128 MiB.
+pub const READ_BUFFER: usize = 16 * 1024;
+
+/// Serves until `shutdown` fires, then finishes in-flight requests: each
+/// connection ends after the response it is writing, idle ones at once, and
+/// half-sent ones after [`DRAIN_QUIET`].
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
+    limits: Limits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await
+    let app = router(state);
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut connections = JoinSet::new();
+    loop {
+        let slot = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            slot = slots.clone().acquire_owned() => {
+                slot.expect("the connection semaphore is never closed")
+            }
+        };
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of file descriptors, or a connection reset before it
+                    // was accepted: wait a little rather than spin.
+                    warn!(error = %e, "Failed to accept a connection.");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        while connections.try_join_next().is_some() {}
+        connections.spawn(connection(
+            stream,
+            app.clone(),
+            limits,
+            shutdown.clone(),
+            slot,
+        ));
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Serves one connection until the client closes it, a limit closes it, or
+/// shutdown drains it. The slot is given back when this returns.
+async fn connection(
+    stream: TcpStream,
+    app: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+    _slot: OwnedSemaphorePermit,
+) {
+    let started = Instant::now();
+    let last_io = Arc::new(AtomicU64::new(0));
+    let io = TokioIo::new(Watched {
+        inner: stream,
+        started,
+        last_io: last_io.clone(),
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(READ_BUFFER)
+        .serve_connection(io, TowerToHyperService::new(app));
+    let mut conn = std::pin::pin!(conn);
+    let mut draining = false;
+    loop {
+        let quiet = if draining {
+            DRAIN_QUIET.min(limits.idle_timeout)
+        } else {
+            limits.idle_timeout
+        };
+        tokio::select! {
+            done = conn.as_mut() => {
+                if let Err(e) = done {
+                    debug!(error = %e, "Connection closed with an error.");
+                }
+                return;
+            }
+            _ = shutdown.cancelled(), if !draining => {
+                conn.as_mut().graceful_shutdown();
+                draining = true;
+            }
+            _ = quiet_for(started, &last_io, quiet) => {
+                debug!(quiet = ?quiet, draining, "Closing a stalled connection.");
+                return;
+            }
+        }
+    }
+}
+
+/// Once shutdown begins, a connection that moves no byte for this long is
+/// dropped: hyper lets a response in flight finish, but would wait out the
+/// header-read timeout of a half-sent request. A scrape renders in memory, so
+/// its answer starts within milliseconds.
+const DRAIN_QUIET: Duration = Duration::from_secs(1);
+
+/// Resolves once the stream has moved no byte for `limit`.
+async fn quiet_for(started: Instant, last_io: &AtomicU64, limit: Duration) {
+    loop {
+        let last = started + Duration::from_millis(last_io.load(Ordering::Relaxed));
+        let deadline = last + limit;
+        if Instant::now() >= deadline {
+            return;
+        }
+        tokio::time::sleep_until(deadline).await;
+    }
+}
+
+/// A stream that notes when it last moved a byte, for the idle timeout.
+struct Watched {
+    inner: TcpStream,
+    started: Instant,
+    /// Milliseconds after `started`.
+    last_io: Arc<AtomicU64>,
+}
+
+impl Watched {
+    fn moved(&self, bytes: usize) {
+        if bytes > 0 {
+            let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.last_io.store(ms, Ordering::Relaxed);
+        }
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        self.moved(buf.filled().len() - before);
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = polled {
+            self.moved(n);
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = polled {
+            self.moved(n);
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }

@@ -1,0 +1,297 @@
+//! The HTTP listener through the binary (issue 16): what a client can hold is
+//! bounded — the time to send a request's headers (which is also how long an idle
+//! keep-alive connection is kept), the time a connection may move no byte, and the
+//! number of connections served at once — while `/metrics`, `/healthz` and
+//! `/readyz` keep answering and shutdown still drains the listener.
+//!
+//! An SQLite source, so no database service is needed. Timings are measured and
+//! printed (`--no-capture` shows them); the assertions only use generous deadlines.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::scenarios::inbox_source_toml;
+use common::{Agent, Db};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// The listener's defaults (`[server] header_read_timeout`, `max_http_connections`).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+const MAX_CONNECTIONS: usize = 256;
+
+/// Starts an agent on a fresh SQLite inbox with `server` as its `[server]` section
+/// and waits until it is ready.
+async fn agent(short: &str, server: &str) -> (Agent, Db) {
+    let db = Db::sqlite().await;
+    let tables = db.fresh_tables(short).await;
+    let config = format!(
+        "[server]\n{server}\n{}",
+        inbox_source_toml("http", &db.dsn, &tables.inbox)
+    );
+    let mut agent = Agent::start(&config);
+    agent.wait_ready(Duration::from_secs(30)).await;
+    (agent, db)
+}
+
+async fn connect(port: u16) -> TcpStream {
+    TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap_or_else(|e| panic!("connect to 127.0.0.1:{port}: {e}"))
+}
+
+/// A connection whose request's headers never end.
+async fn half_sent(port: u16) -> TcpStream {
+    let mut stream = connect(port).await;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: inboxwatch\r\n")
+        .await
+        .expect("write half a request");
+    stream
+}
+
+/// Reads and discards until the server closes the connection (EOF or reset);
+/// returns when, or `None` if it is still open after `deadline`.
+async fn closed_within(stream: &mut TcpStream, deadline: Duration) -> Option<Instant> {
+    let closed = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return Instant::now(),
+                Ok(_) => {}
+            }
+        }
+    };
+    tokio::time::timeout(deadline, closed).await.ok()
+}
+
+/// Reads one response with a `Content-Length` body; returns its status line.
+async fn read_response(stream: &mut TcpStream) -> String {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        let n = stream.read(&mut byte).await.expect("read a response head");
+        assert_eq!(n, 1, "the server closed the connection mid-response");
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&buf).to_string();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or_else(|| panic!("no Content-Length in {head:?}"));
+    let mut body = vec![0u8; length];
+    stream
+        .read_exact(&mut body)
+        .await
+        .expect("read a response body");
+    head.lines().next().unwrap_or_default().to_string()
+}
+
+/// A complete keep-alive GET of `/metrics`, from a client that does not close.
+async fn scrape_on(stream: &mut TcpStream) -> String {
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: inboxwatch\r\n\r\n")
+        .await
+        .expect("write a scrape");
+    read_response(stream).await
+}
+
+/// Guards the slowloris defect of issue 16 (60 half-sent or idle connections held
+/// for 75 s, none closed): with the default `header_read_timeout` (10 s) a request
+/// whose headers never end, a connection that sends nothing, and a keep-alive
+/// connection idle after its response are all closed by the server, within 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_silent_and_idle_keepalive_connections_are_closed() {
+    let (agent, db) = agent("hsend", "").await;
+    let deadline = Duration::from_secs(30);
+
+    let mut half_sent = half_sent(agent.port).await;
+    let half_sent_at = Instant::now();
+
+    let mut silent = connect(agent.port).await;
+    let silent_at = Instant::now();
+
+    let mut keepalive = connect(agent.port).await;
+    assert_eq!(scrape_on(&mut keepalive).await, "HTTP/1.1 200 OK");
+    let idle_at = Instant::now();
+
+    let (half_sent_closed, silent_closed, idle_closed) = tokio::join!(
+        closed_within(&mut half_sent, deadline),
+        closed_within(&mut silent, deadline),
+        closed_within(&mut keepalive, deadline),
+    );
+    let mut open = Vec::new();
+    for (what, since, closed) in [
+        ("half-sent request", half_sent_at, half_sent_closed),
+        ("silent connection", silent_at, silent_closed),
+        ("idle keep-alive connection", idle_at, idle_closed),
+    ] {
+        match closed {
+            Some(at) => eprintln!(
+                "{what}: closed by the server {:?} after it went quiet (header_read_timeout {HEADER_READ_TIMEOUT:?})",
+                at - since
+            ),
+            None => open.push(what),
+        }
+    }
+    assert!(
+        open.is_empty(),
+        "still open {deadline:?} after they went quiet: {open:?}"
+    );
+    let (code, _) = agent.get("/healthz").await.expect("GET /healthz");
+    assert_eq!(code, 200);
+    db.cleanup().await;
+}
+
+/// Guards the stalled-reader case the header timeout cannot see: a client that
+/// pipelines scrapes and never reads the answers leaves the server blocked in a
+/// write. With `idle_timeout = "2s"` the server closes it, long before it could
+/// have delivered every answer, and goes on serving others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_closed_after_the_idle_timeout() {
+    let (agent, db) = agent("stall", "idle_timeout = \"2s\"").await;
+    let body = agent.get("/metrics").await.expect("GET /metrics").1;
+    // Far more than the socket buffers on both sides can hold (a few MB at most).
+    let requests = (64 * 1024 * 1024 / body.len().max(1)).max(1_000);
+    let socket = TcpSocket::new_v4().expect("a TCP socket");
+    socket
+        .set_recv_buffer_size(4096)
+        .expect("shrink the receive buffer");
+    let mut stalled = socket
+        .connect(([127, 0, 0, 1], agent.port).into())
+        .await
+        .expect("connect");
+    let pipelined = "GET /metrics HTTP/1.1\r\nHost: inboxwatch\r\n\r\n".repeat(requests);
+    // The server reads its requests only as it answers them, so writing them all
+    // may block too: write in the background and stop reading.
+    let (mut reader, mut writer) = stalled.split();
+    let write = async {
+        let _ = writer.write_all(pipelined.as_bytes()).await;
+    };
+    let stalled_at = Instant::now();
+    let quiet = Duration::from_secs(8);
+    let _ = tokio::time::timeout(quiet, write).await;
+    tokio::time::sleep_until((stalled_at + quiet).into()).await;
+    // Now drain: a server that closed the connection leaves a finite tail.
+    let mut received = 0usize;
+    let mut buf = vec![0u8; 256 * 1024];
+    let drained = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => received += n,
+            }
+        }
+    })
+    .await;
+    eprintln!(
+        "stalled reader: {requests} scrapes pipelined, {received} bytes received of {} before the close, drained {:?} after the stall began",
+        requests * body.len(),
+        stalled_at.elapsed()
+    );
+    assert!(
+        drained.is_ok(),
+        "the server kept a connection that did not read for 8 s open (idle_timeout 2s)"
+    );
+    assert!(
+        received < requests * body.len() / 2,
+        "the server delivered {received} bytes: it never closed the stalled connection"
+    );
+    let (code, _) = agent.get("/healthz").await.expect("GET /healthz");
+    assert_eq!(code, 200);
+    drop(stalled);
+    db.cleanup().await;
+}
+
+/// Guards the connection bound: with the default `max_http_connections` (256) held by
+/// clients that send nothing, a scrape waits rather than being served by a 257th
+/// connection; it is answered as soon as some of the others close. `/metrics`,
+/// `/healthz` and `/readyz` answer before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_bound_wait_and_a_scrape_succeeds_once_others_close() {
+    let (agent, db) = agent("bound", "").await;
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        let (code, body) = agent.get(path).await.expect("GET before the flood");
+        assert_eq!(code, 200, "{path}: {body}");
+    }
+    let started = Instant::now();
+    let mut held = Vec::new();
+    for _ in 0..MAX_CONNECTIONS {
+        held.push(connect(agent.port).await);
+    }
+    let mut waiting = connect(agent.port).await;
+    let scrape = tokio::spawn(async move {
+        let status = scrape_on(&mut waiting).await;
+        (status, Instant::now())
+    });
+    // Every held connection was opened after the clock started, so none of them
+    // reached its header-read timeout within this wait.
+    let wait = Duration::from_secs(1);
+    tokio::time::sleep(wait).await;
+    assert!(
+        started.elapsed() < HEADER_READ_TIMEOUT,
+        "opening {MAX_CONNECTIONS} connections took {:?}: the held ones may have timed out",
+        started.elapsed()
+    );
+    assert!(
+        !scrape.is_finished(),
+        "a scrape on connection {} was answered while {MAX_CONNECTIONS} others were held",
+        MAX_CONNECTIONS + 1
+    );
+    let released = Instant::now();
+    held.truncate(MAX_CONNECTIONS - 8);
+    let (status, answered) = tokio::time::timeout(Duration::from_secs(10), scrape)
+        .await
+        .expect("the waiting scrape was answered within 10 s of 8 connections closing")
+        .expect("the scrape task");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    eprintln!(
+        "connection bound: scrape {} waited until 8 of {MAX_CONNECTIONS} held connections closed, answered {:?} after",
+        MAX_CONNECTIONS + 1,
+        answered - released
+    );
+    drop(held);
+    for path in ["/metrics", "/healthz", "/readyz"] {
+        let (code, body) = agent.get(path).await.expect("GET after the flood");
+        assert_eq!(code, 200, "{path}: {body}");
+    }
+    db.cleanup().await;
+}
+
+/// Guards graceful shutdown on the new listener: on SIGTERM an idle keep-alive
+/// connection and a half-sent request do not hold the agent. It exits cleanly,
+/// without reporting that HTTP did not stop in time, and before the half-sent
+/// request's header-read timeout (10 s) could have closed it: hyper's graceful
+/// shutdown alone waits for that timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_not_held_by_idle_or_half_sent_connections() {
+    let (mut agent, db) = agent("shut", "shutdown_grace = \"30s\"").await;
+    let mut keepalive = connect(agent.port).await;
+    assert_eq!(scrape_on(&mut keepalive).await, "HTTP/1.1 200 OK");
+    let half_sent = half_sent(agent.port).await;
+    let sent = Instant::now();
+    let status = agent
+        .terminate(Duration::from_secs(20))
+        .expect("the agent exited within 20 s of SIGTERM");
+    eprintln!(
+        "shutdown with open connections: exited {:?} after SIGTERM",
+        sent.elapsed()
+    );
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        sent.elapsed() < HEADER_READ_TIMEOUT - Duration::from_secs(2),
+        "shutdown waited {:?} for a half-sent request",
+        sent.elapsed()
+    );
+    let stderr = agent.stderr();
+    assert!(
+        !stderr.contains("did not stop in time"),
+        "shutdown was not clean:\n{stderr}"
+    );
+    drop((keepalive, half_sent));
+    db.cleanup().await;
+}
