@@ -129,7 +129,9 @@ fn args() -> Args {
             "--soak" => soaking = true,
             "--retentions" => {
                 let v = v();
-                let (s, l) = v.split_once(',').expect("--retentions SHORT,LONG (seconds)");
+                let (s, l) = v
+                    .split_once(',')
+                    .expect("--retentions SHORT,LONG (seconds)");
                 soak.retentions = (
                     s.parse().expect("--retentions SHORT,LONG"),
                     l.parse().expect("--retentions SHORT,LONG"),

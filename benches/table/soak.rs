@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use sqlx::AnyConnection;
 
 use crate::load::TABLE;
-use crate::writer::{self, Truth};
 use crate::measure::Metrics;
+use crate::writer::{self, Truth};
 use crate::{Dialect, Proc, connect, exec, free_port, spawn, wait_for};
 
 /// What one soak run does.
