@@ -110,7 +110,7 @@ pub struct RawSource {
     pub event_type_limit: Option<i64>,
     /// Upper bound on events whose state is remembered, and on the backlog
     /// kept for the gauges (default 400000: both maps then stay within 2^19
-    /// buckets, 47 MB, and one inbox source fits the DaemonSet's 128Mi;
+    /// buckets, 45 MiB, and one inbox source fits the DaemonSet's 128Mi;
     /// docs/performance.md, "Memory").
     pub max_tracked_events: Option<i64>,
     /// Rows fetched per query page (default 5000).

@@ -260,7 +260,7 @@ pub async fn run(
     ));
     s.push_str("| | retention short | retention long | per event (VmRSS / RssAnon) |\n|---|---:|---:|---:|\n");
     s.push_str(&format!(
-        "| RSS idle, before the writer (MB) | {:.1} | {:.1} | |\n",
+        "| RSS idle, before the writer (MiB) | {:.1} | {:.1} | |\n",
         mb(idle[0].0),
         mb(idle[1].0)
     ));
@@ -269,7 +269,7 @@ pub async fn run(
         events[0], events[1]
     ));
     s.push_str(&format!(
-        "| RSS plateau under load (MB; RssAnon) | {:.1} ({:.1}) | {:.1} ({:.1}) | **{:.0} / {:.0} B per remembered event** |\n",
+        "| RSS plateau under load (MiB; RssAnon) | {:.1} ({:.1}) | {:.1} ({:.1}) | **{:.0} / {:.0} B per remembered event** |\n",
         mb(first[0].0),
         mb(first[0].1),
         mb(first[1].0),
@@ -278,7 +278,7 @@ pub async fn run(
         per_remembered.1
     ));
     s.push_str(&format!(
-        "| RSS plateau with {} more unfinished rows (MB; RssAnon) | {:.1} ({:.1}) | {:.1} ({:.1}) | **{:.0} / {:.0} and {:.0} / {:.0} B per tracked unfinished event** |\n",
+        "| RSS plateau with {} more unfinished rows (MiB; RssAnon) | {:.1} ({:.1}) | {:.1} ({:.1}) | **{:.0} / {:.0} and {:.0} / {:.0} B per tracked unfinished event** |\n",
         plan.backlog,
         mb(second[0].0),
         mb(second[0].1),
@@ -290,7 +290,7 @@ pub async fn run(
         per_tracked[1].1
     ));
     s.push_str(&format!(
-        "| peak RSS over the run, VmHWM (MB) | {:.1} | {:.1} | |\n",
+        "| peak RSS over the run, VmHWM (MiB) | {:.1} | {:.1} | |\n",
         mb(peaks[0]),
         mb(peaks[1])
     ));
