@@ -121,7 +121,10 @@ pub struct RawSource {
     pub reconcile_every: Option<String>,
     /// Distinct `event_type` label values kept; the rest fold into `other` (default 50).
     pub event_type_limit: Option<i64>,
-    /// Upper bound on events whose state is remembered (default 500000).
+    /// Upper bound on events whose state is remembered, and on the backlog
+    /// kept for the gauges (default 400000: both maps then stay within 2^19
+    /// buckets, 45 MiB, and one inbox source fits the DaemonSet's 128Mi;
+    /// docs/performance.md, "Memory").
     pub max_tracked_events: Option<i64>,
     /// Rows fetched per query page (default 5000).
     pub batch_size: Option<i64>,
@@ -947,7 +950,7 @@ impl Validator {
         let max_tracked_events = self.positive(
             &format!("{key}.max_tracked_events"),
             s.max_tracked_events,
-            500_000,
+            400_000,
             100_000_000,
         );
         let batch_size =

@@ -543,7 +543,7 @@ async fn postgres_outage_longer_than_the_lease_is_resumed_from_the_agents_own_cu
     wait_until(Duration::from_secs(20), || async move {
         let m = agent_ref.try_scrape().await?;
         match m.get("inboxwatch_source_up", &[("source", source)]) {
-            Some(v) if v == 0.0 => Ok(()),
+            Some(0.0) => Ok(()),
             v => Err(format!("inboxwatch_source_up = {v:?}")),
         }
     })
@@ -602,7 +602,7 @@ async fn postgres_a_takeover_from_another_agent_is_reported_as_a_counting_gap() 
     let a_ref = &a;
     wait_until(Duration::from_secs(30), || async move {
         match leader(&a_ref.try_scrape().await?) {
-            Some(v) if v == 1.0 => Ok(()),
+            Some(1.0) => Ok(()),
             v => Err(format!("A's inboxwatch_source_leader = {v:?}")),
         }
     })

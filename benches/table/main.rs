@@ -9,9 +9,12 @@
 //! and peak RSS of the process, freshness (a probe row's change until it shows
 //! on `/metrics`), and for inboxwatch its counters against the writer's ground
 //! truth and its P95 against `percentile_cont` over the same completions.
+//!
+//! With `--soak` it measures the agent's memory instead ([`soak`]).
 
 mod load;
 mod measure;
+mod soak;
 mod writer;
 
 use std::path::PathBuf;
@@ -76,6 +79,10 @@ struct Args {
     out: Option<PathBuf>,
     check: bool,
     work: PathBuf,
+    /// The memory soak instead of the comparison, with its plan.
+    soak: Option<soak::Plan>,
+    /// The agent binary (default: the one built with this benchmark).
+    agent: Option<String>,
 }
 
 fn args() -> Args {
@@ -89,7 +96,17 @@ fn args() -> Args {
         out: None,
         check: false,
         work: std::env::temp_dir(),
+        soak: None,
+        agent: None,
     };
+    let mut soak = soak::Plan {
+        retentions: (30, 240),
+        backlog: 100_000,
+        window: 60,
+        rate: 0,
+        poll: 0.0,
+    };
+    let mut soaking = false;
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         let mut v = || it.next().unwrap_or_else(|| panic!("{k} needs a value"));
@@ -109,12 +126,31 @@ fn args() -> Args {
             "--out" => a.out = Some(v().into()),
             "--work" => a.work = v().into(),
             "--check" => a.check = true,
+            "--soak" => soaking = true,
+            "--retentions" => {
+                let v = v();
+                let (s, l) = v
+                    .split_once(',')
+                    .expect("--retentions SHORT,LONG (seconds)");
+                soak.retentions = (
+                    s.parse().expect("--retentions SHORT,LONG"),
+                    l.parse().expect("--retentions SHORT,LONG"),
+                );
+            }
+            "--backlog" => soak.backlog = v().parse().expect("--backlog N"),
+            "--window" => soak.window = v().parse().expect("--window SECONDS"),
+            "--agent" => a.agent = Some(v()),
             // cargo bench passes --bench to harness = false targets.
             "--bench" => {}
             other => panic!("unknown argument {other}"),
         }
     }
     assert!(!a.host.is_empty(), "--host HOST:PORT is required");
+    if soaking {
+        soak.rate = a.rate;
+        soak.poll = a.poll;
+        a.soak = Some(soak);
+    }
     a
 }
 
@@ -203,7 +239,11 @@ async fn main() {
     sqlx::any::install_default_drivers();
     let a = args();
     let d = a.dialect;
-    let agent_bin = env!("CARGO_BIN_EXE_inboxwatch");
+    let agent_bin = a
+        .agent
+        .clone()
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_inboxwatch").to_string());
+    let agent_bin = agent_bin.as_str();
     let admin_url = match d {
         Dialect::Postgres => format!("postgres://postgres@{}/postgres", a.host),
         Dialect::MySql => format!("mysql://root@{}/mysql", a.host),
@@ -292,6 +332,23 @@ async fn main() {
                 .await;
             }
         }
+    }
+
+    if let Some(plan) = &a.soak {
+        let report = soak::run(
+            d,
+            agent_bin,
+            &url(AGENT_USER, Some(PASSWORD)),
+            &url(admin_user, None),
+            &a.work,
+            plan,
+        )
+        .await;
+        println!("{report}");
+        if let Some(out) = &a.out {
+            std::fs::write(out, &report).expect("write report");
+        }
+        return;
     }
 
     // inboxwatch, with the documented defaults except the poll interval.

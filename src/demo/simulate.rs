@@ -2,7 +2,7 @@
 //!
 //! It plays an at-least-once consumer writing its inbox table in SQLite: events
 //! arrive, some are delivered twice (the idempotency guard only bumps
-//! `deliveries`), a small pool of workers claims and processes them, attempts fail
+//! `deliveries`), a pool of workers sized for the arrival rate claims and processes them, attempts fail
 //! and are retried with exponential backoff, and the hopeless ones are
 //! dead-lettered. Every timestamp is the real time of the write, so the agent
 //! reading the same file sees genuine ages and durations.
@@ -23,8 +23,15 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-/// Attempts processed at the same time.
-const WORKERS: usize = 8;
+/// Attempts processed at the same time, at least.
+const MIN_WORKERS: usize = 8;
+/// Worker time one event takes on average: an attempt takes 0.18 s with the
+/// slow tail, and an event needs about 1.1 attempts. The pool has twice the
+/// workers the rate needs, so the consumer keeps up and the backlog stays
+/// bounded at any `rate_per_sec`: with a fixed pool of 8 (about 40 events/s)
+/// `demo --rate 300` grew the table's backlog by 260 rows a second, and the
+/// agent's memory with it.
+const WORKER_SECONDS_PER_EVENT: f64 = 0.2;
 /// How often an idle worker pool looks for claimable rows.
 const CLAIM_INTERVAL: Duration = Duration::from_millis(100);
 /// Backoff before the first retry; doubles with every further failed attempt.
@@ -136,7 +143,7 @@ pub async fn run(
     info!(
         table = %sim.table,
         rate_per_sec = sim.rate_per_sec,
-        workers = WORKERS,
+        workers = sim.workers,
         "Consumer simulation started."
     );
     let mut consumer = Consumer {
@@ -172,6 +179,8 @@ struct Settings {
     failure_ratio: f64,
     max_attempts: u32,
     stuck_after: Duration,
+    /// Size of the worker pool.
+    workers: usize,
 }
 
 impl Settings {
@@ -183,13 +192,15 @@ impl Settings {
         } else {
             sim.event_types
         };
+        let rate_per_sec = if sim.rate_per_sec.is_finite() {
+            sim.rate_per_sec.max(0.0)
+        } else {
+            0.0
+        };
         Ok(Self {
             table: sim.table,
-            rate_per_sec: if sim.rate_per_sec.is_finite() {
-                sim.rate_per_sec.max(0.0)
-            } else {
-                0.0
-            },
+            rate_per_sec,
+            workers: workers_for(rate_per_sec),
             event_types,
             duplicate_ratio: ratio(sim.duplicate_ratio),
             failure_ratio: ratio(sim.failure_ratio),
@@ -207,6 +218,13 @@ impl Settings {
             _ => p,
         }
     }
+}
+
+/// Workers that keep up with `rate_per_sec` arrivals twice over.
+fn workers_for(rate_per_sec: f64) -> usize {
+    let needed = (2.0 * rate_per_sec * WORKER_SECONDS_PER_EVENT).ceil();
+    // A float-to-int `as` saturates; the rate is finite and not negative.
+    (needed as usize).max(MIN_WORKERS)
 }
 
 /// Whether `event_id` is a poison event, drawn once per id (FNV-1a) so that
@@ -500,7 +518,7 @@ impl Consumer {
 
     /// Claims as many claimable rows as there are idle workers and starts them.
     async fn claim(&mut self) -> Result<(), sqlx::Error> {
-        let idle = WORKERS.saturating_sub(self.workers.len());
+        let idle = self.sim.workers.saturating_sub(self.workers.len());
         if idle == 0 {
             return Ok(());
         }
@@ -651,6 +669,28 @@ mod tests {
         assert!((0.07..0.09).contains(&median), "median {median}");
         assert!((0.02..0.04).contains(&slow), "slow share {slow}");
         assert!(secs[secs.len() - 1] <= 5.0);
+    }
+
+    #[test]
+    fn the_worker_pool_keeps_up_with_the_rate() {
+        assert_eq!(workers_for(0.0), MIN_WORKERS);
+        assert_eq!(
+            workers_for(20.0),
+            MIN_WORKERS,
+            "the default rate keeps 8 workers"
+        );
+        assert_eq!(workers_for(300.0), 120);
+        // The estimate against the processing-time model, at 1.1 attempts an event.
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mean = (0..100_000)
+            .map(|_| processing_time(&mut rng).as_secs_f64())
+            .sum::<f64>()
+            / 100_000.0;
+        let per_event = mean * 1.1;
+        assert!(
+            (per_event - WORKER_SECONDS_PER_EVENT).abs() < 0.1 * WORKER_SECONDS_PER_EVENT,
+            "{per_event} s of worker time an event"
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ use sqlx::any::AnyRow;
 
 use super::backlog::{GaugeMap, Unfinished};
 use super::dialect::{OUT_OF_RANGE, Sql};
-use super::state::{Entry, Tracked};
+use super::state::{Entry, Flags, Tracked};
 use super::{MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
 use crate::config::{InboxSpec, Status};
 use crate::telemetry::catalogue as m;
@@ -36,8 +36,9 @@ const SKETCH_ACCURACY: f64 = 0.005;
 /// Slices of the sliding window.
 const SKETCH_SLICES: u32 = 30;
 
-/// What the agent remembers of one event.
-#[derive(Debug, Clone, Copy)]
+/// What the agent remembers of one event, as the counting rules use it; the
+/// map stores it as [`Remembered`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct State {
     updated: i64,
     received: i64,
@@ -54,7 +55,65 @@ struct State {
     spanned: u32,
 }
 
-impl Entry for State {
+/// [`State`] as the map stores it, every value kept: 48 bytes instead of 64
+/// (the optional versions as a time and a presence bit, the booleans in one
+/// byte), so a bucket is 56 bytes with its key.
+#[derive(Debug, Clone, Copy)]
+struct Remembered {
+    updated: i64,
+    received: i64,
+    rejected_at: i64,
+    long_error_at: i64,
+    deliveries: u32,
+    failures: u32,
+    spanned: u32,
+    status: Status,
+    flags: Flags,
+}
+
+/// Bits of [`Remembered::flags`].
+const COMPLETED: u8 = 0;
+const VALID: u8 = 1;
+const REJECTED: u8 = 2;
+const LONG_ERROR: u8 = 3;
+
+impl From<State> for Remembered {
+    fn from(s: State) -> Self {
+        let mut flags = Flags::default();
+        flags.set(COMPLETED, s.completed);
+        flags.set(VALID, s.valid);
+        Remembered {
+            updated: s.updated,
+            received: s.received,
+            rejected_at: flags.put_time(REJECTED, s.rejected_at),
+            long_error_at: flags.put_time(LONG_ERROR, s.long_error_at),
+            deliveries: s.deliveries,
+            failures: s.failures,
+            spanned: s.spanned,
+            status: s.status,
+            flags,
+        }
+    }
+}
+
+impl From<Remembered> for State {
+    fn from(r: Remembered) -> Self {
+        State {
+            updated: r.updated,
+            received: r.received,
+            deliveries: r.deliveries,
+            failures: r.failures,
+            status: r.status,
+            completed: r.flags.get(COMPLETED),
+            rejected_at: r.flags.time(REJECTED, r.rejected_at),
+            long_error_at: r.flags.time(LONG_ERROR, r.long_error_at),
+            valid: r.flags.get(VALID),
+            spanned: r.spanned,
+        }
+    }
+}
+
+impl Entry for Remembered {
     fn updated_at(&self) -> i64 {
         self.updated
     }
@@ -62,7 +121,7 @@ impl Entry for State {
         self.received
     }
     fn finished(&self) -> bool {
-        self.completed || !self.valid
+        self.flags.get(COMPLETED) || !self.flags.get(VALID)
     }
 }
 
@@ -101,7 +160,7 @@ struct Counts {
 /// The inbox part of a table source.
 pub struct Inbox {
     spec: InboxSpec,
-    states: Tracked<State>,
+    states: Tracked<Remembered>,
     labels: LabelCap,
     start: i64,
     counts: HashMap<usize, Counts>,
@@ -238,7 +297,7 @@ impl Inbox {
     fn take(&mut self, row: Row, baseline: bool) {
         let key = key_of(&row.event_id);
         let label = self.labels.resolve(row.event_type.as_deref());
-        let existing = self.states.get(key).copied();
+        let existing = self.states.get(key).copied().map(State::from);
         let mut long_error_at = existing.and_then(|s| s.long_error_at);
         if row.error_len.is_some_and(|n| n > MAX_ERROR_LEN) && long_error_at != Some(row.updated) {
             if !baseline {
@@ -795,4 +854,75 @@ pub(crate) fn seconds(micros: i64) -> f64 {
 /// A duration in microseconds.
 pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards the map's memory figures (docs/performance.md, "Memory").
+    #[test]
+    fn a_remembered_event_is_48_bytes_and_its_bucket_56() {
+        assert_eq!(size_of::<Remembered>(), 48);
+        assert_eq!(size_of::<(u64, Remembered)>(), 56);
+    }
+
+    /// Every value the counting rules read comes back from the stored form,
+    /// including the extremes of each time and an absent one.
+    #[test]
+    fn the_stored_form_keeps_every_value() {
+        let times = [None, Some(i64::MIN), Some(-1), Some(0), Some(i64::MAX)];
+        let mut n = 0;
+        for status in Status::ALL {
+            for (completed, valid) in [(false, false), (true, false), (false, true), (true, true)] {
+                for rejected_at in times {
+                    for long_error_at in times {
+                        let s = State {
+                            updated: i64::MIN + n,
+                            received: i64::MAX - n,
+                            deliveries: u32::MAX,
+                            failures: u32::MAX - 1,
+                            status,
+                            completed,
+                            rejected_at,
+                            long_error_at,
+                            valid,
+                            spanned: 7,
+                        };
+                        let r = Remembered::from(s);
+                        assert_eq!(State::from(r), s);
+                        assert_eq!(r.updated_at(), s.updated);
+                        assert_eq!(r.born_at(), s.received);
+                        assert_eq!(r.finished(), completed || !valid);
+                        n += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A row version rejected at a NULL cursor (read as `i64::MIN`) is still
+    /// recognised when read again: no sentinel value stands for "none".
+    #[test]
+    fn a_rejection_at_the_smallest_version_is_remembered() {
+        let mut t: Tracked<Remembered> = Tracked::new(10);
+        t.insert(
+            1,
+            State {
+                updated: i64::MIN,
+                received: i64::MIN,
+                deliveries: 0,
+                failures: 0,
+                status: Status::Pending,
+                completed: false,
+                rejected_at: Some(i64::MIN),
+                long_error_at: None,
+                valid: false,
+                spanned: 0,
+            },
+        );
+        let back = t.get(1).copied().map(State::from).expect("remembered");
+        assert_eq!(back.rejected_at, Some(i64::MIN));
+        assert_eq!(back.long_error_at, None);
+    }
 }

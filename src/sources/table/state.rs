@@ -1,9 +1,51 @@
 //! The bounded memory of recently seen events that turns rows into deltas.
+//!
+//! An entry is kept for every unfinished event and for every event finished
+//! within `state_retention`, up to `max_tracked_events`: this map is most of
+//! a busy source's memory. Its values are stored compactly (no `Option<i64>`,
+//! flags in one byte; see [`Flags`]): the inbox's is 48 bytes, so a bucket of
+//! the map (8-byte key and value) is 56 bytes plus one control byte, and
+//! hashbrown keeps between 7/16 and 7/8 of its buckets full
+//! (docs/performance.md, "Memory").
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::config::TableSpec;
+
+/// Up to eight booleans in one byte, among them the presence of optional
+/// times: an `Option<i64>` costs 16 bytes, a time and a bit 8.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Flags(u8);
+
+impl Flags {
+    /// Whether flag `bit` (0..8) is set.
+    pub fn get(self, bit: u8) -> bool {
+        self.0 & (1 << bit) != 0
+    }
+
+    /// Sets flag `bit` (0..8) to `on`.
+    pub fn set(&mut self, bit: u8, on: bool) {
+        if on {
+            self.0 |= 1 << bit;
+        } else {
+            self.0 &= !(1 << bit);
+        }
+    }
+
+    /// Stores an optional time: its presence in flag `bit`, the value
+    /// returned (0 when absent). Every `i64` stays representable, unlike a
+    /// sentinel value.
+    pub fn put_time(&mut self, bit: u8, time: Option<i64>) -> i64 {
+        self.set(bit, time.is_some());
+        time.unwrap_or(0)
+    }
+
+    /// The optional time stored with [`Flags::put_time`].
+    pub fn time(self, bit: u8, value: i64) -> Option<i64> {
+        self.get(bit).then_some(value)
+    }
+}
 
 /// What the map needs to know of an entry to forget it safely.
 pub trait Entry: Copy {
@@ -54,8 +96,9 @@ impl<V: Entry> Tracked<V> {
         self.map.get(&key)
     }
 
-    pub fn insert(&mut self, key: u64, value: V) {
-        self.map.insert(key, value);
+    /// Remembers `value` (or what it converts to: the stored form) for `key`.
+    pub fn insert(&mut self, key: u64, value: impl Into<V>) {
+        self.map.insert(key, value.into());
     }
 
     #[cfg(test)]
@@ -113,6 +156,24 @@ impl<V: Entry> Tracked<V> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn flags_keep_every_optional_time() {
+        let mut f = Flags::default();
+        for (bit, t) in [
+            (0, None),
+            (1, Some(i64::MIN)),
+            (2, Some(0)),
+            (3, Some(-1)),
+            (7, Some(i64::MAX)),
+        ] {
+            let v = f.put_time(bit, t);
+            assert_eq!(f.time(bit, v), t, "bit {bit}");
+        }
+        f.set(7, false);
+        assert!(!f.get(7));
+        assert!(f.get(1) && f.get(2) && f.get(3) && !f.get(0));
+    }
+
     #[derive(Clone, Copy, Debug)]
     struct E {
         updated: i64,
@@ -134,7 +195,7 @@ mod tests {
 
     #[test]
     fn finished_events_are_forgotten_after_the_horizon_and_raise_the_floor() {
-        let mut t = Tracked::new(100);
+        let mut t: Tracked<E> = Tracked::new(100);
         t.start(0);
         t.insert(
             1,
@@ -170,7 +231,7 @@ mod tests {
 
     #[test]
     fn the_cap_keeps_the_most_recently_changed() {
-        let mut t = Tracked::new(10);
+        let mut t: Tracked<E> = Tracked::new(10);
         t.start(0);
         for k in 0..20 {
             t.insert(
