@@ -82,9 +82,19 @@ async fn open(spec: &SourceSpec) -> Result<(AnyConnection, Sql), LookupError> {
     ))
 }
 
-/// RFC 3339 UTC with milliseconds, from microseconds since the epoch.
+/// RFC 3339 UTC with milliseconds, from microseconds since the epoch; a time
+/// RFC 3339 cannot show (before 1970 for the formatter, after 9999, or out of
+/// range in the database) is shown as what it is.
 pub fn timestamp(micros: i64) -> String {
-    humantime::format_rfc3339_millis(link::at(micros)).to_string()
+    /// 10000-01-01T00:00:00Z.
+    const YEAR_10000: i64 = 253_402_300_800_000_000;
+    if micros == crate::sources::table::dialect::OUT_OF_RANGE {
+        "(out of range)".to_string()
+    } else if !(0..YEAR_10000).contains(&micros) {
+        format!("({micros} µs from 1970-01-01T00:00:00Z)")
+    } else {
+        humantime::format_rfc3339_millis(link::at(micros)).to_string()
+    }
 }
 
 /// A duration in milliseconds, as `1.234s` or `56ms`.
@@ -486,4 +496,29 @@ async fn dead_rows(
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards `trace` and `dead-letters` on rows with times out of range
+    /// (`infinity`, before 1970, after 9999): shown as such, never a panic.
+    #[test]
+    fn timestamps_rfc3339_cannot_show_are_shown_as_they_are() {
+        assert_eq!(timestamp(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(timestamp(1_500), "1970-01-01T00:00:00.001Z");
+        assert_eq!(
+            timestamp(crate::sources::table::dialect::OUT_OF_RANGE),
+            "(out of range)"
+        );
+        assert_eq!(
+            timestamp(-1_000_000),
+            "(-1000000 µs from 1970-01-01T00:00:00Z)"
+        );
+        assert_eq!(
+            timestamp(253_402_300_800_000_000),
+            "(253402300800000000 µs from 1970-01-01T00:00:00Z)"
+        );
+    }
 }
