@@ -203,6 +203,17 @@ impl<K: TableKind> TableSource<K> {
         }
     }
 
+    /// The select list of the tail, seed and NULL-cursor queries.
+    fn select_list(&self) -> String {
+        let list: Vec<String> = self
+            .kind
+            .select_list(&self.sql)
+            .into_iter()
+            .map(|(_, e)| e)
+            .collect();
+        list.join(", ")
+    }
+
     /// The tail: rows changed after a cursor, in keyset order (cursor, event
     /// id), so that paging through any number of rows sharing one cursor
     /// value (a bulk transaction: PostgreSQL's `now()` is one value per
@@ -210,12 +221,6 @@ impl<K: TableKind> TableSource<K> {
     /// pages after the first, which also binds the last row's cursor (twice)
     /// and event id.
     fn tail_query(&self, next: bool) -> String {
-        let list: Vec<String> = self
-            .kind
-            .select_list(&self.sql)
-            .into_iter()
-            .map(|(_, e)| e)
-            .collect();
         let updated = self.sql.ident(self.kind.updated_at());
         let id = self.sql.id_key(&self.sql.ident(self.kind.event_id()));
         let unseen = self
@@ -240,7 +245,7 @@ impl<K: TableKind> TableSource<K> {
         };
         format!(
             "SELECT {} FROM {} WHERE {}{unseen}{keyset} ORDER BY {updated}, {id} {}",
-            list.join(", "),
+            self.select_list(),
             self.sql.table(&self.spec.table),
             self.sql.after(&updated, 1),
             self.sql.limit(self.spec.batch_size),
@@ -249,16 +254,10 @@ impl<K: TableKind> TableSource<K> {
 
     /// A page of rows whose change cursor is NULL, after an event id.
     fn null_query(&self) -> String {
-        let list: Vec<String> = self
-            .kind
-            .select_list(&self.sql)
-            .into_iter()
-            .map(|(_, e)| e)
-            .collect();
         let id = self.sql.id_key(&self.sql.ident(self.kind.event_id()));
         format!(
             "SELECT {} FROM {} WHERE {} IS NULL AND {id} > {} ORDER BY {id} {}",
-            list.join(", "),
+            self.select_list(),
             self.sql.table(&self.spec.table),
             self.sql.ident(self.kind.updated_at()),
             self.sql.id_param(1),
@@ -268,15 +267,9 @@ impl<K: TableKind> TableSource<K> {
 
     fn seed_query(&self) -> Option<String> {
         let filter = self.kind.seed_filter(&self.sql)?;
-        let list: Vec<String> = self
-            .kind
-            .select_list(&self.sql)
-            .into_iter()
-            .map(|(_, e)| e)
-            .collect();
         Some(format!(
             "SELECT {} FROM {} WHERE {filter} {}",
-            list.join(", "),
+            self.select_list(),
             self.sql.table(&self.spec.table),
             self.sql.limit(self.spec.max_tracked_events),
         ))
