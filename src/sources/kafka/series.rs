@@ -411,3 +411,444 @@ fn uncommitted(
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::kafka::fetch::PartitionMeta;
+
+    const WINDOW: Duration = Duration::from_secs(10);
+    /// The wall clock of every test cycle, ms since the epoch.
+    const WALL_MS: i64 = 1_700_000_000_000;
+
+    fn settings(per_topic: bool) -> Settings {
+        Settings {
+            cluster: "main".into(),
+            per_topic,
+            status_window: WINDOW,
+            dead_letter_topics: Regex::new(r"^(?:.*\.DLQ)$").unwrap(),
+            retry_topics: Regex::new(r"^(?:.*\.retry\.(?P<tier>[0-9]+[smh]))$").unwrap(),
+        }
+    }
+
+    fn partition(topic: &str, index: i32) -> Partition {
+        Partition {
+            topic: Arc::from(topic),
+            index,
+        }
+    }
+
+    fn at(topic: &str, index: i32, offset: i64) -> Committed {
+        Committed {
+            partition: partition(topic, index),
+            offset,
+        }
+    }
+
+    /// A group with `members` and committed offsets (topic, partition, offset).
+    fn group(members: Option<usize>, offsets: &[(&str, i32, i64)]) -> Group {
+        Group {
+            offsets: Some(offsets.iter().map(|&(t, p, o)| at(t, p, o)).collect()),
+            members,
+            assigned: HashSet::new(),
+        }
+    }
+
+    /// What the brokers said: topics with the high watermark of each
+    /// partition (index = position), and groups.
+    fn said(topics: &[(&str, &[i64])], groups: Vec<(&str, Group)>) -> Fetched {
+        let mut fetched = Fetched::default();
+        for &(topic, hwms) in topics {
+            let mut parts = BTreeMap::new();
+            for (index, &hwm) in hwms.iter().enumerate() {
+                parts.insert(index as i32, PartitionMeta { leader: 1 });
+                fetched
+                    .high_watermarks
+                    .insert(partition(topic, index as i32), hwm);
+            }
+            fetched.topics.insert(Arc::from(topic), parts);
+        }
+        for (name, g) in groups {
+            fetched.groups.insert(name.to_string(), g);
+        }
+        fetched
+    }
+
+    fn run(memory: &mut Memory, settings: &Settings, said: &Fetched, now: Instant) -> Vec<Sample> {
+        let mut out = Vec::new();
+        memory.samples(settings, said, now, WALL_MS, &mut |s| out.push(s));
+        out
+    }
+
+    /// The value of the one sample of `name` with exactly `labels`
+    /// (`cluster="main"` implied).
+    fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let mut want: Vec<(&str, &str)> = vec![("cluster", "main")];
+        want.extend_from_slice(labels);
+        want.sort();
+        let found: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.name == name)
+            .filter(|s| {
+                let mut have: Vec<(&str, &str)> =
+                    s.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                have.sort();
+                have == want
+            })
+            .map(|s| s.value)
+            .collect();
+        assert!(found.len() <= 1, "{name} {labels:?} twice: {found:?}");
+        found.first().copied()
+    }
+
+    fn count(samples: &[Sample], name: &str) -> usize {
+        samples.iter().filter(|s| s.name == name).count()
+    }
+
+    /// The one status at 1 among the group's six status samples.
+    fn status(samples: &[Sample], group: &str) -> &'static str {
+        let on: Vec<&'static str> = Status::ALL
+            .iter()
+            .filter(|s| {
+                let labels = [("group", group), ("status", s.as_str())];
+                let v = value(samples, metric::KAFKA_GROUP_STATUS, &labels);
+                assert!(v.is_some(), "{group}: no {} sample", s.as_str());
+                v == Some(1.0)
+            })
+            .map(|s| s.as_str())
+            .collect();
+        assert_eq!(on.len(), 1, "{group}: {on:?}");
+        on[0]
+    }
+
+    fn lag(samples: &[Sample], metric_name: &str, topic: &str, p: &str) -> Option<f64> {
+        let labels = [("group", "billing"), ("topic", topic), ("partition", p)];
+        value(samples, metric_name, &labels)
+    }
+
+    #[test]
+    fn lag_is_the_high_watermark_minus_the_committed_offset_never_negative() {
+        let settings = settings(false);
+        let mut said = said(
+            &[("orders", &[100, 50, 7, 30, 20])],
+            vec![(
+                "billing",
+                group(
+                    Some(2),
+                    &[
+                        ("orders", 0, 90),
+                        ("orders", 1, 50),
+                        // Above the high watermark (a recreated topic): lag 0.
+                        ("orders", 2, 9),
+                        ("orders", 3, 25),
+                        ("orders", 4, 12),
+                    ],
+                ),
+            )],
+        );
+        said.record_timestamps
+            .insert(at("orders", 0, 90), WALL_MS - 2_500);
+        // A record from the future (clock skew) is 0 seconds old.
+        said.record_timestamps
+            .insert(at("orders", 3, 25), WALL_MS + 4_000);
+        // orders/4: its record could not be read.
+        let samples = run(&mut Memory::default(), &settings, &said, Instant::now());
+
+        let messages = metric::KAFKA_LAG_MESSAGES;
+        assert_eq!(lag(&samples, messages, "orders", "0"), Some(10.0));
+        assert_eq!(lag(&samples, messages, "orders", "1"), Some(0.0));
+        assert_eq!(lag(&samples, messages, "orders", "2"), Some(0.0));
+        assert_eq!(lag(&samples, messages, "orders", "3"), Some(5.0));
+        assert_eq!(lag(&samples, messages, "orders", "4"), Some(8.0));
+        let seconds = metric::KAFKA_LAG_SECONDS;
+        assert_eq!(lag(&samples, seconds, "orders", "0"), Some(2.5));
+        assert_eq!(lag(&samples, seconds, "orders", "1"), Some(0.0));
+        assert_eq!(lag(&samples, seconds, "orders", "2"), Some(0.0));
+        assert_eq!(lag(&samples, seconds, "orders", "3"), Some(0.0));
+        assert_eq!(lag(&samples, seconds, "orders", "4"), None);
+        let committed = metric::KAFKA_COMMITTED_OFFSET;
+        assert_eq!(lag(&samples, committed, "orders", "0"), Some(90.0));
+        assert_eq!(lag(&samples, committed, "orders", "2"), Some(9.0));
+        assert_eq!(count(&samples, messages), 5);
+        assert_eq!(count(&samples, seconds), 4);
+        assert_eq!(count(&samples, committed), 5);
+        let hwm = |p: &str| {
+            let labels = [("topic", "orders"), ("partition", p)];
+            value(&samples, metric::KAFKA_HIGH_WATERMARK, &labels)
+        };
+        assert_eq!((hwm("0"), hwm("2")), (Some(100.0), Some(7.0)));
+        assert_eq!(count(&samples, metric::KAFKA_HIGH_WATERMARK), 5);
+        let members = value(
+            &samples,
+            metric::KAFKA_GROUP_MEMBERS,
+            &[("group", "billing")],
+        );
+        assert_eq!(members, Some(2.0));
+        assert_eq!(status(&samples, "billing"), "ok");
+    }
+
+    #[test]
+    fn partitions_never_committed_have_no_lag_sample_and_are_counted() {
+        let settings = settings(false);
+        let mut billing = group(Some(1), &[("orders", 0, 5), ("orders", 2, 5)]);
+        // Assigned but never committed on.
+        billing.assigned.insert(Arc::from("audit"));
+        let said = said(
+            &[
+                ("orders", &[10, 10, 10, 10]),
+                ("audit", &[3, 3]),
+                ("other", &[1]),
+            ],
+            vec![("billing", billing)],
+        );
+        let samples = run(&mut Memory::default(), &settings, &said, Instant::now());
+
+        let uncommitted = |topic: &str| {
+            let labels = [("group", "billing"), ("topic", topic)];
+            value(&samples, metric::KAFKA_UNCOMMITTED_PARTITIONS, &labels)
+        };
+        assert_eq!(uncommitted("orders"), Some(2.0));
+        assert_eq!(uncommitted("audit"), Some(2.0));
+        assert_eq!(uncommitted("other"), None, "not consumed: not counted");
+        assert_eq!(count(&samples, metric::KAFKA_UNCOMMITTED_PARTITIONS), 2);
+        let messages = metric::KAFKA_LAG_MESSAGES;
+        assert_eq!(lag(&samples, messages, "orders", "0"), Some(5.0));
+        assert_eq!(lag(&samples, messages, "orders", "1"), None);
+        assert_eq!(lag(&samples, messages, "orders", "3"), None);
+        assert_eq!(count(&samples, messages), 2);
+        assert_eq!(count(&samples, metric::KAFKA_COMMITTED_OFFSET), 2);
+    }
+
+    /// Runs one group on `orders` (one partition, high watermark 100) through
+    /// cycles one second apart, committed offsets and lags as given, and
+    /// returns its status after each.
+    fn statuses(members: Option<usize>, cycles: &[(i64, i64)]) -> Vec<&'static str> {
+        let settings = settings(false);
+        let mut memory = Memory::default();
+        let t0 = Instant::now();
+        cycles
+            .iter()
+            .enumerate()
+            .map(|(i, &(committed, hwm))| {
+                let g = group(members, &[("orders", 0, committed)]);
+                let mut said = said(&[("orders", &[hwm])], vec![("billing", g)]);
+                said.record_timestamps
+                    .insert(at("orders", 0, committed), WALL_MS - 1_000);
+                let now = t0 + Duration::from_secs(i as u64);
+                status(&run(&mut memory, &settings, &said, now), "billing")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_idle_topic_is_ok_whatever_the_members() {
+        let idle = [(40, 40); 30];
+        for members in [Some(0), Some(3), None] {
+            let st = statuses(members, &idle);
+            assert!(st.iter().all(|s| *s == "ok"), "{members:?}: {st:?}");
+        }
+    }
+
+    #[test]
+    fn offsets_still_with_lag_stop_without_members_and_stall_with_them() {
+        let stuck = [(40, 45); 13];
+        let st = statuses(Some(0), &stuck);
+        assert!(st[..10].iter().all(|s| *s == "ok"), "{st:?}");
+        assert!(st[10..].iter().all(|s| *s == "stop"), "{st:?}");
+        let st = statuses(Some(2), &stuck);
+        assert!(st[..10].iter().all(|s| *s == "ok"), "{st:?}");
+        assert!(st[10..].iter().all(|s| *s == "stall"), "{st:?}");
+        // Members unknown (DescribeGroups gave nothing): counted as present.
+        assert_eq!(statuses(None, &stuck)[12], "stall");
+    }
+
+    #[test]
+    fn a_committed_offset_going_backwards_is_a_rewind() {
+        let mut cycles = vec![(40, 45), (42, 45), (30, 45)];
+        cycles.extend((0..12).map(|i| (31 + i, 45)));
+        let st = statuses(Some(1), &cycles);
+        assert_eq!(&st[..3], ["ok", "ok", "rewind"]);
+        assert_eq!(st[11], "rewind", "{st:?}");
+        assert_eq!(st[12], "ok", "{st:?}");
+    }
+
+    #[test]
+    fn lag_rising_while_offsets_move_warns() {
+        // Committed offsets move by 1, the high watermark by 2.
+        let cycles: Vec<(i64, i64)> = (0..13).map(|i| (10 + i, 12 + 2 * i)).collect();
+        let st = statuses(Some(1), &cycles);
+        assert!(st[..10].iter().all(|s| *s == "ok"), "{st:?}");
+        assert!(st[10..].iter().all(|s| *s == "warn"), "{st:?}");
+    }
+
+    #[test]
+    fn unreadable_offsets_are_an_error_and_the_worst_partition_is_the_groups() {
+        let settings = settings(false);
+        let mut memory = Memory::default();
+        let t0 = Instant::now();
+        let broken = Group {
+            offsets: None,
+            members: Some(4),
+            assigned: HashSet::new(),
+        };
+        let mut samples = Vec::new();
+        for i in 0..12 {
+            let mixed = group(Some(1), &[("orders", 0, 10), ("orders", 1, 7)]);
+            let said = said(
+                &[("orders", &[10, 9])],
+                vec![("broken", broken.clone()), ("mixed", mixed)],
+            );
+            samples = run(&mut memory, &settings, &said, t0 + Duration::from_secs(i));
+        }
+        assert_eq!(status(&samples, "broken"), "error");
+        let members = value(
+            &samples,
+            metric::KAFKA_GROUP_MEMBERS,
+            &[("group", "broken")],
+        );
+        assert_eq!(members, Some(4.0));
+        let broken_lags = samples.iter().filter(|s| {
+            s.name != metric::KAFKA_GROUP_STATUS
+                && s.name != metric::KAFKA_GROUP_MEMBERS
+                && s.labels.contains(&("group", "broken".to_string()))
+        });
+        assert_eq!(broken_lags.count(), 0);
+        // orders/0 is caught up (ok), orders/1 stands with lag 2 (stall).
+        assert_eq!(status(&samples, "mixed"), "stall");
+        let age = value(
+            &samples,
+            metric::KAFKA_LAST_COMMIT_AGE,
+            &[("group", "mixed")],
+        );
+        assert_eq!(age, Some(11.0));
+    }
+
+    #[test]
+    fn granularity_topic_sums_messages_and_offsets_and_takes_the_oldest_record() {
+        let settings = settings(true);
+        let mut said = said(
+            &[("orders", &[100, 50, 7]), ("audit", &[20, 20])],
+            vec![(
+                "billing",
+                group(
+                    Some(1),
+                    &[
+                        ("orders", 0, 90),
+                        ("orders", 1, 45),
+                        ("orders", 2, 7),
+                        ("audit", 0, 10),
+                        ("audit", 1, 20),
+                    ],
+                ),
+            )],
+        );
+        said.record_timestamps
+            .insert(at("orders", 0, 90), WALL_MS - 4_000);
+        said.record_timestamps
+            .insert(at("orders", 1, 45), WALL_MS - 9_000);
+        // audit/0's record could not be read: the topic's age is unknown.
+        let samples = run(&mut Memory::default(), &settings, &said, Instant::now());
+
+        let of = |name: &str, topic: &str| {
+            value(&samples, name, &[("group", "billing"), ("topic", topic)])
+        };
+        assert_eq!(of(metric::KAFKA_LAG_MESSAGES, "orders"), Some(15.0));
+        assert_eq!(of(metric::KAFKA_LAG_SECONDS, "orders"), Some(9.0));
+        assert_eq!(of(metric::KAFKA_COMMITTED_OFFSET, "orders"), Some(142.0));
+        assert_eq!(of(metric::KAFKA_LAG_MESSAGES, "audit"), Some(10.0));
+        assert_eq!(of(metric::KAFKA_LAG_SECONDS, "audit"), None);
+        assert_eq!(of(metric::KAFKA_COMMITTED_OFFSET, "audit"), Some(30.0));
+        let hwm = |topic: &str| value(&samples, metric::KAFKA_HIGH_WATERMARK, &[("topic", topic)]);
+        assert_eq!((hwm("orders"), hwm("audit")), (Some(157.0), Some(40.0)));
+        assert_eq!(count(&samples, metric::KAFKA_HIGH_WATERMARK), 2);
+        assert_eq!(count(&samples, metric::KAFKA_LAG_MESSAGES), 2);
+        assert!(
+            samples
+                .iter()
+                .all(|s| s.labels.iter().all(|(k, _)| *k != "partition"))
+        );
+    }
+
+    #[test]
+    fn deleted_topics_and_groups_leave_the_next_cycle() {
+        let settings = settings(false);
+        let mut memory = Memory::default();
+        let now = Instant::now();
+        let both = said(
+            &[("orders", &[10]), ("audit", &[5])],
+            vec![
+                (
+                    "billing",
+                    group(Some(1), &[("orders", 0, 8), ("audit", 0, 1)]),
+                ),
+                ("shipping", group(Some(1), &[("orders", 0, 9)])),
+            ],
+        );
+        let samples = run(&mut memory, &settings, &both, now);
+        assert_eq!(
+            lag(&samples, metric::KAFKA_LAG_MESSAGES, "audit", "0"),
+            Some(4.0)
+        );
+        assert_eq!(status(&samples, "shipping"), "ok");
+
+        // audit deleted, shipping deleted.
+        let fewer = said(
+            &[("orders", &[10])],
+            vec![("billing", group(Some(1), &[("orders", 0, 8)]))],
+        );
+        let samples = run(&mut memory, &settings, &fewer, now + Duration::from_secs(1));
+        let mentions = |label: (&str, &str)| {
+            samples
+                .iter()
+                .filter(|s| s.labels.contains(&(label.0, label.1.to_string())))
+                .count()
+        };
+        assert_eq!(mentions(("topic", "audit")), 0);
+        assert_eq!(mentions(("group", "shipping")), 0);
+        assert_eq!(
+            lag(&samples, metric::KAFKA_LAG_MESSAGES, "orders", "0"),
+            Some(2.0)
+        );
+        // Their status histories are forgotten too.
+        assert_eq!(memory.history.len(), 1);
+        assert_eq!(memory.history["billing"].len(), 1);
+    }
+
+    #[test]
+    fn dead_letters_and_retries_count_growth_after_the_first_cycle() {
+        let settings = settings(false);
+        let mut memory = Memory::default();
+        let now = Instant::now();
+        let dead = metric::KAFKA_DEAD_LETTERS;
+        let retries = metric::KAFKA_RETRIES;
+        let first = said(
+            &[("orders.DLQ", &[100, 50]), ("orders.retry.5m", &[7])],
+            vec![],
+        );
+        let samples = run(&mut memory, &settings, &first, now);
+        assert_eq!(value(&samples, dead, &[("topic", "orders.DLQ")]), Some(0.0));
+        let retry_5m = [("topic", "orders.retry.5m"), ("tier", "5m")];
+        assert_eq!(value(&samples, retries, &retry_5m), Some(0.0));
+
+        // +3 and +2 on the DLQ; a new retry topic counts from its first record.
+        let second = said(
+            &[
+                ("orders.DLQ", &[103, 52]),
+                ("orders.retry.5m", &[9]),
+                ("orders.retry.1h", &[4]),
+            ],
+            vec![],
+        );
+        let samples = run(&mut memory, &settings, &second, now);
+        assert_eq!(value(&samples, dead, &[("topic", "orders.DLQ")]), Some(5.0));
+        assert_eq!(value(&samples, retries, &retry_5m), Some(2.0));
+        let retry_1h = [("topic", "orders.retry.1h"), ("tier", "1h")];
+        assert_eq!(value(&samples, retries, &retry_1h), Some(4.0));
+
+        // The DLQ recreated (smaller watermarks): its records are new.
+        let third = said(&[("orders.DLQ", &[1, 2])], vec![]);
+        let samples = run(&mut memory, &settings, &third, now);
+        assert_eq!(value(&samples, dead, &[("topic", "orders.DLQ")]), Some(8.0));
+        assert_eq!(count(&samples, retries), 0, "deleted retry topics leave");
+    }
+}
