@@ -679,6 +679,12 @@ mod tests {
         let st = statuses(Some(1), &cycles);
         assert!(st[..10].iter().all(|s| *s == "ok"), "{st:?}");
         assert!(st[10..].iter().all(|s| *s == "warn"), "{st:?}");
+        // Lag rising over a full window in which the offset moved only at
+        // its start is not warn (and a window after that move, stall).
+        let mut cycles = vec![(10, 12)];
+        cycles.extend((1..12).map(|i| (11, 12 + i)));
+        let st = statuses(Some(1), &cycles);
+        assert_eq!(&st[9..], ["ok", "ok", "stall"]);
     }
 
     #[test]
