@@ -454,6 +454,16 @@ mod tests {
         }
     }
 
+    /// The group `billing` alone, committed on partitions 0.. of `topic`.
+    fn billing(members: Option<usize>, topic: &str, offsets: &[i64]) -> Vec<(&'static str, Group)> {
+        let offsets: Vec<(&str, i32, i64)> = offsets
+            .iter()
+            .enumerate()
+            .map(|(p, &o)| (topic, p as i32, o))
+            .collect();
+        vec![("billing", group(members, &offsets))]
+    }
+
     /// What the brokers said: topics with the high watermark of each
     /// partition (index = position), and groups.
     fn said(topics: &[(&str, &[i64])], groups: Vec<(&str, Group)>) -> Fetched {
@@ -501,6 +511,11 @@ mod tests {
         found.first().copied()
     }
 
+    /// The value of a group's sample of `name` (no topic).
+    fn of_group(samples: &[Sample], name: &str, group: &str) -> Option<f64> {
+        value(samples, name, &[("group", group)])
+    }
+
     fn count(samples: &[Sample], name: &str) -> usize {
         samples.iter().filter(|s| s.name == name).count()
     }
@@ -531,20 +546,9 @@ mod tests {
         let settings = settings(false);
         let mut said = said(
             &[("orders", &[100, 50, 7, 30, 20])],
-            vec![(
-                "billing",
-                group(
-                    Some(2),
-                    &[
-                        ("orders", 0, 90),
-                        ("orders", 1, 50),
-                        // Above the high watermark (a recreated topic): lag 0.
-                        ("orders", 2, 9),
-                        ("orders", 3, 25),
-                        ("orders", 4, 12),
-                    ],
-                ),
-            )],
+            // orders/2 is committed above its high watermark (a recreated
+            // topic): lag 0.
+            billing(Some(2), "orders", &[90, 50, 9, 25, 12]),
         );
         said.record_timestamps
             .insert(at("orders", 0, 90), WALL_MS - 2_500);
@@ -578,11 +582,7 @@ mod tests {
         };
         assert_eq!((hwm("0"), hwm("2")), (Some(100.0), Some(7.0)));
         assert_eq!(count(&samples, metric::KAFKA_HIGH_WATERMARK), 5);
-        let members = value(
-            &samples,
-            metric::KAFKA_GROUP_MEMBERS,
-            &[("group", "billing")],
-        );
+        let members = of_group(&samples, metric::KAFKA_GROUP_MEMBERS, "billing");
         assert_eq!(members, Some(2.0));
         assert_eq!(status(&samples, "billing"), "ok");
     }
@@ -707,11 +707,7 @@ mod tests {
             samples = run(&mut memory, &settings, &said, t0 + Duration::from_secs(i));
         }
         assert_eq!(status(&samples, "broken"), "error");
-        let members = value(
-            &samples,
-            metric::KAFKA_GROUP_MEMBERS,
-            &[("group", "broken")],
-        );
+        let members = of_group(&samples, metric::KAFKA_GROUP_MEMBERS, "broken");
         assert_eq!(members, Some(4.0));
         let broken_lags = samples.iter().filter(|s| {
             s.name != metric::KAFKA_GROUP_STATUS
@@ -721,11 +717,7 @@ mod tests {
         assert_eq!(broken_lags.count(), 0);
         // orders/0 is caught up (ok), orders/1 stands with lag 2 (stall).
         assert_eq!(status(&samples, "mixed"), "stall");
-        let age = value(
-            &samples,
-            metric::KAFKA_LAST_COMMIT_AGE,
-            &[("group", "mixed")],
-        );
+        let age = of_group(&samples, metric::KAFKA_LAST_COMMIT_AGE, "mixed");
         assert_eq!(age, Some(11.0));
     }
 
