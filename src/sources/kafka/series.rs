@@ -1,0 +1,852 @@
+//! What the brokers said, made into series: lag in messages and seconds,
+//! committed offsets, uncommitted partitions, group status, dead-letter and
+//! retry counts. No requests here — the input is `fetch.rs`'s [`Fetched`] and
+//! the clock — so the arithmetic is tested without a broker.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use regex::Regex;
+
+use super::config::KafkaSpec;
+use super::fetch::{Committed, Fetched, Group, Partition};
+use super::status::{History, Status};
+use crate::telemetry::catalogue as metric;
+use crate::telemetry::snapshot::Sample;
+
+/// What the series depend on in a source's configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The `cluster` label.
+    pub cluster: String,
+    /// Series per topic (sums and maxima) instead of per partition.
+    pub per_topic: bool,
+    pub status_window: Duration,
+    pub dead_letter_topics: Regex,
+    pub retry_topics: Regex,
+}
+
+impl Settings {
+    pub fn new(spec: &KafkaSpec) -> Settings {
+        Settings {
+            cluster: spec.name.clone(),
+            per_topic: spec.per_topic,
+            status_window: spec.status_window,
+            dead_letter_topics: spec.dead_letter_topics.clone(),
+            retry_topics: spec.retry_topics.clone(),
+        }
+    }
+
+    /// Labels of a series of `partition` (with `group` for a group's): no
+    /// `partition` label per topic.
+    fn labels(&self, group: Option<&str>, partition: &Partition) -> Vec<(&'static str, String)> {
+        let mut labels = vec![("cluster", self.cluster.clone())];
+        if let Some(g) = group {
+            labels.push(("group", g.to_string()));
+        }
+        labels.push(("topic", partition.topic.to_string()));
+        if !self.per_topic {
+            labels.push(("partition", partition.index.to_string()));
+        }
+        labels
+    }
+
+    fn group_labels(&self, group: &str) -> Vec<(&'static str, String)> {
+        vec![
+            ("cluster", self.cluster.clone()),
+            ("group", group.to_string()),
+        ]
+    }
+
+    /// The series a partition's numbers go to: itself, or its topic (index
+    /// 0, unlabelled) per topic.
+    fn series_of(&self, partition: &Partition) -> Partition {
+        if self.per_topic {
+            Partition {
+                topic: partition.topic.clone(),
+                index: 0,
+            }
+        } else {
+            partition.clone()
+        }
+    }
+}
+
+/// A group's numbers for one series: one partition, or a topic's partitions.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Lag {
+    /// Sum of high watermark − committed offset.
+    messages: f64,
+    /// Largest age of a record at a committed offset; `None`: one of them
+    /// could not be read, so the age is unknown.
+    seconds: Option<f64>,
+    /// Sum of the committed offsets.
+    committed: f64,
+}
+
+impl Default for Lag {
+    fn default() -> Lag {
+        Lag {
+            messages: 0.0,
+            seconds: Some(0.0),
+            committed: 0.0,
+        }
+    }
+}
+
+impl Lag {
+    fn add(&mut self, messages: i64, seconds: Option<f64>, committed: i64) {
+        self.messages += messages as f64;
+        self.committed += committed as f64;
+        self.seconds = match (self.seconds, seconds) {
+            (Some(cur), Some(s)) => Some(cur.max(s)),
+            _ => None,
+        };
+    }
+}
+
+/// What the series remember between cycles.
+#[derive(Debug, Default)]
+pub struct Memory {
+    /// Status history per group and partition.
+    history: HashMap<String, HashMap<Partition, History>>,
+    /// Last high watermark of dead-letter and retry partitions.
+    watermarks: HashMap<Partition, i64>,
+    /// Running totals of dead-letter topics, and of retry topics by tier.
+    dead_letters: BTreeMap<Arc<str>, u64>,
+    retries: BTreeMap<(Arc<str>, String), u64>,
+    /// A cycle has been counted: partitions seen from now on are new.
+    counted_once: bool,
+}
+
+impl Memory {
+    /// One cycle's samples from what the brokers said, at `now` (for the
+    /// status window) and `wall_ms` (ms since the epoch, for record ages).
+    pub fn samples(
+        &mut self,
+        settings: &Settings,
+        said: &Fetched,
+        now: Instant,
+        wall_ms: i64,
+        out: &mut impl FnMut(Sample),
+    ) {
+        high_watermarks(settings, &said.high_watermarks, out);
+        for (name, group) in &said.groups {
+            self.group(settings, said, name, group, now, wall_ms, out);
+        }
+        self.history.retain(|g, _| said.groups.contains_key(g));
+        self.count_appends(settings, &said.high_watermarks);
+        for (topic, n) in &self.dead_letters {
+            out(Sample {
+                name: metric::KAFKA_DEAD_LETTERS,
+                labels: vec![
+                    ("cluster", settings.cluster.clone()),
+                    ("topic", topic.to_string()),
+                ],
+                value: *n as f64,
+            });
+        }
+        for ((topic, tier), n) in &self.retries {
+            out(Sample {
+                name: metric::KAFKA_RETRIES,
+                labels: vec![
+                    ("cluster", settings.cluster.clone()),
+                    ("topic", topic.to_string()),
+                    ("tier", tier.clone()),
+                ],
+                value: *n as f64,
+            });
+        }
+        self.counted_once = true;
+    }
+
+    /// A group's members, lag, committed offsets and status.
+    #[allow(clippy::too_many_arguments)]
+    fn group(
+        &mut self,
+        settings: &Settings,
+        said: &Fetched,
+        name: &str,
+        group: &Group,
+        now: Instant,
+        wall_ms: i64,
+        out: &mut impl FnMut(Sample),
+    ) {
+        if let Some(n) = group.members {
+            out(Sample {
+                name: metric::KAFKA_GROUP_MEMBERS,
+                labels: settings.group_labels(name),
+                value: n as f64,
+            });
+        }
+        let status = match &group.offsets {
+            None => Status::Error,
+            Some(offsets) => {
+                let history = self.history.entry(name.to_string()).or_default();
+                let lags = Lags {
+                    settings,
+                    said,
+                    name,
+                    has_members: group.members.unwrap_or(1) > 0,
+                    now,
+                    wall_ms,
+                };
+                let status = lags.partitions(history, offsets, out);
+                uncommitted(settings, said, name, group, offsets, out);
+                if let Some(last) = history.values().map(|h| h.last_moved).max() {
+                    out(Sample {
+                        name: metric::KAFKA_LAST_COMMIT_AGE,
+                        labels: settings.group_labels(name),
+                        value: now.duration_since(last).as_secs_f64(),
+                    });
+                }
+                status
+            }
+        };
+        for s in Status::ALL {
+            let mut labels = settings.group_labels(name);
+            labels.push(("status", s.as_str().to_string()));
+            out(Sample {
+                name: metric::KAFKA_GROUP_STATUS,
+                labels,
+                value: if s == status { 1.0 } else { 0.0 },
+            });
+        }
+    }
+
+    /// Adds the growth of dead-letter and retry partitions' high watermarks
+    /// to their topics' totals.
+    fn count_appends(&mut self, settings: &Settings, high_watermarks: &HashMap<Partition, i64>) {
+        let mut live_dlq = HashSet::new();
+        let mut live_retry = HashSet::new();
+        let mut live_parts = HashSet::new();
+        for (partition, &hwm) in high_watermarks {
+            let topic = &partition.topic;
+            let dead = settings.dead_letter_topics.is_match(topic);
+            let tier = if dead {
+                None
+            } else {
+                settings.retry_topics.captures(topic).map(|c| {
+                    c.name("tier")
+                        .map(|t| t.as_str().to_string())
+                        .unwrap_or_else(|| "unknown".into())
+                })
+            };
+            if !dead && tier.is_none() {
+                continue;
+            }
+            live_parts.insert(partition.clone());
+            // A partition seen for the first time after the first cycle is new:
+            // everything in it was appended while the agent watched.
+            let prev = match self.watermarks.get(partition) {
+                Some(&p) => p,
+                None if !self.counted_once => hwm,
+                None => 0,
+            };
+            // A smaller watermark means the topic was recreated.
+            let grown = if hwm >= prev { hwm - prev } else { hwm } as u64;
+            self.watermarks.insert(partition.clone(), hwm);
+            if let Some(tier) = tier {
+                live_retry.insert((topic.clone(), tier.clone()));
+                *self.retries.entry((topic.clone(), tier)).or_default() += grown;
+            } else {
+                live_dlq.insert(topic.clone());
+                *self.dead_letters.entry(topic.clone()).or_default() += grown;
+            }
+        }
+        self.watermarks.retain(|p, _| live_parts.contains(p));
+        self.dead_letters.retain(|t, _| live_dlq.contains(t));
+        self.retries.retain(|k, _| live_retry.contains(k));
+    }
+}
+
+/// High watermarks per partition, or summed per topic.
+fn high_watermarks(
+    settings: &Settings,
+    high_watermarks: &HashMap<Partition, i64>,
+    out: &mut impl FnMut(Sample),
+) {
+    let mut by_topic: BTreeMap<Arc<str>, f64> = BTreeMap::new();
+    for (partition, hwm) in high_watermarks {
+        if settings.per_topic {
+            *by_topic.entry(partition.topic.clone()).or_default() += *hwm as f64;
+        } else {
+            out(Sample {
+                name: metric::KAFKA_HIGH_WATERMARK,
+                labels: settings.labels(None, partition),
+                value: *hwm as f64,
+            });
+        }
+    }
+    for (topic, value) in by_topic {
+        out(Sample {
+            name: metric::KAFKA_HIGH_WATERMARK,
+            labels: settings.labels(None, &Partition { topic, index: 0 }),
+            value,
+        });
+    }
+}
+
+/// What judging one group's partitions needs.
+struct Lags<'a> {
+    settings: &'a Settings,
+    said: &'a Fetched,
+    name: &'a str,
+    has_members: bool,
+    now: Instant,
+    wall_ms: i64,
+}
+
+impl Lags<'_> {
+    /// Lag and committed-offset series of a group's committed partitions, and
+    /// its status: the worst of theirs. `history` keeps only the partitions
+    /// committed this cycle.
+    fn partitions(
+        &self,
+        history: &mut HashMap<Partition, History>,
+        offsets: &[Committed],
+        out: &mut impl FnMut(Sample),
+    ) -> Status {
+        let window = self.settings.status_window;
+        let mut worst = Status::Ok;
+        let mut series: BTreeMap<Partition, Lag> = BTreeMap::new();
+        let mut present = HashSet::new();
+        for at in offsets {
+            let Some(&hwm) = self.said.high_watermarks.get(&at.partition) else {
+                continue;
+            };
+            let lag = (hwm - at.offset).max(0);
+            let lag_seconds = if lag == 0 {
+                Some(0.0)
+            } else {
+                self.said
+                    .record_timestamps
+                    .get(at)
+                    .map(|ts| ((self.wall_ms - ts).max(0) as f64) / 1000.0)
+            };
+            present.insert(at.partition.clone());
+            match history.get_mut(&at.partition) {
+                Some(h) => h.push(self.now, at.offset, lag, window),
+                None => {
+                    let h = History::new(self.now, at.offset, lag);
+                    history.insert(at.partition.clone(), h);
+                }
+            }
+            let status = history[&at.partition].status(self.now, window, self.has_members);
+            worst = worst.max(status);
+            series
+                .entry(self.settings.series_of(&at.partition))
+                .or_default()
+                .add(lag, lag_seconds, at.offset);
+        }
+        history.retain(|p, _| present.contains(p));
+        for (key, lag) in series {
+            let labels = self.settings.labels(Some(self.name), &key);
+            out(Sample {
+                name: metric::KAFKA_LAG_MESSAGES,
+                labels: labels.clone(),
+                value: lag.messages,
+            });
+            // An unreadable record leaves its age unknown: no sample.
+            if let Some(seconds) = lag.seconds {
+                out(Sample {
+                    name: metric::KAFKA_LAG_SECONDS,
+                    labels: labels.clone(),
+                    value: seconds,
+                });
+            }
+            out(Sample {
+                name: metric::KAFKA_COMMITTED_OFFSET,
+                labels,
+                value: lag.committed,
+            });
+        }
+        worst
+    }
+}
+
+/// Partitions of the topics a group consumes (committed on, or assigned)
+/// that it never committed on.
+fn uncommitted(
+    settings: &Settings,
+    said: &Fetched,
+    name: &str,
+    group: &Group,
+    offsets: &[Committed],
+    out: &mut impl FnMut(Sample),
+) {
+    let mut committed: BTreeMap<&Arc<str>, HashSet<i32>> = BTreeMap::new();
+    for at in offsets {
+        if said.high_watermarks.contains_key(&at.partition) {
+            let topic = &at.partition.topic;
+            committed
+                .entry(topic)
+                .or_default()
+                .insert(at.partition.index);
+        }
+    }
+    let consumed: BTreeSet<&Arc<str>> = committed
+        .keys()
+        .copied()
+        .chain(group.assigned.iter())
+        .collect();
+    for topic in consumed {
+        let Some(partitions) = said.topics.get(topic) else {
+            continue;
+        };
+        let done = committed.get(topic);
+        let missing = partitions
+            .keys()
+            .filter(|p| !done.is_some_and(|c| c.contains(p)))
+            .count();
+        out(Sample {
+            name: metric::KAFKA_UNCOMMITTED_PARTITIONS,
+            labels: vec![
+                ("cluster", settings.cluster.clone()),
+                ("group", name.to_string()),
+                ("topic", topic.to_string()),
+            ],
+            value: missing as f64,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::kafka::fetch::PartitionMeta;
+
+    const WINDOW: Duration = Duration::from_secs(10);
+    /// The wall clock of every test cycle, ms since the epoch.
+    const WALL_MS: i64 = 1_700_000_000_000;
+
+    fn settings(per_topic: bool) -> Settings {
+        Settings {
+            cluster: "main".into(),
+            per_topic,
+            status_window: WINDOW,
+            dead_letter_topics: Regex::new(r"^(?:.*\.DLQ)$").unwrap(),
+            retry_topics: Regex::new(r"^(?:.*\.retry\.(?P<tier>[0-9]+[smh]))$").unwrap(),
+        }
+    }
+
+    fn partition(topic: &str, index: i32) -> Partition {
+        Partition {
+            topic: Arc::from(topic),
+            index,
+        }
+    }
+
+    fn at(topic: &str, index: i32, offset: i64) -> Committed {
+        Committed {
+            partition: partition(topic, index),
+            offset,
+        }
+    }
+
+    /// A group with `members` and committed offsets (topic, partition, offset).
+    fn group(members: Option<usize>, offsets: &[(&str, i32, i64)]) -> Group {
+        Group {
+            offsets: Some(offsets.iter().map(|&(t, p, o)| at(t, p, o)).collect()),
+            members,
+            assigned: HashSet::new(),
+        }
+    }
+
+    /// The group `billing` alone, committed on partitions 0.. of `topic`.
+    fn billing(members: Option<usize>, topic: &str, offsets: &[i64]) -> Vec<(&'static str, Group)> {
+        let offsets: Vec<(&str, i32, i64)> = offsets
+            .iter()
+            .enumerate()
+            .map(|(p, &o)| (topic, p as i32, o))
+            .collect();
+        vec![("billing", group(members, &offsets))]
+    }
+
+    /// What the brokers said: topics with the high watermark of each
+    /// partition (index = position), and groups.
+    fn said(topics: &[(&str, &[i64])], groups: Vec<(&str, Group)>) -> Fetched {
+        let mut fetched = Fetched::default();
+        for &(topic, hwms) in topics {
+            let mut parts = BTreeMap::new();
+            for (index, &hwm) in hwms.iter().enumerate() {
+                parts.insert(index as i32, PartitionMeta { leader: 1 });
+                fetched
+                    .high_watermarks
+                    .insert(partition(topic, index as i32), hwm);
+            }
+            fetched.topics.insert(Arc::from(topic), parts);
+        }
+        for (name, g) in groups {
+            fetched.groups.insert(name.to_string(), g);
+        }
+        fetched
+    }
+
+    fn run(memory: &mut Memory, settings: &Settings, said: &Fetched, now: Instant) -> Vec<Sample> {
+        let mut out = Vec::new();
+        memory.samples(settings, said, now, WALL_MS, &mut |s| out.push(s));
+        out
+    }
+
+    /// The value of the one sample of `name` with exactly `labels`
+    /// (`cluster="main"` implied).
+    fn value(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let mut want: Vec<(&str, &str)> = vec![("cluster", "main")];
+        want.extend_from_slice(labels);
+        want.sort();
+        let found: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.name == name)
+            .filter(|s| {
+                let mut have: Vec<(&str, &str)> =
+                    s.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                have.sort();
+                have == want
+            })
+            .map(|s| s.value)
+            .collect();
+        assert!(found.len() <= 1, "{name} {labels:?} twice: {found:?}");
+        found.first().copied()
+    }
+
+    /// The value of a group's sample of `name` (no topic).
+    fn of_group(samples: &[Sample], name: &str, group: &str) -> Option<f64> {
+        value(samples, name, &[("group", group)])
+    }
+
+    fn count(samples: &[Sample], name: &str) -> usize {
+        samples.iter().filter(|s| s.name == name).count()
+    }
+
+    /// The one status at 1 among the group's six status samples.
+    fn status(samples: &[Sample], group: &str) -> &'static str {
+        let on: Vec<&'static str> = Status::ALL
+            .iter()
+            .filter(|s| {
+                let labels = [("group", group), ("status", s.as_str())];
+                let v = value(samples, metric::KAFKA_GROUP_STATUS, &labels);
+                assert!(v.is_some(), "{group}: no {} sample", s.as_str());
+                v == Some(1.0)
+            })
+            .map(|s| s.as_str())
+            .collect();
+        assert_eq!(on.len(), 1, "{group}: {on:?}");
+        on[0]
+    }
+
+    fn lag(samples: &[Sample], metric_name: &str, topic: &str, p: &str) -> Option<f64> {
+        let labels = [("group", "billing"), ("topic", topic), ("partition", p)];
+        value(samples, metric_name, &labels)
+    }
+
+    #[test]
+    fn lag_is_the_high_watermark_minus_the_committed_offset_never_negative() {
+        let settings = settings(false);
+        let mut said = said(
+            &[("orders", &[100, 50, 7, 30, 20])],
+            // orders/2 is committed above its high watermark (a recreated
+            // topic): lag 0.
+            billing(Some(2), "orders", &[90, 50, 9, 25, 12]),
+        );
+        said.record_timestamps
+            .insert(at("orders", 0, 90), WALL_MS - 2_500);
+        // A record from the future (clock skew) is 0 seconds old.
+        said.record_timestamps
+            .insert(at("orders", 3, 25), WALL_MS + 4_000);
+        // orders/4: its record could not be read.
+        let samples = run(&mut Memory::default(), &settings, &said, Instant::now());
+
+        let messages = metric::KAFKA_LAG_MESSAGES;
+        assert_eq!(lag(&samples, messages, "orders", "0"), Some(10.0));
+        assert_eq!(lag(&samples, messages, "orders", "1"), Some(0.0));
+        assert_eq!(lag(&samples, messages, "orders", "2"), Some(0.0));
+        assert_eq!(lag(&samples, messages, "orders", "3"), Some(5.0));
+        assert_eq!(lag(&samples, messages, "orders", "4"), Some(8.0));
+        let seconds = metric::KAFKA_LAG_SECONDS;
+        assert_eq!(lag(&samples, seconds, "orders", "0"), Some(2.5));
+        assert_eq!(lag(&samples, seconds, "orders", "1"), Some(0.0));
+        assert_eq!(lag(&samples, seconds, "orders", "2"), Some(0.0));
+        assert_eq!(lag(&samples, seconds, "orders", "3"), Some(0.0));
+        assert_eq!(lag(&samples, seconds, "orders", "4"), None);
+        let committed = metric::KAFKA_COMMITTED_OFFSET;
+        assert_eq!(lag(&samples, committed, "orders", "0"), Some(90.0));
+        assert_eq!(lag(&samples, committed, "orders", "2"), Some(9.0));
+        assert_eq!(count(&samples, messages), 5);
+        assert_eq!(count(&samples, seconds), 4);
+        assert_eq!(count(&samples, committed), 5);
+        let hwm = |p: &str| {
+            let labels = [("topic", "orders"), ("partition", p)];
+            value(&samples, metric::KAFKA_HIGH_WATERMARK, &labels)
+        };
+        assert_eq!((hwm("0"), hwm("2")), (Some(100.0), Some(7.0)));
+        assert_eq!(count(&samples, metric::KAFKA_HIGH_WATERMARK), 5);
+        let members = of_group(&samples, metric::KAFKA_GROUP_MEMBERS, "billing");
+        assert_eq!(members, Some(2.0));
+        assert_eq!(status(&samples, "billing"), "ok");
+    }
+
+    #[test]
+    fn partitions_never_committed_have_no_lag_sample_and_are_counted() {
+        let settings = settings(false);
+        let mut billing = group(Some(1), &[("orders", 0, 5), ("orders", 2, 5)]);
+        // Assigned but never committed on.
+        billing.assigned.insert(Arc::from("audit"));
+        let said = said(
+            &[
+                ("orders", &[10, 10, 10, 10]),
+                ("audit", &[3, 3]),
+                ("other", &[1]),
+            ],
+            vec![("billing", billing)],
+        );
+        let samples = run(&mut Memory::default(), &settings, &said, Instant::now());
+
+        let uncommitted = |topic: &str| {
+            let labels = [("group", "billing"), ("topic", topic)];
+            value(&samples, metric::KAFKA_UNCOMMITTED_PARTITIONS, &labels)
+        };
+        assert_eq!(uncommitted("orders"), Some(2.0));
+        assert_eq!(uncommitted("audit"), Some(2.0));
+        assert_eq!(uncommitted("other"), None, "not consumed: not counted");
+        assert_eq!(count(&samples, metric::KAFKA_UNCOMMITTED_PARTITIONS), 2);
+        let messages = metric::KAFKA_LAG_MESSAGES;
+        assert_eq!(lag(&samples, messages, "orders", "0"), Some(5.0));
+        assert_eq!(lag(&samples, messages, "orders", "1"), None);
+        assert_eq!(lag(&samples, messages, "orders", "3"), None);
+        assert_eq!(count(&samples, messages), 2);
+        assert_eq!(count(&samples, metric::KAFKA_COMMITTED_OFFSET), 2);
+    }
+
+    /// Runs one group on `orders` (one partition, high watermark 100) through
+    /// cycles one second apart, committed offsets and lags as given, and
+    /// returns its status after each.
+    fn statuses(members: Option<usize>, cycles: &[(i64, i64)]) -> Vec<&'static str> {
+        let settings = settings(false);
+        let mut memory = Memory::default();
+        let t0 = Instant::now();
+        cycles
+            .iter()
+            .enumerate()
+            .map(|(i, &(committed, hwm))| {
+                let g = group(members, &[("orders", 0, committed)]);
+                let mut said = said(&[("orders", &[hwm])], vec![("billing", g)]);
+                said.record_timestamps
+                    .insert(at("orders", 0, committed), WALL_MS - 1_000);
+                let now = t0 + Duration::from_secs(i as u64);
+                status(&run(&mut memory, &settings, &said, now), "billing")
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_idle_topic_is_ok_whatever_the_members() {
+        let idle = [(40, 40); 30];
+        for members in [Some(0), Some(3), None] {
+            let st = statuses(members, &idle);
+            assert!(st.iter().all(|s| *s == "ok"), "{members:?}: {st:?}");
+        }
+    }
+
+    #[test]
+    fn offsets_still_with_lag_stop_without_members_and_stall_with_them() {
+        let stuck = [(40, 45); 13];
+        let st = statuses(Some(0), &stuck);
+        assert!(st[..10].iter().all(|s| *s == "ok"), "{st:?}");
+        assert!(st[10..].iter().all(|s| *s == "stop"), "{st:?}");
+        let st = statuses(Some(2), &stuck);
+        assert!(st[..10].iter().all(|s| *s == "ok"), "{st:?}");
+        assert!(st[10..].iter().all(|s| *s == "stall"), "{st:?}");
+        // Members unknown (DescribeGroups gave nothing): counted as present.
+        assert_eq!(statuses(None, &stuck)[12], "stall");
+    }
+
+    #[test]
+    fn a_committed_offset_going_backwards_is_a_rewind() {
+        let mut cycles = vec![(40, 45), (42, 45), (30, 45)];
+        cycles.extend((0..12).map(|i| (31 + i, 45)));
+        let st = statuses(Some(1), &cycles);
+        assert_eq!(&st[..3], ["ok", "ok", "rewind"]);
+        assert_eq!(st[11], "rewind", "{st:?}");
+        assert_eq!(st[12], "ok", "{st:?}");
+    }
+
+    #[test]
+    fn lag_rising_while_offsets_move_warns() {
+        // Committed offsets move by 1, the high watermark by 2.
+        let cycles: Vec<(i64, i64)> = (0..13).map(|i| (10 + i, 12 + 2 * i)).collect();
+        let st = statuses(Some(1), &cycles);
+        assert!(st[..10].iter().all(|s| *s == "ok"), "{st:?}");
+        assert!(st[10..].iter().all(|s| *s == "warn"), "{st:?}");
+        // Lag rising over a full window in which the offset moved only at
+        // its start is not warn (and a window after that move, stall).
+        let mut cycles = vec![(10, 12)];
+        cycles.extend((1..12).map(|i| (11, 12 + i)));
+        let st = statuses(Some(1), &cycles);
+        assert_eq!(&st[9..], ["ok", "ok", "stall"]);
+    }
+
+    #[test]
+    fn unreadable_offsets_are_an_error_and_the_worst_partition_is_the_groups() {
+        let settings = settings(false);
+        let mut memory = Memory::default();
+        let t0 = Instant::now();
+        let broken = Group {
+            offsets: None,
+            members: Some(4),
+            assigned: HashSet::new(),
+        };
+        let mut samples = Vec::new();
+        for i in 0..12 {
+            let mixed = group(Some(1), &[("orders", 0, 10), ("orders", 1, 7)]);
+            let said = said(
+                &[("orders", &[10, 9])],
+                vec![("broken", broken.clone()), ("mixed", mixed)],
+            );
+            samples = run(&mut memory, &settings, &said, t0 + Duration::from_secs(i));
+        }
+        assert_eq!(status(&samples, "broken"), "error");
+        let members = of_group(&samples, metric::KAFKA_GROUP_MEMBERS, "broken");
+        assert_eq!(members, Some(4.0));
+        let broken_lags = samples.iter().filter(|s| {
+            s.name != metric::KAFKA_GROUP_STATUS
+                && s.name != metric::KAFKA_GROUP_MEMBERS
+                && s.labels.contains(&("group", "broken".to_string()))
+        });
+        assert_eq!(broken_lags.count(), 0);
+        // orders/0 is caught up (ok), orders/1 stands with lag 2 (stall).
+        assert_eq!(status(&samples, "mixed"), "stall");
+        let age = of_group(&samples, metric::KAFKA_LAST_COMMIT_AGE, "mixed");
+        assert_eq!(age, Some(11.0));
+    }
+
+    #[test]
+    fn granularity_topic_sums_messages_and_offsets_and_takes_the_oldest_record() {
+        let settings = settings(true);
+        let mut said = said(
+            &[("orders", &[100, 50, 7]), ("audit", &[20, 20])],
+            vec![(
+                "billing",
+                group(
+                    Some(1),
+                    &[
+                        ("orders", 0, 90),
+                        ("orders", 1, 45),
+                        ("orders", 2, 7),
+                        ("audit", 0, 10),
+                        ("audit", 1, 20),
+                    ],
+                ),
+            )],
+        );
+        said.record_timestamps
+            .insert(at("orders", 0, 90), WALL_MS - 4_000);
+        said.record_timestamps
+            .insert(at("orders", 1, 45), WALL_MS - 9_000);
+        // audit/0's record could not be read: the topic's age is unknown.
+        let samples = run(&mut Memory::default(), &settings, &said, Instant::now());
+
+        let of = |name: &str, topic: &str| {
+            value(&samples, name, &[("group", "billing"), ("topic", topic)])
+        };
+        assert_eq!(of(metric::KAFKA_LAG_MESSAGES, "orders"), Some(15.0));
+        assert_eq!(of(metric::KAFKA_LAG_SECONDS, "orders"), Some(9.0));
+        assert_eq!(of(metric::KAFKA_COMMITTED_OFFSET, "orders"), Some(142.0));
+        assert_eq!(of(metric::KAFKA_LAG_MESSAGES, "audit"), Some(10.0));
+        assert_eq!(of(metric::KAFKA_LAG_SECONDS, "audit"), None);
+        assert_eq!(of(metric::KAFKA_COMMITTED_OFFSET, "audit"), Some(30.0));
+        let hwm = |topic: &str| value(&samples, metric::KAFKA_HIGH_WATERMARK, &[("topic", topic)]);
+        assert_eq!((hwm("orders"), hwm("audit")), (Some(157.0), Some(40.0)));
+        assert_eq!(count(&samples, metric::KAFKA_HIGH_WATERMARK), 2);
+        assert_eq!(count(&samples, metric::KAFKA_LAG_MESSAGES), 2);
+        assert!(
+            samples
+                .iter()
+                .all(|s| s.labels.iter().all(|(k, _)| *k != "partition"))
+        );
+    }
+
+    #[test]
+    fn deleted_topics_and_groups_leave_the_next_cycle() {
+        let settings = settings(false);
+        let mut memory = Memory::default();
+        let now = Instant::now();
+        let both = said(
+            &[("orders", &[10]), ("audit", &[5])],
+            vec![
+                (
+                    "billing",
+                    group(Some(1), &[("orders", 0, 8), ("audit", 0, 1)]),
+                ),
+                ("shipping", group(Some(1), &[("orders", 0, 9)])),
+            ],
+        );
+        let samples = run(&mut memory, &settings, &both, now);
+        assert_eq!(
+            lag(&samples, metric::KAFKA_LAG_MESSAGES, "audit", "0"),
+            Some(4.0)
+        );
+        assert_eq!(status(&samples, "shipping"), "ok");
+
+        // audit deleted, shipping deleted.
+        let fewer = said(
+            &[("orders", &[10])],
+            vec![("billing", group(Some(1), &[("orders", 0, 8)]))],
+        );
+        let samples = run(&mut memory, &settings, &fewer, now + Duration::from_secs(1));
+        let mentions = |label: (&str, &str)| {
+            samples
+                .iter()
+                .filter(|s| s.labels.contains(&(label.0, label.1.to_string())))
+                .count()
+        };
+        assert_eq!(mentions(("topic", "audit")), 0);
+        assert_eq!(mentions(("group", "shipping")), 0);
+        assert_eq!(
+            lag(&samples, metric::KAFKA_LAG_MESSAGES, "orders", "0"),
+            Some(2.0)
+        );
+        // Their status histories are forgotten too.
+        assert_eq!(memory.history.len(), 1);
+        assert_eq!(memory.history["billing"].len(), 1);
+    }
+
+    #[test]
+    fn dead_letters_and_retries_count_growth_after_the_first_cycle() {
+        let settings = settings(false);
+        let mut memory = Memory::default();
+        let now = Instant::now();
+        let dead = metric::KAFKA_DEAD_LETTERS;
+        let retries = metric::KAFKA_RETRIES;
+        let first = said(
+            &[("orders.DLQ", &[100, 50]), ("orders.retry.5m", &[7])],
+            vec![],
+        );
+        let samples = run(&mut memory, &settings, &first, now);
+        assert_eq!(value(&samples, dead, &[("topic", "orders.DLQ")]), Some(0.0));
+        let retry_5m = [("topic", "orders.retry.5m"), ("tier", "5m")];
+        assert_eq!(value(&samples, retries, &retry_5m), Some(0.0));
+
+        // +3 and +2 on the DLQ; a new retry topic counts from its first record.
+        let second = said(
+            &[
+                ("orders.DLQ", &[103, 52]),
+                ("orders.retry.5m", &[9]),
+                ("orders.retry.1h", &[4]),
+            ],
+            vec![],
+        );
+        let samples = run(&mut memory, &settings, &second, now);
+        assert_eq!(value(&samples, dead, &[("topic", "orders.DLQ")]), Some(5.0));
+        assert_eq!(value(&samples, retries, &retry_5m), Some(2.0));
+        let retry_1h = [("topic", "orders.retry.1h"), ("tier", "1h")];
+        assert_eq!(value(&samples, retries, &retry_1h), Some(4.0));
+
+        // The DLQ recreated (smaller watermarks): its records are new.
+        let third = said(&[("orders.DLQ", &[1, 2])], vec![]);
+        let samples = run(&mut memory, &settings, &third, now);
+        assert_eq!(value(&samples, dead, &[("topic", "orders.DLQ")]), Some(8.0));
+        assert_eq!(count(&samples, retries), 0, "deleted retry topics leave");
+    }
+}
