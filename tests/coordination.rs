@@ -348,7 +348,11 @@ impl Obs {
                     // Table sources label their series `source`, Kafka sources `cluster`.
                     let of_source =
                         smp.labels.get("source") == Some(s) || smp.labels.get("cluster") == Some(s);
-                    if smp.name == LEADER || !of_source {
+                    // Besides the leader gauge, a standby shows its own counting-gap
+                    // counters (its takeovers; born at 0 so that `increase()` sees
+                    // the first one).
+                    let own_record = smp.name.starts_with("inboxwatch_counting_gap");
+                    if smp.name == LEADER || own_record || !of_source {
                         continue;
                     }
                     if smp.name == UP && smp.value == 0.0 {

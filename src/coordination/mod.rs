@@ -108,7 +108,9 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Removes from a Prometheus text rendering every sample of the sources this
-/// agent stands by for, except `inboxwatch_source_leader`.
+/// agent stands by for, except `inboxwatch_source_leader` and the counting-gap
+/// counters (this agent's own record of its takeovers, born at 0 before the
+/// first one so that `increase()` sees it).
 pub fn hide_standby(rendered: String, standing_by: &[String]) -> String {
     if standing_by.is_empty() {
         return rendered;
@@ -127,6 +129,8 @@ pub fn hide_standby(rendered: String, standing_by: &[String]) -> String {
     for line in rendered.lines() {
         let hidden = !line.starts_with('#')
             && !line.starts_with(m::SOURCE_LEADER)
+            && !line.starts_with(m::COUNTING_GAPS)
+            && !line.starts_with(m::COUNTING_GAP_SECONDS)
             && needles
                 .iter()
                 .any(|(a, b)| line.contains(a.as_str()) || line.contains(b.as_str()));
@@ -520,11 +524,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn standby_sources_are_hidden_except_their_leader_gauge() {
+    fn standby_sources_are_hidden_except_their_leader_gauge_and_gap_counters() {
         let text = "# HELP a x\n\
                     inbox_backlog_messages{source=\"a\",event_type=\"t\",status=\"pending\"} 1\n\
                     inbox_backlog_messages{source=\"ab\",event_type=\"t\",status=\"pending\"} 2\n\
                     inboxwatch_source_leader{source=\"a\"} 0\n\
+                    inboxwatch_counting_gaps_total{source=\"a\",reason=\"handover\"} 0\n\
                     inboxwatch_poll_errors_total{kind=\"query\",source=\"a\"} 3\n\
                     inboxwatch_build_info{version=\"1\"} 1\n";
         let out = hide_standby(text.to_string(), &["a".to_string()]);
@@ -533,6 +538,7 @@ mod tests {
             "# HELP a x\n\
              inbox_backlog_messages{source=\"ab\",event_type=\"t\",status=\"pending\"} 2\n\
              inboxwatch_source_leader{source=\"a\"} 0\n\
+             inboxwatch_counting_gaps_total{source=\"a\",reason=\"handover\"} 0\n\
              inboxwatch_build_info{version=\"1\"} 1\n"
         );
     }

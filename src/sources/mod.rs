@@ -196,6 +196,12 @@ pub async fn run_loop<S, F>(
     F: Fn() -> S + Send + 'static,
 {
     let mut kept: Option<S> = None;
+    // The gap series exist at 0 from the start and stay visible while another
+    // agent owns the source, so that the first gap (counted at a takeover)
+    // shows in `increase()` — a series born at 1 would not.
+    metrics::counter!(m::COUNTING_GAPS, "source" => name.clone(), "reason" => "handover")
+        .increment(0);
+    metrics::counter!(m::COUNTING_GAP_SECONDS, "source" => name.clone()).increment(0);
     loop {
         loop {
             match *leader.borrow_and_update() {
@@ -262,14 +268,10 @@ async fn poll_while_leading<S: Source>(
     let up = metrics::gauge!(m::SOURCE_UP, "source" => name.clone());
     let duration = metrics::histogram!(m::POLL_DURATION, "source" => name.clone());
     let rows = metrics::counter!(m::ROWS_READ, "source" => name.clone());
-    // Every error kind's and gap's series exists at 0, so that the first one
-    // shows in `rate()`.
+    // Every error kind's series exists at 0, so that the first error shows in `rate()`.
     for kind in ["connect", "schema", "query", "timeout"] {
         metrics::counter!(m::POLL_ERRORS, "source" => name.clone(), "kind" => kind).increment(0);
     }
-    metrics::counter!(m::COUNTING_GAPS, "source" => name.clone(), "reason" => "handover")
-        .increment(0);
-    metrics::counter!(m::COUNTING_GAP_SECONDS, "source" => name.clone()).increment(0);
     let mut failures: u32 = 0;
     let mut unreachable_polls: u32 = 0;
     let mut last_error: Option<String> = None;
