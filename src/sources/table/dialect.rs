@@ -145,8 +145,9 @@ impl Sql {
     }
 
     /// A text expression that orders and compares byte by byte, whatever the
-    /// column's collation: the tie-breaker of the tail's keyset, which must be
-    /// total (a case-insensitive collation would make two event ids equal).
+    /// column's collation: the keyset of the scan for NULL change cursors,
+    /// which must be total (a case-insensitive collation would make two event
+    /// ids equal).
     pub fn id_key(&self, expr: &str) -> String {
         match self.dialect {
             Dialect::Postgres => format!("{} COLLATE \"C\"", self.text(expr)),

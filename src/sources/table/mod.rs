@@ -97,8 +97,8 @@ pub trait TableKind: Send + 'static {
     fn select_list(&self, sql: &Sql) -> Vec<(&'static str, String)>;
     /// The change-cursor column.
     fn updated_at(&self) -> &str;
-    /// The event id column: the tie-breaker of the tail's keyset. The select
-    /// list has it first, as text.
+    /// The event id column: the keyset of the scan for NULL change cursors.
+    /// The select list has it first, as text.
     fn event_id(&self) -> &str;
     /// A query over the unfinished rows whose result seeds the state map at
     /// start, so their later changes count exactly (`None`: nothing to seed).
@@ -214,41 +214,35 @@ impl<K: TableKind> TableSource<K> {
         list.join(", ")
     }
 
-    /// The tail: rows changed after a cursor, in keyset order (cursor, event
-    /// id), so that paging through any number of rows sharing one cursor
-    /// value (a bulk transaction: PostgreSQL's `now()` is one value per
-    /// transaction) neither skips nor repeats a row. `next`: the query of the
-    /// pages after the first, which also binds the last row's cursor (twice)
-    /// and event id.
-    fn tail_query(&self, next: bool) -> String {
+    /// The tail: rows changed after a cursor, in the change cursor's index
+    /// order (no sort), a page of `batch_size` rows.
+    fn tail_query(&self) -> String {
         let updated = self.sql.ident(self.kind.updated_at());
-        let id = self.sql.id_key(&self.sql.ident(self.kind.event_id()));
         let unseen = self
             .sql
             .unseen(&updated, 2, 3)
             .map_or(String::new(), |u| format!(" AND {u}"));
-        let keyset = if next {
-            let first = if self.sql.snapshot_xmin().is_some() {
-                4
-            } else {
-                2
-            };
-            let cursor = self.sql.micros(&updated);
-            format!(
-                " AND ({cursor} > {} OR ({cursor} = {} AND {id} > {}))",
-                self.sql.placeholder(first),
-                self.sql.placeholder(first + 1),
-                self.sql.id_param(first + 2),
-            )
-        } else {
-            String::new()
-        };
         format!(
-            "SELECT {} FROM {} WHERE {}{unseen}{keyset} ORDER BY {updated}, {id} {}",
+            "SELECT {} FROM {} WHERE {}{unseen} ORDER BY {updated} {}",
             self.select_list(),
             self.sql.table(&self.spec.table),
             self.sql.after(&updated, 1),
             self.sql.limit(self.spec.batch_size),
+        )
+    }
+
+    /// Every row whose change cursor lies in (`$1`, `$2`]: one cursor value,
+    /// the rows of which a full page may have cut (a bulk transaction writes
+    /// any number of rows with one `updated_at`: PostgreSQL's `now()` is one
+    /// value per transaction). Read whole, streamed, in no order.
+    fn ties_query(&self) -> String {
+        let updated = self.sql.ident(self.kind.updated_at());
+        format!(
+            "SELECT {} FROM {} WHERE {} AND NOT {}",
+            self.select_list(),
+            self.sql.table(&self.spec.table),
+            self.sql.after(&updated, 1),
+            self.sql.after(&updated, 2),
         )
     }
 
@@ -278,7 +272,7 @@ impl<K: TableKind> TableSource<K> {
     /// The queries one poll runs, for `doctor`'s EXPLAIN: (what, SQL, whether
     /// it binds the cursor as its first parameter).
     pub fn queries(&self) -> Vec<(&'static str, String, bool)> {
-        let mut out = vec![("tail", self.tail_query(false), true)];
+        let mut out = vec![("tail", self.tail_query(), true)];
         out.push(("gauges", self.kind.gauge_query(&self.sql, 0), false));
         if let Some(seed) = self.seed_query() {
             out.push(("seed", seed, false));
@@ -321,8 +315,8 @@ impl<K: TableKind> TableSource<K> {
 
     async fn poll_on(&mut self, conn: &mut AnyConnection) -> Result<PollStats, SourceError> {
         let q = |e: sqlx::Error| SourceError::Query(e.to_string());
-        let tail = self.tail_query(false);
-        let tail_next = self.tail_query(true);
+        let tail = self.tail_query();
+        let ties = self.ties_query();
         let seed = self.seed_query();
         let updated_col = self.kind.select_list(&self.sql).len() - 1;
         let mut tx = conn.begin().await.map_err(q)?;
@@ -361,8 +355,7 @@ impl<K: TableKind> TableSource<K> {
                 self.backlog.clear();
                 while let Some(row) = rows.try_next().await.map_err(q)? {
                     n += 1;
-                    self.kind.observe(&row, true).map_err(SourceError::Schema)?;
-                    self.see(&row)?;
+                    self.take(&row, true)?;
                 }
                 rows_read += n as u64;
                 self.backlog.filled(n < self.spec.max_tracked_events);
@@ -383,35 +376,20 @@ impl<K: TableKind> TableSource<K> {
         } else {
             seen_before.unwrap_or(0)
         };
-        let low = high.saturating_sub(overlap);
+        let mut low = high.saturating_sub(overlap);
         let mut max_seen = high;
-        // The last row of the previous page, when it was full: (cursor, event id).
-        let mut after: Option<(i64, String)> = None;
         loop {
-            let (text, from) = match &after {
-                // The range condition keeps the index scan tight; the keyset
-                // decides. One microsecond (SQLite: one millisecond) below the
-                // last cursor, since the cursor is rounded to that unit.
-                Some((cursor, _)) => (&tail_next, cursor.saturating_sub(self.sql.cursor_unit())),
-                None => (&tail, low),
-            };
             let mut query = bind(
-                sqlx::query(sqlx::AssertSqlSafe(text.clone())),
-                self.sql.cursor(from.max(low)),
+                sqlx::query(sqlx::AssertSqlSafe(tail.clone())),
+                self.sql.cursor(low),
             );
             if self.sql.snapshot_xmin().is_some() {
                 query = bind(query, self.sql.cursor(high)).bind(seen_before);
             }
-            if let Some((cursor, id)) = &after {
-                query = query.bind(*cursor).bind(*cursor).bind(id.clone());
-            }
             let rows = query.fetch_all(&mut *tx).await.map_err(q)?;
             rows_read += rows.len() as u64;
             for row in &rows {
-                self.kind
-                    .observe(row, baseline)
-                    .map_err(SourceError::Schema)?;
-                self.see(row)?;
+                self.take(row, baseline)?;
                 let updated: Option<i64> =
                     get(row, updated_col, "updated_at").map_err(SourceError::Schema)?;
                 if let Some(u) = updated.filter(|u| *u != dialect::OUT_OF_RANGE) {
@@ -424,13 +402,29 @@ impl<K: TableKind> TableSource<K> {
             let last = rows.last().expect("a full page has a last row");
             let cursor: Option<i64> =
                 get(last, updated_col, "updated_at").map_err(SourceError::Schema)?;
-            let id: Option<String> = get(last, 0, "event_id").map_err(SourceError::Schema)?;
-            match cursor {
-                // Rows whose cursor has no value (`infinity`) sort last: the
-                // page holds only such rows from here on, each rejected.
-                Some(c) if c != dialect::OUT_OF_RANGE => after = Some((c, id.unwrap_or_default())),
-                _ => break,
+            // Rows whose cursor has no value (`infinity`) sort last: the page
+            // holds only such rows from here on, each rejected.
+            let Some(last) = cursor.filter(|c| *c != dialect::OUT_OF_RANGE) else {
+                break;
+            };
+            // The page may end inside a run of rows sharing its last cursor
+            // value: read all of that value (those already read are
+            // recognised), then go on strictly after it. One unit below, as
+            // the cursor is rounded to a microsecond (SQLite: a millisecond).
+            let mut ties = bind(
+                bind(
+                    sqlx::query(sqlx::AssertSqlSafe(ties.clone())),
+                    self.sql.cursor(last.saturating_sub(self.sql.cursor_unit())),
+                ),
+                self.sql.cursor(last),
+            )
+            .fetch(&mut *tx);
+            while let Some(row) = ties.try_next().await.map_err(q)? {
+                rows_read += 1;
+                self.take(&row, baseline)?;
             }
+            drop(ties);
+            low = last;
         }
         // A clock ahead of the database must not push the cursor into the future.
         self.high = Some(max_seen.min(db_now));
@@ -508,6 +502,14 @@ impl<K: TableKind> TableSource<K> {
         tx.commit().await.map_err(q)?;
         self.kind.flush(&gauges, db_now, Instant::now());
         Ok(PollStats { rows_read })
+    }
+
+    /// Takes a tailed row into the counts and the backlog.
+    fn take(&mut self, row: &AnyRow, baseline: bool) -> Result<(), SourceError> {
+        self.kind
+            .observe(row, baseline)
+            .map_err(SourceError::Schema)?;
+        self.see(row)
     }
 
     /// Takes a row's current version into the backlog.
