@@ -13,15 +13,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{Config, SourceSpec};
-use crate::coordination::kafka::KafkaElection;
-use crate::coordination::{Leadership, LockSessions, SourceLock, elect};
+use crate::config::Config;
+use crate::coordination::Leadership;
+use crate::health::Health;
 use crate::http::{self, AppState};
-use crate::sources::kafka::KafkaSource;
-use crate::sources::table::inbox::Inbox;
-use crate::sources::table::outbox::Outbox;
-use crate::sources::table::{Pools, TableSource};
-use crate::sources::{Health, run_loop};
+use crate::sources::kind::Runtime;
 use crate::telemetry::catalogue::{self as m, catalogue_recorder};
 
 /// A running agent.
@@ -84,96 +80,21 @@ impl Agent {
         let addr = listener.local_addr()?;
         let health = Arc::new(Health::default());
         let cancel = CancellationToken::new();
-        let mut tasks = JoinSet::new();
         let leadership = Arc::new(Leadership::default());
-        // Senders of sources no lock decides (SQLite): kept so that ownership never ends.
-        let mut owned_outright = Vec::new();
-        let mut linker = config.tracing.clone().map(crate::tracing_link::Linker::new);
-        // One lock session and one small poll pool per database, whatever the
-        // number of sources on it.
-        let lock_sessions = LockSessions::default();
-        let pools = Pools::new(config.max_connections_per_database);
+        let linker = config.tracing.clone().map(crate::tracing_link::Linker::new);
+        let mut rt = Runtime::new(
+            health.clone(),
+            leadership.clone(),
+            cancel.clone(),
+            linker,
+            config.max_connections_per_database,
+        );
         for spec in config.sources {
-            let name = spec.name().to_string();
-            leadership.register(&name);
-            health.register(&name);
-            let (h, c) = (health.clone(), cancel.clone());
-            let table = match spec {
-                SourceSpec::Kafka(k) => {
-                    info!(source = %name, brokers = ?k.brokers, "Watching Kafka cluster.");
-                    let (tx, leader) = watch::channel(None);
-                    tasks.spawn(elect(
-                        KafkaElection::for_source(&k),
-                        leadership.clone(),
-                        health.clone(),
-                        tx,
-                        cancel.clone(),
-                    ));
-                    let make = move || KafkaSource::new(k.clone());
-                    tasks.spawn(run_loop(name.clone(), make, h, leader, c));
-                    continue;
-                }
-                SourceSpec::Inbox(ref s) => s.table.clone(),
-                SourceSpec::Outbox(ref s) => s.table.clone(),
-            };
-            if let Some(o) = table.objectives.oldest_age {
-                metrics::gauge!(m::OBJECTIVE_OLDEST_AGE, "source" => name.clone())
-                    .set(o.as_secs_f64());
-            }
-            if let Some(p) = table.objectives.p95 {
-                metrics::gauge!(m::OBJECTIVE_P95, "source" => name.clone()).set(p.as_secs_f64());
-            }
-            info!(source = %name, dsn = %table.dsn, table = %table.table, "Watching source.");
-            let leader = match SourceLock::for_source(&table, &lock_sessions) {
-                Some(lock) => {
-                    let (tx, rx) = watch::channel(None);
-                    tasks.spawn(elect(
-                        lock,
-                        leadership.clone(),
-                        health.clone(),
-                        tx,
-                        cancel.clone(),
-                    ));
-                    rx
-                }
-                None => {
-                    leadership.set(&name, true);
-                    let (tx, rx) = watch::channel(Some(true));
-                    owned_outright.push(tx);
-                    rx
-                }
-            };
-            let sink = match linker.as_mut() {
-                Some(l) => Some(l.sink(&table)?),
-                None => None,
-            };
-            let pool = pools
-                .get(&table)
-                .with_context(|| format!("source \"{name}\""))?;
-            match spec {
-                SourceSpec::Inbox(s) => {
-                    let make = move || {
-                        TableSource::new(
-                            s.table.clone(),
-                            Inbox::new(s.clone()).with_spans(sink.clone()),
-                        )
-                        .with_pool(pool.clone())
-                    };
-                    tasks.spawn(run_loop(name.clone(), make, h, leader, c));
-                }
-                SourceSpec::Outbox(s) => {
-                    let make = move || {
-                        TableSource::new(
-                            s.table.clone(),
-                            Outbox::new(s.clone()).with_spans(sink.clone()),
-                        )
-                        .with_pool(pool.clone())
-                    };
-                    tasks.spawn(run_loop(name.clone(), make, h, leader, c));
-                }
-                SourceSpec::Kafka(_) => unreachable!("handled above"),
-            }
+            leadership.register(spec.name());
+            health.register(spec.name());
+            spec.start(&mut rt)?;
         }
+        let (tasks, linker, owned_outright) = rt.finish();
         let spans = linker.map(|l| {
             let stop = CancellationToken::new();
             (tokio::spawn(l.run(stop.clone())), stop)
@@ -271,13 +192,13 @@ pub async fn shutdown_signal() {
 pub async fn run(config: Config) -> anyhow::Result<()> {
     sqlx::any::install_default_drivers();
     let push = match &config.tracing {
-        Some(t) => crate::telemetry::otlp::start(t)?,
+        Some(t) => crate::telemetry::otlp::start(&t.collector, t.metrics_interval)?,
         None => None,
     };
     let (push, bridge) = push.unzip();
     let handle = install_recorder_with(bridge)?;
     let own_spans = match &config.tracing {
-        Some(t) if t.agent_spans => Some(crate::telemetry::agent_spans::enable(t)?),
+        Some(t) if t.agent_spans => Some(crate::telemetry::agent_spans::enable(&t.collector)?),
         _ => None,
     };
     let agent = Agent::start(config, handle).await?;

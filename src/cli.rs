@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::Dialect;
+use crate::dsn::Dialect;
 
 /// Watches message consumers from the outside: inbox and outbox tables,
 /// exported as Prometheus metrics.

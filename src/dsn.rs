@@ -9,7 +9,49 @@ use std::fmt;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode};
 use url::Url;
 
-use crate::config::Dialect;
+/// Database dialect, chosen by the DSN's scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Postgres,
+    MySql,
+    Sqlite,
+}
+
+impl Dialect {
+    /// The dialect a DSN's scheme names.
+    pub fn from_dsn(dsn: &str) -> Option<Dialect> {
+        let scheme = dsn.split_once(':')?.0.to_ascii_lowercase();
+        match scheme.as_str() {
+            "postgres" | "postgresql" => Some(Dialect::Postgres),
+            "mysql" | "mariadb" => Some(Dialect::MySql),
+            "sqlite" => Some(Dialect::Sqlite),
+            _ => None,
+        }
+    }
+
+    /// The name used on the command line (`--dialect`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "postgres",
+            Dialect::MySql => "mysql",
+            Dialect::Sqlite => "sqlite",
+        }
+    }
+}
+
+impl std::str::FromStr for Dialect {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "postgres" | "postgresql" => Ok(Dialect::Postgres),
+            "mysql" | "mariadb" => Ok(Dialect::MySql),
+            "sqlite" => Ok(Dialect::Sqlite),
+            other => Err(format!(
+                "unknown dialect \"{other}\" (expected postgres, mysql or sqlite)"
+            )),
+        }
+    }
+}
 
 /// What a variable's value keeps unencoded in the userinfo or the query: RFC
 /// 3986's unreserved characters. Everything else (`+` too: sqlx reads the

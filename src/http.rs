@@ -27,8 +27,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::config::HttpLimits;
 use crate::coordination::{Leadership, hide_standby};
-use crate::sources::Health;
+use crate::health::Health;
 use crate::telemetry::snapshot;
 
 /// What the handlers read.
@@ -101,37 +102,6 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     (code, body)
 }
 
-/// What one client may hold on the listener (`[server]` keys).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Time to send a request's headers, counted from the moment the server
-    /// waits for them: a new connection, or a kept-alive one after its last
-    /// response. So it is also how long an idle keep-alive connection is kept.
-    pub header_read_timeout: Duration,
-    /// A connection that moves no byte either way for this long is closed: a
-    /// client that stops reading its response or sending its body.
-    pub idle_timeout: Duration,
-    /// Connections served at once (`max_http_connections`); the next ones wait in the listen backlog
-    /// until one closes.
-    pub max_connections: usize,
-}
-
-impl Default for Limits {
-    /// Prometheus sends a request's headers in one packet, so 10 s is generous
-    /// on any network and cuts a held connection short; with scrape intervals
-    /// of 15 s and more it costs one TCP handshake per scrape. 60 s of silence
-    /// outlasts any `scrape_timeout`. 256 connections are a hundred times what
-    /// a pod sees (one or two Prometheus replicas and the kubelet's probes) and,
-    /// at [`READ_BUFFER`] each, fit the DaemonSet's memory limit many times.
-    fn default() -> Limits {
-        Limits {
-            header_read_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: 256,
-        }
-    }
-}
-
 /// The largest read buffer of a connection, and so the largest request head
 /// (hyper answers 431 beyond it). hyper's default of 408 KiB times
 /// `max_http_connections` would not fit the DaemonSet's 128 MiB.
@@ -143,7 +113,7 @@ pub const READ_BUFFER: usize = 16 * 1024;
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
-    limits: Limits,
+    limits: HttpLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     let app = router(state);
@@ -188,7 +158,7 @@ pub async fn serve(
 async fn connection(
     stream: TcpStream,
     app: Router,
-    limits: Limits,
+    limits: HttpLimits,
     shutdown: CancellationToken,
     _slot: OwnedSemaphorePermit,
 ) {

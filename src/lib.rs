@@ -3,15 +3,16 @@
 //! what on-call needs as Prometheus metrics.
 
 pub mod app;
+pub mod checks;
 pub mod cli;
 pub mod config;
 pub mod coordination;
 pub mod demo;
 pub mod doctor;
 pub mod dsn;
+pub mod health;
 pub mod http;
 pub mod lookup;
-pub mod schema;
 pub mod sources;
 pub mod telemetry;
 pub mod tracing_link;

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use inboxwatch::cli::{Cli, Command};
 use inboxwatch::config::{self, is_table_name};
-use inboxwatch::{app, demo, doctor, lookup, schema, telemetry};
+use inboxwatch::sources::table::schema;
+use inboxwatch::{app, demo, doctor, lookup, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

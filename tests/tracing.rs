@@ -916,7 +916,7 @@ fn bad_tracing_config_exits_2_naming_every_key() {
         None,
     );
     assert_eq!(code, Some(2));
-    assert!(err.starts_with("tracing.endpoint: unknown field"), "{err}");
+    assert!(err.starts_with("tracing.endpoint: unknown key"), "{err}");
     let (code, err) = check(
         "env.toml",
         format!("{source}[tracing]\n"),

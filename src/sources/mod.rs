@@ -1,395 +1,145 @@
-//! Sources poll what the consumers leave behind. A source owns connecting and
-//! one poll; the loop here owns cadence, timeouts, `inboxwatch_source_up`,
-//! backoff and cancellation, for every kind of source alike.
+//! Sources poll what the consumers leave behind. Each kind of source is a
+//! folder here that owns its settings, its poll, its election, its `doctor`
+//! checks and its lookups, behind [`kind::Kind`]; the loop they all run in is
+//! [`run`]. This file is the registry: the one list of kinds.
+//!
+//! Adding a kind: a folder with a type implementing [`kind::Kind`], one line
+//! in [`kinds!`] below (docs/architecture.md has the recipe).
 
 pub mod kafka;
+pub mod kind;
+pub mod run;
 pub mod table;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
-use tokio::sync::watch;
-use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use toml::Spanned;
+use toml::de::DeValue;
 
-use crate::telemetry::catalogue as m;
+use crate::checks::Validator;
+use kind::{DeadLetter, Finding, Kind, Runtime};
 
-/// Polls in a row that cannot connect (or time out) before the owner gives
-/// the source up for another agent.
-const YIELD_AFTER: u32 = 3;
-
-/// What one successful poll did.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct PollStats {
-    /// Rows read from the source.
-    pub rows_read: u64,
-}
-
-/// Why a poll failed.
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    /// The database could not be reached or refused the session.
-    #[error("failed to connect to {dsn}: {message}")]
-    Connect { dsn: String, message: String },
-    /// The watched table or one of its mapped columns is missing or unusable.
-    #[error("{0}")]
-    Schema(String),
-    /// A query failed.
-    #[error("query failed: {0}")]
-    Query(String),
-    /// The poll did not finish within the source's timeout.
-    #[error("poll did not finish within {0:?}")]
-    Timeout(Duration),
-}
-
-impl SourceError {
-    /// The `kind` label of `inboxwatch_poll_errors_total`.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            SourceError::Connect { .. } => "connect",
-            SourceError::Schema(_) => "schema",
-            SourceError::Query(_) => "query",
-            SourceError::Timeout(_) => "timeout",
+/// Declares [`SourceSpec`], one variant per kind, and its methods, each of
+/// which hands over to the kind: nothing outside a kind's folder matches on it.
+macro_rules! kinds {
+    ($($(#[$doc:meta])* $variant:ident($spec:ty),)+) => {
+        /// One validated source, of whichever kind.
+        #[derive(Debug, Clone)]
+        pub enum SourceSpec {
+            $($(#[$doc])* $variant($spec),)+
         }
-    }
+
+        impl SourceSpec {
+            /// Every `kind = "…"` the file may say, in the registry's order.
+            pub const KINDS: &[&str] = &[$(<$spec as Kind>::KIND),+];
+
+            /// Reads and checks one entry of kind `kind`; `None` when no kind
+            /// has that name, `Some(None)` when the entry has problems.
+            pub fn check(
+                kind: &str,
+                key: &str,
+                name: String,
+                entry: Spanned<DeValue<'_>>,
+                v: &mut Validator<'_>,
+            ) -> Option<Option<SourceSpec>> {
+                $(if kind == <$spec as Kind>::KIND {
+                    return Some(check::<$spec>(key, name, entry, v).map(SourceSpec::$variant));
+                })+
+                None
+            }
+
+            /// The kinds other than `kind` that take the key at `path`.
+            fn owners(kind: &str, path: &[String]) -> Vec<&'static str> {
+                let mut out = Vec::new();
+                $(if kind != <$spec as Kind>::KIND && <$spec as Kind>::knows(path) {
+                    out.push(<$spec as Kind>::KIND);
+                })+
+                out
+            }
+
+            /// The configured name (the `source` label).
+            pub fn name(&self) -> &str {
+                match self { $(SourceSpec::$variant(s) => s.name(),)+ }
+            }
+
+            /// Starts the source's election and poll loop.
+            pub fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
+                match self { $(SourceSpec::$variant(s) => s.start(rt),)+ }
+            }
+
+            /// What `doctor` prints after the name.
+            pub fn describe(&self) -> String {
+                match self { $(SourceSpec::$variant(s) => s.describe(),)+ }
+            }
+
+            /// `doctor`'s checks of the source.
+            pub async fn doctor(&self) -> Vec<Finding> {
+                match self { $(SourceSpec::$variant(s) => s.doctor().await,)+ }
+            }
+
+            /// Whether the lookups can search the source.
+            pub fn keeps_events(&self) -> bool {
+                match self { $(SourceSpec::$variant(s) => s.keeps_events(),)+ }
+            }
+
+            /// What the source knows of one event.
+            pub async fn trace_event(&self, event_id: &str) -> Result<Option<String>, String> {
+                match self { $(SourceSpec::$variant(s) => s.trace_event(event_id).await,)+ }
+            }
+
+            /// The events dead-lettered lately.
+            pub async fn dead_letters(
+                &self,
+                since: Duration,
+                limit: usize,
+            ) -> Result<Vec<DeadLetter>, String> {
+                match self { $(SourceSpec::$variant(s) => s.dead_letters(since, limit).await,)+ }
+            }
+        }
+    };
 }
 
-/// A watched system. Implementations keep their connection between polls and
-/// drop it in [`Source::reset`].
-pub trait Source: Send + 'static {
-    /// The configured name; becomes the `source` label.
-    fn name(&self) -> &str;
-    /// How often to poll.
-    fn poll_interval(&self) -> Duration;
-    /// How long one poll may take.
-    fn timeout(&self) -> Duration;
-    /// One poll. No retries inside: the loop owns cadence and backoff.
-    fn poll(&mut self) -> impl Future<Output = Result<PollStats, SourceError>> + Send;
-    /// Forgets the connection after a failure, so the next poll reconnects.
-    fn reset(&mut self);
+kinds! {
+    /// An inbox / processing-record table.
+    Inbox(table::InboxSpec),
+    /// An outbox table.
+    Outbox(table::OutboxSpec),
+    /// A Kafka cluster's consumer groups and topics.
+    Kafka(kafka::KafkaSpec),
 }
 
-/// The state of one source as `/readyz` reports it.
-#[derive(Debug, Clone, Default)]
-pub struct SourceHealth {
-    /// A poll has finished, successfully or not.
-    pub polled: bool,
-    /// The last poll succeeded.
-    pub up: bool,
-    /// The error of the last failed poll, if the last poll failed.
-    pub error: Option<String>,
-    /// Another agent owns the source; this one stands by.
-    pub standby: bool,
-}
-
-/// Health of every source, written by the poll loops, read by HTTP handlers.
-#[derive(Debug, Default)]
-pub struct Health {
-    sources: Mutex<BTreeMap<String, SourceHealth>>,
-    /// When the election last saw another agent own each source.
-    other_owner: Mutex<BTreeMap<String, SystemTime>>,
-    /// Sources whose owner asked to give them up (they cannot be polled here).
-    yields: Mutex<BTreeSet<String>>,
-}
-
-impl Health {
-    /// Registers a source before its first poll.
-    pub fn register(&self, name: &str) {
-        self.lock()
-            .insert(name.to_string(), SourceHealth::default());
-    }
-
-    /// Marks a source as down before or between polls (its database cannot be
-    /// reached to contest the lock).
-    pub fn set_down(&self, name: &str, error: String) {
-        self.set(
-            name,
-            SourceHealth {
-                polled: true,
-                up: false,
-                error: Some(error),
-                standby: false,
-            },
-        );
-    }
-
-    /// Marks a source as owned by another agent.
-    pub fn set_standby(&self, name: &str) {
-        self.set(
-            name,
-            SourceHealth {
-                standby: true,
-                ..SourceHealth::default()
-            },
-        );
-    }
-
-    fn set(&self, name: &str, state: SourceHealth) {
-        self.lock().insert(name.to_string(), state);
-    }
-
-    /// Records that another agent was seen to own `name` just now.
-    pub fn saw_other_owner(&self, name: &str) {
-        relock(&self.other_owner).insert(name.to_string(), SystemTime::now());
-    }
-
-    /// When another agent was last seen to own `name`, forgetting it.
-    fn take_other_owner(&self, name: &str) -> Option<SystemTime> {
-        relock(&self.other_owner).remove(name)
-    }
-
-    /// Asks the election to give `name` up: it cannot be polled from here.
-    pub fn request_yield(&self, name: &str) {
-        relock(&self.yields).insert(name.to_string());
-    }
-
-    /// Whether giving `name` up was asked for, forgetting the request.
-    pub fn take_yield(&self, name: &str) -> bool {
-        relock(&self.yields).remove(name)
-    }
-
-    /// A copy of every source's state.
-    pub fn snapshot(&self) -> BTreeMap<String, SourceHealth> {
-        self.lock().clone()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, SourceHealth>> {
-        relock(&self.sources)
-    }
-}
-
-fn relock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A poisoned lock only means a panic elsewhere; the value itself stays valid.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Delay before the next try after `failures` failed polls in a row:
-/// exponential from the poll interval, capped, with ±20 % jitter.
-pub fn backoff(interval: Duration, failures: u32) -> Duration {
-    let cap = interval.max(Duration::from_secs(30));
-    let exp = interval.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
-    let base = exp.min(cap);
-    base.mul_f64(0.8 + 0.4 * fastrand::f64())
-}
-
-/// Polls the source while this agent owns it (`leader` is `Some(true)`;
-/// `Some(false)`: another agent owns it; `None`: not known, e.g. the database
-/// cannot be reached), until `cancel` fires.
-///
-/// When ownership comes back after an outage of any length, the source keeps
-/// its state and resumes from its own cursor — the rows are still in the
-/// table — unless another agent was seen to own it meanwhile: then what this
-/// agent knew is stale (the other one counted), and the source is built
-/// afresh by `make` with a new baseline. The time between the other owner's
-/// last sighting and the new baseline may have gone uncounted: that is
-/// recorded as a counting gap (metrics and a WARN line), never silently.
-pub async fn run_loop<S, F>(
+/// Reads and validates one entry as a `K`: every key `K` does not take is
+/// reported, with the kinds that do take it, and every setting is checked
+/// even then, so that one run names every problem.
+fn check<K: Kind>(
+    key: &str,
     name: String,
-    make: F,
-    health: Arc<Health>,
-    mut leader: watch::Receiver<Option<bool>>,
-    cancel: CancellationToken,
-) where
-    S: Source,
-    F: Fn() -> S + Send + 'static,
-{
-    let mut kept: Option<S> = None;
-    // The gap series exist at 0 from the start and stay visible while another
-    // agent owns the source, so that the first gap (counted at a takeover)
-    // shows in `increase()` — a series born at 1 would not.
-    metrics::counter!(m::COUNTING_GAPS, "source" => name.clone(), "reason" => "handover")
-        .increment(0);
-    metrics::counter!(m::COUNTING_GAP_SECONDS, "source" => name.clone()).increment(0);
-    loop {
-        loop {
-            match *leader.borrow_and_update() {
-                Some(true) => break,
-                // Another agent owns it: ready, standing by, and whatever this
-                // agent knew of the source is stale from now on.
-                Some(false) => {
-                    kept = None;
-                    health.set_standby(&name);
-                }
-                None => {}
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                changed = leader.changed() => if changed.is_err() { return },
-            }
-        }
-        let source = match kept.take() {
-            Some(source) => source,
-            None => {
-                if let Some(seen) = health.take_other_owner(&name) {
-                    record_gap(&name, "handover", seen, SystemTime::now());
-                }
-                health.set(&name, SourceHealth::default());
-                make()
-            }
-        };
-        match poll_while_leading(source, &health, &mut leader, &cancel).await {
-            Some(source) => kept = Some(source),
-            None => return,
-        }
-    }
-}
-
-/// Records a period from `from` to `to` in which counts of `source` may have
-/// been lost.
-fn record_gap(source: &str, reason: &'static str, from: SystemTime, to: SystemTime) {
-    let seconds = to.duration_since(from).unwrap_or_default().as_secs_f64();
-    metrics::counter!(m::COUNTING_GAPS, "source" => source.to_string(), "reason" => reason)
-        .increment(1);
-    // Whole seconds, rounded up: a counter takes integers.
-    metrics::counter!(m::COUNTING_GAP_SECONDS, "source" => source.to_string())
-        .increment(seconds.ceil() as u64);
-    warn!(
-        source = %source,
-        reason,
-        from = %humantime::format_rfc3339_millis(from),
-        to = %humantime::format_rfc3339_millis(to),
-        seconds = format_args!("{seconds:.1}"),
-        "Counts were not kept for a while: another agent owned the source until about `from`, this one counts from `to`."
-    );
-}
-
-/// The poll loop of one ownership term. Returns the source when ownership
-/// was lost, `None` when cancelled.
-async fn poll_while_leading<S: Source>(
-    mut source: S,
-    health: &Health,
-    leader: &mut watch::Receiver<Option<bool>>,
-    cancel: &CancellationToken,
-) -> Option<S> {
-    let name = source.name().to_string();
-    let interval = source.poll_interval();
-    let up = metrics::gauge!(m::SOURCE_UP, "source" => name.clone());
-    let duration = metrics::histogram!(m::POLL_DURATION, "source" => name.clone());
-    let rows = metrics::counter!(m::ROWS_READ, "source" => name.clone());
-    // Every error kind's series exists at 0, so that the first error shows in `rate()`.
-    for kind in ["connect", "schema", "query", "timeout"] {
-        metrics::counter!(m::POLL_ERRORS, "source" => name.clone(), "kind" => kind).increment(0);
-    }
-    let mut failures: u32 = 0;
-    let mut unreachable_polls: u32 = 0;
-    let mut last_error: Option<String> = None;
-    let mut was_up: Option<bool> = None;
-    loop {
-        if *leader.borrow() != Some(true) {
-            source.reset();
-            return Some(source);
-        }
-        let started = Instant::now();
-        // One span per poll: exported with `[tracing] agent_spans`.
-        let span = tracing::info_span!(
-            "poll",
-            source = %name,
-            rows_read = tracing::field::Empty,
-            error = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
+    entry: Spanned<DeValue<'_>>,
+    v: &mut Validator<'_>,
+) -> Option<K> {
+    let before = v.count();
+    let (raw, unknown) = K::read(v, key, entry);
+    for u in &unknown {
+        let owners = SourceSpec::owners(K::KIND, &u.path);
+        let owner = (!owners.is_empty()).then(|| format!("{} sources", and_list(&owners)));
+        let here = format!("{} sources", K::KIND);
+        v.unknown_key(
+            u,
+            owner
+                .as_deref()
+                .map(|o| format!("{o}, not of {here}"))
+                .as_deref(),
         );
-        let result = tokio::select! {
-            _ = cancel.cancelled() => return None,
-            r = tracing::Instrument::instrument(
-                tokio::time::timeout(source.timeout(), source.poll()),
-                span.clone(),
-            ) => {
-                r.unwrap_or_else(|_| Err(SourceError::Timeout(source.timeout())))
-            }
-        };
-        match &result {
-            Ok(stats) => {
-                span.record("rows_read", stats.rows_read);
-            }
-            Err(e) => {
-                span.record("error", e.to_string());
-                span.record("otel.status_code", "ERROR");
-            }
-        }
-        drop(span);
-        duration.record(started.elapsed().as_secs_f64());
-        let delay = match result {
-            Ok(stats) => {
-                up.set(1.0);
-                unreachable_polls = 0;
-                rows.increment(stats.rows_read);
-                if was_up != Some(true) {
-                    info!(source = %name, "Source is up.");
-                }
-                was_up = Some(true);
-                failures = 0;
-                last_error = None;
-                health.set(
-                    &name,
-                    SourceHealth {
-                        polled: true,
-                        up: true,
-                        ..SourceHealth::default()
-                    },
-                );
-                interval.saturating_sub(started.elapsed())
-            }
-            Err(e) => {
-                up.set(0.0);
-                // An owner that cannot reach the database gives the source up
-                // after a few tries, so that an agent that can takes over.
-                if matches!(e, SourceError::Connect { .. } | SourceError::Timeout(_)) {
-                    unreachable_polls += 1;
-                    if unreachable_polls == YIELD_AFTER {
-                        health.request_yield(&name);
-                    }
-                } else {
-                    unreachable_polls = 0;
-                }
-                metrics::counter!(m::POLL_ERRORS, "source" => name.clone(), "kind" => e.kind())
-                    .increment(1);
-                let message = e.to_string();
-                if was_up != Some(false) || last_error.as_deref() != Some(message.as_str()) {
-                    warn!(source = %name, error = %message, "Poll failed; retrying with backoff.");
-                }
-                was_up = Some(false);
-                failures = failures.saturating_add(1);
-                source.reset();
-                health.set(
-                    &name,
-                    SourceHealth {
-                        polled: true,
-                        up: false,
-                        error: Some(message.clone()),
-                        ..SourceHealth::default()
-                    },
-                );
-                last_error = Some(message);
-                backoff(interval, failures)
-            }
-        };
-        tokio::select! {
-            _ = cancel.cancelled() => return None,
-            _ = tokio::time::sleep(delay) => {}
-            changed = leader.changed() => if changed.is_err() { return None },
-        }
     }
+    let spec = K::validate(raw?, key, name, v);
+    if v.count() > before { None } else { spec }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_from_the_interval_and_stays_capped() {
-        let i = Duration::from_secs(1);
-        for (failures, lo, hi) in [
-            (1, 0.8, 1.2),
-            (2, 1.6, 2.4),
-            (3, 3.2, 4.8),
-            (10, 24.0, 36.0),
-        ] {
-            let d = backoff(i, failures).as_secs_f64();
-            assert!((lo..=hi).contains(&d), "failures={failures}: {d}");
-        }
-        let long = Duration::from_secs(60);
-        assert!(backoff(long, 5).as_secs_f64() <= 72.0);
+/// `a`, `a and b`, `a, b and c`.
+fn and_list(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.to_string(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
     }
 }

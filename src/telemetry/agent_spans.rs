@@ -22,7 +22,7 @@ use tracing::{Event, Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
-use crate::tracing_link::config::TracingConfig;
+use super::collector::{Collector, span_exporter};
 
 type Installer = Box<dyn Fn(opentelemetry_sdk::trace::Tracer) + Send + Sync>;
 type Inner<S> = Arc<OnceLock<Box<dyn Layer<S> + Send + Sync>>>;
@@ -118,9 +118,9 @@ where
 }
 
 /// Starts exporting the agent's spans; keep the provider until shutdown.
-pub fn enable(c: &TracingConfig) -> anyhow::Result<SdkTracerProvider> {
-    let exporter = crate::tracing_link::export::build(c)
-        .context("building the OTLP exporter of the agent's own spans")?;
+pub fn enable(c: &Collector) -> anyhow::Result<SdkTracerProvider> {
+    let exporter =
+        span_exporter(c).context("building the OTLP exporter of the agent's own spans")?;
     let processor =
         BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
     let provider = SdkTracerProvider::builder()

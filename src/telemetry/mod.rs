@@ -3,6 +3,7 @@
 
 pub mod agent_spans;
 pub mod catalogue;
+pub mod collector;
 pub mod labels;
 pub mod otlp;
 pub mod sketch;

@@ -20,13 +20,12 @@ use metrics::{
 };
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Meter, MeterProvider as _};
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader;
 
 use super::catalogue::{self, Kind};
-use crate::tracing_link::config::{Protocol, TracingConfig};
+use super::collector::Collector;
 
 /// The OpenTelemetry name and unit of a catalogue metric.
 pub fn otel_name(name: &str) -> (String, &'static str) {
@@ -53,31 +52,11 @@ pub struct MetricsPush {
 impl MetricsPush {
     /// Builds the exporter and the periodic reader (must run inside tokio).
     pub fn start(
-        c: &TracingConfig,
+        c: &Collector,
         endpoint: &str,
         every: Duration,
     ) -> anyhow::Result<(MetricsPush, OtlpRecorder)> {
-        let exporter = match c.protocol {
-            Protocol::Grpc => {
-                let mut b = opentelemetry_otlp::MetricExporter::builder()
-                    .with_tonic()
-                    .with_endpoint(endpoint.to_string())
-                    .with_timeout(c.timeout)
-                    .with_metadata(crate::tracing_link::export::metadata(c)?);
-                if let Some(tls) = crate::tracing_link::export::tonic_tls(c) {
-                    b = b.with_tls_config(tls);
-                }
-                b.build()?
-            }
-            Protocol::HttpProtobuf => opentelemetry_otlp::MetricExporter::builder()
-                .with_http()
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_endpoint(endpoint.to_string())
-                .with_timeout(c.timeout)
-                .with_headers(c.headers.iter().cloned().collect())
-                .with_http_client(crate::tracing_link::export::http_client(c)?)
-                .build()?,
-        };
+        let exporter = super::collector::metric_exporter(c, endpoint)?;
         let reader = PeriodicReader::builder(exporter, opentelemetry_sdk::runtime::Tokio)
             .with_interval(every)
             .with_timeout(c.timeout)
@@ -361,13 +340,14 @@ impl Recorder for Bridge {
     }
 }
 
-/// Builds the push when `[tracing] export_metrics` asks for it.
-pub fn start(c: &TracingConfig) -> anyhow::Result<Option<(MetricsPush, Bridge)>> {
+/// Builds the push when the collector has a metrics endpoint
+/// (`[tracing] export_metrics`), pushing every `interval`.
+pub fn start(c: &Collector, interval: Duration) -> anyhow::Result<Option<(MetricsPush, Bridge)>> {
     let Some(endpoint) = &c.metrics_endpoint else {
         return Ok(None);
     };
-    let (push, rec) = MetricsPush::start(c, endpoint, c.metrics_interval)
-        .context("building the OTLP metrics exporter")?;
+    let (push, rec) =
+        MetricsPush::start(c, endpoint, interval).context("building the OTLP metrics exporter")?;
     Ok(Some((push, Bridge::new(rec))))
 }
 

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config::{Problem, expand_env};
+use crate::checks::{Validator, expand_env};
+use crate::dsn::redact;
+use crate::telemetry::collector::{Collector, Protocol};
 
 /// `[tracing]` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -58,76 +60,16 @@ pub struct RawSourceTrace {
     pub resource: Option<BTreeMap<String, String>>,
 }
 
-/// OTLP transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    Grpc,
-    HttpProtobuf,
-}
-
-impl Protocol {
-    /// The config / environment spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Grpc => "grpc",
-            Protocol::HttpProtobuf => "http/protobuf",
-        }
-    }
-}
-
 /// Validated `[tracing]`.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct TracingConfig {
-    /// Where spans go: the full URL of the traces endpoint (for HTTP, with `/v1/traces`).
-    pub traces_endpoint: String,
-    pub protocol: Protocol,
+    /// Where and how spans (and pushed metrics) are sent.
+    pub collector: Collector,
     pub sample_ratio: f64,
-    /// Header name and value; values may be secrets and are never printed.
-    pub headers: Vec<(String, String)>,
-    pub timeout: Duration,
     pub queue_size: usize,
-    /// PEM of extra trust anchors.
-    pub ca_pem: Option<Vec<u8>>,
-    /// PEM client certificate and key.
-    pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
-    /// Where metrics are pushed (for HTTP, with `/v1/metrics`); `None`: no push.
-    pub metrics_endpoint: Option<String>,
     pub metrics_interval: Duration,
     /// Export the agent's own poll spans.
     pub agent_spans: bool,
-}
-
-impl std::fmt::Debug for TracingConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
-        f.debug_struct("TracingConfig")
-            .field(
-                "traces_endpoint",
-                &crate::config::redact(&self.traces_endpoint),
-            )
-            .field("protocol", &self.protocol)
-            .field("sample_ratio", &self.sample_ratio)
-            .field("headers", &names)
-            .field("timeout", &self.timeout)
-            .field("queue_size", &self.queue_size)
-            .field(
-                "tls",
-                &(self.ca_pem.is_some(), self.client_identity.is_some()),
-            )
-            .field(
-                "metrics_endpoint",
-                &self.metrics_endpoint.as_deref().map(crate::config::redact),
-            )
-            .field("metrics_interval", &self.metrics_interval)
-            .finish()
-    }
-}
-
-impl TracingConfig {
-    /// Whether the endpoint asks for TLS.
-    pub fn is_tls(&self) -> bool {
-        self.traces_endpoint.starts_with("https://")
-    }
 }
 
 /// Validated `[sources.trace]`.
@@ -144,19 +86,11 @@ const DEFAULT_HTTP: &str = "http://localhost:4318";
 pub const DEFAULT_QUEUE: usize = 4096;
 
 /// Validates `[tracing]`; `None` when the section is absent (no spans).
-pub fn validate(
-    raw: Option<&RawTracing>,
-    env: &dyn Fn(&str) -> Option<String>,
-    problems: &mut Vec<Problem>,
-) -> Option<TracingConfig> {
+pub fn validate(raw: Option<&RawTracing>, v: &mut Validator<'_>) -> Option<TracingConfig> {
     let raw = raw?;
-    let before = problems.len();
-    let mut problem = |key: &str, message: String| {
-        problems.push(Problem {
-            key: key.to_string(),
-            message,
-        })
-    };
+    let before = v.count();
+    let env = v.env();
+    let mut problem = |key: &str, message: String| v.problem(key, message);
     let env_first = |names: &[&str]| -> Option<(String, String)> {
         names
             .iter()
@@ -216,7 +150,7 @@ pub fn validate(
             &endpoint_key,
             format!(
                 "\"{}\" is not an http:// or https:// URL",
-                crate::config::redact(&traces_endpoint)
+                redact(&traces_endpoint)
             ),
         );
     }
@@ -248,10 +182,7 @@ pub fn validate(
     {
         problem(
             "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-            format!(
-                "\"{}\" is not an http:// or https:// URL",
-                crate::config::redact(e)
-            ),
+            format!("\"{}\" is not an http:// or https:// URL", redact(e)),
         );
     }
     let metrics_interval = match raw.metrics_interval.as_deref() {
@@ -402,16 +333,18 @@ pub fn validate(
         }
     };
 
-    (problems.len() == before).then_some(TracingConfig {
-        traces_endpoint,
-        protocol,
+    (v.count() == before).then_some(TracingConfig {
+        collector: Collector {
+            traces_endpoint,
+            metrics_endpoint,
+            protocol,
+            headers,
+            timeout,
+            ca_pem,
+            client_identity,
+        },
         sample_ratio,
-        headers,
-        timeout,
         queue_size,
-        ca_pem,
-        client_identity,
-        metrics_endpoint,
         metrics_interval,
         agent_spans: raw.agent_spans.unwrap_or(false),
     })
@@ -421,7 +354,7 @@ pub fn validate(
 pub fn validate_source(
     key: &str,
     raw: Option<&RawSourceTrace>,
-    problems: &mut Vec<Problem>,
+    v: &mut Validator<'_>,
 ) -> SourceTrace {
     let Some(raw) = raw else {
         return SourceTrace {
@@ -430,35 +363,32 @@ pub fn validate_source(
         };
     };
     let mut resource = Vec::new();
-    for (k, v) in raw.resource.iter().flatten() {
-        if k.is_empty() {
-            problems.push(Problem {
-                key: format!("{key}.trace.resource"),
-                message: "attribute names must not be empty".into(),
-            });
-        } else if k == "service.name" {
-            problems.push(Problem {
-                key: format!("{key}.trace.resource.service.name"),
-                message: "set the source's service_name instead".into(),
-            });
+    for (name, value) in raw.resource.iter().flatten() {
+        if name.is_empty() {
+            v.problem(
+                &format!("{key}.trace.resource"),
+                "attribute names must not be empty".into(),
+            );
+        } else if name == "service.name" {
+            v.problem(
+                &format!("{key}.trace.resource.service.name"),
+                "set the source's service_name instead".into(),
+            );
         } else {
-            resource.push((k.clone(), v.clone()));
+            resource.push((name.clone(), value.clone()));
         }
     }
-    let nonempty = |field: &str, v: &Option<String>, problems: &mut Vec<Problem>| match v {
+    let mut nonempty = |field: &str, value: &Option<String>| match value {
         Some(s) if s.trim().is_empty() => {
-            problems.push(Problem {
-                key: format!("{key}.trace.{field}"),
-                message: "must not be empty".into(),
-            });
+            v.problem(&format!("{key}.trace.{field}"), "must not be empty".into());
             None
         }
         other => other.clone(),
     };
     SourceTrace {
-        messaging_system: nonempty("messaging_system", &raw.messaging_system, problems)
+        messaging_system: nonempty("messaging_system", &raw.messaging_system)
             .unwrap_or_else(|| "inbox".into()),
-        consumer_group: nonempty("consumer_group", &raw.consumer_group, problems),
+        consumer_group: nonempty("consumer_group", &raw.consumer_group),
         resource,
     }
 }
@@ -474,6 +404,7 @@ fn join_path(base: &str, path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checks::{Environment, Problem};
 
     fn check(raw: RawTracing, vars: &[(&str, &str)]) -> Result<TracingConfig, Vec<Problem>> {
         let vars: Vec<(String, String)> = vars
@@ -481,11 +412,10 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         let env = move |n: &str| vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
-        let mut problems = Vec::new();
-        match validate(Some(&raw), &env, &mut problems) {
-            Some(c) => Ok(c),
-            None => Err(problems),
-        }
+        let mut v = Validator::new("", Environment::Process, &env);
+        let c = validate(Some(&raw), &mut v);
+        let problems = v.into_problems();
+        c.ok_or(problems)
     }
 
     #[test]
@@ -499,10 +429,13 @@ mod tests {
             &[],
         )
         .expect("valid");
-        assert_eq!(c.traces_endpoint, "http://collector:4318/v1/traces");
+        assert_eq!(
+            c.collector.traces_endpoint,
+            "http://collector:4318/v1/traces"
+        );
         let c = check(RawTracing::default(), &[]).expect("valid");
-        assert_eq!(c.traces_endpoint, "http://localhost:4317");
-        assert_eq!(c.protocol, Protocol::Grpc);
+        assert_eq!(c.collector.traces_endpoint, "http://localhost:4317");
+        assert_eq!(c.collector.protocol, Protocol::Grpc);
         assert_eq!(c.sample_ratio, 1.0);
     }
 
@@ -517,9 +450,12 @@ mod tests {
             ],
         )
         .expect("valid");
-        assert_eq!(c.traces_endpoint, "https://otel.example:4318/v1/traces");
-        assert_eq!(c.timeout, Duration::from_millis(2500));
-        assert!(c.is_tls());
+        assert_eq!(
+            c.collector.traces_endpoint,
+            "https://otel.example:4318/v1/traces"
+        );
+        assert_eq!(c.collector.timeout, Duration::from_millis(2500));
+        assert!(c.collector.is_tls());
         let c = check(
             RawTracing::default(),
             &[
@@ -529,7 +465,7 @@ mod tests {
             ],
         )
         .expect("valid");
-        assert_eq!(c.traces_endpoint, "http://a:1/custom");
+        assert_eq!(c.collector.traces_endpoint, "http://a:1/custom");
     }
 
     #[test]
@@ -583,7 +519,7 @@ mod tests {
             &[("TOKEN", "t0ps3cret")],
         )
         .expect("valid");
-        assert_eq!(c.headers[0].1, "Bearer t0ps3cret");
+        assert_eq!(c.collector.headers[0].1, "Bearer t0ps3cret");
         assert!(!format!("{c:?}").contains("t0ps3cret"));
     }
 }

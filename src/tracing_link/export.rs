@@ -9,22 +9,20 @@
 //! re-derived with the same ids if their rows are read again, and a retry
 //! queue would only hold memory while the collector is down.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::config::{Protocol, TracingConfig};
+use super::config::TracingConfig;
 use super::{Queued, SourceIdentity};
 use crate::telemetry::catalogue as m;
+use crate::telemetry::collector::span_exporter;
 
 /// Spans sent in one export request at most.
 pub const MAX_BATCH: usize = 512;
@@ -65,7 +63,7 @@ impl Exporter {
         identity: &SourceIdentity,
         resource: &[(String, String)],
     ) -> anyhow::Result<(usize, mpsc::Sender<Queued>)> {
-        let mut exporter = build(&self.config).with_context(|| {
+        let mut exporter = span_exporter(&self.config.collector).with_context(|| {
             format!(
                 "building the OTLP exporter of source \"{}\"",
                 identity.source
@@ -94,8 +92,8 @@ impl Exporter {
     /// (bounded by the export timeout).
     pub async fn run(mut self, stop: CancellationToken) {
         info!(
-            endpoint = %crate::config::redact(&self.config.traces_endpoint),
-            protocol = self.config.protocol.as_str(),
+            endpoint = %crate::dsn::redact(&self.config.collector.traces_endpoint),
+            protocol = self.config.collector.protocol.as_str(),
             sample_ratio = self.config.sample_ratio,
             "Exporting spans over OTLP."
         );
@@ -142,7 +140,7 @@ impl Exporter {
     }
 
     async fn send_all(&mut self, healthy: &mut bool) {
-        let timeout = self.config.timeout;
+        let timeout = self.config.collector.timeout;
         for t in &mut self.targets {
             while !t.batch.is_empty() {
                 let n = t.batch.len().min(MAX_BATCH);
@@ -175,124 +173,4 @@ impl Exporter {
             }
         }
     }
-}
-
-/// Builds one OTLP span exporter from the validated settings.
-pub fn build(c: &TracingConfig) -> anyhow::Result<opentelemetry_otlp::SpanExporter> {
-    let exporter = match c.protocol {
-        Protocol::Grpc => {
-            let mut b = opentelemetry_otlp::SpanExporter::builder()
-                .with_tonic()
-                .with_endpoint(c.traces_endpoint.clone())
-                .with_timeout(c.timeout)
-                .with_metadata(metadata(c)?);
-            if let Some(tls) = tonic_tls(c) {
-                b = b.with_tls_config(tls);
-            }
-            b.build()?
-        }
-        Protocol::HttpProtobuf => {
-            let headers: HashMap<String, String> = c.headers.iter().cloned().collect();
-            opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_endpoint(c.traces_endpoint.clone())
-                .with_timeout(c.timeout)
-                .with_headers(headers)
-                .with_http_client(http_client(c)?)
-                .build()?
-        }
-    };
-    Ok(exporter)
-}
-
-/// The configured headers as gRPC metadata.
-pub fn metadata(
-    c: &TracingConfig,
-) -> anyhow::Result<opentelemetry_otlp::tonic_types::metadata::MetadataMap> {
-    let mut headers = http::HeaderMap::new();
-    for (k, v) in &c.headers {
-        let name = http::HeaderName::from_bytes(k.as_bytes())
-            .with_context(|| format!("tracing.headers.{k}: not a header name"))?;
-        let value = http::HeaderValue::from_str(v)
-            .with_context(|| format!("tracing.headers.{k}: not a header value"))?;
-        headers.insert(name, value);
-    }
-    Ok(opentelemetry_otlp::tonic_types::metadata::MetadataMap::from_headers(headers))
-}
-
-/// TLS settings of the gRPC channel, for `https://` endpoints or when
-/// certificates are configured: the web PKI roots, `ca_file`, the client identity.
-pub fn tonic_tls(
-    c: &TracingConfig,
-) -> Option<opentelemetry_otlp::tonic_types::transport::ClientTlsConfig> {
-    use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig, Identity};
-    if !(c.is_tls() || c.ca_pem.is_some() || c.client_identity.is_some()) {
-        return None;
-    }
-    let mut tls = ClientTlsConfig::new().with_webpki_roots();
-    if let Some(ca) = &c.ca_pem {
-        tls = tls.ca_certificate(Certificate::from_pem(ca));
-    }
-    if let Some((cert, key)) = &c.client_identity {
-        tls = tls.identity(Identity::from_pem(cert, key));
-    }
-    Some(tls)
-}
-
-/// The HTTP client of the HTTP/protobuf exporters: hyper on the agent's runtime.
-pub fn http_client(
-    c: &TracingConfig,
-) -> anyhow::Result<
-    opentelemetry_http::hyper::HyperClient<
-        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
-    >,
-> {
-    Ok(opentelemetry_http::hyper::HyperClient::new(
-        https_connector(c)?,
-        c.timeout,
-        None,
-    ))
-}
-
-/// An HTTP(S) connector on rustls/ring: the web PKI roots plus `ca_file`,
-/// and the client certificate when one is configured.
-fn https_connector(
-    c: &TracingConfig,
-) -> anyhow::Result<hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>>
-{
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let mut roots = rustls::RootCertStore::empty();
-    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(ca) = &c.ca_pem {
-        for cert in CertificateDer::pem_slice_iter(ca) {
-            roots
-                .add(cert.context("tracing.ca_file: unreadable certificate")?)
-                .context("tracing.ca_file: unusable certificate")?;
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_root_certificates(roots);
-    let tls = match &c.client_identity {
-        Some((cert, key)) => {
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
-                .collect::<Result<_, _>>()
-                .context("tracing.client_cert_file: unreadable certificate")?;
-            let key = PrivateKeyDer::from_pem_slice(key)
-                .context("tracing.client_key_file: unreadable key")?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .context("tracing.client_cert_file: unusable certificate or key")?
-        }
-        None => builder.with_no_client_auth(),
-    };
-    Ok(hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .build())
 }

@@ -360,29 +360,33 @@ impl Linker {
         }
     }
 
-    /// The sink of one table source, under its own resource.
-    pub fn sink(&mut self, spec: &crate::config::TableSpec) -> anyhow::Result<SpanSink> {
-        let service = spec
-            .service_name
-            .clone()
-            .unwrap_or_else(|| spec.name.clone());
+    /// The sink of one source, under its own resource: `service_name`
+    /// (default: the source's name), `[sources.trace]`, and the P95
+    /// objective beyond which an event counts as slow (always kept).
+    pub fn sink(
+        &mut self,
+        source: &str,
+        service_name: Option<&str>,
+        trace: &config::SourceTrace,
+        slow_after: Option<std::time::Duration>,
+    ) -> anyhow::Result<SpanSink> {
+        let service = service_name.unwrap_or(source).to_string();
         let identity = SourceIdentity {
-            source: spec.name.clone(),
-            consumer_group: spec
-                .trace
+            source: source.to_string(),
+            consumer_group: trace
                 .consumer_group
                 .clone()
                 .unwrap_or_else(|| service.clone()),
-            messaging_system: spec.trace.messaging_system.clone(),
+            messaging_system: trace.messaging_system.clone(),
             service,
         };
-        let (resource, tx) = self.exporter.add_source(&identity, &spec.trace.resource)?;
+        let (resource, tx) = self.exporter.add_source(&identity, &trace.resource)?;
         Ok(SpanSink::new(
             tx,
             resource,
             identity,
             self.sample_ratio,
-            spec.objectives.p95,
+            slow_after,
         ))
     }
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use regex::Regex;
 
-use crate::config::{RawFilter, RawSource, Validator, expand_env};
+use serde::Deserialize;
+
+use crate::checks::{Validator, expand_env};
 
 /// Default pattern of dead-letter topic names.
 pub const DEFAULT_DEAD_LETTER_TOPICS: &str = r".*(\.DLQ|-dlq|\.dead-letter)$";
@@ -122,63 +124,74 @@ impl SaslMechanism {
     }
 }
 
-/// Keys that only Kafka sources take, refused on table sources.
-pub(crate) fn reject_kafka_keys(v: &mut Validator, key: &str, s: &RawSource) {
-    let present = [
-        ("brokers", s.brokers.is_some()),
-        ("groups", s.groups.is_some()),
-        ("topics", s.topics.is_some()),
-        ("granularity", s.granularity.is_some()),
-        ("dead_letter_topics", s.dead_letter_topics.is_some()),
-        ("retry_topics", s.retry_topics.is_some()),
-        ("status_window", s.status_window.is_some()),
-        ("read_concurrency", s.read_concurrency.is_some()),
-        ("client_id", s.client_id.is_some()),
-        ("tls", s.tls.is_some()),
-        ("sasl", s.sasl.is_some()),
-    ];
-    for (k, set) in present {
-        if set {
-            v.problem(
-                &format!("{key}.{k}"),
-                "applies to kafka sources only".into(),
-            );
-        }
-    }
+/// A `kind = "kafka"` entry as written (without `name` and `kind`).
+#[derive(Debug, Default, Deserialize)]
+pub struct RawKafka {
+    /// Bootstrap brokers, `host:port`.
+    pub brokers: Option<Vec<String>>,
+    /// Consumer groups to watch (default all).
+    pub groups: Option<RawFilter>,
+    /// Topics to watch (default all except internal ones).
+    pub topics: Option<RawFilter>,
+    /// `partition` (default) or `topic`.
+    pub granularity: Option<String>,
+    /// Regex of dead-letter topic names.
+    pub dead_letter_topics: Option<String>,
+    /// Regex of retry topic names, with a named group `tier`.
+    pub retry_topics: Option<String>,
+    /// How often the cluster is read (default `10s`).
+    pub poll_interval: Option<String>,
+    /// Longest time one cycle may take (default: the poll interval, at least `5s`).
+    pub timeout: Option<String>,
+    /// The sliding window a group's status is judged over (default `5m`).
+    pub status_window: Option<String>,
+    /// Concurrent fetches of records at committed offsets (default 8).
+    pub read_concurrency: Option<i64>,
+    /// The client id the agent's requests carry (default `inboxwatch`).
+    pub client_id: Option<String>,
+    /// TLS to the brokers.
+    pub tls: Option<RawTls>,
+    /// SASL authentication.
+    pub sasl: Option<RawSasl>,
+}
+
+/// `{ include = [...], exclude = [...] }`: regexes matched against whole names.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawFilter {
+    pub include: Option<Vec<String>>,
+    pub exclude: Option<Vec<String>>,
+}
+
+/// `[sources.tls]`: present means the brokers are reached over TLS.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawTls {
+    /// PEM file of the CA(s) that sign the brokers' certificates (default: the Mozilla roots).
+    pub ca_file: Option<String>,
+    /// PEM client certificate (mutual TLS), with `key_file`.
+    pub cert_file: Option<String>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<String>,
+}
+
+/// `[sources.sasl]`.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawSasl {
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    pub mechanism: Option<String>,
+    pub username: Option<String>,
+    /// `${VAR}` is replaced by the environment variable VAR.
+    pub password: Option<String>,
+    /// A file whose content is the password; instead of `password`.
+    pub password_file: Option<String>,
 }
 
 /// Validates a `kind = "kafka"` entry.
 pub(crate) fn validate(
-    v: &mut Validator,
+    v: &mut Validator<'_>,
     key: &str,
     name: String,
-    s: &RawSource,
-    env: &dyn Fn(&str) -> Option<String>,
+    s: &RawKafka,
 ) -> Option<KafkaSpec> {
-    let table_only = [
-        ("dsn", s.dsn.is_some()),
-        ("dsn_file", s.dsn_file.is_some()),
-        ("table", s.table.is_some()),
-        ("overlap", s.overlap.is_some()),
-        ("stuck_after", s.stuck_after.is_some()),
-        ("quantile_window", s.quantile_window.is_some()),
-        ("state_retention", s.state_retention.is_some()),
-        ("event_type_limit", s.event_type_limit.is_some()),
-        ("max_tracked_events", s.max_tracked_events.is_some()),
-        ("batch_size", s.batch_size.is_some()),
-        ("max_count_jump", s.max_count_jump.is_some()),
-        ("statuses", s.statuses.is_some()),
-        ("trace", s.trace.is_some()),
-        ("service_name", s.service_name.is_some()),
-    ];
-    for (k, set) in table_only {
-        if set {
-            v.problem(
-                &format!("{key}.{k}"),
-                "applies to inbox and outbox sources only".into(),
-            );
-        }
-    }
     let brokers = match &s.brokers {
         None => {
             v.problem(
@@ -276,7 +289,7 @@ pub(crate) fn validate(
         256,
     );
     let client_id = s.client_id.clone().unwrap_or_else(|| "inboxwatch".into());
-    let security = security(v, key, s, env);
+    let security = security(v, key, s);
     let (Some(dead_letter_topics), Some(retry_topics), Some(groups), Some(topics), Some(security)) =
         (dead_letter_topics, retry_topics, groups, topics, security)
     else {
@@ -300,7 +313,7 @@ pub(crate) fn validate(
     })
 }
 
-fn regex(v: &mut Validator, key: &str, text: &str) -> Option<Regex> {
+fn regex(v: &mut Validator<'_>, key: &str, text: &str) -> Option<Regex> {
     match Regex::new(&format!("^(?:{text})$")) {
         Ok(r) => Some(r),
         Err(e) => {
@@ -321,7 +334,7 @@ fn regex(v: &mut Validator, key: &str, text: &str) -> Option<Regex> {
 }
 
 fn filter(
-    v: &mut Validator,
+    v: &mut Validator<'_>,
     key: &str,
     raw: Option<&RawFilter>,
     default_exclude: &[&str],
@@ -348,12 +361,8 @@ fn filter(
     ok.then_some(Filter { include, exclude })
 }
 
-fn security(
-    v: &mut Validator,
-    key: &str,
-    s: &RawSource,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Option<KafkaSecurity> {
+fn security(v: &mut Validator<'_>, key: &str, s: &RawKafka) -> Option<KafkaSecurity> {
+    let env = v.env();
     let mut out = KafkaSecurity::default();
     let mut ok = true;
     if let Some(t) = &s.tls {
@@ -459,7 +468,7 @@ fn security(
 }
 
 /// Builds the rustls client config; errors name the `tls` key at fault.
-fn tls_config(t: &crate::config::RawTls) -> Result<rustls::ClientConfig, (&'static str, String)> {
+fn tls_config(t: &RawTls) -> Result<rustls::ClientConfig, (&'static str, String)> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let mut roots = rustls::RootCertStore::empty();

@@ -23,11 +23,11 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
-use super::ELECTION_PROTOCOL;
 use super::client::{Connection, Connector, KafkaError, error_name};
 use super::config::KafkaSpec;
+use super::election::{ELECTION_PROTOCOL, GROUP_PREFIX};
 use super::records::{self, Found};
-use crate::sources::SourceError;
+use crate::sources::run::SourceError;
 
 /// Bytes asked per partition when reading the record at a committed offset:
 /// a producer's default batch (16 KiB) fits; a larger batch is fetched again
@@ -325,8 +325,8 @@ impl Fetcher {
             }
             for g in resp.groups {
                 let name = g.group_id.0.as_str();
-                let own = g.protocol_type.as_str() == ELECTION_PROTOCOL
-                    || name.starts_with(crate::coordination::kafka::GROUP_PREFIX);
+                let own =
+                    g.protocol_type.as_str() == ELECTION_PROTOCOL || name.starts_with(GROUP_PREFIX);
                 if !own && self.spec.groups.matches(name) {
                     // The broker that lists a group coordinates it.
                     self.coordinators.insert(name.to_string(), id);

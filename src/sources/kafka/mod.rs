@@ -15,28 +15,32 @@
 //!    flight) and its timestamp gives the lag in seconds; the timestamp is
 //!    cached per (topic, partition, committed offset);
 //! 5. status, dead-letter and retry counters, and one snapshot of series.
+//!
+//! Which agent reads a cluster is decided apart from the cycle, by a group
+//! of the agents' own (`election.rs`, which does send `FindCoordinator`).
 
 pub mod client;
 pub mod config;
+mod doctor;
+pub mod election;
 pub mod fetch;
+mod kind;
 pub mod records;
 pub mod scram;
 pub mod series;
 pub mod status;
 
+pub use config::KafkaSpec;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use self::client::Connector;
-use self::config::KafkaSpec;
 use self::fetch::Fetcher;
 use self::series::{Memory, Settings};
-use super::{PollStats, Source, SourceError};
+use super::run::{PollStats, Source, SourceError};
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::snapshot;
-
-/// Protocol type of the agent's own election groups; never watched.
-pub const ELECTION_PROTOCOL: &str = "inboxwatch";
 
 pub struct KafkaSource {
     spec: Arc<KafkaSpec>,

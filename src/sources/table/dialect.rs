@@ -6,13 +6,13 @@
 
 use std::time::Duration;
 
-use crate::config::Dialect;
+use crate::dsn::Dialect;
 
 /// What [`Sql::micros`] gives for a time that has no microsecond value that
 /// fits in 64 bits (PostgreSQL's `infinity`, a year past 294,000) or that the
 /// database cannot read as a time (SQLite text): the row is rejected as
 /// `time_out_of_range`, the source stays up.
-pub const OUT_OF_RANGE: i64 = i64::MIN + 1;
+pub use crate::sources::kind::OUT_OF_RANGE;
 
 /// A value bound as the tail cursor.
 #[derive(Debug, Clone)]

@@ -20,10 +20,10 @@ use std::time::{Duration, Instant};
 use sqlx::any::AnyRow;
 
 use super::backlog::{GaugeMap, Unfinished};
+use super::config::{InboxSpec, Status};
 use super::dialect::{OUT_OF_RANGE, Sql};
 use super::state::{Entry, Flags, Tracked};
 use super::{MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
-use crate::config::{InboxSpec, Status};
 use crate::telemetry::catalogue as m;
 use crate::telemetry::labels::LabelCap;
 use crate::telemetry::sketch::WindowedSketch;

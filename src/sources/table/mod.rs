@@ -10,10 +10,18 @@
 //! every poll only while the backlog is too large to keep.
 
 pub mod backlog;
+pub mod config;
 pub mod dialect;
+mod doctor;
 pub mod inbox;
+mod kind;
+pub mod lock;
+mod lookup;
 pub mod outbox;
+pub mod schema;
 mod state;
+
+pub use config::{InboxSpec, OutboxSpec, Status, StatusMap, TableSpec};
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -24,8 +32,8 @@ use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AnyPool, Connection, Row};
 use tracing::debug;
 
-use crate::config::{Dialect, TableSpec};
-use crate::sources::{PollStats, Source, SourceError};
+use crate::dsn::Dialect;
+use crate::sources::run::{PollStats, Source, SourceError};
 use crate::telemetry::catalogue as m;
 use backlog::{Backlog, GaugeMap, Unfinished};
 use dialect::{Param, Sql};
@@ -195,6 +203,11 @@ impl<K: TableKind> TableSource<K> {
 
     /// What connecting needs, detached from the source so that no borrow of
     /// it (and of its connection) is held across the connect.
+    /// The SQL dialect of the source's database.
+    pub fn sql(&self) -> Sql {
+        self.sql
+    }
+
     pub fn opener(&self) -> Opener {
         Opener {
             spec: self.spec.clone(),

@@ -10,11 +10,11 @@ use std::time::Instant;
 use sqlx::any::AnyRow;
 
 use super::backlog::{GaugeMap, Unfinished};
+use super::config::OutboxSpec;
 use super::dialect::{OUT_OF_RANGE, Sql};
 use super::inbox::seconds;
 use super::state::{Entry, Flags, Tracked};
 use super::{NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
-use crate::config::OutboxSpec;
 use crate::telemetry::catalogue as m;
 use crate::telemetry::labels::LabelCap;
 use crate::tracing_link::{self as link, Publish, SpanSink, TraceParent};

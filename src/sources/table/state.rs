@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::config::TableSpec;
+use super::config::TableSpec;
 
 /// Up to eight booleans in one byte, among them the presence of optional
 /// times: an `Option<i64>` costs 16 bytes, a time and a bit 8.

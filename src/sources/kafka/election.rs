@@ -18,10 +18,9 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tracing::debug;
 
-use super::Lock;
-use crate::sources::kafka::ELECTION_PROTOCOL;
-use crate::sources::kafka::client::{Connection, Connector, error_name};
-use crate::sources::kafka::config::KafkaSpec;
+use super::client::{Connection, Connector, error_name};
+use super::config::KafkaSpec;
+use crate::coordination::Lock;
 
 /// How long the coordinator keeps a member that stopped heartbeating.
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -37,6 +36,9 @@ const MEMBER_ID_REQUIRED: i16 = 79;
 
 /// The prefix of the election groups' names.
 pub const GROUP_PREFIX: &str = "inboxwatch-election.";
+
+/// Protocol type of the agent's own election groups; never watched.
+pub const ELECTION_PROTOCOL: &str = "inboxwatch";
 
 pub struct KafkaElection {
     source: String,

@@ -2,8 +2,9 @@
 //! dialect — the change-cursor index for tailing and an index over the
 //! unfinished rows for the gauges.
 
-use crate::config::{Dialect, StatusMap};
-use crate::sources::table::dialect::Sql;
+use super::config::StatusMap;
+use super::dialect::Sql;
+use crate::dsn::Dialect;
 
 /// DDL for an inbox table and, optionally, an outbox table.
 pub fn ddl(dialect: Dialect, inbox: &str, outbox: Option<&str>) -> String {

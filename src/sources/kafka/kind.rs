@@ -1,0 +1,40 @@
+//! A Kafka cluster as a kind of source: its entry, its election (a group of
+//! the agents' own on the watched cluster), its `doctor` checks. It keeps no
+//! event rows, so the lookups skip it.
+
+use tracing::info;
+
+use super::config::{KafkaSpec, RawKafka, validate};
+use super::election::KafkaElection;
+use super::{KafkaSource, doctor};
+use crate::checks::Validator;
+use crate::sources::kind::{Finding, Kind, Runtime};
+
+impl Kind for KafkaSpec {
+    const KIND: &'static str = "kafka";
+    type Raw = RawKafka;
+
+    fn validate(raw: RawKafka, key: &str, name: String, v: &mut Validator<'_>) -> Option<Self> {
+        validate(v, key, name, &raw)
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
+        info!(source = %self.name, brokers = ?self.brokers, "Watching Kafka cluster.");
+        let leader = rt.elect(KafkaElection::for_source(&self));
+        let name = self.name.clone();
+        rt.spawn_loop(&name, move || KafkaSource::new(self.clone()), leader);
+        Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("kafka, brokers {}", self.brokers.join(", "))
+    }
+
+    async fn doctor(&self) -> Vec<Finding> {
+        doctor::check(self).await
+    }
+}
