@@ -390,7 +390,7 @@ fn check_parameters(url: &Url, dialect: Dialect) -> Result<(), DsnError> {
             }
             None => {
                 return Err(DsnError::Invalid(format!(
-                    "unknown parameter \"{}\" for {} (see the README's DSN parameters)",
+                    "unknown parameter \"{}\" for {} (see docs/configuration.md, \"DSN parameters\")",
                     key.chars().take(40).collect::<String>(),
                     dialect.as_str()
                 )));

@@ -1,6 +1,6 @@
 //! Every metric the agent exports, declared once: name, type, unit, labels and
-//! help text. The README's metric reference, the dashboards and the alert
-//! rules are checked against this list.
+//! help text. The metric reference in docs/metrics.md, the dashboards and the
+//! alert rules are checked against this list.
 
 use metrics::Unit;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusRecorder};
@@ -124,7 +124,7 @@ const fn def(
     }
 }
 
-/// The catalogue, in the order of the README's metric reference.
+/// The catalogue, in the order of the metric reference (docs/metrics.md).
 pub static CATALOGUE: &[MetricDef] = &[
     def(
         INBOX_RECEIVED,
@@ -450,7 +450,7 @@ pub fn prometheus_builder() -> PrometheusBuilder {
 }
 
 /// The metric reference as a Markdown table (`inboxwatch metrics`), the same
-/// table the README carries.
+/// table docs/metrics.md carries.
 pub fn markdown() -> String {
     let mut out = String::from("| name | type | labels | meaning |\n|---|---|---|---|\n");
     for m in CATALOGUE {
@@ -490,13 +490,13 @@ mod tests {
         }
     }
 
-    /// Guards the README's metric reference: it must be the catalogue's table.
+    /// Guards the metric reference in docs/metrics.md: it must be the catalogue's table.
     #[test]
-    fn readme_lists_every_metric_of_the_catalogue() {
-        let readme = include_str!("../../README.md");
+    fn metrics_page_lists_every_metric_of_the_catalogue() {
+        let page = include_str!("../../docs/metrics.md");
         assert!(
-            readme.contains(&markdown()),
-            "README.md's metric reference differs from the catalogue; paste the output of `inboxwatch metrics`"
+            page.contains(&markdown()),
+            "docs/metrics.md's metric reference differs from the catalogue; paste the output of `inboxwatch metrics`"
         );
     }
 }
