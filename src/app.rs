@@ -18,7 +18,7 @@ use crate::coordination::Leadership;
 use crate::health::Health;
 use crate::http::{self, AppState};
 use crate::sources::kind::Runtime;
-use crate::telemetry::catalogue::{self as m, catalogue_recorder};
+use crate::telemetry::catalogue::{self as metric, catalogue_recorder};
 
 /// A running agent.
 pub struct Agent {
@@ -58,8 +58,8 @@ pub fn install_recorder_with(
         .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed")),
     }
     .context("installing the metrics recorder")?;
-    m::describe();
-    metrics::gauge!(m::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    metric::describe();
+    metrics::gauge!(metric::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));

@@ -219,12 +219,21 @@ impl<'e> Validator<'e> {
         }
     }
 
-    /// Reports a key the section does not know; `owner` says where it
-    /// belongs instead, when it is another kind's key.
-    pub fn unknown_key(&mut self, unknown: &Unknown, owner: Option<&str>) {
+    /// Reports a key the section does not know, with the keys it takes
+    /// there (`expected`); `owner` says where it belongs instead, when it is
+    /// another kind's key.
+    pub fn unknown_key(&mut self, unknown: &Unknown, expected: &[&str], owner: Option<&str>) {
         let mut message = match owner {
             Some(owner) => format!("unknown key: it is a key of {owner}"),
-            None => "unknown key".to_string(),
+            None if expected.is_empty() => "unknown key".to_string(),
+            None => format!(
+                "unknown key, expected one of {}",
+                expected
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         };
         if let Some(line) = unknown.line {
             message = format!("{message} (line {line})");
@@ -273,6 +282,113 @@ pub fn knows<T: DeserializeOwned>(path: &[String]) -> bool {
     let mut ignored = false;
     let _ = serde_ignored::deserialize(de, |_| ignored = true) as Result<T, _>;
     !ignored
+}
+
+impl Unknown {
+    /// The path of the table that holds the key (empty: the section itself).
+    pub fn parent(&self) -> &[String] {
+        self.path.split_last().map_or(&[], |(_, parent)| parent)
+    }
+}
+
+/// The keys the table at `path` inside a `T` takes (`path` empty: `T`'s
+/// own), as serde declares them; empty where `T` has no struct there.
+pub fn keys_at<T: DeserializeOwned>(path: &[String]) -> Vec<&'static str> {
+    let mut found = None;
+    let _ = T::deserialize(Probe {
+        path,
+        found: &mut found,
+    });
+    found.map(<[&str]>::to_vec).unwrap_or_default()
+}
+
+/// A deserializer that walks `path` into a type's structs and records the
+/// fields of the struct at its end.
+struct Probe<'p, 'f> {
+    path: &'p [String],
+    found: &'f mut Option<&'static [&'static str]>,
+}
+
+impl<'de> serde::Deserializer<'de> for Probe<'_, '_> {
+    type Error = serde::de::value::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(serde::de::Error::custom("not a struct"))
+    }
+
+    fn deserialize_option<V: serde::de::Visitor<'de>>(
+        self,
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        visitor.visit_some(self)
+    }
+
+    fn deserialize_newtype_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _: &'static str,
+        fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        match self.path.split_first() {
+            None => {
+                *self.found = Some(fields);
+                Err(serde::de::Error::custom("probed"))
+            }
+            Some((key, rest)) => visitor.visit_map(ProbeEntry {
+                key: Some(key.as_str()),
+                value: Some(Probe {
+                    path: rest,
+                    found: self.found,
+                }),
+            }),
+        }
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf unit unit_struct seq tuple tuple_struct map enum
+        identifier ignored_any
+    }
+}
+
+/// The one entry of a probed table: the next key of the path.
+struct ProbeEntry<'k, 'p, 'f> {
+    key: Option<&'k str>,
+    value: Option<Probe<'p, 'f>>,
+}
+
+impl<'de> serde::de::MapAccess<'de> for ProbeEntry<'_, '_, '_> {
+    type Error = serde::de::value::Error;
+
+    fn next_key_seed<K: serde::de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, Self::Error> {
+        match self.key.take() {
+            Some(k) => seed
+                .deserialize(serde::de::value::StrDeserializer::<Self::Error>::new(k))
+                .map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn next_value_seed<V: serde::de::DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> Result<V::Value, Self::Error> {
+        match self.value.take() {
+            Some(probe) => seed.deserialize(probe),
+            None => Err(serde::de::Error::custom("no value")),
+        }
+    }
 }
 
 /// The keys of a path, without serde's `?` steps.
@@ -469,6 +585,13 @@ mod tests {
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert_eq!(problems[0].key, "s.inner.a");
         assert!(problems[0].message.ends_with("(line 3)"), "{problems:?}");
+    }
+
+    #[test]
+    fn keys_at_lists_what_a_table_takes() {
+        assert_eq!(keys_at::<Outer>(&[]), vec!["name", "inner"]);
+        assert_eq!(keys_at::<Outer>(&["inner".into()]), vec!["a"]);
+        assert!(keys_at::<Outer>(&["name".into()]).is_empty());
     }
 
     #[test]

@@ -19,7 +19,7 @@ use toml::de::DeValue;
 pub use crate::checks::{
     ConfigError, Environment, PLACEHOLDER, Problem, is_identifier, is_table_name,
 };
-use crate::checks::{Document, Validator};
+use crate::checks::{Document, Validator, keys_at};
 use crate::sources::SourceSpec;
 use crate::tracing_link::config::{RawTracing, TracingConfig};
 
@@ -151,10 +151,9 @@ fn read(text: &str, v: &mut Validator<'_>) -> Option<Config> {
     let sources = doc.take("sources");
     let tracing = doc.take("tracing");
     for unknown in doc.rest(v) {
-        v.unknown_key(&unknown, None);
+        v.unknown_key(&unknown, &["server", "sources", "tracing"], None);
     }
     let server: RawServer = section(v, "server", server).unwrap_or_default();
-    let tracing: Option<RawTracing> = tracing.and_then(|t| section(v, "tracing", Some(t)));
 
     let listen = match server.listen.as_deref().unwrap_or(DEFAULT_LISTEN).parse() {
         Ok(a) => a,
@@ -181,6 +180,7 @@ fn read(text: &str, v: &mut Validator<'_>) -> Option<Config> {
     ) as u32;
     let http = http_limits(v, &server);
     let sources = read_sources(v, sources);
+    let tracing: Option<RawTracing> = tracing.and_then(|t| section(v, "tracing", Some(t)));
     let tracing = crate::tracing_link::config::validate(tracing.as_ref(), v);
     Some(Config {
         listen,
@@ -201,7 +201,8 @@ fn section<T: serde::de::DeserializeOwned + Default>(
     let value = value?;
     let (read, unknown) = v.read::<T>(key, value);
     for u in &unknown {
-        v.unknown_key(u, None);
+        let expected = keys_at::<T>(u.parent());
+        v.unknown_key(u, &expected, None);
     }
     read
 }

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::health::Health;
-use crate::telemetry::catalogue as m;
+use crate::telemetry::catalogue as metric;
 
 /// How often the owner renews its lock and a standby agent tries to take it.
 pub const HEARTBEAT: Duration = Duration::from_secs(5);
@@ -50,7 +50,7 @@ impl Leadership {
     /// Registers a source as standing by.
     pub fn register(&self, source: &str) {
         lock(&self.all).insert(source.to_string());
-        metrics::gauge!(m::SOURCE_LEADER, "source" => source.to_string()).set(0.0);
+        metrics::gauge!(metric::SOURCE_LEADER, "source" => source.to_string()).set(0.0);
     }
 
     /// Records whether this agent owns `source` (`false`: another agent does).
@@ -62,7 +62,7 @@ impl Leadership {
             lock(&self.led).remove(source);
             lock(&self.contending).remove(source);
         }
-        metrics::gauge!(m::SOURCE_LEADER, "source" => source.to_string()).set(if leader {
+        metrics::gauge!(metric::SOURCE_LEADER, "source" => source.to_string()).set(if leader {
             1.0
         } else {
             0.0
@@ -74,7 +74,7 @@ impl Leadership {
     pub fn set_contending(&self, source: &str) {
         lock(&self.led).remove(source);
         lock(&self.contending).insert(source.to_string());
-        metrics::gauge!(m::SOURCE_LEADER, "source" => source.to_string()).set(0.0);
+        metrics::gauge!(metric::SOURCE_LEADER, "source" => source.to_string()).set(0.0);
     }
 
     /// How many sources this agent owns.
@@ -120,9 +120,9 @@ pub fn hide_standby(rendered: String, standing_by: &[String]) -> String {
     let mut out = String::with_capacity(rendered.len());
     for line in rendered.lines() {
         let hidden = !line.starts_with('#')
-            && !line.starts_with(m::SOURCE_LEADER)
-            && !line.starts_with(m::COUNTING_GAPS)
-            && !line.starts_with(m::COUNTING_GAP_SECONDS)
+            && !line.starts_with(metric::SOURCE_LEADER)
+            && !line.starts_with(metric::COUNTING_GAPS)
+            && !line.starts_with(metric::COUNTING_GAP_SECONDS)
             && needles
                 .iter()
                 .any(|(a, b)| line.contains(a.as_str()) || line.contains(b.as_str()));
@@ -176,7 +176,7 @@ pub async fn elect<L: Lock>(
     // own the source then, and someone has to say so.
     let unreachable = |error: String| {
         leadership.set_contending(&source);
-        metrics::gauge!(m::SOURCE_UP, "source" => source.clone()).set(0.0);
+        metrics::gauge!(metric::SOURCE_UP, "source" => source.clone()).set(0.0);
         health.set_down(&source, error);
     };
     let mut held = false;

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use toml::Spanned;
 use toml::de::DeValue;
 
-use crate::checks::{Unknown, Validator, knows};
+use crate::checks::{Unknown, Validator, keys_at, knows};
 use crate::coordination::{Leadership, Lock, elect};
 use crate::health::Health;
 use crate::sources::run::{Source, run_loop};
@@ -39,6 +39,12 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
     /// misplaced one is).
     fn knows(path: &[String]) -> bool {
         knows::<Self::Raw>(path)
+    }
+
+    /// The keys the kind takes in the table at `path` of its entry (besides
+    /// `name` and `kind` at the top).
+    fn keys_at(path: &[String]) -> Vec<&'static str> {
+        keys_at::<Self::Raw>(path)
     }
 
     /// Checks every setting, reporting each problem with its key

@@ -123,8 +123,13 @@ fn check<K: Kind>(
         let owners = SourceSpec::owners(K::KIND, &u.path);
         let owner = (!owners.is_empty()).then(|| format!("{} sources", and_list(&owners)));
         let here = format!("{} sources", K::KIND);
+        let mut expected = K::keys_at(u.parent());
+        if u.path.len() == 1 {
+            expected.splice(0..0, ["name", "kind"]);
+        }
         v.unknown_key(
             u,
+            &expected,
             owner
                 .as_deref()
                 .map(|o| format!("{o}, not of {here}"))

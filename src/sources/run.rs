@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::health::{Health, SourceHealth};
-use crate::telemetry::catalogue as m;
+use crate::telemetry::catalogue as metric;
 
 /// Polls in a row that cannot connect (or time out) before the owner gives
 /// the source up for another agent.
@@ -102,9 +102,9 @@ pub async fn run_loop<S, F>(
     // The gap series exist at 0 from the start and stay visible while another
     // agent owns the source, so that the first gap (counted at a takeover)
     // shows in `increase()` — a series born at 1 would not.
-    metrics::counter!(m::COUNTING_GAPS, "source" => name.clone(), "reason" => "handover")
+    metrics::counter!(metric::COUNTING_GAPS, "source" => name.clone(), "reason" => "handover")
         .increment(0);
-    metrics::counter!(m::COUNTING_GAP_SECONDS, "source" => name.clone()).increment(0);
+    metrics::counter!(metric::COUNTING_GAP_SECONDS, "source" => name.clone()).increment(0);
     loop {
         loop {
             match *leader.borrow_and_update() {
@@ -143,10 +143,10 @@ pub async fn run_loop<S, F>(
 /// been lost.
 fn record_gap(source: &str, reason: &'static str, from: SystemTime, to: SystemTime) {
     let seconds = to.duration_since(from).unwrap_or_default().as_secs_f64();
-    metrics::counter!(m::COUNTING_GAPS, "source" => source.to_string(), "reason" => reason)
+    metrics::counter!(metric::COUNTING_GAPS, "source" => source.to_string(), "reason" => reason)
         .increment(1);
     // Whole seconds, rounded up: a counter takes integers.
-    metrics::counter!(m::COUNTING_GAP_SECONDS, "source" => source.to_string())
+    metrics::counter!(metric::COUNTING_GAP_SECONDS, "source" => source.to_string())
         .increment(seconds.ceil() as u64);
     warn!(
         source = %source,
@@ -168,12 +168,13 @@ async fn poll_while_leading<S: Source>(
 ) -> Option<S> {
     let name = source.name().to_string();
     let interval = source.poll_interval();
-    let up = metrics::gauge!(m::SOURCE_UP, "source" => name.clone());
-    let duration = metrics::histogram!(m::POLL_DURATION, "source" => name.clone());
-    let rows = metrics::counter!(m::ROWS_READ, "source" => name.clone());
+    let up = metrics::gauge!(metric::SOURCE_UP, "source" => name.clone());
+    let duration = metrics::histogram!(metric::POLL_DURATION, "source" => name.clone());
+    let rows = metrics::counter!(metric::ROWS_READ, "source" => name.clone());
     // Every error kind's series exists at 0, so that the first error shows in `rate()`.
     for kind in ["connect", "schema", "query", "timeout"] {
-        metrics::counter!(m::POLL_ERRORS, "source" => name.clone(), "kind" => kind).increment(0);
+        metrics::counter!(metric::POLL_ERRORS, "source" => name.clone(), "kind" => kind)
+            .increment(0);
     }
     let mut failures: u32 = 0;
     let mut unreachable_polls: u32 = 0;
@@ -246,7 +247,7 @@ async fn poll_while_leading<S: Source>(
                 } else {
                     unreachable_polls = 0;
                 }
-                metrics::counter!(m::POLL_ERRORS, "source" => name.clone(), "kind" => e.kind())
+                metrics::counter!(metric::POLL_ERRORS, "source" => name.clone(), "kind" => e.kind())
                     .increment(1);
                 let message = e.to_string();
                 if was_up != Some(false) || last_error.as_deref() != Some(message.as_str()) {

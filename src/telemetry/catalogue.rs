@@ -389,7 +389,7 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Gauge,
         Some(Unit::Count),
         &["cluster", "group", "status"],
-        "1 on the group's current status (ok, warn, stall, stop, rewind, error), 0 on the others; rules in the README.",
+        "1 on the group's current status (ok, warn, stall, stop, rewind, error), 0 on the others; rules in docs/kafka.md, \"Group status\".",
     ),
     def(
         KAFKA_GROUP_MEMBERS,

@@ -17,7 +17,6 @@ use crate::telemetry::collector::{Collector, Protocol};
 
 /// `[tracing]` as written.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawTracing {
     /// Base URL of the OTLP receiver, as `OTEL_EXPORTER_OTLP_ENDPOINT`: for
     /// HTTP/protobuf `/v1/traces` is appended (default `http://localhost:4317`
@@ -50,7 +49,6 @@ pub struct RawTracing {
 
 /// `[sources.trace]` as written: how one consumer's spans describe it.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RawSourceTrace {
     /// `messaging.system` of the consumer's spans, e.g. `kafka` or `rabbitmq` (default `inbox`).
     pub messaging_system: Option<String>,

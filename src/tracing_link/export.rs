@@ -21,7 +21,7 @@ use tracing::{info, warn};
 
 use super::config::TracingConfig;
 use super::{Queued, SourceIdentity};
-use crate::telemetry::catalogue as m;
+use crate::telemetry::catalogue as metric;
 use crate::telemetry::collector::span_exporter;
 
 /// Spans sent in one export request at most.
@@ -149,21 +149,24 @@ impl Exporter {
                 let label = t.source.clone();
                 match result {
                     Ok(Ok(())) => {
-                        metrics::counter!(m::SPANS_EXPORTED, "source" => label).increment(n as u64);
+                        metrics::counter!(metric::SPANS_EXPORTED, "source" => label)
+                            .increment(n as u64);
                         if !*healthy {
                             info!("Span export works again.");
                             *healthy = true;
                         }
                     }
                     Ok(Err(e)) => {
-                        metrics::counter!(m::SPANS_DROPPED, "source" => label).increment(n as u64);
+                        metrics::counter!(metric::SPANS_DROPPED, "source" => label)
+                            .increment(n as u64);
                         if *healthy {
                             warn!(error = %e, "Span export failed; dropping spans until it works again.");
                             *healthy = false;
                         }
                     }
                     Err(_) => {
-                        metrics::counter!(m::SPANS_DROPPED, "source" => label).increment(n as u64);
+                        metrics::counter!(metric::SPANS_DROPPED, "source" => label)
+                            .increment(n as u64);
                         if *healthy {
                             warn!(timeout = ?timeout, "Span export timed out; dropping spans until it works again.");
                             *healthy = false;

@@ -27,7 +27,7 @@ use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use crate::telemetry::catalogue as m;
+use crate::telemetry::catalogue as metric;
 
 /// Characters of `last_error` carried in a span's status message.
 pub const ERROR_TEXT_LEN: usize = 256;
@@ -453,10 +453,10 @@ impl SpanSink {
 
     /// Records the spans dropped since the last call, once per poll.
     pub fn flush(&mut self) {
-        let c = metrics::counter!(m::SPANS_DROPPED, "source" => self.identity.source.clone());
+        let c = metrics::counter!(metric::SPANS_DROPPED, "source" => self.identity.source.clone());
         if !self.created {
             self.created = true;
-            metrics::counter!(m::SPANS_EXPORTED, "source" => self.identity.source.clone())
+            metrics::counter!(metric::SPANS_EXPORTED, "source" => self.identity.source.clone())
                 .increment(0);
         }
         c.increment(std::mem::take(&mut self.dropped));

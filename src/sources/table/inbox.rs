@@ -24,7 +24,7 @@ use super::config::{InboxSpec, Status};
 use super::dialect::{OUT_OF_RANGE, Sql};
 use super::state::{Entry, Flags, Tracked};
 use super::{MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
-use crate::telemetry::catalogue as m;
+use crate::telemetry::catalogue as metric;
 use crate::telemetry::labels::LabelCap;
 use crate::telemetry::sketch::WindowedSketch;
 use crate::tracing_link::{self as link, Attempt, SpanSink, TraceParent};
@@ -559,15 +559,15 @@ impl Inbox {
             // `rate()` and `increase()` see no increase in a series' first sample.
             if self.series.insert(label) {
                 for name in [
-                    m::INBOX_RECEIVED,
-                    m::INBOX_DELIVERIES,
-                    m::INBOX_DUPLICATES,
-                    m::INBOX_ATTEMPT_FAILURES,
+                    metric::INBOX_RECEIVED,
+                    metric::INBOX_DELIVERIES,
+                    metric::INBOX_DUPLICATES,
+                    metric::INBOX_ATTEMPT_FAILURES,
                 ] {
                     metrics::counter!(name, &l).increment(0);
                 }
                 for outcome in ["succeeded", "dead_lettered"] {
-                    metrics::counter!(m::INBOX_COMPLETED, "source" => source.clone(), "event_type" => et.clone(), "outcome" => outcome)
+                    metrics::counter!(metric::INBOX_COMPLETED, "source" => source.clone(), "event_type" => et.clone(), "outcome" => outcome)
                         .increment(0);
                 }
                 self.counts.insert(label, c);
@@ -578,20 +578,20 @@ impl Inbox {
                     metrics::counter!(name, &l).increment(n);
                 }
             };
-            inc(m::INBOX_RECEIVED, c.received);
-            inc(m::INBOX_DELIVERIES, c.deliveries);
-            inc(m::INBOX_DUPLICATES, c.duplicates);
-            inc(m::INBOX_ATTEMPT_FAILURES, c.failures);
+            inc(metric::INBOX_RECEIVED, c.received);
+            inc(metric::INBOX_DELIVERIES, c.deliveries);
+            inc(metric::INBOX_DUPLICATES, c.duplicates);
+            inc(metric::INBOX_ATTEMPT_FAILURES, c.failures);
             for (outcome, n) in [("succeeded", c.succeeded), ("dead_lettered", c.dead)] {
                 if n > 0 {
-                    metrics::counter!(m::INBOX_COMPLETED, "source" => source.clone(), "event_type" => et.clone(), "outcome" => outcome)
+                    metrics::counter!(metric::INBOX_COMPLETED, "source" => source.clone(), "event_type" => et.clone(), "outcome" => outcome)
                         .increment(n);
                 }
             }
             for (name, values) in [
-                (m::INBOX_PROCESSING_DURATION, &c.processing),
-                (m::INBOX_END_TO_END, &c.end_to_end),
-                (m::INBOX_ATTEMPTS, &c.attempts),
+                (metric::INBOX_PROCESSING_DURATION, &c.processing),
+                (metric::INBOX_END_TO_END, &c.end_to_end),
+                (metric::INBOX_ATTEMPTS, &c.attempts),
             ] {
                 if !values.is_empty() {
                     let h = metrics::histogram!(name, &l);
@@ -623,12 +623,12 @@ impl Inbox {
                 ("processing", g.counts[PROCESSING]),
                 ("failed", g.counts[FAILED]),
             ] {
-                metrics::gauge!(m::INBOX_BACKLOG, "source" => source.clone(), "event_type" => et.clone(), "status" => status)
+                metrics::gauge!(metric::INBOX_BACKLOG, "source" => source.clone(), "event_type" => et.clone(), "status" => status)
                     .set(n as f64);
             }
             let age = g.oldest.map_or(0.0, |r| seconds(db_now - r).max(0.0));
-            metrics::gauge!(m::INBOX_OLDEST_AGE, "source" => source.clone(), "event_type" => et.clone()).set(age);
-            metrics::gauge!(m::INBOX_STUCK, "source" => source.clone(), "event_type" => et.clone())
+            metrics::gauge!(metric::INBOX_OLDEST_AGE, "source" => source.clone(), "event_type" => et.clone()).set(age);
+            metrics::gauge!(metric::INBOX_STUCK, "source" => source.clone(), "event_type" => et.clone())
                 .set(g.stuck as f64);
             self.reported.insert(label);
         }
@@ -637,7 +637,7 @@ impl Inbox {
             let values = sketch.quantiles(now, &QUANTILES);
             for (i, q) in QUANTILES.iter().enumerate() {
                 let v = values.as_ref().map_or(f64::NAN, |v| v[i]);
-                metrics::gauge!(m::INBOX_DURATION_QUANTILE, "source" => source.clone(), "event_type" => et.clone(), "quantile" => q.to_string())
+                metrics::gauge!(metric::INBOX_DURATION_QUANTILE, "source" => source.clone(), "event_type" => et.clone(), "quantile" => q.to_string())
                     .set(v);
             }
         }

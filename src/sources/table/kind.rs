@@ -20,124 +20,98 @@ use super::inbox::Inbox;
 use super::lock::{LockSessions, SourceLock};
 use super::outbox::Outbox;
 use super::{Pools, TableSource, lookup};
-use crate::checks::{Validator, knows};
+use crate::checks::{Validator, keys_at, knows};
 use crate::coordination::LEASE;
 use crate::sources::kind::{DeadLetter, Finding, Kind, Read, Runtime};
-use crate::telemetry::catalogue as m;
+use crate::telemetry::catalogue as metric;
 use crate::tracing_link::SpanSink;
 
-impl Kind for InboxSpec {
-    const KIND: &'static str = "inbox";
-    type Raw = (RawTable, RawInbox);
+/// The `Kind` of a table source: `$spec` with its own keys `$raw`, checked by
+/// `$validate`, polled as `$poll`, checked by `doctor` as `$shape`, looked up
+/// by `$trace`; the methods given after them are the kind's own.
+macro_rules! table_kind {
+    (
+        $spec:ty, $kind:literal, $raw:ty, $validate:path, $poll:ident, $shape:path, $trace:path;
+        $($own:item)*
+    ) => {
+        impl Kind for $spec {
+            const KIND: &'static str = $kind;
+            type Raw = (RawTable, $raw);
 
-    fn read(v: &mut Validator<'_>, key: &str, entry: Spanned<DeValue<'_>>) -> Read<Self::Raw> {
-        config::read::<RawInbox>(v, key, entry)
-    }
+            fn read(
+                v: &mut Validator<'_>,
+                key: &str,
+                entry: Spanned<DeValue<'_>>,
+            ) -> Read<Self::Raw> {
+                config::read::<$raw>(v, key, entry)
+            }
 
-    fn knows(path: &[String]) -> bool {
-        knows::<RawTable>(path) || knows::<RawInbox>(path)
-    }
+            fn knows(path: &[String]) -> bool {
+                knows::<RawTable>(path) || knows::<$raw>(path)
+            }
 
-    fn validate(raw: Self::Raw, key: &str, name: String, v: &mut Validator<'_>) -> Option<Self> {
-        let table = table_spec(raw.0, key, name, v);
-        inbox_spec(table, raw.1, key, v)
-    }
+            fn keys_at(path: &[String]) -> Vec<&'static str> {
+                let mut keys = keys_at::<RawTable>(path);
+                keys.extend(keys_at::<$raw>(path));
+                keys
+            }
 
-    fn name(&self) -> &str {
-        &self.table.name
-    }
+            fn validate(
+                raw: Self::Raw,
+                key: &str,
+                name: String,
+                v: &mut Validator<'_>,
+            ) -> Option<Self> {
+                let table = table_spec(raw.0, key, name, v);
+                $validate(table, raw.1, key, v)
+            }
 
-    fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
-        let (leader, sink, pool) = prepare(&self.table, rt)?;
-        let name = self.table.name.clone();
-        let make = move || {
-            TableSource::new(
-                self.table.clone(),
-                Inbox::new(self.clone()).with_spans(sink.clone()),
-            )
-            .with_pool(pool.clone())
-        };
-        rt.spawn_loop(&name, make, leader);
-        Ok(())
-    }
+            fn name(&self) -> &str {
+                &self.table.name
+            }
 
-    fn describe(&self) -> String {
-        describe(&self.table)
-    }
+            fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
+                let (leader, sink, pool) = prepare(&self.table, rt)?;
+                let name = self.table.name.clone();
+                let make = move || {
+                    TableSource::new(self.table.clone(), $poll::new(self.clone()).with_spans(sink.clone()))
+                        .with_pool(pool.clone())
+                };
+                rt.spawn_loop(&name, make, leader);
+                Ok(())
+            }
 
-    async fn doctor(&self) -> Vec<Finding> {
-        let source = TableSource::new(self.table.clone(), Inbox::new(self.clone()));
-        doctor::check(&source, Shape::Inbox(self)).await
-    }
+            fn describe(&self) -> String {
+                format!("{}, table {}", self.table.dsn, self.table.table)
+            }
 
-    fn keeps_events(&self) -> bool {
-        true
-    }
+            async fn doctor(&self) -> Vec<Finding> {
+                let source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
+                doctor::check(&source, $shape(self)).await
+            }
 
-    async fn trace_event(&self, event_id: &str) -> Result<Option<String>, String> {
-        lookup::trace_inbox(self, event_id).await
-    }
+            fn keeps_events(&self) -> bool {
+                true
+            }
 
+            async fn trace_event(&self, event_id: &str) -> Result<Option<String>, String> {
+                $trace(self, event_id).await
+            }
+
+            $($own)*
+        }
+    };
+}
+
+table_kind! {
+    InboxSpec, "inbox", RawInbox, inbox_spec, Inbox, Shape::Inbox, lookup::trace_inbox;
     async fn dead_letters(&self, since: Duration, limit: usize) -> Result<Vec<DeadLetter>, String> {
         lookup::dead_letters(self, since, limit).await
     }
 }
 
-impl Kind for OutboxSpec {
-    const KIND: &'static str = "outbox";
-    type Raw = (RawTable, RawOutbox);
-
-    fn read(v: &mut Validator<'_>, key: &str, entry: Spanned<DeValue<'_>>) -> Read<Self::Raw> {
-        config::read::<RawOutbox>(v, key, entry)
-    }
-
-    fn knows(path: &[String]) -> bool {
-        knows::<RawTable>(path) || knows::<RawOutbox>(path)
-    }
-
-    fn validate(raw: Self::Raw, key: &str, name: String, v: &mut Validator<'_>) -> Option<Self> {
-        let table = table_spec(raw.0, key, name, v);
-        outbox_spec(table, raw.1, key, v)
-    }
-
-    fn name(&self) -> &str {
-        &self.table.name
-    }
-
-    fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
-        let (leader, sink, pool) = prepare(&self.table, rt)?;
-        let name = self.table.name.clone();
-        let make = move || {
-            TableSource::new(
-                self.table.clone(),
-                Outbox::new(self.clone()).with_spans(sink.clone()),
-            )
-            .with_pool(pool.clone())
-        };
-        rt.spawn_loop(&name, make, leader);
-        Ok(())
-    }
-
-    fn describe(&self) -> String {
-        describe(&self.table)
-    }
-
-    async fn doctor(&self) -> Vec<Finding> {
-        let source = TableSource::new(self.table.clone(), Outbox::new(self.clone()));
-        doctor::check(&source, Shape::Outbox(self)).await
-    }
-
-    fn keeps_events(&self) -> bool {
-        true
-    }
-
-    async fn trace_event(&self, event_id: &str) -> Result<Option<String>, String> {
-        lookup::trace_outbox(self, event_id).await
-    }
-}
-
-fn describe(table: &TableSpec) -> String {
-    format!("{}, table {}", table.dsn, table.table)
+table_kind! {
+    OutboxSpec, "outbox", RawOutbox, outbox_spec, Outbox, Shape::Outbox, lookup::trace_outbox;
 }
 
 /// What every table source needs before its loop starts: the objective
@@ -153,10 +127,11 @@ fn prepare(
 )> {
     let name = &table.name;
     if let Some(o) = table.objectives.oldest_age {
-        metrics::gauge!(m::OBJECTIVE_OLDEST_AGE, "source" => name.clone()).set(o.as_secs_f64());
+        metrics::gauge!(metric::OBJECTIVE_OLDEST_AGE, "source" => name.clone())
+            .set(o.as_secs_f64());
     }
     if let Some(p) = table.objectives.p95 {
-        metrics::gauge!(m::OBJECTIVE_P95, "source" => name.clone()).set(p.as_secs_f64());
+        metrics::gauge!(metric::OBJECTIVE_P95, "source" => name.clone()).set(p.as_secs_f64());
     }
     info!(source = %name, dsn = %table.dsn, table = %table.table, "Watching source.");
     // One lock session and one small poll pool per database, whatever the

@@ -34,7 +34,7 @@ use tracing::debug;
 
 use crate::dsn::Dialect;
 use crate::sources::run::{PollStats, Source, SourceError};
-use crate::telemetry::catalogue as m;
+use crate::telemetry::catalogue as metric;
 use backlog::{Backlog, GaugeMap, Unfinished};
 use dialect::{Param, Sql};
 
@@ -739,12 +739,12 @@ impl Rejections {
         if !self.created {
             self.created = true;
             for reason in Reject::ALL {
-                metrics::counter!(m::ROWS_REJECTED, "source" => source.to_string(), "reason" => reason.as_str())
+                metrics::counter!(metric::ROWS_REJECTED, "source" => source.to_string(), "reason" => reason.as_str())
                     .increment(0);
             }
         }
         for (reason, n) in self.counts.drain() {
-            metrics::counter!(m::ROWS_REJECTED, "source" => source.to_string(), "reason" => reason.as_str())
+            metrics::counter!(metric::ROWS_REJECTED, "source" => source.to_string(), "reason" => reason.as_str())
                 .increment(n);
         }
     }

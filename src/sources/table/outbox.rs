@@ -15,7 +15,7 @@ use super::dialect::{OUT_OF_RANGE, Sql};
 use super::inbox::seconds;
 use super::state::{Entry, Flags, Tracked};
 use super::{NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
-use crate::telemetry::catalogue as m;
+use crate::telemetry::catalogue as metric;
 use crate::telemetry::labels::LabelCap;
 use crate::tracing_link::{self as link, Publish, SpanSink, TraceParent};
 
@@ -358,12 +358,12 @@ impl TableKind for Outbox {
             ];
             // A new series first shows at 0, its first amount one poll later.
             if self.series.insert(label) {
-                metrics::counter!(m::OUTBOX_PUBLISHED, &l).increment(0);
+                metrics::counter!(metric::OUTBOX_PUBLISHED, &l).increment(0);
                 self.counts.insert(label, c);
                 continue;
             }
-            metrics::counter!(m::OUTBOX_PUBLISHED, &l).increment(c.published);
-            let h = metrics::histogram!(m::OUTBOX_PUBLISH_DELAY, &l);
+            metrics::counter!(metric::OUTBOX_PUBLISHED, &l).increment(c.published);
+            let h = metrics::histogram!(metric::OUTBOX_PUBLISH_DELAY, &l);
             c.delays.iter().for_each(|d| h.record(*d));
         }
         self.rejections.flush(&source);
@@ -377,9 +377,9 @@ impl TableKind for Outbox {
                 ("source", source.clone()),
                 ("event_type", self.labels.value(label).to_string()),
             ];
-            metrics::gauge!(m::OUTBOX_BACKLOG, &l).set(g.counts[0] as f64);
+            metrics::gauge!(metric::OUTBOX_BACKLOG, &l).set(g.counts[0] as f64);
             let age = g.oldest.map_or(0.0, |c| seconds(db_now - c).max(0.0));
-            metrics::gauge!(m::OUTBOX_OLDEST_AGE, &l).set(age);
+            metrics::gauge!(metric::OUTBOX_OLDEST_AGE, &l).set(age);
             self.reported.insert(label);
         }
         self.states.tidy(&self.spec.table, db_now, now);
