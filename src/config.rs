@@ -462,7 +462,7 @@ table = "outbox"
                 .filter_map(|s| match s {
                     SourceSpec::Inbox(s) => Some(s.table.dsn.to_string()),
                     SourceSpec::Outbox(s) => Some(s.table.dsn.to_string()),
-                    SourceSpec::Kafka(_) => None,
+                    _ => None,
                 })
                 .collect::<Vec<_>>()
                 .join(" ")
