@@ -87,36 +87,113 @@ pub const DEFAULT_QUEUE: usize = 4096;
 pub fn validate(raw: Option<&RawTracing>, v: &mut Validator<'_>) -> Option<TracingConfig> {
     let raw = raw?;
     let before = v.count();
-    let env = v.env();
-    let mut problem = |key: &str, message: String| v.problem(key, message);
-    let env_first = |names: &[&str]| -> Option<(String, String)> {
-        names
-            .iter()
-            .find_map(|n| env(n).filter(|v| !v.is_empty()).map(|v| (n.to_string(), v)))
+    let protocol = protocol(raw, v);
+    let (traces_endpoint, metrics_endpoint) = endpoints(raw, protocol, v);
+    let metrics_interval = match raw.metrics_interval.as_deref() {
+        None => Duration::from_secs(60),
+        Some(t) => match humantime::parse_duration(t) {
+            Ok(d) if d >= Duration::from_secs(1) => d,
+            Ok(_) => {
+                v.problem("tracing.metrics_interval", "must be at least 1s".into());
+                Duration::from_secs(60)
+            }
+            Err(e) => {
+                v.problem(
+                    "tracing.metrics_interval",
+                    format!("invalid duration \"{t}\": {e}"),
+                );
+                Duration::from_secs(60)
+            }
+        },
     };
 
-    let protocol = match raw
+    let sample_ratio = match raw.sample_ratio {
+        None => 1.0,
+        Some(r) if (0.0..=1.0).contains(&r) => r,
+        Some(r) => {
+            v.problem(
+                "tracing.sample_ratio",
+                format!("must be between 0 and 1, got {r}"),
+            );
+            1.0
+        }
+    };
+    let headers = headers(raw, v);
+    let timeout = timeout(raw, v);
+    let queue_size = match raw.queue_size {
+        None => DEFAULT_QUEUE,
+        Some(n) if (1..=1_000_000).contains(&n) => n as usize,
+        Some(n) => {
+            v.problem(
+                "tracing.queue_size",
+                format!("must be between 1 and 1000000, got {n}"),
+            );
+            DEFAULT_QUEUE
+        }
+    };
+    let (ca_pem, client_identity) = tls_files(raw, v);
+    (v.count() == before).then_some(TracingConfig {
+        collector: Collector {
+            traces_endpoint,
+            metrics_endpoint,
+            protocol,
+            headers,
+            timeout,
+            ca_pem,
+            client_identity,
+        },
+        sample_ratio,
+        queue_size,
+        metrics_interval,
+        agent_spans: raw.agent_spans.unwrap_or(false),
+    })
+}
+
+/// The first of `names` set (and not empty) in the environment, with its value.
+fn env_first(v: &Validator<'_>, names: &[&str]) -> Option<(String, String)> {
+    names.iter().find_map(|n| {
+        v.var(n)
+            .filter(|s| !s.is_empty())
+            .map(|s| (n.to_string(), s))
+    })
+}
+
+/// `protocol`, else `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`, else gRPC.
+fn protocol(raw: &RawTracing, v: &mut Validator<'_>) -> Protocol {
+    match raw
         .protocol
         .clone()
         .map(|p| ("tracing.protocol".to_string(), p))
         .or_else(|| {
-            env_first(&[
-                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-                "OTEL_EXPORTER_OTLP_PROTOCOL",
-            ])
+            env_first(
+                v,
+                &[
+                    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                    "OTEL_EXPORTER_OTLP_PROTOCOL",
+                ],
+            )
         }) {
         None => Protocol::Grpc,
         Some((_, p)) if p == "grpc" => Protocol::Grpc,
         Some((_, p)) if p == "http/protobuf" => Protocol::HttpProtobuf,
         Some((key, p)) => {
-            problem(
+            v.problem(
                 &key,
                 format!("unknown protocol \"{p}\" (expected grpc or http/protobuf)"),
             );
             Protocol::Grpc
         }
-    };
+    }
+}
 
+/// Where spans go and, with `export_metrics`, where metrics are pushed:
+/// `otlp_endpoint`, else the `OTEL_EXPORTER_OTLP_*` variables, else the
+/// protocol's default, with the signal's path for HTTP.
+fn endpoints(
+    raw: &RawTracing,
+    protocol: Protocol,
+    v: &mut Validator<'_>,
+) -> (String, Option<String>) {
     let signal_path = match protocol {
         Protocol::Grpc => "",
         Protocol::HttpProtobuf => "/v1/traces",
@@ -126,10 +203,10 @@ pub fn validate(raw: Option<&RawTracing>, v: &mut Validator<'_>) -> Option<Traci
             "tracing.otlp_endpoint".to_string(),
             join_path(e, signal_path),
         )
-    } else if let Some((k, e)) = env_first(&["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]) {
+    } else if let Some((k, e)) = env_first(v, &["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]) {
         // The signal-specific variable is the full URL, used as it is.
         (k, e)
-    } else if let Some((k, e)) = env_first(&["OTEL_EXPORTER_OTLP_ENDPOINT"]) {
+    } else if let Some((k, e)) = env_first(v, &["OTEL_EXPORTER_OTLP_ENDPOINT"]) {
         (k, join_path(&e, signal_path))
     } else {
         let base = match protocol {
@@ -144,7 +221,7 @@ pub fn validate(raw: Option<&RawTracing>, v: &mut Validator<'_>) -> Option<Traci
     if !(traces_endpoint.starts_with("http://") || traces_endpoint.starts_with("https://"))
         || traces_endpoint.parse::<http::Uri>().is_err()
     {
-        problem(
+        v.problem(
             &endpoint_key,
             format!(
                 "\"{}\" is not an http:// or https:// URL",
@@ -160,9 +237,9 @@ pub fn validate(raw: Option<&RawTracing>, v: &mut Validator<'_>) -> Option<Traci
         };
         if let Some(e) = &raw.otlp_endpoint {
             join_path(e, path)
-        } else if let Some((_, e)) = env_first(&["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]) {
+        } else if let Some((_, e)) = env_first(v, &["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"]) {
             e
-        } else if let Some((_, e)) = env_first(&["OTEL_EXPORTER_OTLP_ENDPOINT"]) {
+        } else if let Some((_, e)) = env_first(v, &["OTEL_EXPORTER_OTLP_ENDPOINT"]) {
             join_path(&e, path)
         } else {
             let base = match protocol {
@@ -178,41 +255,16 @@ pub fn validate(raw: Option<&RawTracing>, v: &mut Validator<'_>) -> Option<Traci
         && (!(e.starts_with("http://") || e.starts_with("https://"))
             || e.parse::<http::Uri>().is_err())
     {
-        problem(
+        v.problem(
             "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
             format!("\"{}\" is not an http:// or https:// URL", redact(e)),
         );
     }
-    let metrics_interval = match raw.metrics_interval.as_deref() {
-        None => Duration::from_secs(60),
-        Some(t) => match humantime::parse_duration(t) {
-            Ok(d) if d >= Duration::from_secs(1) => d,
-            Ok(_) => {
-                problem("tracing.metrics_interval", "must be at least 1s".into());
-                Duration::from_secs(60)
-            }
-            Err(e) => {
-                problem(
-                    "tracing.metrics_interval",
-                    format!("invalid duration \"{t}\": {e}"),
-                );
-                Duration::from_secs(60)
-            }
-        },
-    };
+    (traces_endpoint, metrics_endpoint)
+}
 
-    let sample_ratio = match raw.sample_ratio {
-        None => 1.0,
-        Some(r) if (0.0..=1.0).contains(&r) => r,
-        Some(r) => {
-            problem(
-                "tracing.sample_ratio",
-                format!("must be between 0 and 1, got {r}"),
-            );
-            1.0
-        }
-    };
-
+/// `headers`, `${VAR}` expanded; names checked, values fit for a header.
+fn headers(raw: &RawTracing, v: &mut Validator<'_>) -> Vec<(String, String)> {
     let mut headers = Vec::new();
     for (name, value) in raw.headers.iter().flatten() {
         let key = format!("tracing.headers.{name}");
@@ -221,36 +273,43 @@ pub fn validate(raw: Option<&RawTracing>, v: &mut Validator<'_>) -> Option<Traci
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
         {
-            problem(&key, "not a valid header name".into());
+            v.problem(&key, "not a valid header name".into());
             continue;
         }
-        match expand_env(value, env) {
+        match expand_env(value, v.env()) {
             Ok(v) if v.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) => {
                 headers.push((name.to_ascii_lowercase(), v))
             }
-            Ok(_) => problem(
+            Ok(_) => v.problem(
                 &key,
                 "the value has characters a header cannot carry".into(),
             ),
-            Err(var) => problem(&key, format!("environment variable {var} is not set")),
+            Err(var) => v.problem(&key, format!("environment variable {var} is not set")),
         }
     }
+    headers
+}
 
-    let timeout = match (
+/// `timeout`, else `OTEL_EXPORTER_OTLP_[TRACES_]TIMEOUT` (milliseconds), else 10 s.
+fn timeout(raw: &RawTracing, v: &mut Validator<'_>) -> Duration {
+    match (
         &raw.timeout,
-        env_first(&[
-            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
-            "OTEL_EXPORTER_OTLP_TIMEOUT",
-        ]),
+        env_first(
+            v,
+            &[
+                "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+            ],
+        ),
     ) {
         (Some(t), _) => match humantime::parse_duration(t) {
             Ok(d) if !d.is_zero() => d,
             Ok(_) => {
-                problem("tracing.timeout", "must be greater than zero".into());
+                v.problem("tracing.timeout", "must be greater than zero".into());
                 Duration::from_secs(10)
             }
             Err(e) => {
-                problem("tracing.timeout", format!("invalid duration \"{t}\": {e}"));
+                v.problem("tracing.timeout", format!("invalid duration \"{t}\": {e}"));
                 Duration::from_secs(10)
             }
         },
@@ -258,41 +317,36 @@ pub fn validate(raw: Option<&RawTracing>, v: &mut Validator<'_>) -> Option<Traci
         (None, Some((k, ms))) => match ms.trim().parse::<u64>() {
             Ok(ms) if ms > 0 => Duration::from_millis(ms),
             _ => {
-                problem(&k, format!("\"{ms}\" is not a number of milliseconds"));
+                v.problem(&k, format!("\"{ms}\" is not a number of milliseconds"));
                 Duration::from_secs(10)
             }
         },
         (None, None) => Duration::from_secs(10),
-    };
+    }
+}
 
-    let queue_size = match raw.queue_size {
-        None => DEFAULT_QUEUE,
-        Some(n) if (1..=1_000_000).contains(&n) => n as usize,
-        Some(n) => {
-            problem(
-                "tracing.queue_size",
-                format!("must be between 1 and 1000000, got {n}"),
-            );
-            DEFAULT_QUEUE
-        }
-    };
+/// A PEM certificate and its key.
+type Pem = (Vec<u8>, Vec<u8>);
 
+/// The CA and the client certificate and key (files, or the
+/// `OTEL_EXPORTER_OTLP_*` variables that name them), read as PEM.
+fn tls_files(raw: &RawTracing, v: &mut Validator<'_>) -> (Option<Vec<u8>>, Option<Pem>) {
     let mut read = |key: &str, var: &str, path: &Option<String>| -> Option<Vec<u8>> {
         let (key, path) = match path {
             Some(p) => (key.to_string(), p.clone()),
             None => {
-                let p = env(var).filter(|v| !v.is_empty())?;
+                let p = v.var(var).filter(|v| !v.is_empty())?;
                 (var.to_string(), p)
             }
         };
         match std::fs::read(&path) {
             Ok(b) if b.windows(10).any(|w| w == b"-----BEGIN") => Some(b),
             Ok(_) => {
-                problem(&key, format!("\"{path}\" is not a PEM file"));
+                v.problem(&key, format!("\"{path}\" is not a PEM file"));
                 None
             }
             Err(e) => {
-                problem(&key, format!("cannot read \"{path}\": {e}"));
+                v.problem(&key, format!("cannot read \"{path}\": {e}"));
                 None
             }
         }
@@ -316,36 +370,21 @@ pub fn validate(raw: Option<&RawTracing>, v: &mut Validator<'_>) -> Option<Traci
         (Some(c), Some(k)) => Some((c, k)),
         (None, None) => None,
         (Some(_), None) => {
-            problem(
+            v.problem(
                 "tracing.client_key_file",
                 "required with client_cert_file".into(),
             );
             None
         }
         (None, Some(_)) => {
-            problem(
+            v.problem(
                 "tracing.client_cert_file",
                 "required with client_key_file".into(),
             );
             None
         }
     };
-
-    (v.count() == before).then_some(TracingConfig {
-        collector: Collector {
-            traces_endpoint,
-            metrics_endpoint,
-            protocol,
-            headers,
-            timeout,
-            ca_pem,
-            client_identity,
-        },
-        sample_ratio,
-        queue_size,
-        metrics_interval,
-        agent_spans: raw.agent_spans.unwrap_or(false),
-    })
+    (ca_pem, client_identity)
 }
 
 /// Validates one source's `[sources.trace]`.
