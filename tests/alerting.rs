@@ -21,17 +21,17 @@
 //! `prometheus` and `prometheus-alertmanager`, which `.ci/run` installs). Without them the tests fail,
 //! saying so; they never skip.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_inboxwatch");
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::grafana;
+use common::stack::{Alertmanager, assert_success, run_tool};
+use common::{Cmd, repo_files, repo_path, repo_read};
+
 const ALERTMANAGER_CONFIG: &str = "config/alertmanager.yml";
 const RUNBOOKS: &str = "docs/runbooks.md";
 const RUNBOOK_BASE: &str = "https://github.com/inboxwatch/inboxwatch/blob/main/docs/runbooks.md#";
-const INSTALL_HINT: &str = "install the Debian packages: apt-get install -y --no-install-recommends \
-     prometheus prometheus-alertmanager (CI's .ci/run installs them)";
 
 /// Alert names fixed by SPEC §5, with the severities each must have.
 const FIXED_ALERTS: &[(&str, &[&str])] = &[
@@ -54,55 +54,8 @@ const RECEIVER_BY_SEVERITY: &[(&str, &str)] = &[
 /// Prefixes of the metric names the catalogue declares.
 const METRIC_PREFIXES: &[&str] = &["inbox_", "outbox_", "inboxwatch_", "kafka_"];
 
-// ---------------------------------------------------------------------------
-// Running the tools
-
-/// Runs a tool from the repository root; panics with the install hint if it is missing.
-fn tool(name: &str, args: &[&str]) -> Output {
-    Command::new(name)
-        .args(args)
-        .current_dir(ROOT)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run `{name}` ({e}): {INSTALL_HINT}"))
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn assert_success(what: &str, out: &Output) {
-    assert!(out.status.success(), "{what} failed:\n{}", text(out));
-}
-
-/// Files of `dir` (relative to the root) whose names end with one of `suffixes`, as
-/// paths relative to the root, sorted.
-fn files(dir: &str, suffixes: &[&str]) -> Vec<String> {
-    let mut found: Vec<String> = std::fs::read_dir(Path::new(ROOT).join(dir))
-        .unwrap_or_else(|e| panic!("cannot read {dir}/: {e}"))
-        .map(|e| e.expect("directory entry").path())
-        .filter(|p| p.is_file())
-        .filter_map(|p| p.file_name().and_then(|n| n.to_str()).map(str::to_string))
-        .filter(|n| suffixes.iter().any(|s| n.ends_with(s)))
-        .map(|n| format!("{dir}/{n}"))
-        .collect();
-    found.sort();
-    found
-}
-
 fn rule_files() -> Vec<String> {
-    let found = files("alerts", &[".yml", ".yaml"]);
-    assert!(!found.is_empty(), "no rule files (alerts/*.yml)");
-    found
-}
-
-fn read(path: &str) -> String {
-    let p: PathBuf = Path::new(ROOT).join(path);
-    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("cannot read {}: {e}", p.display()))
+    repo_files("alerts", &[".yml", ".yaml"])
 }
 
 // ---------------------------------------------------------------------------
@@ -130,7 +83,7 @@ fn alert_rules(file: &str) -> Vec<AlertRule> {
     let mut rules = Vec::new();
     let mut current: Option<AlertRule> = None;
     let mut key = String::new();
-    for line in read(file).lines() {
+    for line in repo_read(file).lines() {
         let t = line.trim();
         if t.starts_with('#') || t.is_empty() {
             continue;
@@ -192,7 +145,7 @@ fn anchor(heading: &str) -> String {
 }
 
 fn runbook_anchors() -> BTreeSet<String> {
-    read(RUNBOOKS)
+    repo_read(RUNBOOKS)
         .lines()
         .filter(|l| l.starts_with('#'))
         .map(|l| anchor(l.trim_start_matches('#')))
@@ -224,31 +177,31 @@ fn promtool_check_rules_accepts_every_rule_file() {
     let files = rule_files();
     let mut args = vec!["check", "rules", "--lint=all", "--lint-fatal"];
     args.extend(files.iter().map(String::as_str));
-    let out = tool("promtool", &args);
+    let out = run_tool("promtool", &args);
     assert_success("promtool check rules", &out);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = out.stdout.as_str();
     assert_eq!(
         stdout.matches("SUCCESS").count(),
         files.len(),
         "every rule file is checked:\n{}",
-        text(&out)
+        out.describe()
     );
 }
 
 #[test]
 fn promtool_unit_tests_pass() {
-    let tests = files("alerts/tests", &[".test.yml", ".test.yaml"]);
+    let tests = repo_files("alerts/tests", &[".test.yml", ".test.yaml"]);
     assert!(!tests.is_empty(), "no unit tests (alerts/tests/*.test.yml)");
     let mut args = vec!["test", "rules"];
     args.extend(tests.iter().map(String::as_str));
-    let out = tool("promtool", &args);
+    let out = run_tool("promtool", &args);
     assert_success("promtool test rules", &out);
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = out.stdout.as_str();
     assert_eq!(
         stdout.matches("SUCCESS").count(),
         tests.len(),
         "every unit test file passes:\n{}",
-        text(&out)
+        out.describe()
     );
 }
 
@@ -258,7 +211,7 @@ fn promtool_unit_tests_pass() {
 fn every_alert_is_unit_tested_firing_and_silent() {
     let mut firing = BTreeSet::new();
     let mut silent = BTreeSet::new();
-    for file in files("alerts/tests", &[".test.yml", ".test.yaml"]) {
+    for file in repo_files("alerts/tests", &[".test.yml", ".test.yaml"]) {
         let mut name: Option<String> = None;
         let mut fired = false;
         let mut finish = |name: &mut Option<String>, fired: &mut bool| {
@@ -271,7 +224,7 @@ fn every_alert_is_unit_tested_firing_and_silent() {
             }
             *fired = false;
         };
-        for line in read(&file).lines() {
+        for line in repo_read(&file).lines() {
             let t = line.trim();
             if t.starts_with("- eval_time:") || t.starts_with("- interval:") || t == "tests:" {
                 finish(&mut name, &mut fired);
@@ -311,12 +264,12 @@ fn every_alert_is_unit_tested_firing_and_silent() {
 
 #[test]
 fn amtool_check_config_accepts_the_routing() {
-    let out = tool("amtool", &["check-config", ALERTMANAGER_CONFIG]);
+    let out = run_tool("amtool", &["check-config", ALERTMANAGER_CONFIG]);
     assert_success("amtool check-config", &out);
     assert!(
-        String::from_utf8_lossy(&out.stdout).contains("SUCCESS"),
+        out.stdout.as_str().contains("SUCCESS"),
         "{}",
-        text(&out)
+        out.describe()
     );
 }
 
@@ -326,14 +279,14 @@ fn route(labels: &[&str], expected: &str) -> Result<(), String> {
     let verify = format!("--verify.receivers={expected}");
     let mut args = vec!["config", "routes", "test", config.as_str(), verify.as_str()];
     args.extend(labels);
-    let out = tool("amtool", &args);
-    let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    if out.status.success() && got == expected {
+    let out = run_tool("amtool", &args);
+    let got = out.stdout.as_str().trim().to_string();
+    if out.success() && got == expected {
         Ok(())
     } else {
         Err(format!(
             "{labels:?} should route to {expected}, got {got:?}:\n{}",
-            text(&out)
+            out.describe()
         ))
     }
 }
@@ -480,7 +433,7 @@ fn routes_page_dead_letter_spikes_and_criticals_chat_warnings_drop_info() {
 
 #[test]
 fn alertmanager_config_has_the_receivers_and_inhibitions_of_the_contract() {
-    let config = read(ALERTMANAGER_CONFIG);
+    let config = repo_read(ALERTMANAGER_CONFIG);
     for needle in [
         "- name: oncall",
         "- name: chat",
@@ -587,13 +540,10 @@ fn fixed_alert_names_exist_with_their_severities() {
 /// `_sum` and `_count` series) and only recording rules that are defined.
 #[test]
 fn rules_name_only_catalogue_metrics_and_defined_recording_rules() {
-    let out = Command::new(BIN)
-        .arg("metrics")
-        .output()
-        .expect("run inboxwatch metrics");
+    let out = Cmd::new(["metrics"]).output();
     assert_success("inboxwatch metrics", &out);
     let mut known = BTreeSet::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in out.stdout.as_str().lines() {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
         if cells.len() < 3 {
             continue;
@@ -609,13 +559,17 @@ fn rules_name_only_catalogue_metrics_and_defined_recording_rules() {
             }
         }
     }
-    assert!(known.len() > 20, "catalogue not parsed:\n{}", text(&out));
+    assert!(
+        known.len() > 20,
+        "catalogue not parsed:\n{}",
+        out.describe()
+    );
 
     let mut recorded = BTreeSet::new();
     let mut used = BTreeMap::new();
     let mut problems = Vec::new();
     for file in rule_files() {
-        let body = read(&file);
+        let body = repo_read(&file);
         for line in body.lines() {
             if let Some(name) = line.trim().strip_prefix("- record:") {
                 recorded.insert(name.trim().to_string());
@@ -642,42 +596,24 @@ fn rules_name_only_catalogue_metrics_and_defined_recording_rules() {
 // ---------------------------------------------------------------------------
 // Runbooks → dashboards
 
-/// Every string value of a `"title"` key in a JSON text.
-fn json_titles(json: &str) -> BTreeSet<String> {
-    let mut titles = BTreeSet::new();
-    let mut rest = json;
-    while let Some(i) = rest.find("\"title\"") {
-        rest = &rest[i + "\"title\"".len()..];
-        let after = rest.trim_start();
-        let Some(after) = after.strip_prefix(':') else {
-            continue;
-        };
-        let Some(value) = after.trim_start().strip_prefix('"') else {
-            continue;
-        };
-        let mut out = String::new();
-        let mut chars = value.chars();
-        while let Some(c) = chars.next() {
-            match c {
-                '"' => break,
-                '\\' => match chars.next() {
-                    Some('u') => {
-                        let hex: String = chars.by_ref().take(4).collect();
-                        if let Some(c) = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32)
-                        {
-                            out.push(c);
-                        }
+/// Every string value of a `"title"` key in a JSON document.
+fn json_titles(json: &serde_json::Value) -> BTreeSet<String> {
+    fn walk(v: &serde_json::Value, out: &mut BTreeSet<String>) {
+        match v {
+            serde_json::Value::Object(o) => {
+                for (k, child) in o {
+                    if let (true, Some(title)) = (k == "title", child.as_str()) {
+                        out.insert(title.to_string());
                     }
-                    Some('n') => out.push('\n'),
-                    Some('t') => out.push('\t'),
-                    Some(c) => out.push(c),
-                    None => break,
-                },
-                c => out.push(c),
+                    walk(child, out);
+                }
             }
+            serde_json::Value::Array(a) => a.iter().for_each(|child| walk(child, out)),
+            _ => {}
         }
-        titles.insert(out);
     }
+    let mut titles = BTreeSet::new();
+    walk(json, &mut titles);
     titles
 }
 
@@ -685,15 +621,11 @@ fn json_titles(json: &str) -> BTreeSet<String> {
 /// dashboard of `dashboards/` and panels of that dashboard.
 #[test]
 fn runbooks_name_existing_dashboard_panels() {
-    let dashboards: Vec<(String, BTreeSet<String>)> = files("dashboards", &[".json"])
-        .into_iter()
-        .map(|f| {
-            let titles = json_titles(&read(&f));
-            (f, titles)
-        })
+    let dashboards: Vec<(String, BTreeSet<String>)> = grafana::dashboards()
+        .iter()
+        .map(|d| (d.file.clone(), json_titles(&d.json)))
         .collect();
-    assert!(!dashboards.is_empty(), "no dashboards/*.json");
-    let runbooks = read(RUNBOOKS);
+    let runbooks = repo_read(RUNBOOKS);
     let mut references = 0;
     let mut problems = Vec::new();
     for paragraph in runbooks.split("\n\n") {
@@ -800,39 +732,18 @@ const KAFKA_SERIES: &[(&str, &str)] = &[
     ),
 ];
 
-/// Every panel query of a dashboard (rows' nested panels included).
-fn dashboard_exprs(json: &serde_json::Value, out: &mut Vec<(String, String)>) {
-    for panel in json["panels"].as_array().into_iter().flatten() {
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            if let Some(expr) = target["expr"].as_str() {
-                let title = panel["title"].as_str().unwrap_or_default().to_string();
-                out.push((title, expr.to_string()));
-            }
-        }
-        dashboard_exprs(panel, out);
-    }
-}
-
-/// Grafana variables as "All": `$__rate_interval` becomes 2m, any other `$name` /
-/// `${name}` matches everything (they are only used in regex matchers).
+/// Grafana variables as "All": `$__rate_interval` becomes 2m, any other variable
+/// matches everything (they are only used in regex matchers).
 fn all_variables(expr: &str) -> String {
-    let expr = expr.replace("$__rate_interval", "2m");
-    let mut out = String::new();
-    let mut rest = expr.as_str();
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let tail = &rest[i + 1..];
-        let end = if let Some(body) = tail.strip_prefix('{') {
-            body.find('}').map_or(tail.len(), |e| e + 2)
+    grafana::substitute(expr, |name| {
+        Ok(if name == "__rate_interval" {
+            "2m"
         } else {
-            tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(tail.len())
-        };
-        out.push_str(".*");
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
-    out
+            ".*"
+        }
+        .to_string())
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The end-to-end test has no Kafka source, so it only proves the Kafka panels'
@@ -840,19 +751,17 @@ fn all_variables(expr: &str) -> String {
 /// stat) on series shaped as the Kafka source exports them: every one returns data.
 #[test]
 fn kafka_dashboard_queries_return_data_on_kafka_series() {
-    let mut exprs = Vec::new();
-    for file in files("dashboards", &[".json"]) {
-        let json: serde_json::Value =
-            serde_json::from_str(&read(&file)).unwrap_or_else(|e| panic!("{file}: {e}"));
-        let mut all = Vec::new();
-        dashboard_exprs(&json, &mut all);
-        let kafka_dashboard = json["uid"] == "inboxwatch-kafka";
-        exprs.extend(
-            all.into_iter()
-                .filter(|(_, e)| kafka_dashboard || e.contains("kafka_"))
-                .map(|(title, e)| (format!("{file} / {title}"), e)),
-        );
-    }
+    let dashboards = grafana::dashboards();
+    let exprs: Vec<(String, String)> = grafana::queries(&dashboards)
+        .into_iter()
+        .filter(|q| {
+            let kafka_dashboard = dashboards
+                .iter()
+                .any(|d| d.file == q.file && d.json["uid"] == "inboxwatch-kafka");
+            kafka_dashboard || q.expr.contains("kafka_")
+        })
+        .map(|q| (format!("dashboards/{} / {}", q.file, q.panel), q.expr))
+        .collect();
     assert!(
         exprs.len() > 20,
         "too few Kafka queries found ({})",
@@ -878,7 +787,7 @@ fn kafka_dashboard_queries_return_data_on_kafka_series() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("kafka-dashboard.test.yml");
     std::fs::write(&path, &test).expect("write the promtool test");
-    let out = tool(
+    let out = run_tool(
         "promtool",
         &["test", "rules", path.to_str().expect("UTF-8 path")],
     );
@@ -891,16 +800,6 @@ fn kafka_dashboard_queries_return_data_on_kafka_series() {
 
 // ---------------------------------------------------------------------------
 // Inhibition, in a real Alertmanager
-
-/// Kills the child process when dropped.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// `config/alertmanager.yml` in a real Alertmanager: a critical alert inhibits the
 /// warning and info alerts of its source and family and, for Kafka, of its own consumer
@@ -955,37 +854,19 @@ fn a_critical_inhibits_its_source_and_family_and_for_kafka_its_group_or_topic_on
             false,
         ),
     ];
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let storage = tempfile::tempdir().expect("temporary directory");
-    let config = Path::new(ROOT).join(ALERTMANAGER_CONFIG);
-    let _alertmanager = KillOnDrop(
-        Command::new("prometheus-alertmanager")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.path={}", storage.path().display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--cluster.listen-address=") // no gossip port: tests may run side by side
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot run `prometheus-alertmanager` ({e}): {INSTALL_HINT}")
-            }),
-    );
-    let url = format!("--alertmanager.url=http://127.0.0.1:{port}");
+    let alertmanager = Alertmanager::start(&repo_path(ALERTMANAGER_CONFIG));
+    let url = alertmanager.amtool_url();
     wait_for("Alertmanager to start", || {
-        let out = tool("amtool", &["alert", "query", &url]);
-        out.status.success().then_some(()).ok_or_else(|| text(&out))
+        let out = run_tool("amtool", &["alert", "query", &url]);
+        out.success().then_some(()).ok_or_else(|| out.describe())
     });
     for (labels, _) in alerts {
         let mut args = vec!["alert", "add", url.as_str()];
         args.extend(labels.split_whitespace());
-        assert_success("amtool alert add", &tool("amtool", &args));
+        assert_success("amtool alert add", &run_tool("amtool", &args));
     }
     wait_for("the inhibitions in Alertmanager", || {
-        let out = tool(
+        let out = run_tool(
             "amtool",
             &[
                 "alert",
@@ -997,11 +878,11 @@ fn a_critical_inhibits_its_source_and_family_and_for_kafka_its_group_or_topic_on
                 "json",
             ],
         );
-        if !out.status.success() {
-            return Err(text(&out));
+        if !out.success() {
+            return Err(out.describe());
         }
         let got: serde_json::Value =
-            serde_json::from_slice(&out.stdout).map_err(|e| format!("{e}: {}", text(&out)))?;
+            serde_json::from_str(&out.stdout).map_err(|e| format!("{e}: {}", out.describe()))?;
         let mut wrong = Vec::new();
         for (labels, inhibited) in alerts {
             let found = got.as_array().into_iter().flatten().find(|a| {

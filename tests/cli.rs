@@ -4,24 +4,18 @@
 //! any output; `schema` prints DDL that runs (twice) on PostgreSQL, MariaDB and
 //! SQLite; `--help` lists every subcommand.
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command as StdCommand, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use assert_cmd::Command;
-use sqlx::mysql::MySqlConnection;
-use sqlx::postgres::PgConnection;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
-use sqlx::{AssertSqlSafe, ConnectOptions, Connection};
+use common::agent::schema_ddl;
+use common::{Agent, Cmd, Db, Outcome, Tables, V, unique_name, wait_until};
 
-const BIN: &str = env!("CARGO_BIN_EXE_inboxwatch");
-const PG_DEFAULT: &str = "postgres://postgres@127.0.0.1:5432/test";
-const MYSQL_DEFAULT: &str = "mysql://root@127.0.0.1:3306/test";
+/// A DSN for configs that are only checked (nothing connects to it).
+const EXAMPLE_DSN: &str = "postgres://postgres@127.0.0.1:5432/test";
 /// A variable no environment sets; removed from every child's environment anyway.
 const UNSET_VAR: &str = "INBOXWATCH_CLI_TEST_UNSET_VARIABLE";
 const SECRET: &str = "s3cr3t-pw";
@@ -30,49 +24,24 @@ const SECRET_DSN: &str = "postgres://u:s3cr3t-pw@127.0.0.1:1/db";
 // ---------------------------------------------------------------------------
 // Running the binary
 
-struct Outcome {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Outcome {
-    fn describe(&self) -> String {
-        format!(
-            "exit code {:?}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
+/// `inboxwatch <args>` without [`UNSET_VAR`], within 30 s.
+fn cli(args: &[&str]) -> Cmd {
+    Cmd::new(args)
+        .env_remove(UNSET_VAR)
+        .timeout(Duration::from_secs(30))
 }
 
 fn run_cli(args: &[&str]) -> Outcome {
-    run_cli_env(args, &[])
-}
-
-/// [`run_cli`] with extra environment variables.
-fn run_cli_env(args: &[&str], env: &[(&str, &str)]) -> Outcome {
-    let out = Command::new(BIN)
-        .args(args)
-        .env_remove(UNSET_VAR)
-        .envs(env.iter().copied())
-        .timeout(Duration::from_secs(30))
-        .output()
-        .expect("the inboxwatch binary can be spawned");
-    Outcome {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    cli(args).output()
 }
 
 fn write_config(toml: &str) -> tempfile::NamedTempFile {
-    let mut file = tempfile::Builder::new()
+    let file = tempfile::Builder::new()
         .prefix("inboxwatch-cli-")
         .suffix(".toml")
         .tempfile()
         .expect("a temporary config file can be created");
-    file.write_all(toml.as_bytes())
-        .expect("the temporary config file can be written");
+    std::fs::write(file.path(), toml).expect("the temporary config file can be written");
     file
 }
 
@@ -103,7 +72,7 @@ impl SourceToml {
         let keys = [
             ("name", q(name)),
             ("kind", q("inbox")),
-            ("dsn", q(PG_DEFAULT)),
+            ("dsn", q(EXAMPLE_DSN)),
             ("table", q("inbox_cli")),
             ("poll_interval", q("5s")),
             ("overlap", q("30s")),
@@ -255,20 +224,15 @@ fn check_config_accepts_the_documented_example() {
         .filter(|line| line.trim() == "[[sources]]")
         .count();
 
-    let mut cmd = Command::new(BIN);
-    cmd.arg("check-config")
+    let out = Cmd::new(["check-config"])
         .arg(&path)
-        .timeout(Duration::from_secs(30));
-    for name in env_references(&text) {
-        cmd.env(name, "dummy-value");
-    }
-    let out = cmd.output().expect("the inboxwatch binary can be spawned");
-    let out = Outcome {
-        code: out.status.code(),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
-
+        .envs(
+            env_references(&text)
+                .into_iter()
+                .map(|name| (name, "dummy-value")),
+        )
+        .timeout(Duration::from_secs(30))
+        .output();
     assert_config_ok(&out, sources);
 }
 
@@ -539,7 +503,7 @@ fn check_config_accepts_any_password_through_a_variable() {
     ];
     let file = write_config(&config(&sources));
     let path = file.path().to_str().expect("temp paths are UTF-8");
-    let out = run_cli_env(&["check-config", path], &[(VAR, HOSTILE)]);
+    let out = cli(&["check-config", path]).env(VAR, HOSTILE).output();
     assert_config_ok(&out, 2);
     assert_no_hostile_piece("check-config", &format!("{}{}", out.stdout, out.stderr));
 }
@@ -682,19 +646,13 @@ fn check_config_no_env_checks_a_config_without_its_secrets() {
     let sources = text.lines().filter(|l| l.trim() == "[[sources]]").count();
     let vars = env_references(&text);
     let run = |args: &[&str]| {
-        let mut cmd = Command::new(BIN);
-        cmd.args(args)
+        let mut cmd = Cmd::new(args)
             .env("OTEL_EXPORTER_OTLP_ENDPOINT", "not a URL")
             .timeout(Duration::from_secs(30));
         for var in &vars {
-            cmd.env_remove(var);
+            cmd = cmd.env_remove(var);
         }
-        let out = cmd.output().expect("the inboxwatch binary can be spawned");
-        Outcome {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        cmd.output()
     };
     let without = run(&["check-config", example]);
     assert_eq!(without.code, Some(2), "{}", without.describe());
@@ -770,67 +728,13 @@ fn run_reports_a_listen_address_in_use_naming_server_listen() {
     }
 }
 
-fn free_addr() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("an ephemeral port can be bound");
-    listener
-        .local_addr()
-        .expect("a bound listener has an address")
-        .to_string()
-}
-
-/// `(status, body)` of `GET path`, or `None` while nothing answers.
-fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut stream =
-        TcpStream::connect_timeout(&addr.parse().ok()?, Duration::from_secs(1)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).ok()?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())?;
-    Some((status, body))
-}
-
-/// Collects everything a child writes to one pipe.
-fn drain(mut pipe: impl Read + Send + 'static) -> (Arc<Mutex<String>>, JoinHandle<()>) {
-    let text = Arc::new(Mutex::new(String::new()));
-    let sink = Arc::clone(&text);
-    let handle = std::thread::spawn(move || {
-        let mut chunk = [0u8; 4096];
-        while let Ok(n) = pipe.read(&mut chunk) {
-            if n == 0 {
-                break;
-            }
-            let mut sink = sink.lock().expect("the output buffer is never poisoned");
-            sink.push_str(&String::from_utf8_lossy(&chunk[..n]));
-        }
-    });
-    (text, handle)
-}
-
-/// The agent process; killed on drop so a failing test leaves nothing running.
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The password reaches the agent three ways: in the DSN, through `${VAR}`, and in a
 /// `dsn_file` (as a `password=` query parameter); none of them may reach any output.
-#[test]
-fn run_never_logs_a_dsn_password_when_the_database_is_unreachable() {
+#[tokio::test]
+async fn run_never_logs_a_dsn_password_when_the_database_is_unreachable() {
     const PASSWORD_VAR: &str = "INBOXWATCH_CLI_TEST_PASSWORD";
-    let addr = free_addr();
+    let port = common::free_port();
+    let addr = format!("127.0.0.1:{port}");
     let dir = tempfile::tempdir().expect("a temporary directory can be created");
     let dsn_file = dir.path().join("billing.dsn");
     std::fs::write(
@@ -860,129 +764,162 @@ fn run_never_logs_a_dsn_password_when_the_database_is_unreachable() {
         &format!("listen = {}", q(&addr)),
         &sources,
     ));
-    let path = file.path().to_str().expect("temp paths are UTF-8");
 
     let started = Instant::now();
-    let mut agent = Agent(
-        StdCommand::new(BIN)
-            .args(["run", "--config", path, "--listen", &addr])
-            .env("INBOXWATCH_LOG", "debug")
-            .env(PASSWORD_VAR, SECRET)
-            .env_remove(UNSET_VAR)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the inboxwatch binary can be spawned"),
-    );
-    let (stdout, stdout_reader) = drain(agent.0.stdout.take().expect("stdout is piped"));
-    let (stderr, stderr_reader) = drain(agent.0.stderr.take().expect("stderr is piped"));
+    let agent = Agent::run_file(file.path())
+        .port(port)
+        .env("INBOXWATCH_LOG", "debug")
+        .env(PASSWORD_VAR, SECRET)
+        .env_remove(UNSET_VAR)
+        .start();
 
     // Wait until the agent has tried every database, marked each source down and
     // logged a warning naming it.
     let down_lines = names.map(|name| format!("inboxwatch_source_up{{source=\"{name}\"}} 0"));
-    let mut metrics = String::new();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(status) = agent.0.try_wait().expect("the agent's status can be read") {
-            panic!(
-                "the agent exited early with {status}\n--- stderr ---\n{}",
-                stderr.lock().expect("not poisoned")
-            );
-        }
-        if let Some((200, body)) = http_get(&addr, "/metrics") {
-            metrics = body;
-        }
-        let all_down = down_lines
-            .iter()
-            .all(|down| metrics.lines().any(|line| line.trim() == down));
-        let all_logged = {
-            let log = stderr.lock().expect("not poisoned");
-            names.iter().all(|name| {
+    let agent_ref = &agent;
+    let metrics = wait_until(Duration::from_secs(20), || {
+        let down_lines = &down_lines;
+        async move {
+            if let Some(status) = agent_ref.exited() {
+                panic!("the agent exited early with {status}");
+            }
+            let metrics = match agent_ref.get("/metrics").await {
+                Ok((200, body)) => body,
+                Ok((code, body)) => return Err(format!("/metrics answered {code}: {body}")),
+                Err(e) => return Err(e),
+            };
+            let all_down = down_lines
+                .iter()
+                .all(|down| metrics.lines().any(|line| line.trim() == down));
+            let log = agent_ref.stderr();
+            let all_logged = names.iter().all(|name| {
                 log.lines()
                     .any(|line| line.contains("WARN") && line.contains(name))
-            })
-        };
-        if all_down && all_logged {
-            break;
+            });
+            if all_down && all_logged {
+                Ok(metrics)
+            } else {
+                Err(format!(
+                    "/metrics shows {down_lines:?} and stderr has a WARN line per source\n\
+                     --- /metrics ---\n{metrics}\n--- stderr ---\n{log}"
+                ))
+            }
         }
-        assert!(
-            Instant::now() < deadline,
-            "within 20 s: /metrics shows {down_lines:?} and stderr has a WARN line per source\n\
-             --- /metrics ---\n{metrics}\n--- stderr ---\n{}",
-            stderr.lock().expect("not poisoned")
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("within 20 s: {e}"));
 
     // Give it a few reconnect attempts (with their log lines), then stop it gracefully.
     let exposure = Duration::from_secs(2);
     if let Some(remaining) = exposure.checked_sub(started.elapsed()) {
-        std::thread::sleep(remaining);
+        tokio::time::sleep(remaining).await;
     }
-    let _ = StdCommand::new("kill")
-        .args(["-TERM", &agent.0.id().to_string()])
-        .status();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while agent.0.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    drop(agent);
-    stdout_reader.join().expect("the stdout reader finishes");
-    stderr_reader.join().expect("the stderr reader finishes");
+    agent.terminate(Duration::from_secs(10));
+    agent.kill();
 
-    assert_no_secret("run's stderr", &stderr.lock().expect("not poisoned"));
-    assert_no_secret("run's stdout", &stdout.lock().expect("not poisoned"));
+    assert_no_secret("run's stderr", &agent.stderr());
+    assert_no_secret("run's stdout", &agent.stdout());
     assert_no_secret("/metrics", &metrics);
 }
 
 // ---------------------------------------------------------------------------
 // schema
 
-#[derive(Clone)]
-struct Tables {
-    inbox: String,
-    outbox: String,
+/// Fresh table names, dropped with `db` (at its cleanup, or on drop when the test fails).
+fn schema_tables(db: &Db, tag: &str) -> Tables {
+    let tables = Tables {
+        inbox: unique_name("inbox_cli", tag),
+        outbox: unique_name("outbox_cli", tag),
+    };
+    db.register_table(&tables.inbox);
+    db.register_table(&tables.outbox);
+    tables
 }
 
-impl Tables {
-    fn unique(tag: &str) -> Self {
-        let suffix = format!("{tag}_{}_{:08x}", std::process::id(), fastrand::u32(..));
-        Self {
-            inbox: format!("inbox_cli_{suffix}"),
-            outbox: format!("outbox_cli_{suffix}"),
-        }
-    }
-
-    fn drop_sql(&self) -> String {
-        format!(
-            "DROP TABLE IF EXISTS {}; DROP TABLE IF EXISTS {}",
-            self.inbox, self.outbox
-        )
-    }
-}
-
-fn schema_ddl(dialect: &str, tables: &Tables) -> String {
-    let out = run_cli(&[
-        "schema",
-        "--dialect",
-        dialect,
-        "--table",
-        &tables.inbox,
-        "--outbox-table",
-        &tables.outbox,
-    ]);
-    assert_eq!(out.code, Some(0), "{}", out.describe());
+/// What `inboxwatch schema` prints for both tables (it names both), run twice.
+async fn run_schema_twice(db: &Db, tables: &Tables) -> String {
+    let ddl = schema_ddl(db.dialect.cli_name(), &tables.inbox, Some(&tables.outbox));
     assert!(
-        out.stdout.contains(&tables.inbox) && out.stdout.contains(&tables.outbox),
-        "the DDL names both tables\n{}",
-        out.describe()
+        ddl.contains(&tables.inbox) && ddl.contains(&tables.outbox),
+        "the DDL names both tables\n{ddl}"
     );
-    out.stdout
+    for run in 1..=2 {
+        db.pool
+            .raw(&ddl)
+            .await
+            .unwrap_or_else(|e| panic!("DDL run {run} failed: {e}\n{ddl}"));
+    }
+    ddl
 }
 
-fn env_or(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+/// The rows of a query whose columns are all text; NULL as `NULL`.
+async fn strings(db: &Db, template: &str, args: &[V]) -> Vec<Vec<String>> {
+    db.query(template, args)
+        .await
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|c| c.unwrap_or_else(|| "NULL".into()))
+                .collect()
+        })
+        .collect()
+}
+
+/// The first column of each row.
+async fn first_column(db: &Db, template: &str, args: &[V]) -> Vec<String> {
+    strings(db, template, args)
+        .await
+        .into_iter()
+        .map(|mut row| row.swap_remove(0))
+        .collect()
+}
+
+/// After the dialect's own checks: a row with only the required columns gets the
+/// defaults, and a third run of the DDL leaves the tables and their rows alone.
+/// `now` is the dialect's expression for the current time.
+async fn check_defaults_and_rerun(db: &Db, tables: &Tables, ddl: &str, now: &str) {
+    let insert = format!(
+        "INSERT INTO {} (event_id, status, received_at, updated_at) VALUES ('e1', 'pending', {now}, {now}); \
+         INSERT INTO {} (event_id, created_at, updated_at) VALUES ('e1', {now}, {now})",
+        tables.inbox, tables.outbox
+    );
+    db.pool
+        .raw(&insert)
+        .await
+        .expect("a row with only the required columns can be inserted");
+    let defaults = strings(
+        db,
+        &format!(
+            "SELECT CAST(attempts AS {{text}}), CAST(deliveries AS {{text}}) FROM {}",
+            tables.inbox
+        ),
+        &[],
+    )
+    .await;
+    assert_eq!(defaults, [["0", "1"]], "defaults of (attempts, deliveries)");
+    let count = async |table: &str, filter: &str| {
+        first_column(
+            db,
+            &format!("SELECT CAST(COUNT(*) AS {{text}}) FROM {table} {filter}"),
+            &[],
+        )
+        .await
+    };
+    assert_eq!(
+        count(&tables.outbox, "WHERE published_at IS NULL").await,
+        ["1"],
+        "published_at is NULL until sent"
+    );
+
+    db.pool
+        .raw(ddl)
+        .await
+        .expect("DDL run 3 succeeds on tables with rows");
+    assert_eq!(
+        count(&tables.inbox, "").await,
+        ["1"],
+        "re-running the DDL keeps existing rows"
+    );
 }
 
 /// Inbox columns and whether each is NOT NULL (contract DDL).
@@ -1021,49 +958,30 @@ fn is_time_column(name: &str) -> bool {
     name.ends_with("_at")
 }
 
-/// Runs `check` in its own task, then always drops the tables, then re-raises a panic.
-async fn with_cleanup<F>(check: F, drop_tables: impl AsyncFnOnce())
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    let outcome = tokio::spawn(check).await;
-    drop_tables().await;
-    if let Err(error) = outcome {
-        std::panic::resume_unwind(error.into_panic());
-    }
-}
-
-async fn check_postgres(url: String, tables: Tables, ddl: String) {
-    let mut conn = PgConnection::connect(&url)
-        .await
-        .expect("PostgreSQL is reachable");
-    for run in 1..=2 {
-        sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("DDL run {run} failed: {e}\n{ddl}"));
-    }
+#[tokio::test]
+async fn schema_postgres_runs_twice_on_postgresql() {
+    let db = Db::postgres().await;
+    let tables = schema_tables(&db, "pg");
+    let ddl = run_schema_twice(&db, &tables).await;
 
     for (table, columns) in [
         (&tables.inbox, INBOX_COLUMNS),
         (&tables.outbox, OUTBOX_COLUMNS),
     ] {
-        let rows: Vec<(String, String, String)> = sqlx::query_as(
+        let rows = strings(
+            &db,
             "SELECT column_name::text, data_type::text, is_nullable::text \
              FROM information_schema.columns \
-             WHERE table_schema = current_schema() AND table_name::text = $1 \
+             WHERE table_schema = current_schema() AND table_name::text = ? \
              ORDER BY column_name",
+            &[V::text(table)],
         )
-        .bind(table)
-        .fetch_all(&mut conn)
-        .await
-        .expect("information_schema.columns is readable");
-        let actual: Vec<(String, bool)> = rows
-            .iter()
-            .map(|(name, _, nullable)| (name.clone(), nullable == "NO"))
-            .collect();
+        .await;
+        let actual: Vec<(String, bool)> =
+            rows.iter().map(|r| (r[0].clone(), r[2] == "NO")).collect();
         assert_eq!(actual, expected_columns(columns), "columns of {table}");
-        for (name, data_type, _) in &rows {
+        for r in &rows {
+            let (name, data_type) = (&r[0], &r[1]);
             let expected = if is_time_column(name) {
                 "timestamp with time zone"
             } else if name == "attempts" || name == "deliveries" {
@@ -1074,29 +992,27 @@ async fn check_postgres(url: String, tables: Tables, ddl: String) {
             assert_eq!(data_type, expected, "type of {table}.{name}");
         }
 
-        let primary_key: Vec<String> = sqlx::query_scalar(
+        let primary_key = first_column(
+            &db,
             "SELECT a.attname::text FROM pg_index i \
              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
-             WHERE i.indrelid = to_regclass($1) AND i.indisprimary",
+             WHERE i.indrelid = to_regclass(?) AND i.indisprimary",
+            &[V::text(table)],
         )
-        .bind(table)
-        .fetch_all(&mut conn)
-        .await
-        .expect("pg_index is readable");
+        .await;
         assert_eq!(primary_key, ["event_id"], "primary key of {table}");
     }
 
-    let index_defs = |table: &String| {
-        sqlx::query_scalar::<_, String>(
+    let index_defs = async |table: &str| {
+        first_column(
+            &db,
             "SELECT pg_get_indexdef(i.indexrelid) FROM pg_index i \
-             WHERE i.indrelid = to_regclass($1) AND NOT i.indisprimary ORDER BY 1",
+             WHERE i.indrelid = to_regclass(?) AND NOT i.indisprimary ORDER BY 1",
+            &[V::text(table)],
         )
-        .bind(table.clone())
-    };
-    let inbox_indexes = index_defs(&tables.inbox)
-        .fetch_all(&mut conn)
         .await
-        .expect("pg_index is readable");
+    };
+    let inbox_indexes = index_defs(&tables.inbox).await;
     assert_eq!(inbox_indexes.len(), 2, "inbox indexes: {inbox_indexes:#?}");
     assert!(
         inbox_indexes.iter().any(|d| d.ends_with("(updated_at)")),
@@ -1113,10 +1029,7 @@ async fn check_postgres(url: String, tables: Tables, ddl: String) {
                 && !d.contains("'dead'")),
         "inbox has a partial index on (received_at) over pending/processing/failed: {inbox_indexes:#?}"
     );
-    let outbox_indexes = index_defs(&tables.outbox)
-        .fetch_all(&mut conn)
-        .await
-        .expect("pg_index is readable");
+    let outbox_indexes = index_defs(&tables.outbox).await;
     assert_eq!(
         outbox_indexes.len(),
         2,
@@ -1133,77 +1046,15 @@ async fn check_postgres(url: String, tables: Tables, ddl: String) {
         "outbox has a partial index on (created_at) WHERE published_at IS NULL: {outbox_indexes:#?}"
     );
 
-    // Defaults: a row with only the required columns.
-    let insert = format!(
-        "INSERT INTO {} (event_id, status, received_at, updated_at) VALUES ('e1', 'pending', now(), now()); \
-         INSERT INTO {} (event_id, created_at, updated_at) VALUES ('e1', now(), now())",
-        tables.inbox, tables.outbox
-    );
-    sqlx::raw_sql(AssertSqlSafe(insert))
-        .execute(&mut conn)
-        .await
-        .expect("a row with only the required columns can be inserted");
-    let defaults: (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT attempts::bigint, deliveries::bigint FROM {}",
-        tables.inbox
-    )))
-    .fetch_one(&mut conn)
-    .await
-    .expect("the inbox row reads back");
-    assert_eq!(defaults, (0, 1), "defaults of (attempts, deliveries)");
-    let unpublished: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {} WHERE published_at IS NULL",
-        tables.outbox
-    )))
-    .fetch_one(&mut conn)
-    .await
-    .expect("the outbox row reads back");
-    assert_eq!(unpublished, 1, "published_at is NULL until sent");
-
-    // A third run leaves existing tables and rows alone.
-    sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
-        .execute(&mut conn)
-        .await
-        .expect("DDL run 3 succeeds on tables with rows");
-    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}",
-        tables.inbox
-    )))
-    .fetch_one(&mut conn)
-    .await
-    .expect("the inbox is readable");
-    assert_eq!(rows, 1, "re-running the DDL keeps existing rows");
+    check_defaults_and_rerun(&db, &tables, &ddl, "now()").await;
+    db.cleanup().await;
 }
 
 #[tokio::test]
-async fn schema_postgres_runs_twice_on_postgresql() {
-    let url = env_or("INBOXWATCH_TEST_PG", PG_DEFAULT);
-    let tables = Tables::unique("pg");
-    let ddl = schema_ddl("postgres", &tables);
-    let drop_sql = tables.drop_sql();
-    let cleanup_url = url.clone();
-    with_cleanup(check_postgres(url, tables, ddl), async move || {
-        let mut conn = PgConnection::connect(&cleanup_url)
-            .await
-            .expect("PostgreSQL is reachable");
-        sqlx::raw_sql(AssertSqlSafe(drop_sql))
-            .execute(&mut conn)
-            .await
-            .expect("the test tables can be dropped");
-    })
-    .await;
-}
-
-async fn check_mysql(url: String, tables: Tables, ddl: String) {
-    let mut conn = MySqlConnection::connect(&url)
-        .await
-        .expect("MariaDB is reachable");
-    for run in 1..=2 {
-        sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("DDL run {run} failed: {e}\n{ddl}"));
-    }
+async fn schema_mysql_runs_twice_on_mariadb() {
+    let db = Db::mysql().await;
+    let tables = schema_tables(&db, "my");
+    let ddl = run_schema_twice(&db, &tables).await;
 
     for (table, columns, expected_indexes) in [
         (
@@ -1217,21 +1068,19 @@ async fn check_mysql(url: String, tables: Tables, ddl: String) {
             ["published_at,created_at", "updated_at"],
         ),
     ] {
-        let rows: Vec<(String, String, String)> = sqlx::query_as(
+        let rows = strings(
+            &db,
             "SELECT CAST(column_name AS CHAR), CAST(column_type AS CHAR), CAST(is_nullable AS CHAR) \
              FROM information_schema.columns \
              WHERE table_schema = DATABASE() AND table_name = ? ORDER BY column_name",
+            &[V::text(table)],
         )
-        .bind(table)
-        .fetch_all(&mut conn)
-        .await
-        .expect("information_schema.columns is readable");
-        let actual: Vec<(String, bool)> = rows
-            .iter()
-            .map(|(name, _, nullable)| (name.clone(), nullable == "NO"))
-            .collect();
+        .await;
+        let actual: Vec<(String, bool)> =
+            rows.iter().map(|r| (r[0].clone(), r[2] == "NO")).collect();
         assert_eq!(actual, expected_columns(columns), "columns of {table}");
-        for (name, column_type, _) in &rows {
+        for r in &rows {
+            let (name, column_type) = (&r[0], &r[1]);
             let ok = match name.as_str() {
                 n if is_time_column(n) => column_type == "datetime(6)",
                 "event_id" => column_type == "varchar(191)",
@@ -1243,126 +1092,57 @@ async fn check_mysql(url: String, tables: Tables, ddl: String) {
             assert!(ok, "type of {table}.{name}: {column_type}");
         }
 
-        let primary_key: Vec<String> = sqlx::query_scalar(
+        let primary_key = first_column(
+            &db,
             "SELECT CAST(column_name AS CHAR) FROM information_schema.key_column_usage \
              WHERE table_schema = DATABASE() AND table_name = ? AND constraint_name = 'PRIMARY'",
+            &[V::text(table)],
         )
-        .bind(table)
-        .fetch_all(&mut conn)
-        .await
-        .expect("information_schema.key_column_usage is readable");
+        .await;
         assert_eq!(primary_key, ["event_id"], "primary key of {table}");
 
-        let indexes: Vec<String> = sqlx::query_scalar(
+        let indexes = first_column(
+            &db,
             "SELECT CAST(GROUP_CONCAT(column_name ORDER BY seq_in_index) AS CHAR) \
              FROM information_schema.statistics \
              WHERE table_schema = DATABASE() AND table_name = ? AND index_name <> 'PRIMARY' \
              GROUP BY index_name ORDER BY 1",
+            &[V::text(table)],
         )
-        .bind(table)
-        .fetch_all(&mut conn)
-        .await
-        .expect("information_schema.statistics is readable");
+        .await;
         assert_eq!(indexes, expected_indexes, "indexes of {table}");
     }
 
-    let insert = format!(
-        "INSERT INTO {} (event_id, status, received_at, updated_at) \
-         VALUES ('e1', 'pending', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6)); \
-         INSERT INTO {} (event_id, created_at, updated_at) VALUES ('e1', UTC_TIMESTAMP(6), UTC_TIMESTAMP(6))",
-        tables.inbox, tables.outbox
-    );
-    sqlx::raw_sql(AssertSqlSafe(insert))
-        .execute(&mut conn)
-        .await
-        .expect("a row with only the required columns can be inserted");
-    let defaults: (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT CAST(attempts AS SIGNED), CAST(deliveries AS SIGNED) FROM {}",
-        tables.inbox
-    )))
-    .fetch_one(&mut conn)
-    .await
-    .expect("the inbox row reads back");
-    assert_eq!(defaults, (0, 1), "defaults of (attempts, deliveries)");
-    let unpublished: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {} WHERE published_at IS NULL",
-        tables.outbox
-    )))
-    .fetch_one(&mut conn)
-    .await
-    .expect("the outbox row reads back");
-    assert_eq!(unpublished, 1, "published_at is NULL until sent");
-
-    sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
-        .execute(&mut conn)
-        .await
-        .expect("DDL run 3 succeeds on tables with rows");
-    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {}",
-        tables.inbox
-    )))
-    .fetch_one(&mut conn)
-    .await
-    .expect("the inbox is readable");
-    assert_eq!(rows, 1, "re-running the DDL keeps existing rows");
+    check_defaults_and_rerun(&db, &tables, &ddl, "UTC_TIMESTAMP(6)").await;
+    db.cleanup().await;
 }
 
 #[tokio::test]
-async fn schema_mysql_runs_twice_on_mariadb() {
-    let url = env_or("INBOXWATCH_TEST_MYSQL", MYSQL_DEFAULT);
-    let tables = Tables::unique("my");
-    let ddl = schema_ddl("mysql", &tables);
-    let drop_sql = tables.drop_sql();
-    let cleanup_url = url.clone();
-    with_cleanup(check_mysql(url, tables, ddl), async move || {
-        let mut conn = MySqlConnection::connect(&cleanup_url)
-            .await
-            .expect("MariaDB is reachable");
-        sqlx::raw_sql(AssertSqlSafe(drop_sql))
-            .execute(&mut conn)
-            .await
-            .expect("the test tables can be dropped");
-    })
-    .await;
-}
-
-async fn sqlite_connect(path: &Path) -> SqliteConnection {
-    SqliteConnectOptions::new()
-        .filename(path)
-        .create_if_missing(true)
-        .connect()
-        .await
-        .expect("the SQLite file opens")
-}
-
-async fn check_sqlite(path: std::path::PathBuf, tables: Tables, ddl: String) {
-    let mut conn = sqlite_connect(&path).await;
-    for run in 1..=2 {
-        sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
-            .execute(&mut conn)
-            .await
-            .unwrap_or_else(|e| panic!("DDL run {run} failed: {e}\n{ddl}"));
-    }
+async fn schema_sqlite_runs_twice_on_sqlite() {
+    let db = Db::sqlite().await;
+    let tables = schema_tables(&db, "lite");
+    let ddl = run_schema_twice(&db, &tables).await;
 
     for (table, columns, recency_column) in [
         (&tables.inbox, INBOX_COLUMNS, "received_at"),
         (&tables.outbox, OUTBOX_COLUMNS, "created_at"),
     ] {
-        let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
-            "SELECT name, type, \"notnull\", pk FROM pragma_table_info(?1) ORDER BY name",
+        let rows = strings(
+            &db,
+            "SELECT name, type, CAST(\"notnull\" AS TEXT), CAST(pk AS TEXT) \
+             FROM pragma_table_info(?) ORDER BY name",
+            &[V::text(table)],
         )
-        .bind(table)
-        .fetch_all(&mut conn)
-        .await
-        .expect("pragma_table_info is readable");
+        .await;
         // SQLite lets a non-INTEGER primary key hold NULL unless it says NOT NULL;
         // the primary key is checked on its own below.
         let actual: Vec<(String, bool)> = rows
             .iter()
-            .map(|(name, _, not_null, pk)| (name.clone(), *not_null == 1 || *pk > 0))
+            .map(|r| (r[0].clone(), r[2] == "1" || r[3] != "0"))
             .collect();
         assert_eq!(actual, expected_columns(columns), "columns of {table}");
-        for (name, column_type, _, _) in &rows {
+        for r in &rows {
+            let (name, column_type) = (&r[0], &r[1]);
             let expected = if name == "attempts" || name == "deliveries" {
                 "INTEGER"
             } else {
@@ -1376,19 +1156,18 @@ async fn check_sqlite(path: std::path::PathBuf, tables: Tables, ddl: String) {
         }
         let primary_key: Vec<&str> = rows
             .iter()
-            .filter(|(_, _, _, pk)| *pk > 0)
-            .map(|(name, _, _, _)| name.as_str())
+            .filter(|r| r[3] != "0")
+            .map(|r| r[0].as_str())
             .collect();
         assert_eq!(primary_key, ["event_id"], "primary key of {table}");
 
-        let indexes: Vec<String> = sqlx::query_scalar(
+        let indexes = first_column(
+            &db,
             "SELECT (SELECT group_concat(name) FROM pragma_index_info(il.name)) \
-             FROM pragma_index_list(?1) AS il WHERE il.origin = 'c' ORDER BY 1",
+             FROM pragma_index_list(?) AS il WHERE il.origin = 'c' ORDER BY 1",
+            &[V::text(table)],
         )
-        .bind(table)
-        .fetch_all(&mut conn)
-        .await
-        .expect("pragma_index_list is readable");
+        .await;
         assert_eq!(indexes.len(), 2, "indexes of {table}: {indexes:?}");
         assert!(
             indexes.iter().any(|cols| cols == "updated_at"),
@@ -1403,62 +1182,8 @@ async fn check_sqlite(path: std::path::PathBuf, tables: Tables, ddl: String) {
     }
 
     let now = "strftime('%Y-%m-%d %H:%M:%f','now')";
-    let insert = format!(
-        "INSERT INTO {} (event_id, status, received_at, updated_at) VALUES ('e1', 'pending', {now}, {now}); \
-         INSERT INTO {} (event_id, created_at, updated_at) VALUES ('e1', {now}, {now})",
-        tables.inbox, tables.outbox
-    );
-    sqlx::raw_sql(AssertSqlSafe(insert))
-        .execute(&mut conn)
-        .await
-        .expect("a row with only the required columns can be inserted");
-    let defaults: (i64, i64) = sqlx::query_as(AssertSqlSafe(format!(
-        "SELECT attempts, deliveries FROM {}",
-        tables.inbox
-    )))
-    .fetch_one(&mut conn)
-    .await
-    .expect("the inbox row reads back");
-    assert_eq!(defaults, (0, 1), "defaults of (attempts, deliveries)");
-    let unpublished: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {} WHERE published_at IS NULL",
-        tables.outbox
-    )))
-    .fetch_one(&mut conn)
-    .await
-    .expect("the outbox row reads back");
-    assert_eq!(unpublished, 1, "published_at is NULL until sent");
-
-    sqlx::raw_sql(AssertSqlSafe(ddl.clone()))
-        .execute(&mut conn)
-        .await
-        .expect("DDL run 3 succeeds on tables with rows");
-    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT count(*) FROM {}",
-        tables.inbox
-    )))
-    .fetch_one(&mut conn)
-    .await
-    .expect("the inbox is readable");
-    assert_eq!(rows, 1, "re-running the DDL keeps existing rows");
-}
-
-#[tokio::test]
-async fn schema_sqlite_runs_twice_on_sqlite() {
-    let dir = tempfile::tempdir().expect("a temporary directory can be created");
-    let path = dir.path().join("inbox.db");
-    let tables = Tables::unique("lite");
-    let ddl = schema_ddl("sqlite", &tables);
-    let drop_sql = tables.drop_sql();
-    let cleanup_path = path.clone();
-    with_cleanup(check_sqlite(path, tables, ddl), async move || {
-        let mut conn = sqlite_connect(&cleanup_path).await;
-        sqlx::raw_sql(AssertSqlSafe(drop_sql))
-            .execute(&mut conn)
-            .await
-            .expect("the test tables can be dropped");
-    })
-    .await;
+    check_defaults_and_rerun(&db, &tables, &ddl, now).await;
+    db.cleanup().await;
 }
 
 #[test]

@@ -16,20 +16,15 @@ mod common;
 mod kafka_support;
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use common::agent::try_scrape;
 use common::checks::{Expectations, render_diff};
 use common::scenarios::{CONVERGE, POLL, inbox_source_toml};
 use common::workload::{Clock, InboxEvent, InboxTruth, InboxWorkload, Target, seed_from_env};
-use common::{
-    BIN, Db, Metrics, READY_TIMEOUT, free_port, http_get, series_name, strip_ansi,
-    url_with_hostport, wait_until,
-};
+use common::{Agent, Db, Metrics, READY_TIMEOUT, series_name, url_with_hostport, wait_until};
 
 const LEADER: &str = "inboxwatch_source_leader";
 const UP: &str = "inboxwatch_source_up";
@@ -46,126 +41,24 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 const MARGIN_MS: i64 = 1000;
 
 // ---------------------------------------------------------------------------------
-// Agent processes (spawned here: the harness' Agent does not expose its pid, and
-// these tests need SIGTERM as well as SIGKILL)
+// Agent processes: the harness' Agent, several on one config file
 // ---------------------------------------------------------------------------------
 
-/// One `inboxwatch run` process. Killed on drop; prints its stderr if the test panics.
-struct AgentProc {
-    idx: usize,
-    child: Child,
-    port: u16,
-    stderr_path: PathBuf,
-    exit: Option<ExitStatus>,
+/// The agent's log lines about the lock.
+fn lock_log(agent: &Agent) -> Vec<String> {
+    agent
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("lock") || l.contains("Shutting down"))
+        .map(|l| l.trim().to_string())
+        .collect()
 }
 
-impl AgentProc {
-    fn spawn(idx: usize, config: &Path, dir: &Path) -> AgentProc {
-        let port = free_port();
-        let stderr_path = dir.join(format!("agent{idx}.stderr"));
-        let stderr = File::create(&stderr_path).expect("create an agent's stderr file");
-        let log = std::env::var("INBOXWATCH_TEST_LOG").unwrap_or_else(|_| "info".to_string());
-        let child = Command::new(BIN)
-            .arg("run")
-            .arg("--config")
-            .arg(config)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .env("RUST_LOG", &log)
-            .env("INBOXWATCH_LOG", &log)
-            .env("NO_COLOR", "1")
-            .spawn()
-            .unwrap_or_else(|e| panic!("failed to spawn {BIN}: {e}"));
-        AgentProc {
-            idx,
-            child,
-            port,
-            stderr_path,
-            exit: None,
-        }
-    }
-
-    /// `kill <signal> <pid>`.
-    fn send(&self, signal: &str) {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill")
-            .args([signal, pid.as_str()])
-            .status()
-            .unwrap_or_else(|e| panic!("run `kill {signal} {pid}`: {e}"));
-        assert!(status.success(), "`kill {signal} {pid}` failed: {status}");
-    }
-
-    /// `kill -9`, then reap. Returns the moment just before the signal was sent.
-    fn kill9(&mut self) -> Instant {
-        let at = Instant::now();
-        self.send("-9");
-        self.exit = self.child.wait().ok();
-        at
-    }
-
-    /// `kill -TERM`. Returns the moment just before the signal was sent.
-    fn term(&self) -> Instant {
-        let at = Instant::now();
-        self.send("-TERM");
-        at
-    }
-
-    fn exited(&mut self) -> Option<ExitStatus> {
-        if self.exit.is_none() {
-            self.exit = self.child.try_wait().ok().flatten();
-        }
-        self.exit
-    }
-
-    fn stderr(&self) -> String {
-        strip_ansi(&String::from_utf8_lossy(
-            &std::fs::read(&self.stderr_path).unwrap_or_default(),
-        ))
-    }
-
-    /// The agent's log lines about the lock.
-    fn lock_log(&self) -> Vec<String> {
-        self.stderr()
-            .lines()
-            .filter(|l| l.contains("lock") || l.contains("Shutting down"))
-            .map(|l| l.trim().to_string())
-            .collect()
-    }
-}
-
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        if self.exited().is_none() {
-            let _ = self.child.kill();
-            self.exit = self.child.wait().ok();
-        }
-        if std::thread::panicking() {
-            let s = self.stderr();
-            const MAX: usize = 60_000;
-            let cut = s.len().saturating_sub(MAX);
-            let cut = (cut..s.len())
-                .find(|i| s.is_char_boundary(*i))
-                .unwrap_or(cut);
-            eprintln!(
-                "----- agent {} stderr (port {}, exit {:?}) -----\n{}\n----- end of agent {} -----",
-                self.idx,
-                self.port,
-                self.exit,
-                &s[cut..],
-                self.idx
-            );
-        }
-    }
-}
-
-/// Agents sharing one config file.
+/// Agents sharing one config file, each with its output in `agent{i}.stdout` and
+/// `.stderr` next to it.
 struct Cluster {
-    // Dropped before `dir`: their drop reads their stderr files from it.
-    agents: Vec<AgentProc>,
+    // Dropped before `dir`: their drop reads their output files from it.
+    agents: Vec<Agent>,
     started: Instant,
     dir: tempfile::TempDir,
 }
@@ -177,7 +70,12 @@ impl Cluster {
         std::fs::write(&config, config_toml).expect("write the shared config");
         let started = Instant::now();
         let agents = (0..n)
-            .map(|i| AgentProc::spawn(i, &config, dir.path()))
+            .map(|i| {
+                Agent::run_file(&config)
+                    .dir(dir.path())
+                    .name(&format!("agent{i}"))
+                    .start()
+            })
             .collect();
         Cluster {
             agents,
@@ -204,7 +102,7 @@ impl Cluster {
                 if let Some(st) = a.exited() {
                     panic!("agent {i} exited with {st} before it became ready");
                 }
-                match http_get(a.port, "/readyz").await {
+                match a.get("/readyz").await {
                     Ok((200, body)) => ready[i] = Some((self.started.elapsed(), body)),
                     Ok((code, body)) => last[i] = format!("{code}: {}", body.trim()),
                     Err(e) => last[i] = e,
@@ -222,7 +120,7 @@ impl Cluster {
         }
     }
 
-    fn dir(&self) -> &Path {
+    fn dir(&self) -> &std::path::Path {
         self.dir.path()
     }
 }
@@ -511,14 +409,6 @@ struct Handover {
     first_new_up: Option<Instant>,
 }
 
-async fn scrape(port: u16) -> Result<Metrics, String> {
-    let (code, body) = http_get(port, "/metrics").await?;
-    if code != 200 {
-        return Err(format!("/metrics answered {code}"));
-    }
-    Metrics::parse(&body)
-}
-
 /// Scrapes every agent not marked gone, concurrently, every [`SAMPLE_EVERY`] until
 /// `stop`.
 fn spawn_sampler(obs: Shared, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<()> {
@@ -536,7 +426,7 @@ fn spawn_sampler(obs: Shared, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<
             let mut set = tokio::task::JoinSet::new();
             for (a, port) in targets.iter().enumerate() {
                 if let Some(port) = *port {
-                    set.spawn(async move { (a, scrape(port).await) });
+                    set.spawn(async move { (a, try_scrape(port).await) });
                 }
             }
             let mut results: Vec<Option<Result<Metrics, String>>> =
@@ -871,7 +761,7 @@ async fn three_agents_one_owner_per_source_with_failover() {
     })
     .await
     .unwrap_or_else(|e| panic!("the PostgreSQL owner did not count the workload: {e}"));
-    let killed_at = cluster.agents[victim].kill9();
+    let killed_at = cluster.agents[victim].sigkill();
     lock(&obs).agents[victim].gone = true;
     eprintln!(
         "{}: agent {victim} (owner of {PG_SOURCE}) killed with SIGKILL",
@@ -917,7 +807,7 @@ async fn three_agents_one_owner_per_source_with_failover() {
         .await
         .unwrap_or_else(|e| panic!("no owner of {MY_SOURCE} among the survivors: {e}"));
     let stopped = owner[0];
-    let termed_at = cluster.agents[stopped].term();
+    let termed_at = cluster.agents[stopped].sigterm();
     eprintln!(
         "{}: agent {stopped} (owner of {MY_SOURCE}) sent SIGTERM",
         lock(&obs).at(termed_at)
@@ -1015,8 +905,8 @@ async fn three_agents_one_owner_per_source_with_failover() {
                 o.contending
             );
         }
-        for a in &cluster.agents {
-            eprintln!("agent {} lock log:\n  {}", a.idx, a.lock_log().join("\n  "));
+        for (i, a) in cluster.agents.iter().enumerate() {
+            eprintln!("agent {i} lock log:\n  {}", lock_log(a).join("\n  "));
         }
 
         let mut problems: Vec<String> = Vec::new();
@@ -1171,7 +1061,7 @@ async fn unreachable_source_does_not_block_other_elections() {
     let port = cluster.agents[owner].port;
     let exp_ref = &exp;
     wait_until(CONVERGE, || async move {
-        let d = exp_ref.diff(&scrape(port).await?);
+        let d = exp_ref.diff(&try_scrape(port).await?);
         if d.is_empty() {
             Ok(())
         } else {
@@ -1184,21 +1074,20 @@ async fn unreachable_source_does_not_block_other_elections() {
     });
 
     // Both still ready, the unreachable source named as down.
-    for a in &cluster.agents {
-        let (code, body) = http_get(a.port, "/readyz")
+    for (i, a) in cluster.agents.iter().enumerate() {
+        let (code, body) = a
+            .get("/readyz")
             .await
-            .unwrap_or_else(|e| panic!("agent {}: /readyz: {e}", a.idx));
+            .unwrap_or_else(|e| panic!("agent {i}: /readyz: {e}"));
         eprintln!(
-            "agent {} /readyz {code}: {}",
-            a.idx,
+            "agent {i} /readyz {code}: {}",
             body.trim().replace('\n', " | ")
         );
-        assert_eq!(code, 200, "agent {} is no longer ready: {body}", a.idx);
+        assert_eq!(code, 200, "agent {i} is no longer ready: {body}");
         assert!(
             body.lines()
                 .any(|l| l.starts_with(DEAD_SOURCE) && l.contains("down")),
-            "agent {}'s /readyz does not report {DEAD_SOURCE} down: {body}",
-            a.idx
+            "agent {i}'s /readyz does not report {DEAD_SOURCE} down: {body}"
         );
     }
     // One more round after the checks, then stop watching.
@@ -1256,8 +1145,8 @@ async fn unreachable_source_does_not_block_other_elections() {
         }
         problems
     };
-    for a in &cluster.agents {
-        eprintln!("agent {} lock log:\n  {}", a.idx, a.lock_log().join("\n  "));
+    for (i, a) in cluster.agents.iter().enumerate() {
+        eprintln!("agent {i} lock log:\n  {}", lock_log(a).join("\n  "));
     }
     if !problems.is_empty() {
         panic!("{} problems:\n{}", problems.len(), render_diff(&problems));
@@ -1288,7 +1177,7 @@ async fn three_agents_one_owner_of_a_kafka_source() {
     let mock = rdkafka::mocking::MockCluster::new(1).expect("librdkafka's mock cluster");
     let config = kafka_support::kafka_source_toml(KAFKA_SOURCE, &mock.bootstrap_servers(), "");
     let sources = [KAFKA_SOURCE];
-    let mut cluster = Cluster::start(&config, 3);
+    let cluster = Cluster::start(&config, 3);
     let obs = Obs::new(t0, &sources, &cluster.ports());
     let stop = Arc::new(AtomicBool::new(false));
     let sampler = spawn_sampler(obs.clone(), stop.clone());
@@ -1311,7 +1200,7 @@ async fn three_agents_one_owner_of_a_kafka_source() {
     );
 
     // kill -9: the coordinator drops the member after its session timeout.
-    let killed = cluster.agents[first].kill9();
+    let killed = cluster.agents[first].sigkill();
     lock(&obs).agents[first].gone = true;
     let second = wait_for_owners(&obs, &[0], &[first], Duration::from_secs(30))
         .await
@@ -1324,7 +1213,7 @@ async fn three_agents_one_owner_of_a_kafka_source() {
     assert!(after_kill <= Duration::from_secs(30), "{after_kill:?}");
 
     // SIGTERM: the owner leaves the group at once.
-    let termed = cluster.agents[second].term();
+    let termed = cluster.agents[second].sigterm();
     let third = wait_for_owners(&obs, &[0], &[first, second], Duration::from_secs(10))
         .await
         .unwrap_or_else(|e| panic!("nobody took over after SIGTERM: {e}"))[0];

@@ -5,10 +5,13 @@
 //! source is the `datasource` variable, panels do not overlap, and every
 //! catalogue metric is shown somewhere.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::time::Duration;
 
+use common::grafana::{self, dashboards, panels, targets, variables};
+use common::{repo_files, repo_read};
 use inboxwatch::telemetry::catalogue::{CATALOGUE, Kind};
 use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::{self, Expr, VectorSelector};
@@ -79,53 +82,6 @@ const DATASOURCE: &str = "${datasource}";
 const RATE_SENTINEL: &str = "4321s";
 const INTERVAL_SENTINEL: &str = "1234s";
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-struct Dashboard {
-    file: String,
-    raw: String,
-    json: Value,
-}
-
-fn dashboards() -> Vec<Dashboard> {
-    let dir = repo().join("dashboards");
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(&dir).expect("dashboards/ exists") {
-        let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("json") {
-            continue;
-        }
-        let raw = std::fs::read_to_string(&path).unwrap();
-        let json: Value = serde_json::from_str(&raw)
-            .unwrap_or_else(|e| panic!("{}: not valid JSON: {e}", path.display()));
-        out.push(Dashboard {
-            file: path.file_name().unwrap().to_string_lossy().into_owned(),
-            raw,
-            json,
-        });
-    }
-    out.sort_by(|a, b| a.file.cmp(&b.file));
-    assert!(!out.is_empty(), "no dashboards in {}", dir.display());
-    out
-}
-
-/// Every panel, rows' nested panels included, in order.
-fn panels(dash: &Value) -> Vec<&Value> {
-    fn walk<'a>(list: &'a Value, out: &mut Vec<&'a Value>) {
-        for p in list.as_array().into_iter().flatten() {
-            out.push(p);
-            if let Some(nested) = p.get("panels") {
-                walk(nested, out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(&dash["panels"], &mut out);
-    out
-}
-
 fn is_row(panel: &Value) -> bool {
     panel["type"] == "row"
 }
@@ -134,20 +90,13 @@ fn title(panel: &Value) -> String {
     panel["title"].as_str().unwrap_or("<untitled>").to_string()
 }
 
-fn variables(dash: &Value) -> &[Value] {
-    dash["templating"]["list"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[])
-}
-
 /// Replaces Grafana variables in a query: `$__rate_interval` and `$__interval`
 /// by the given durations, the other built-ins by plausible values, and every
 /// dashboard variable (`$x`, `${x}`, `${x:fmt}`, `[[x]]`) by `.*` (they are only
 /// used inside regex matchers).
 fn substitute(expr: &str, rate_interval: &str, interval: &str) -> String {
-    let builtin = |name: &str| -> String {
-        match name {
+    let builtin = |name: &str| -> Result<String, String> {
+        Ok(match name {
             "__rate_interval" => rate_interval.to_string(),
             "__interval" => interval.to_string(),
             "__rate_interval_ms" | "__interval_ms" => "60000".to_string(),
@@ -155,36 +104,9 @@ fn substitute(expr: &str, rate_interval: &str, interval: &str) -> String {
             "__range_s" => "3600".to_string(),
             "__range_ms" => "3600000".to_string(),
             _ => ".*".to_string(),
-        }
+        })
     };
-    let mut out = String::with_capacity(expr.len());
-    let mut rest = expr;
-    while let Some(i) = rest.find(['$', '[']) {
-        out.push_str(&rest[..i]);
-        let tail = &rest[i..];
-        if let Some(body) = tail.strip_prefix("${") {
-            let end = body.find('}').expect("unclosed ${ in query");
-            let name = body[..end].split(':').next().unwrap();
-            out.push_str(&builtin(name));
-            rest = &body[end + 1..];
-        } else if let Some(body) = tail.strip_prefix("[[") {
-            let end = body.find("]]").expect("unclosed [[ in query");
-            out.push_str(&builtin(body[..end].split(':').next().unwrap()));
-            rest = &body[end + 2..];
-        } else if let Some(body) = tail.strip_prefix('$') {
-            let end = body
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(body.len());
-            assert!(end > 0, "lone `$` in query: {expr}");
-            out.push_str(&builtin(&body[..end]));
-            rest = &body[end..];
-        } else {
-            out.push('[');
-            rest = &tail[1..];
-        }
-    }
-    out.push_str(rest);
-    out
+    grafana::substitute(expr, builtin).unwrap_or_else(|e| panic!("{e}: {expr}"))
 }
 
 /// What a metric name may be selected as: catalogue series (histograms only as
@@ -233,21 +155,11 @@ impl Known {
     }
 }
 
-/// Names of the recording rules in `alerts/*.yml` / `*.yaml` (`record:` lines);
-/// none when the directory or files do not exist yet.
+/// Names of the recording rules in `alerts/*.yml` / `*.yaml` (`record:` lines).
 fn recording_rules() -> BTreeSet<String> {
     let mut rules = BTreeSet::new();
-    let Ok(dir) = std::fs::read_dir(repo().join("alerts")) else {
-        return rules;
-    };
-    for entry in dir {
-        let path = entry.unwrap().path();
-        let ext = path.extension().and_then(|e| e.to_str());
-        if !matches!(ext, Some("yml" | "yaml")) {
-            continue;
-        }
-        let text = std::fs::read_to_string(&path).unwrap();
-        for line in text.lines() {
+    for file in repo_files("alerts", &[".yml", ".yaml"]) {
+        for line in repo_read(&file).lines() {
             let line = line.trim_start().trim_start_matches("- ").trim_start();
             if let Some(name) = line.strip_prefix("record:") {
                 let name = name.split('#').next().unwrap().trim();
@@ -429,13 +341,6 @@ fn check_query(raw: &str, known: &Known) -> Result<BTreeSet<&'static str>, Strin
         ));
     }
     Ok(metrics)
-}
-
-fn targets(panel: &Value) -> &[Value] {
-    panel["targets"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or(&[])
 }
 
 #[test]

@@ -29,7 +29,7 @@ const SECTION_3_1: [&str; 12] = [
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_exports_every_inbox_metric_with_a_nonzero_sample_within_30s() {
     let started = Instant::now();
-    let mut agent = Agent::demo();
+    let agent = Agent::demo();
     agent.wait_ready(Duration::from_secs(30)).await;
     let left = Duration::from_secs(30).saturating_sub(started.elapsed());
     let agent_ref = &agent;

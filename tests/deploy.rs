@@ -16,14 +16,15 @@
 //! Needs `python3` and `kubernetes-validate` (PyPI; it brings PyYAML, which reads the
 //! manifests here). Without them the tests fail, saying so; they never skip.
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_inboxwatch");
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+use common::process::run_in_root;
+use common::{Cmd, Outcome, repo_path, repo_read};
+
 const DEPLOY: &str = "deploy/kubernetes";
 const INSTALL_HINT: &str = "install it with `python3 -m pip install kubernetes-validate` \
      (it brings PyYAML too; CI's scripts/test.sh installs it)";
@@ -46,31 +47,10 @@ const KINDS_WITHOUT_SCHEMA: &[&str] = &["PodMonitor", "PrometheusRule", "Kustomi
 // ---------------------------------------------------------------------------
 // Helpers
 
-fn root(path: &str) -> PathBuf {
-    Path::new(ROOT).join(path)
-}
-
-fn read(path: &str) -> String {
-    std::fs::read_to_string(root(path)).unwrap_or_else(|e| panic!("cannot read {path}: {e}"))
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn python(args: &[&str]) -> Output {
-    Command::new("python3")
-        .args(args)
-        .current_dir(ROOT)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("cannot run python3 ({e}); it is needed for the deployment checks")
-        })
+fn python(args: &[&str]) -> Outcome {
+    run_in_root("python3", args).unwrap_or_else(|e| {
+        panic!("cannot run python3 ({e}); it is needed for the deployment checks")
+    })
 }
 
 /// The YAML documents of a file (relative to the root), read by PyYAML, as JSON.
@@ -83,11 +63,11 @@ fn load_yaml(path: &str) -> Vec<Value> {
         path,
     ]);
     assert!(
-        out.status.success(),
+        out.success(),
         "cannot read {path} as YAML; if PyYAML is missing, {INSTALL_HINT}:\n{}",
-        text(&out)
+        out.describe()
     );
-    serde_json::from_slice(&out.stdout).expect("python3 printed JSON")
+    serde_json::from_str(&out.stdout).expect("python3 printed JSON")
 }
 
 /// The one object of `kind` in a manifest file.
@@ -102,7 +82,7 @@ fn object(file: &str, kind: &str) -> Value {
 
 /// The `.yaml` files of `deploy/kubernetes/`, by file name, sorted.
 fn manifests() -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(root(DEPLOY))
+    let mut names: Vec<String> = std::fs::read_dir(repo_path(DEPLOY))
         .unwrap_or_else(|e| panic!("cannot read {DEPLOY}/: {e}"))
         .map(|e| {
             e.expect("directory entry")
@@ -172,13 +152,9 @@ fn prometheusrule_is_generated_from_the_rule_file() {
         "--output",
         generated.to_str().expect("UTF-8 temporary path"),
     ]);
-    assert!(
-        out.status.success(),
-        "the generator failed:\n{}",
-        text(&out)
-    );
+    assert!(out.success(), "the generator failed:\n{}", out.describe());
     let generated = std::fs::read_to_string(&generated).expect("generated manifest");
-    let committed = read(&format!("{DEPLOY}/prometheusrule.yaml"));
+    let committed = repo_read(&format!("{DEPLOY}/prometheusrule.yaml"));
     assert!(
         generated == committed,
         "{DEPLOY}/prometheusrule.yaml is not what the generator makes of alerts/inboxwatch.rules.yml \
@@ -296,8 +272,8 @@ fn prometheus_durations_are_recognised() {
 
 #[test]
 fn configmap_holds_the_example_config_and_it_passes_check_config() {
-    let config = configmap_toml(&read(&format!("{DEPLOY}/configmap.yaml")));
-    let example = read("config/inboxwatch.toml");
+    let config = configmap_toml(&repo_read(&format!("{DEPLOY}/configmap.yaml")));
+    let example = repo_read("config/inboxwatch.toml");
     assert!(
         config == example,
         "{DEPLOY}/configmap.yaml's inboxwatch.toml differs from config/inboxwatch.toml ({}); \
@@ -320,21 +296,20 @@ fn configmap_holds_the_example_config_and_it_passes_check_config() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let file = dir.path().join("inboxwatch.toml");
     std::fs::write(&file, &config).expect("write the config");
-    let mut check = Command::new(BIN);
-    check.arg("check-config").arg(&file);
-    for (key, value) in values {
-        check.env(key, value.as_str().expect("Secret values are strings"));
-    }
-    let out = check.output().expect("run inboxwatch check-config");
+    let out = Cmd::new(["check-config"])
+        .arg(&file)
+        .envs(
+            values
+                .iter()
+                .map(|(key, value)| (key, value.as_str().expect("Secret values are strings"))),
+        )
+        .output();
     assert!(
-        out.status.success(),
+        out.success(),
         "check-config rejects the ConfigMap's config:\n{}",
-        text(&out)
+        out.describe()
     );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "config OK: 4 sources"
-    );
+    assert_eq!(out.stdout.trim(), "config OK: 4 sources");
 }
 
 // ---------------------------------------------------------------------------
@@ -343,21 +318,17 @@ fn configmap_holds_the_example_config_and_it_passes_check_config() {
 /// Runs `kubernetes-validate --strict` on files (relative to the root): the
 /// command, or the module of python3's where pip put no command on the PATH
 /// (e.g. a pyenv without a rehash).
-fn kubernetes_validate(files: &[String]) -> Output {
-    let run = Command::new("kubernetes-validate")
-        .arg("--strict")
-        .args(files)
-        .current_dir(ROOT)
-        .output();
-    match run {
+fn kubernetes_validate(files: &[String]) -> Outcome {
+    let mut args = vec!["--strict"];
+    args.extend(files.iter().map(String::as_str));
+    match run_in_root("kubernetes-validate", &args) {
         Ok(out) => out,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut args = vec!["-m", "kubernetes_validate", "--strict"];
             args.extend(files.iter().map(String::as_str));
             let out = python(&args);
-            let stderr = String::from_utf8_lossy(&out.stderr);
             assert!(
-                !stderr.contains("No module named kubernetes_validate"),
+                !out.stderr.contains("No module named kubernetes_validate"),
                 "kubernetes-validate is not installed: {INSTALL_HINT}"
             );
             out
@@ -373,13 +344,10 @@ fn manifests_validate_with_kubernetes_validate() {
         .map(|n| format!("{DEPLOY}/{n}"))
         .collect();
     let out = kubernetes_validate(&files);
-    let report = text(&out);
-    assert!(
-        out.status.success(),
-        "kubernetes-validate failed:\n{report}"
-    );
+    let report = out.describe();
+    assert!(out.success(), "kubernetes-validate failed:\n{report}");
 
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = &out.stdout;
     for line in stdout.lines() {
         assert!(!line.starts_with("ERROR"), "{line}\n{report}");
         if line.starts_with("WARN") {
@@ -521,7 +489,7 @@ fn service_and_podmonitor_find_the_agents_as_job_inboxwatch() {
     // The rules expect job="inboxwatch": the job comes from this pod label.
     let job_label = monitor["spec"]["jobLabel"].as_str().expect("jobLabel");
     assert_eq!(pod_labels[job_label], "inboxwatch");
-    assert!(read("alerts/inboxwatch.rules.yml").contains("job=\"inboxwatch\""));
+    assert!(repo_read("alerts/inboxwatch.rules.yml").contains("job=\"inboxwatch\""));
 }
 
 #[test]
@@ -565,7 +533,7 @@ fn dockerfile_matches_the_daemonset() {
     let port = &c["ports"][0]["containerPort"];
     // The image's default command is the one the DaemonSet spells out.
     let cmd = serde_json::to_string(&c["args"]).expect("args as JSON");
-    let dockerfile = read("Dockerfile");
+    let dockerfile = repo_read("Dockerfile");
     for line in [
         format!("USER {uid}:{uid}"),
         format!("EXPOSE {port}"),
@@ -580,6 +548,6 @@ fn dockerfile_matches_the_daemonset() {
             "Dockerfile lacks `{line}`"
         );
     }
-    let ignore = read(".dockerignore");
+    let ignore = repo_read(".dockerignore");
     assert!(ignore.lines().any(|l| l.trim() == "target/"));
 }

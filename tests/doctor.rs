@@ -7,6 +7,8 @@
 //! findings line by line and its exit code: 0 when nothing needs attention, 1
 //! when there is a warning or an error, 2 for a config it cannot use.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,8 +16,8 @@ use std::time::Duration;
 use sqlx::{AnyConnection, Connection, Row};
 use tempfile::{NamedTempFile, TempDir};
 
-/// The binary under test.
-const BIN: &str = env!("CARGO_BIN_EXE_inboxwatch");
+use common::agent::schema_ddl;
+use common::{Cmd, Dialect, mysql_url, pg_url, unique_name, url_with_hostport, url_with_user};
 
 /// How long one doctor run may take before the test fails.
 const DOCTOR_TIMEOUT: Duration = Duration::from_secs(60);
@@ -26,67 +28,42 @@ const QUERIES: [&str; 3] = ["tail", "gauges", "seed"];
 /// A password no output may ever contain.
 const SECRET: &str = "Zq7doctorSecretPw";
 
-fn pg_url() -> String {
-    std::env::var("INBOXWATCH_TEST_PG")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
-}
-
-fn mysql_url() -> String {
-    std::env::var("INBOXWATCH_TEST_MYSQL")
-        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_string())
-}
-
 /// `inbox_doc_{short}_{pid}_{random}`: unique across parallel test processes and
 /// short enough for `_unfinished` index names within PostgreSQL's 63 characters.
 fn unique_table(short: &str) -> String {
-    format!(
-        "inbox_doc_{short}_{}_{:06x}",
-        std::process::id(),
-        fastrand::u32(..0x00ff_ffff)
-    )
+    unique_name("inbox_doc", short)
 }
 
 /// The same URL with `user:password@`, keeping the user (default `root`).
 fn with_password(url: &str, password: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a database URL has a scheme");
-    let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-    let (user, host) = match authority.rsplit_once('@') {
-        Some((userinfo, host)) => (userinfo.split(':').next().unwrap_or("root"), host),
-        None => ("root", authority),
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = &rest[..rest.find(['/', '?']).unwrap_or(rest.len())];
+    let user = match authority.rsplit_once('@') {
+        Some((userinfo, _)) => userinfo.split(':').next().unwrap_or("root"),
+        None => "root",
     };
-    format!("{scheme}://{user}:{password}@{host}{path}")
+    url_with_user(url, user, password)
 }
 
 /// The same URL pointing at `127.0.0.1:1`, where nothing listens.
 fn unreachable(url: &str) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a database URL has a scheme");
-    let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
-    let userinfo = authority.rsplit_once('@').map(|(u, _)| format!("{u}@"));
-    format!(
-        "{scheme}://{}127.0.0.1:1{path}",
-        userinfo.unwrap_or_default()
-    )
+    url_with_hostport(url, "127.0.0.1:1")
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Dialect {
-    Postgres,
-    MySql,
-    Sqlite,
+/// The SQL the doctor tests write, per dialect.
+trait DoctorSql: Copy {
+    fn quote(self, ident: &str) -> String;
+    fn rows(self) -> u32;
+    fn time(self, seconds: &str) -> String;
+    fn concat(self, prefix: &str, expr: &str) -> String;
+    fn tail_index(self, table: &str) -> String;
+    fn unfinished_index(self, table: &str) -> String;
 }
 
-impl Dialect {
-    fn arg(self) -> &'static str {
-        match self {
-            Dialect::Postgres => "postgres",
-            Dialect::MySql => "mysql",
-            Dialect::Sqlite => "sqlite",
-        }
-    }
-
+impl DoctorSql for Dialect {
     fn quote(self, ident: &str) -> String {
         match self {
-            Dialect::MySql => format!("`{ident}`"),
+            Dialect::Mysql => format!("`{ident}`"),
             Dialect::Postgres | Dialect::Sqlite => format!("\"{ident}\""),
         }
     }
@@ -95,7 +72,7 @@ impl Dialect {
     fn rows(self) -> u32 {
         match self {
             Dialect::Postgres => 50_000,
-            Dialect::MySql => 5_000,
+            Dialect::Mysql => 5_000,
             Dialect::Sqlite => 500,
         }
     }
@@ -106,7 +83,7 @@ impl Dialect {
             Dialect::Postgres => {
                 format!("now() - INTERVAL '1 day' + ({seconds}) * INTERVAL '1 second'")
             }
-            Dialect::MySql => {
+            Dialect::Mysql => {
                 format!("UTC_TIMESTAMP(6) - INTERVAL 1 DAY + INTERVAL ({seconds}) SECOND")
             }
             Dialect::Sqlite => format!(
@@ -117,7 +94,7 @@ impl Dialect {
 
     fn concat(self, prefix: &str, expr: &str) -> String {
         match self {
-            Dialect::MySql => format!("CONCAT('{prefix}', {expr})"),
+            Dialect::Mysql => format!("CONCAT('{prefix}', {expr})"),
             Dialect::Postgres | Dialect::Sqlite => format!("'{prefix}' || ({expr})"),
         }
     }
@@ -134,7 +111,7 @@ impl Dialect {
     /// The `CREATE INDEX` the doctor advises for the gauges and seed queries.
     fn unfinished_index(self, table: &str) -> String {
         match self {
-            Dialect::MySql => format!(
+            Dialect::Mysql => format!(
                 "CREATE INDEX IF NOT EXISTS {table}_unfinished ON `{table}` (`status`, `received_at`);"
             ),
             Dialect::Postgres | Dialect::Sqlite => format!(
@@ -168,7 +145,7 @@ impl Db {
             .expect("a current-thread tokio runtime builds");
         let (url, dsn, dir) = match dialect {
             Dialect::Postgres => (pg_url(), pg_url(), None),
-            Dialect::MySql => (mysql_url(), mysql_url(), None),
+            Dialect::Mysql => (mysql_url(), mysql_url(), None),
             Dialect::Sqlite => {
                 let dir = tempfile::tempdir().expect("create a temp dir for the SQLite file");
                 let path = dir.path().join("inbox.db");
@@ -239,13 +216,7 @@ impl Db {
 
     /// The table `inboxwatch schema` recommends, with or without its indexes.
     fn create_inbox(&mut self, table: &str, with_indexes: bool) {
-        let out = assert_cmd::Command::new(BIN)
-            .args(["schema", "--dialect", self.dialect.arg(), "--table", table])
-            .timeout(DOCTOR_TIMEOUT)
-            .output()
-            .expect("run inboxwatch schema");
-        assert!(out.status.success(), "inboxwatch schema failed: {out:?}");
-        let ddl = String::from_utf8(out.stdout).expect("schema prints UTF-8");
+        let ddl = schema_ddl(self.dialect.cli_name(), table, None);
         let ddl = if with_indexes {
             ddl
         } else {
@@ -302,13 +273,13 @@ impl Db {
         self.exec(&sql);
         let analyze = match d {
             Dialect::Postgres => format!("ANALYZE {}", d.quote(table)),
-            Dialect::MySql => format!("ANALYZE TABLE {}", d.quote(table)),
+            Dialect::Mysql => format!("ANALYZE TABLE {}", d.quote(table)),
             Dialect::Sqlite => "ANALYZE".to_string(),
         };
         self.exec(&analyze);
         let count = self.strings(&format!(
             "SELECT CAST(COUNT(*) AS {}) FROM {}",
-            if d == Dialect::MySql { "CHAR" } else { "TEXT" },
+            if d == Dialect::Mysql { "CHAR" } else { "TEXT" },
             d.quote(table)
         ));
         assert_eq!(count, [rows.to_string()], "rows in {table}");
@@ -322,7 +293,7 @@ impl Db {
                 "SELECT md5(string_agg(CAST(x AS text), E'\\n' ORDER BY event_id)) FROM {t} x"
             ))[0]
                 .clone(),
-            Dialect::MySql => {
+            Dialect::Mysql => {
                 self.exec("SET SESSION group_concat_max_len = 1073741824");
                 let cols = [
                     "event_id",
@@ -360,7 +331,7 @@ impl Db {
                 "SELECT CAST(indexname AS text) FROM pg_indexes \
                  WHERE schemaname = current_schema() AND tablename = '{table}'"
             ),
-            Dialect::MySql => format!(
+            Dialect::Mysql => format!(
                 "SELECT DISTINCT CAST(index_name AS CHAR) FROM information_schema.statistics \
                  WHERE table_schema = DATABASE() AND table_name = '{table}'"
             ),
@@ -420,21 +391,17 @@ struct Doctor {
 
 impl Doctor {
     fn run(config: &str, env: &[(&str, &str)]) -> Doctor {
-        let mut file = NamedTempFile::new().expect("create a temp config file");
-        std::io::Write::write_all(&mut file, config.as_bytes()).expect("write the config");
-        let mut cmd = assert_cmd::Command::new(BIN);
-        cmd.arg("doctor")
-            .arg("--config")
+        let file = NamedTempFile::new().expect("create a temp config file");
+        std::fs::write(file.path(), config).expect("write the config");
+        let out = Cmd::new(["doctor", "--config"])
             .arg(file.path())
-            .timeout(DOCTOR_TIMEOUT);
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let out = cmd.output().expect("run inboxwatch doctor");
+            .envs(env.iter().copied())
+            .timeout(DOCTOR_TIMEOUT)
+            .output();
         Doctor {
-            code: out.status.code(),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            code: out.code,
+            stdout: out.stdout,
+            stderr: out.stderr,
         }
     }
 
@@ -509,7 +476,7 @@ fn postgres_recommended_schema_is_healthy() {
 
 #[test]
 fn mysql_recommended_schema_is_healthy() {
-    recommended_schema_is_healthy(Dialect::MySql);
+    recommended_schema_is_healthy(Dialect::Mysql);
 }
 
 #[test]
@@ -567,7 +534,7 @@ fn postgres_missing_indexes_are_advised_and_the_advice_works() {
 
 #[test]
 fn mysql_missing_indexes_are_advised_and_the_advice_works() {
-    missing_indexes_are_advised_and_the_advice_works(Dialect::MySql);
+    missing_indexes_are_advised_and_the_advice_works(Dialect::Mysql);
 }
 
 #[test]
@@ -648,7 +615,7 @@ fn postgres_missing_table_and_columns_name_their_keys() {
 
 #[test]
 fn mysql_missing_table_and_columns_name_their_keys() {
-    missing_table_and_columns_name_their_keys(Dialect::MySql);
+    missing_table_and_columns_name_their_keys(Dialect::Mysql);
 }
 
 #[test]
@@ -706,7 +673,7 @@ fn postgres_doctor_never_writes() {
 
 #[test]
 fn mysql_doctor_never_writes() {
-    doctor_never_writes(Dialect::MySql);
+    doctor_never_writes(Dialect::Mysql);
 }
 
 #[test]

@@ -21,22 +21,18 @@
 
 mod common;
 
-use std::collections::{BTreeMap, VecDeque};
-use std::fs::File;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-
-use common::workload::{Clock, EVENT_TYPES, InboxEvent, Status};
-use common::{
-    Agent, Db, Pool, READY_TIMEOUT, free_port, http_get, http_get_accepting, toml_str, wait_until,
+use common::grafana;
+use common::stack::{
+    Alertmanager, PromAlert, Prometheus, START_TIMEOUT, Webhook, prometheus_yml, render_alerts,
+    rule_file_paths, secs,
 };
+use common::workload::{Clock, EVENT_TYPES, InboxEvent, Status};
+use common::{Agent, Db, Pool, READY_TIMEOUT, repo_read, toml_str, wait_until};
 
 /// The source under test (the `source` label, and `$source` in the dashboards).
 const SOURCE: &str = "e2e-orders";
@@ -54,8 +50,8 @@ const BURST_EVERY_MS: i64 = 250;
 const BURST_TYPES: [&str; 2] = ["order.paid", "payment.refunded"];
 /// From the burst's first dead letter to the page at `/oncall`.
 const SPIKE_TIMEOUT: Duration = Duration::from_secs(180);
-/// Prometheus / Alertmanager ready, the first scrape, rules loaded.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// The routing under test.
+const ALERTMANAGER_CONFIG: &str = "config/alertmanager.yml";
 /// The receiver prefix in config/alertmanager.yml that the test replaces.
 const WEBHOOK_PREFIX: &str = "http://alert-bridge.monitoring.svc:9095";
 /// The dead-letter spike, the one alert that has to page here.
@@ -103,478 +99,6 @@ const DASHBOARD_VARS: &[(&str, &str)] = &[
     ("group", ".*"),
     ("topic", ".*"),
 ];
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn secs(d: Duration) -> String {
-    format!("{:.1}s", d.as_secs_f64())
-}
-
-// ---------------------------------------------------------------------------------
-// Child processes: Prometheus and Alertmanager
-// ---------------------------------------------------------------------------------
-
-/// `name` on PATH, else `/usr/bin/name`; fails with how to install it.
-fn tool(name: &str) -> PathBuf {
-    let on_path = std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join(name))
-            .find(|p| p.is_file())
-    });
-    let found = on_path.or_else(|| {
-        let p = Path::new("/usr/bin").join(name);
-        p.is_file().then_some(p)
-    });
-    found.unwrap_or_else(|| {
-        panic!(
-            "`{name}` is not installed: the end-to-end alerting test needs a real Prometheus and \
-             Alertmanager. Install the Debian packages: \
-             apt-get install -y --no-install-recommends prometheus prometheus-alertmanager"
-        )
-    })
-}
-
-/// A child process with its output in files. Killed on drop; if the test is
-/// panicking, its output is printed.
-struct Proc {
-    name: &'static str,
-    child: Child,
-    port: u16,
-    stdout: PathBuf,
-    stderr: PathBuf,
-}
-
-impl Proc {
-    fn spawn(name: &'static str, bin: &Path, args: &[String], dir: &Path, port: u16) -> Proc {
-        let stdout = dir.join(format!("{name}.stdout"));
-        let stderr = dir.join(format!("{name}.stderr"));
-        let child = Command::new(bin)
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(File::create(&stdout).expect("create a stdout file"))
-            .stderr(File::create(&stderr).expect("create a stderr file"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("failed to spawn {}: {e}", bin.display()));
-        eprintln!(
-            "started {name} (pid {}) on 127.0.0.1:{port}: {} {}",
-            child.id(),
-            bin.display(),
-            args.join(" ")
-        );
-        Proc {
-            name,
-            child,
-            port,
-            stdout,
-            stderr,
-        }
-    }
-
-    fn output(&self) -> String {
-        let read =
-            |p: &Path| String::from_utf8_lossy(&std::fs::read(p).unwrap_or_default()).to_string();
-        let tail = |s: String| {
-            const MAX: usize = 60_000;
-            if s.len() <= MAX {
-                return s;
-            }
-            let cut = (s.len() - MAX..s.len())
-                .find(|i| s.is_char_boundary(*i))
-                .unwrap_or(0);
-            format!("[... {cut} bytes cut ...]\n{}", &s[cut..])
-        };
-        format!("{}{}", tail(read(&self.stderr)), tail(read(&self.stdout)))
-    }
-
-    fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().ok().flatten()
-    }
-
-    /// Waits for `GET /-/ready` to answer 200; panics if the process exits first.
-    async fn wait_ready(&mut self) {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.exited() {
-                panic!("{} exited with {status} before it became ready", self.name);
-            }
-            let last = match http_get(self.port, "/-/ready").await {
-                Ok((200, _)) => return,
-                Ok((code, body)) => format!("answered {code}: {}", body.trim()),
-                Err(e) => e,
-            };
-            if started.elapsed() > START_TIMEOUT {
-                panic!(
-                    "{} was not ready within {START_TIMEOUT:?}; /-/ready: {last}",
-                    self.name
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn assert_running(&mut self) {
-        if let Some(status) = self.exited() {
-            panic!("{} exited with {status} during the test", self.name);
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!(
-                "----- {} output (port {}) -----\n{}\n----- end of {} output -----",
-                self.name,
-                self.port,
-                self.output(),
-                self.name
-            );
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------
-// The Prometheus HTTP API
-// ---------------------------------------------------------------------------------
-
-fn urlencode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// GET an API path; the `data` of a `success` answer, else the whole answer.
-async fn prom_api(port: u16, path: &str) -> Result<Value, String> {
-    let (code, body) = http_get(port, path).await?;
-    let v: Value = serde_json::from_str(&body)
-        .map_err(|e| format!("GET {path}: HTTP {code}, not JSON ({e}): {body}"))?;
-    if v["status"] != "success" {
-        return Err(format!("GET {path}: HTTP {code}: {body}"));
-    }
-    Ok(v["data"].clone())
-}
-
-/// An instant query: the number of samples it returned (a scalar or string counts as one).
-async fn prom_query(port: u16, expr: &str) -> Result<usize, String> {
-    let data = prom_api(port, &format!("/api/v1/query?query={}", urlencode(expr))).await?;
-    match data["resultType"].as_str() {
-        Some("vector") | Some("matrix") => Ok(data["result"].as_array().map_or(0, Vec::len)),
-        Some("scalar") | Some("string") => Ok(1),
-        other => Err(format!("unexpected resultType {other:?}: {data}")),
-    }
-}
-
-/// One alert as `GET /api/v1/alerts` shows it.
-#[derive(Clone, Debug)]
-struct PromAlert {
-    name: String,
-    state: String,
-    labels: BTreeMap<String, String>,
-    active_at: String,
-    value: String,
-}
-
-impl PromAlert {
-    fn severity(&self) -> &str {
-        self.labels.get("severity").map_or("", String::as_str)
-    }
-    fn brief(&self) -> String {
-        format!(
-            "{}{{{}}} {} since {} (value {})",
-            self.name,
-            self.labels
-                .iter()
-                .filter(|(k, _)| *k != "alertname")
-                .map(|(k, v)| format!("{k}={v:?}"))
-                .collect::<Vec<_>>()
-                .join(","),
-            self.state,
-            self.active_at,
-            self.value
-        )
-    }
-}
-
-fn string_map(v: &Value) -> BTreeMap<String, String> {
-    v.as_object()
-        .map(|o| {
-            o.iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Pending and firing alerts in Prometheus.
-async fn prom_alerts(port: u16) -> Result<Vec<PromAlert>, String> {
-    let data = prom_api(port, "/api/v1/alerts").await?;
-    Ok(data["alerts"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|a| {
-                    let labels = string_map(&a["labels"]);
-                    PromAlert {
-                        name: labels.get("alertname").cloned().unwrap_or_default(),
-                        state: a["state"].as_str().unwrap_or_default().to_string(),
-                        active_at: a["activeAt"].as_str().unwrap_or_default().to_string(),
-                        value: a["value"].as_str().unwrap_or_default().to_string(),
-                        labels,
-                    }
-                })
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
-/// One loaded rule: (group, name, type, health, last error).
-async fn prom_rules(port: u16) -> Result<Vec<[String; 5]>, String> {
-    let data = prom_api(port, "/api/v1/rules").await?;
-    let mut out = Vec::new();
-    for g in data["groups"].as_array().into_iter().flatten() {
-        for r in g["rules"].as_array().into_iter().flatten() {
-            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
-            out.push([
-                s(&g["name"]),
-                s(&r["name"]),
-                s(&r["type"]),
-                s(&r["health"]),
-                s(&r["lastError"]),
-            ]);
-        }
-    }
-    Ok(out)
-}
-
-// ---------------------------------------------------------------------------------
-// The webhook receiver (Alertmanager's receivers point here)
-// ---------------------------------------------------------------------------------
-
-/// One alert in one webhook notification.
-#[derive(Clone, Debug)]
-struct NotifiedAlert {
-    status: String,
-    labels: BTreeMap<String, String>,
-    annotations: BTreeMap<String, String>,
-}
-
-impl NotifiedAlert {
-    fn name(&self) -> &str {
-        self.labels.get("alertname").map_or("", String::as_str)
-    }
-    fn label(&self, k: &str) -> &str {
-        self.labels.get(k).map_or("", String::as_str)
-    }
-}
-
-/// One POST Alertmanager made.
-#[derive(Clone, Debug)]
-struct Notification {
-    at: Instant,
-    path: String,
-    alerts: Vec<NotifiedAlert>,
-}
-
-#[derive(Default)]
-struct WebhookLog {
-    notifications: Vec<Notification>,
-    errors: Vec<String>,
-}
-
-/// An HTTP/1.1 server on 127.0.0.1 that records every POST (keep-alive included).
-struct Webhook {
-    port: u16,
-    t0: Instant,
-    log: Arc<Mutex<WebhookLog>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Webhook {
-    async fn start(t0: Instant) -> Webhook {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the webhook receiver");
-        let port = listener.local_addr().expect("webhook address").port();
-        let log = Arc::new(Mutex::new(WebhookLog::default()));
-        let log2 = log.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let log = log2.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = serve_webhook_conn(stream, &log).await {
-                        log.lock().expect("webhook log").errors.push(e);
-                    }
-                });
-            }
-        });
-        Webhook {
-            port,
-            t0,
-            log,
-            task,
-        }
-    }
-
-    fn notifications(&self) -> Vec<Notification> {
-        self.log.lock().expect("webhook log").notifications.clone()
-    }
-
-    fn errors(&self) -> Vec<String> {
-        self.log.lock().expect("webhook log").errors.clone()
-    }
-
-    /// Every alert that arrived at `path`, with its arrival time.
-    fn alerts_at(&self, path: &str) -> Vec<(Instant, NotifiedAlert)> {
-        self.notifications()
-            .into_iter()
-            .filter(|n| n.path == path)
-            .flat_map(|n| n.alerts.into_iter().map(move |a| (n.at, a)))
-            .collect()
-    }
-
-    fn render(&self) -> String {
-        let mut out = String::new();
-        for n in self.notifications() {
-            for a in &n.alerts {
-                out.push_str(&format!(
-                    "  +{} {} {} [{}] source={:?} severity={:?}\n",
-                    secs(n.at - self.t0),
-                    n.path,
-                    a.name(),
-                    a.status,
-                    a.label("source"),
-                    a.label("severity")
-                ));
-            }
-        }
-        if out.is_empty() {
-            out.push_str("  (nothing)\n");
-        }
-        out
-    }
-}
-
-impl Drop for Webhook {
-    fn drop(&mut self) {
-        self.task.abort();
-        if std::thread::panicking() {
-            eprintln!(
-                "----- webhook notifications -----\n{}errors: {:?}",
-                self.render(),
-                self.errors()
-            );
-        }
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-async fn serve_webhook_conn(mut s: TcpStream, log: &Mutex<WebhookLog>) -> Result<(), String> {
-    let mut buf: Vec<u8> = Vec::new();
-    let mut chunk = vec![0u8; 16 * 1024];
-    loop {
-        // Headers.
-        let head_end = loop {
-            if let Some(p) = find(&buf, b"\r\n\r\n") {
-                break p;
-            }
-            let n = match tokio::time::timeout(Duration::from_secs(120), s.read(&mut chunk)).await {
-                Ok(Ok(n)) => n,
-                _ => return Ok(()),
-            };
-            if n == 0 {
-                return Ok(());
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        };
-        let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
-        let mut lines = head.lines();
-        let request = lines.next().unwrap_or_default().to_string();
-        let mut parts = request.split_whitespace();
-        let method = parts.next().unwrap_or_default().to_string();
-        let path = parts.next().unwrap_or_default().to_string();
-        let mut len = 0usize;
-        for l in lines {
-            if let Some((k, v)) = l.split_once(':') {
-                let k = k.trim().to_ascii_lowercase();
-                if k == "content-length" {
-                    len = v
-                        .trim()
-                        .parse()
-                        .map_err(|e| format!("bad Content-Length in {request:?}: {e}"))?;
-                } else if k == "transfer-encoding" {
-                    return Err(format!(
-                        "{request:?}: Transfer-Encoding {} is not supported by the test receiver",
-                        v.trim()
-                    ));
-                }
-            }
-        }
-        // Body.
-        let body_start = head_end + 4;
-        while buf.len() < body_start + len {
-            let n = match tokio::time::timeout(Duration::from_secs(30), s.read(&mut chunk)).await {
-                Ok(Ok(n)) => n,
-                _ => return Err(format!("{request:?}: body truncated")),
-            };
-            if n == 0 {
-                return Err(format!("{request:?}: body truncated"));
-            }
-            buf.extend_from_slice(&chunk[..n]);
-        }
-        let body = buf[body_start..body_start + len].to_vec();
-        buf.drain(..body_start + len);
-        let at = Instant::now();
-        if method != "POST" {
-            log.lock()
-                .expect("webhook log")
-                .errors
-                .push(format!("unexpected request {request:?}"));
-        } else {
-            match serde_json::from_slice::<Value>(&body) {
-                Ok(v) => {
-                    let alerts = v["alerts"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(|a| NotifiedAlert {
-                            status: a["status"].as_str().unwrap_or_default().to_string(),
-                            labels: string_map(&a["labels"]),
-                            annotations: string_map(&a["annotations"]),
-                        })
-                        .collect();
-                    log.lock()
-                        .expect("webhook log")
-                        .notifications
-                        .push(Notification { at, path, alerts });
-                }
-                Err(e) => log.lock().expect("webhook log").errors.push(format!(
-                    "{request:?}: body is not JSON ({e}): {}",
-                    String::from_utf8_lossy(&body)
-                )),
-            }
-        }
-        s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-            .await
-            .map_err(|e| format!("write the webhook answer: {e}"))?;
-    }
-}
 
 // ---------------------------------------------------------------------------------
 // The consumer simulation writing the inbox table
@@ -881,114 +405,21 @@ impl Writer {
 // Dashboards
 // ---------------------------------------------------------------------------------
 
-/// One panel target of a dashboard.
-#[derive(Clone, Debug)]
-struct DashQuery {
-    file: String,
-    panel: String,
-    ref_id: String,
-    expr: String,
-}
-
-fn collect_targets(v: &Value, file: &str, panel: &str, out: &mut Vec<DashQuery>) {
-    match v {
-        Value::Object(o) => {
-            let title = o.get("title").and_then(Value::as_str).unwrap_or(panel);
-            if let Some(targets) = o.get("targets").and_then(Value::as_array) {
-                for t in targets {
-                    if let Some(expr) = t.get("expr").and_then(Value::as_str) {
-                        out.push(DashQuery {
-                            file: file.to_string(),
-                            panel: title.to_string(),
-                            ref_id: t
-                                .get("refId")
-                                .and_then(Value::as_str)
-                                .unwrap_or_default()
-                                .to_string(),
-                            expr: expr.to_string(),
-                        });
-                    }
-                }
-            }
-            for (k, child) in o {
-                if k != "targets" {
-                    collect_targets(child, file, title, out);
-                }
-            }
-        }
-        Value::Array(a) => {
-            for child in a {
-                collect_targets(child, file, panel, out);
-            }
-        }
-        _ => {}
-    }
-}
-
-/// Every `dashboards/*.json`: (file name, parsed JSON).
-fn dashboards() -> Vec<(String, Value)> {
-    let dir = repo().join("dashboards");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    assert!(
-        !files.is_empty(),
-        "no dashboards/*.json in {}",
-        dir.display()
-    );
-    files
-        .into_iter()
-        .map(|f| {
-            let text =
-                std::fs::read_to_string(&f).unwrap_or_else(|e| panic!("read {}: {e}", f.display()));
-            let v: Value = serde_json::from_str(&text)
-                .unwrap_or_else(|e| panic!("{} is not JSON: {e}", f.display()));
-            let name = f
-                .file_name()
-                .map(|n| n.to_string_lossy().to_string())
-                .unwrap_or_default();
-            (name, v)
-        })
-        .collect()
-}
-
-fn dashboard_queries(dashboards: &[(String, Value)]) -> Vec<DashQuery> {
-    let mut out = Vec::new();
-    for (name, v) in dashboards {
-        collect_targets(v, name, "", &mut out);
-    }
-    out
-}
-
-/// The `label_values(...)` queries of the dashboards' query variables: (file, variable
-/// name, query).
-fn dashboard_variables(dashboards: &[(String, Value)]) -> Vec<(String, String, String)> {
-    let mut out = Vec::new();
-    for (file, v) in dashboards {
-        for var in v["templating"]["list"].as_array().into_iter().flatten() {
-            if var["type"] != "query" {
-                continue;
-            }
-            let q = var["query"]
-                .as_str()
-                .or_else(|| var["query"]["query"].as_str())
-                .unwrap_or_default();
-            out.push((
-                file.clone(),
-                var["name"].as_str().unwrap_or_default().to_string(),
-                q.to_string(),
-            ));
-        }
-    }
-    out
+/// What a Grafana variable stands for here ([`DASHBOARD_VARS`]); an unknown one is
+/// an error.
+fn substitute(expr: &str) -> Result<String, String> {
+    grafana::substitute(expr, |name| {
+        DASHBOARD_VARS
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_string())
+            .ok_or_else(|| format!("unknown Grafana variable {name:?}"))
+    })
 }
 
 /// Evaluates a variable's `label_values([selector, ]label)` through the label values
 /// API: the values it offers.
-async fn variable_values(port: u16, query: &str) -> Result<Vec<String>, String> {
+async fn variable_values(prom: &Prometheus, query: &str) -> Result<Vec<String>, String> {
     let inner = query
         .trim()
         .strip_prefix("label_values(")
@@ -998,110 +429,19 @@ async fn variable_values(port: u16, query: &str) -> Result<Vec<String>, String> 
         Some((s, l)) => (Some(substitute(s.trim())?), l.trim()),
         None => (None, inner.trim()),
     };
-    let mut path = format!("/api/v1/label/{}/values", urlencode(label));
-    if let Some(s) = selector {
-        path.push_str(&format!("?match%5B%5D={}", urlencode(&s)));
-    }
-    let data = prom_api(port, &path).await?;
-    Ok(data
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(str::to_string))
-        .collect())
-}
-
-/// Replaces Grafana variables (`$name`, `${name}`, `${name:format}`, `[[name]]`) by
-/// [`DASHBOARD_VARS`]; an unknown variable is an error.
-fn substitute(expr: &str) -> Result<String, String> {
-    let lookup = |name: &str| {
-        DASHBOARD_VARS
-            .iter()
-            .find(|(k, _)| *k == name)
-            .map(|(_, v)| *v)
-            .ok_or_else(|| format!("unknown Grafana variable {name:?}"))
-    };
-    let mut out = String::with_capacity(expr.len());
-    let mut rest = expr;
-    while let Some(i) = rest.find(['$', '[']) {
-        out.push_str(&rest[..i]);
-        let tail = &rest[i..];
-        if let Some(inner) = tail.strip_prefix("${") {
-            let end = inner.find('}').ok_or("unterminated ${")?;
-            let name = inner[..end].split(':').next().unwrap_or_default();
-            out.push_str(lookup(name)?);
-            rest = &inner[end + 1..];
-        } else if let Some(inner) = tail.strip_prefix("[[") {
-            let end = inner.find("]]").ok_or("unterminated [[")?;
-            let name = inner[..end].split(':').next().unwrap_or_default();
-            out.push_str(lookup(name)?);
-            rest = &inner[end + 2..];
-        } else if let Some(inner) = tail.strip_prefix('$') {
-            let end = inner
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(inner.len());
-            if end == 0 {
-                return Err("a lone `$`".into());
-            }
-            out.push_str(lookup(&inner[..end])?);
-            rest = &inner[end..];
-        } else {
-            out.push('[');
-            rest = &tail[1..];
-        }
-    }
-    out.push_str(rest);
-    Ok(out)
+    prom.label_values(label, selector.as_deref()).await
 }
 
 // ---------------------------------------------------------------------------------
 // Configuration files
 // ---------------------------------------------------------------------------------
 
-fn rule_files() -> Vec<PathBuf> {
-    let dir = repo().join("alerts");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file())
-        .filter(|p| p.extension().is_some_and(|x| x == "yml" || x == "yaml"))
-        .collect();
-    files.sort();
-    assert!(
-        !files.is_empty(),
-        "no rule files (alerts/*.yml) in {}",
-        dir.display()
-    );
-    files
-}
-
-fn yaml_str(s: &str) -> String {
-    // A JSON string is a valid YAML double-quoted scalar.
-    Value::String(s.to_string()).to_string()
-}
-
-fn prometheus_yml(rules: &[PathBuf], agent_port: u16, am_port: u16) -> String {
-    let rule_lines: String = rules
-        .iter()
-        .map(|p| format!("  - {}\n", yaml_str(&p.to_string_lossy())))
-        .collect();
-    format!(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
-         rule_files:\n{rule_lines}\
-         alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['127.0.0.1:{am_port}']\n\
-         scrape_configs:\n  - job_name: inboxwatch\n    static_configs:\n      - targets: ['127.0.0.1:{agent_port}']\n"
-    )
-}
-
 fn alertmanager_yml(webhook_port: u16) -> String {
-    let path = repo().join("config/alertmanager.yml");
-    let text =
-        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    let text = repo_read(ALERTMANAGER_CONFIG);
     assert!(
         text.contains(WEBHOOK_PREFIX),
-        "{} does not contain the receiver prefix {WEBHOOK_PREFIX} that the test points at its \
-         webhook receiver",
-        path.display()
+        "{ALERTMANAGER_CONFIG} does not contain the receiver prefix {WEBHOOK_PREFIX} that the \
+         test points at its webhook receiver"
     );
     text.replace(WEBHOOK_PREFIX, &format!("http://127.0.0.1:{webhook_port}"))
 }
@@ -1121,12 +461,12 @@ fn agent_toml(dsn: &str, table: &str) -> String {
 // ---------------------------------------------------------------------------------
 
 /// Fails if the writer stopped with an error or a process exited.
-fn assert_alive(ctl: &Control, prom: &mut Proc, am: &mut Proc, agent: &mut Agent) {
+fn assert_alive(ctl: &Control, prom: &mut Prometheus, am: &mut Alertmanager, agent: &mut Agent) {
     if let Some(e) = ctl.error() {
         panic!("the workload failed: {e}");
     }
-    prom.assert_running();
-    am.assert_running();
+    prom.proc.assert_running();
+    am.proc.assert_running();
     if let Some(status) = agent.exited() {
         panic!("the agent exited with {status} during the test");
     }
@@ -1135,13 +475,10 @@ fn assert_alive(ctl: &Control, prom: &mut Proc, am: &mut Proc, agent: &mut Agent
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
     let t0 = Instant::now();
-    let prometheus_bin = tool("prometheus");
-    let alertmanager_bin = tool("prometheus-alertmanager");
-    let rules = rule_files();
-    let dashboards = dashboards();
-    let queries = dashboard_queries(&dashboards);
-    let variables = dashboard_variables(&dashboards);
-    let dir = tempfile::tempdir().expect("temp dir for Prometheus and Alertmanager");
+    let rules = rule_file_paths();
+    let dashboards = grafana::dashboards();
+    let queries = grafana::queries(&dashboards);
+    let variables = grafana::query_variables(&dashboards);
 
     // The inbox table and the agent.
     let db = Db::postgres().await;
@@ -1151,44 +488,15 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
 
     // Webhook receiver, Alertmanager, Prometheus.
     let webhook = Webhook::start(t0).await;
-    let am_port = free_port();
-    let am_config = dir.path().join("alertmanager.yml");
-    std::fs::write(&am_config, alertmanager_yml(webhook.port)).expect("write alertmanager.yml");
-    std::fs::create_dir_all(dir.path().join("am-data")).expect("create the Alertmanager data dir");
-    let mut am = Proc::spawn(
-        "alertmanager",
-        &alertmanager_bin,
-        &[
-            format!("--config.file={}", am_config.display()),
-            format!("--storage.path={}", dir.path().join("am-data").display()),
-            format!("--web.listen-address=127.0.0.1:{am_port}"),
-            "--cluster.listen-address=".to_string(),
-        ],
-        dir.path(),
-        am_port,
-    );
+    let mut am = Alertmanager::start_with(&alertmanager_yml(webhook.port));
     am.wait_ready().await;
-
-    let prom_port = free_port();
-    let prom_config = dir.path().join("prometheus.yml");
-    std::fs::write(&prom_config, prometheus_yml(&rules, agent.port, am_port))
-        .expect("write prometheus.yml");
-    let mut prom = Proc::spawn(
-        "prometheus",
-        &prometheus_bin,
-        &[
-            format!("--config.file={}", prom_config.display()),
-            format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()),
-            format!("--web.listen-address=127.0.0.1:{prom_port}"),
-        ],
-        dir.path(),
-        prom_port,
-    );
+    let mut prom = Prometheus::start(&prometheus_yml(&rules, &[agent.port], am.port));
     prom.wait_ready().await;
+    let prom_ref = &prom;
 
     // Rules loaded, the agent scraped.
     let loaded = wait_until(START_TIMEOUT, || async move {
-        let r = prom_rules(prom_port).await?;
+        let r = prom_ref.rules().await?;
         if r.iter().any(|r| r[1] == SPIKE) {
             Ok(r)
         } else {
@@ -1204,7 +512,7 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
         rules
     );
     wait_until(START_TIMEOUT, || async move {
-        match prom_query(prom_port, "up{job=\"inboxwatch\"} == 1").await? {
+        match prom_ref.query("up{job=\"inboxwatch\"} == 1").await? {
             0 => Err("up{job=\"inboxwatch\"} is not 1 yet".to_string()),
             _ => Ok(()),
         }
@@ -1249,7 +557,8 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let active = prom_alerts(prom_port)
+    let active = prom
+        .alerts()
         .await
         .unwrap_or_else(|e| panic!("GET /api/v1/alerts: {e}"));
     eprintln!(
@@ -1280,7 +589,7 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
     let mut firing_at: Option<(Instant, usize)> = None;
     let page = loop {
         assert_alive(&ctl, &mut prom, &mut am, &mut agent);
-        if let Ok(alerts) = prom_alerts(prom_port).await {
+        if let Ok(alerts) = prom.alerts().await {
             for a in alerts.iter().filter(|a| a.name == SPIKE) {
                 let n = ctl.burst_dead.load(Ordering::Relaxed);
                 if pending_at.is_none() && (a.state == "pending" || a.state == "firing") {
@@ -1310,9 +619,8 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
             .expect("control lock")
             .map_or(burst_start, |t| t);
         if since.elapsed() > SPIKE_TIMEOUT {
-            let alerts = prom_alerts(prom_port).await.unwrap_or_default();
-            let rate = prom_query_values(
-                prom_port,
+            let alerts = prom.alerts().await.unwrap_or_default();
+            let rate = prom.query_values(
                 "sum by (source) (rate(inbox_messages_completed_total{outcome=\"dead_lettered\"}[5m]))",
             )
             .await;
@@ -1359,11 +667,9 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
 
     // The spike inhibits the single-dead-letter alert of the same source and family in
     // the real Alertmanager (config/alertmanager.yml's inhibit_rules).
+    let am_ref = &am;
     let inhibited = wait_until(Duration::from_secs(30), || async move {
-        let (code, body) =
-            http_get_accepting(am_port, "/api/v2/alerts", "application/json").await?;
-        let v: Value = serde_json::from_str(&body)
-            .map_err(|e| format!("GET /api/v2/alerts: HTTP {code}, not JSON ({e}): {body}"))?;
+        let v = am_ref.alerts().await?;
         let found = v.as_array().into_iter().flatten().find(|a| {
             a["labels"]["alertname"] == "InboxDeadLetter" && a["labels"]["source"] == SOURCE
         });
@@ -1378,7 +684,7 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
             }
             Some(a) => Err(format!("InboxDeadLetter is not inhibited: {}", a["status"])),
             None => Err(format!(
-                "Alertmanager has no InboxDeadLetter{{source={SOURCE:?}}}: {body}"
+                "Alertmanager has no InboxDeadLetter{{source={SOURCE:?}}}: {v}"
             )),
         }
     })
@@ -1398,7 +704,7 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
                 continue;
             }
         };
-        match prom_query(prom_port, &expr).await {
+        match prom.query(&expr).await {
             Err(e) => failures.push(format!("{what}\n    does not evaluate: {e}")),
             Ok(0) => match NO_DATA_EXPECTED.iter().find(|(pat, _)| expr.contains(pat)) {
                 Some((_, why)) => no_data_ok.push(format!("{what}\n    ({why})")),
@@ -1408,7 +714,7 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
         }
     }
     for (file, name, query) in &variables {
-        match variable_values(prom_port, query).await {
+        match variable_values(&prom, query).await {
             Err(e) => failures.push(format!("{file} / variable {name}: {query}\n    {e}")),
             Ok(values)
                 if values.is_empty()
@@ -1436,7 +742,8 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
     );
 
     // 4. Every rule evaluated without an error.
-    let rules_now = prom_rules(prom_port)
+    let rules_now = prom
+        .rules()
         .await
         .unwrap_or_else(|e| panic!("GET /api/v1/rules: {e}"));
     let broken: Vec<String> = rules_now
@@ -1472,7 +779,7 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
         .await
         .expect("the workload did not stop within 30 s")
         .expect("the workload task panicked");
-    let final_alerts = prom_alerts(prom_port).await.unwrap_or_default();
+    let final_alerts = prom.alerts().await.unwrap_or_default();
     let last_dead = *ctl.last_burst_dead.lock().expect("control lock");
     let rel = |t: Instant| format!("{:+.1}s", t.duration_since(first_dead).as_secs_f64());
     eprintln!(
@@ -1527,22 +834,4 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
     drop(am);
     drop(agent);
     db.cleanup().await;
-}
-
-fn render_alerts(alerts: &[PromAlert]) -> String {
-    if alerts.is_empty() {
-        return "  (none)\n".to_string();
-    }
-    alerts
-        .iter()
-        .map(|a| format!("  {}\n", a.brief()))
-        .collect()
-}
-
-/// A query's samples as `{labels} value` lines, for failure messages.
-async fn prom_query_values(port: u16, expr: &str) -> String {
-    match prom_api(port, &format!("/api/v1/query?query={}", urlencode(expr))).await {
-        Ok(data) => data["result"].to_string(),
-        Err(e) => e,
-    }
 }

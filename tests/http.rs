@@ -29,7 +29,7 @@ async fn agent(short: &str, server: &str) -> (Agent, Db) {
         "[server]\n{server}\n{}",
         inbox_source_toml("http", &db.dsn, &tables.inbox)
     );
-    let mut agent = Agent::start(&config);
+    let agent = Agent::start(&config);
     agent.wait_ready(Duration::from_secs(30)).await;
     (agent, db)
 }
@@ -269,7 +269,7 @@ async fn connections_past_the_bound_wait_and_a_scrape_succeeds_once_others_close
 /// shutdown alone waits for that timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_is_not_held_by_idle_or_half_sent_connections() {
-    let (mut agent, db) = agent("shut", "shutdown_grace = \"30s\"").await;
+    let (agent, db) = agent("shut", "shutdown_grace = \"30s\"").await;
     let mut keepalive = connect(agent.port).await;
     assert_eq!(scrape_on(&mut keepalive).await, "HTTP/1.1 200 OK");
     let half_sent = half_sent(agent.port).await;

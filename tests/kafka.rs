@@ -11,8 +11,7 @@ mod kafka_support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use assert_cmd::Command;
-use common::{Agent, Metrics, READY_TIMEOUT, unique_name, wait_until};
+use common::{Agent, Cmd, Metrics, READY_TIMEOUT, unique_name, wait_until};
 use kafka_support::{Broker, kafka_source_toml, now_ms};
 
 const LAG: &str = "kafka_consumer_group_lag_messages";
@@ -60,7 +59,7 @@ async fn lag_in_messages_and_exact_seconds_per_partition_and_topic() {
         kafka_source_toml("kp", &broker.bootstrap(), ""),
         kafka_source_toml("kt", &broker.bootstrap(), "granularity = \"topic\"")
     );
-    let mut agent = Agent::start(&config);
+    let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;
 
     let t = topic.as_str();
@@ -262,7 +261,7 @@ async fn group_status_follows_a_consumer_that_stops_resumes_and_rewinds() {
     }
     worker.commit(&topic, 0, next - 1);
 
-    let mut agent = Agent::start(&kafka_source_toml("ks", &broker.bootstrap(), ""));
+    let agent = Agent::start(&kafka_source_toml("ks", &broker.bootstrap(), ""));
     agent.wait_ready(READY_TIMEOUT).await;
     let window = Duration::from_secs(4);
     let mut idle_statuses = Vec::new();
@@ -380,7 +379,7 @@ async fn dead_letter_and_retry_topics_are_counted_per_topic_and_tier() {
     for p in 0..2 {
         producer.send(dlq, p, now_ms()).await;
     }
-    let mut agent = Agent::start(&kafka_source_toml("kd", &broker.bootstrap(), ""));
+    let agent = Agent::start(&kafka_source_toml("kd", &broker.bootstrap(), ""));
     agent.wait_ready(READY_TIMEOUT).await;
     // After the agent's first cycle.
     let want = [(dlq, 7), (dlq2, 2), (r10, 3), (r5m, 5), (plain, 4)];
@@ -501,7 +500,7 @@ async fn broker_down_marks_the_source_down_and_others_continue() {
         kafka_source_toml("kb", &broker.bootstrap(), ""),
         db.display()
     );
-    let mut agent = Agent::start(&config);
+    let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;
     let up = |m: &Metrics, s: &str| m.get("inboxwatch_source_up", &[("source", s)]);
     wait_until(Duration::from_secs(10), || async {
@@ -582,7 +581,7 @@ async fn deleted_topics_and_groups_disappear_from_metrics() {
     a.commit("keep", 0, 1);
     a.commit("drop", 0, 1);
     broker.committer("gone").commit("keep", 0, 2);
-    let mut agent = Agent::start(&kafka_source_toml("kx", &broker.bootstrap(), ""));
+    let agent = Agent::start(&kafka_source_toml("kx", &broker.bootstrap(), ""));
     agent.wait_ready(READY_TIMEOUT).await;
     wait_until(Duration::from_secs(10), || async {
         let m = agent.try_scrape().await?;
@@ -640,7 +639,7 @@ async fn kafka_series_are_pushed_over_otlp_like_the_scrape() {
         kafka_source_toml("ko", &broker.bootstrap(), ""),
         receiver.grpc_endpoint()
     );
-    let mut agent = Agent::start(&config);
+    let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;
     for _ in 0..3 {
         producer.send("orders.DLQ", 0, now_ms()).await;
@@ -692,16 +691,8 @@ fn check_config(toml: &str) -> (i32, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("c.toml");
     std::fs::write(&path, toml).unwrap();
-    let out = Command::cargo_bin("inboxwatch")
-        .unwrap()
-        .arg("check-config")
-        .arg(&path)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout),
-    )
+    let out = Cmd::new(["check-config"]).arg(&path).output();
+    (out.code.unwrap_or(-1), out.stderr + &out.stdout)
 }
 
 /// Security settings that cannot work are config errors naming their key;

@@ -4,11 +4,9 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::otlp::hex;
 use common::workload::{InboxEvent, OutboxEvent, Status, Target};
-use common::{BIN, Db, toml_str};
+use common::{Cmd, Db, toml_str};
 use sha2::{Digest, Sha256};
 
 fn trace_of(event_id: &str) -> String {
@@ -50,16 +48,8 @@ fn base_start(e: &InboxEvent) -> i64 {
 }
 
 fn run(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run inboxwatch");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
+    let out = Cmd::new(args).output();
+    (out.code.unwrap_or(-1), out.stdout, out.stderr)
 }
 
 struct Case {

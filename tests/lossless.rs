@@ -76,7 +76,7 @@ async fn complete_bulk(db: &Db, table: &str, prefix: &str, started_ms: i64, at_m
 async fn bulk_transactions_are_counted_whole(db: Db, short: &str) {
     let tables = db.fresh_tables(short).await;
     let source = format!("bulk-{short}");
-    let mut agent = Agent::start(&paged_source(&source, &db.dsn, &tables.inbox, 100));
+    let agent = Agent::start(&paged_source(&source, &db.dsn, &tables.inbox, 100));
     agent.wait_ready(READY_TIMEOUT).await;
 
     let mut total = 0usize;
@@ -246,7 +246,7 @@ async fn bad_values_are_row_problems_not_source_problems(
         .await
         .expect("make updated_at nullable");
     let source = format!("bad-{short}");
-    let mut agent = Agent::start(&paged_source(&source, &db.dsn, t, 100));
+    let agent = Agent::start(&paged_source(&source, &db.dsn, t, 100));
     agent.wait_ready(READY_TIMEOUT).await;
     let now = || async { quoted(&db.dialect.ts_text(db.now_ms().await + 5)) };
 
@@ -523,7 +523,7 @@ async fn postgres_outage_longer_than_the_lease_is_resumed_from_the_agents_own_cu
     let proxy = common::Proxy::start(&common::url_hostport(&db.dsn)).await;
     let dsn = common::url_with_hostport(&db.dsn, &format!("127.0.0.1:{}", proxy.port));
     let source = "outage";
-    let mut agent = Agent::start(&paged_source(source, &dsn, t, 100));
+    let agent = Agent::start(&paged_source(source, &dsn, t, 100));
     agent.wait_ready(READY_TIMEOUT).await;
 
     let at = db.now_ms().await + 5;
@@ -595,7 +595,7 @@ async fn postgres_a_takeover_from_another_agent_is_reported_as_a_counting_gap() 
     let tables = db.fresh_tables("gap").await;
     let source = "gap";
     let config = paged_source(source, &db.dsn, &tables.inbox, 100);
-    let mut a = Agent::start(&config);
+    let a = Agent::start(&config);
     a.wait_ready(READY_TIMEOUT).await;
     let l = [("source", source)];
     let leader = |m: &Metrics| m.get("inboxwatch_source_leader", &l);
@@ -608,7 +608,7 @@ async fn postgres_a_takeover_from_another_agent_is_reported_as_a_counting_gap() 
     })
     .await
     .unwrap_or_else(|e| panic!("the first agent never owned the source: {e}"));
-    let mut b = Agent::start(&config);
+    let b = Agent::start(&config);
     b.wait_ready(READY_TIMEOUT).await;
     let b_ref = &b;
     // B has seen A's lock at least once (it is standing by).
@@ -722,7 +722,7 @@ async fn postgres_fifty_sources_share_one_lock_session_and_a_small_pool() {
     for i in 0..50 {
         config.push_str(&paged_source(&format!("s{i:02}"), &dsn, &tables.inbox, 100));
     }
-    let mut agent = Agent::start(&config);
+    let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;
     let at = db.now_ms().await + 5;
     insert_bulk(&db, &tables.inbox, "c", 30, at).await;
@@ -769,7 +769,7 @@ async fn postgres_an_owner_that_cannot_poll_gives_the_source_up() {
         .await
         .expect("a session of the limited role");
     let source = "yield";
-    let mut a = Agent::start(&paged_source(source, &dsn_a, &tables.inbox, 100));
+    let a = Agent::start(&paged_source(source, &dsn_a, &tables.inbox, 100));
     let l = [("source", source)];
     let a_ref = &a;
     wait_until(Duration::from_secs(30), || async move {
@@ -782,7 +782,7 @@ async fn postgres_an_owner_that_cannot_poll_gives_the_source_up() {
     })
     .await
     .unwrap_or_else(|e| panic!("A never gave up a source it cannot poll: {e}"));
-    let mut b = Agent::start(&paged_source(source, &db.dsn, &tables.inbox, 100));
+    let b = Agent::start(&paged_source(source, &db.dsn, &tables.inbox, 100));
     b.wait_ready(READY_TIMEOUT).await;
     let at = db.now_ms().await + 5;
     insert_bulk(&db, &tables.inbox, "y", 12, at).await;

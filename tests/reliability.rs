@@ -62,7 +62,7 @@ async fn select_only_role_counts_workload_and_table_checksum_is_unchanged() {
     }
     let dsn = url_with_user(&db.dsn, &role, RO_PASSWORD);
     let source = "ro-inbox";
-    let mut agent = Agent::start(&inbox_source_toml(source, &dsn, &tables.inbox));
+    let agent = Agent::start(&inbox_source_toml(source, &dsn, &tables.inbox));
     agent.wait_ready(READY_TIMEOUT).await;
 
     let clock = Clock::new(db.now_ms().await + 5);
@@ -148,7 +148,7 @@ async fn missing_table_or_column_downs_only_that_source_and_names_it() {
         inbox_source_toml("no-table", &db.dsn, &absent),
     ]
     .concat();
-    let mut agent = Agent::start(&config);
+    let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;
 
     let agent_ref = &agent;
@@ -251,7 +251,7 @@ async fn bad_rows_are_rejected_once_each_and_good_rows_still_count_exactly() {
     )
     .await;
     let source = "bad-rows";
-    let mut agent = Agent::start(&inbox_source_toml(source, &db.dsn, &t));
+    let agent = Agent::start(&inbox_source_toml(source, &db.dsn, &t));
     agent.wait_ready(READY_TIMEOUT).await;
 
     let clock = Clock::new(db.now_ms().await + 5);
@@ -389,7 +389,7 @@ async fn connection_loss_downs_source_in_two_polls_and_recovers_without_loss_or_
     let proxy = Proxy::start(&url_hostport(&db.dsn)).await;
     let dsn = url_with_hostport(&db.dsn, &format!("127.0.0.1:{}", proxy.port));
     let source = "via-proxy";
-    let mut agent = Agent::start(&inbox_source_toml(source, &dsn, &tables.inbox));
+    let agent = Agent::start(&inbox_source_toml(source, &dsn, &tables.inbox));
     agent.wait_ready(READY_TIMEOUT).await;
 
     let clock = Clock::new(db.now_ms().await + 5);
@@ -535,7 +535,7 @@ async fn gauges_follow_the_tail_and_the_reconcile_catches_what_it_cannot_see() {
     };
 
     let toml = |extra: &str| format!("{}{extra}", inbox_source_toml("rec", &db.dsn, &t));
-    let mut agent = Agent::start(&toml("reconcile_every = \"1h\"\n"));
+    let agent = Agent::start(&toml("reconcile_every = \"1h\"\n"));
     agent.wait_ready(READY_TIMEOUT).await;
     wait_for_live(
         &agent,
@@ -605,7 +605,7 @@ async fn gauges_follow_the_tail_and_the_reconcile_catches_what_it_cannot_see() {
     drop(agent);
 
     // Six unfinished rows, a cap of four: the gauges come from the aggregate.
-    let mut agent = Agent::start(&toml("reconcile_every = \"2s\"\nmax_tracked_events = 4\n"));
+    let agent = Agent::start(&toml("reconcile_every = \"2s\"\nmax_tracked_events = 4\n"));
     agent.wait_ready(READY_TIMEOUT).await;
     let live = |what: &'static str| {
         let (db, t, agent) = (&db, t.as_str(), &agent);

@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::scenarios::inbox_source_toml;
-use common::{Agent, BIN, Db, V, url_hostport, url_with_hostport, url_with_user, wait_until};
+use common::{Agent, Cmd, Db, V, url_hostport, url_with_hostport, url_with_user, wait_until};
 
 /// Every piece between two special characters is distinctive, so that a
 /// password cut at any of them (a URL misread as host, port and path) shows too.
@@ -84,7 +84,7 @@ async fn a_password_with_url_characters_connects_and_is_printed_nowhere() {
     );
     assert_ne!(url_hostport(&unreachable), url_hostport(&pg.dsn));
     let env = [("IW_SECRET_PW", PASSWORD), ("INBOXWATCH_LOG", "trace")];
-    let mut agent = Agent::start_with_env(&config, &env);
+    let agent = Agent::start_with_env(&config, &env);
 
     // Both databases up (MariaDB took the password), the unreachable one down.
     let up = wait_until(Duration::from_secs(30), || async {
@@ -116,18 +116,12 @@ async fn a_password_with_url_characters_connects_and_is_printed_nowhere() {
     assert_nothing_leaks("/healthz", &healthz);
 
     // doctor on the same file: it connects, checks and prints each header once.
-    let out = assert_cmd::Command::new(BIN)
-        .args(["doctor", "--config"])
+    let out = Cmd::new(["doctor", "--config"])
         .arg(agent.dir().join("inboxwatch.toml"))
         .envs(env)
         .timeout(Duration::from_secs(60))
-        .output()
-        .expect("run inboxwatch doctor");
-    let printed = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .output();
+    let printed = format!("{}\n{}", out.stdout, out.stderr);
     assert!(
         printed.contains(&format!("{my_user}:***@")),
         "doctor names the redacted DSN:\n{printed}"

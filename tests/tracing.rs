@@ -495,7 +495,7 @@ async fn postgres_spans_over_grpc_match_ground_truth_and_survive_a_restart() {
         toml_str(&receiver.grpc_endpoint())
     );
     let cfg = config(&db, &tables.inbox, Some(&tables.outbox), &tracing, "");
-    let mut agent = Agent::start(&cfg);
+    let agent = Agent::start(&cfg);
     agent.wait_ready(READY_TIMEOUT).await;
 
     let inbox = Target {
@@ -610,7 +610,7 @@ async fn postgres_spans_over_grpc_match_ground_truth_and_survive_a_restart() {
         "overlap = \"10s\"",
         "overlap = \"5m\"\nstate_retention = \"10m\"",
     );
-    let mut agent2 = Agent::start(&cfg2);
+    let agent2 = Agent::start(&cfg2);
     agent2.wait_ready(READY_TIMEOUT).await;
     let terminal_ids: BTreeSet<String> = exp.terminal.keys().cloned().collect();
     let again = wait_until(CONVERGE, || {
@@ -658,7 +658,7 @@ async fn postgres_spans_over_http_keep_every_failure_and_sample_the_rest() {
         "[sources.trace]",
         "[sources.objectives]\np95 = \"400ms\"\n\n[sources.trace]",
     );
-    let mut agent = Agent::start(&cfg);
+    let agent = Agent::start(&cfg);
     agent.wait_ready(READY_TIMEOUT).await;
     let inbox = Target {
         dialect: db.dialect,
@@ -763,7 +763,7 @@ async fn collector_down_drops_and_counts_spans_and_export_resumes() {
         toml_str(&receiver.grpc_endpoint())
     );
     let cfg = config(&db, &tables.inbox, None, &tracing, "");
-    let mut agent = Agent::start(&cfg);
+    let agent = Agent::start(&cfg);
     agent.wait_ready(READY_TIMEOUT).await;
     let pid = agent.pid();
     let inbox = Target {
@@ -861,24 +861,20 @@ fn bad_tracing_config_exits_2_naming_every_key() {
     let check = |name: &str, text: String, protocol_var: Option<&str>| {
         let file = dir.path().join(name);
         std::fs::write(&file, text).expect("write config");
-        let mut cmd = std::process::Command::new(common::BIN);
-        cmd.arg("check-config").arg(&file);
+        let mut cmd = common::Cmd::new(["check-config"]).arg(&file);
         for var in [
             "OTEL_EXPORTER_OTLP_PROTOCOL",
             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
         ] {
-            cmd.env_remove(var);
+            cmd = cmd.env_remove(var);
         }
         if let Some(p) = protocol_var {
-            cmd.env("OTEL_EXPORTER_OTLP_PROTOCOL", p);
+            cmd = cmd.env("OTEL_EXPORTER_OTLP_PROTOCOL", p);
         }
-        let out = cmd.output().expect("run check-config");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
+        let out = cmd.output();
+        (out.code, out.stderr)
     };
     let (code, err) = check(
         "bad.toml",
@@ -983,7 +979,7 @@ async fn linker_throughput_per_cpu_second() {
         )
         .replace("poll_interval = \"300ms\"", "poll_interval = \"1s\"")
         .replace("timeout = \"2s\"", "timeout = \"30s\"");
-    let mut agent = Agent::start(&cfg);
+    let agent = Agent::start(&cfg);
     let before = cpu_seconds(agent.pid());
     let started = std::time::Instant::now();
     agent.wait_ready(READY_TIMEOUT).await;
@@ -1028,7 +1024,7 @@ async fn otlp_metrics_push_equals_the_scrape() {
         toml_str(&receiver.grpc_endpoint())
     );
     let cfg = config(&db, &tables.inbox, None, &tracing, "");
-    let mut agent = Agent::start(&cfg);
+    let agent = Agent::start(&cfg);
     agent.wait_ready(READY_TIMEOUT).await;
     let inbox = Target {
         dialect: db.dialect,
@@ -1133,7 +1129,7 @@ async fn agent_poll_cycles_are_traced_when_enabled() {
         toml_str(&receiver.grpc_endpoint())
     );
     let cfg = config(&db, &tables.inbox, None, &tracing, "");
-    let mut agent = Agent::start(&cfg);
+    let agent = Agent::start(&cfg);
     agent.wait_ready(READY_TIMEOUT).await;
     let polls = wait_until(Duration::from_secs(30), || {
         let polls: Vec<Got> = receiver
@@ -1221,7 +1217,7 @@ async fn spans_reach_a_tls_collector_only_when_its_ca_is_trusted() {
             ));
         }
         let cfg = config(&db, &tables.inbox, None, &tracing, "");
-        let mut agent = Agent::start(&cfg);
+        let agent = Agent::start(&cfg);
         agent.wait_ready(READY_TIMEOUT).await;
         let before = receiver.len();
         let inbox = Target {
@@ -1297,7 +1293,7 @@ async fn memory_with_the_collector_down() {
         )
         .replace("poll_interval = \"300ms\"", "poll_interval = \"1s\"")
         .replace("timeout = \"2s\"", "timeout = \"30s\"");
-        let mut agent = Agent::start(&cfg);
+        let agent = Agent::start(&cfg);
         agent.wait_ready(READY_TIMEOUT).await;
         if with_tracing {
             wait_until(Duration::from_secs(120), || async {

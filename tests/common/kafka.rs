@@ -1,5 +1,8 @@
 //! A tansu broker of the test's own (in-memory storage, a free port) and
 //! rdkafka clients to produce and commit against it.
+//!
+//! Self-contained but for `crate::common::free_port`: `benches/kafka_scale.rs`
+//! includes this file too, with a `common` of its own that has only that.
 
 #![allow(dead_code)]
 

@@ -301,7 +301,7 @@ pub async fn inbox_ground_truth(db: &Db, short: &str) {
     };
     let history = seed_inbox_history(&target, db.now_ms().await).await;
     let source = format!("{short}-inbox");
-    let mut agent = Agent::start(&inbox_source_toml(&source, &db.dsn, &tables.inbox));
+    let agent = Agent::start(&inbox_source_toml(&source, &db.dsn, &tables.inbox));
     agent.wait_ready(READY_TIMEOUT).await;
 
     let clock = Clock::new(db.now_ms().await + 5);
@@ -377,7 +377,7 @@ pub async fn outbox_ground_truth(db: &Db, short: &str) {
     };
     let adopt = seed_outbox_history(&target, db.now_ms().await).await;
     let source = format!("{short}-outbox");
-    let mut agent = Agent::start(&outbox_source_toml(&source, &db.dsn, &tables.outbox));
+    let agent = Agent::start(&outbox_source_toml(&source, &db.dsn, &tables.outbox));
     agent.wait_ready(READY_TIMEOUT).await;
 
     let clock = Clock::new(db.now_ms().await + 5);
