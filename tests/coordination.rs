@@ -1,4 +1,4 @@
-//! Several agents on one source (README, "Several agents on one source"): agents that
+//! Several agents on one source (docs/deployment.md, "Several agents on one source"): agents that
 //! share a configuration elect one owner per source with a lock the watched database
 //! provides. These tests run three (or two) real `inboxwatch` processes on one config
 //! file and watch them from the outside, the way Prometheus would: a background task
@@ -168,7 +168,7 @@ struct Obs {
     violations: Vec<String>,
     violation_count: usize,
     /// (agent, source) -> rounds in which a non-owner showed `inboxwatch_source_up 0`
-    /// (the README's "cannot reach the database": allowed).
+    /// (docs/deployment.md, "Several agents on one source": a source whose database cannot be reached; allowed).
     contending: BTreeMap<(usize, String), usize>,
 }
 
@@ -666,7 +666,7 @@ async fn wait_for_owners(
 const PG_SOURCE: &str = "orders-pg";
 const MY_SOURCE: &str = "orders-maria";
 
-/// Guards "one owner per source, failover, and nothing counted twice" (README,
+/// Guards "one owner per source, failover, and nothing counted twice" (docs/deployment.md,
 /// "Several agents on one source"): three agents on one config with a PostgreSQL and
 /// a MariaDB inbox. Scraped every 200 ms throughout: never two agents claim a source
 /// in the same round, and a non-owner exports no series of a source but its leader
@@ -1157,7 +1157,7 @@ async fn unreachable_source_does_not_block_other_elections() {
 
 const KAFKA_SOURCE: &str = "main-kafka";
 
-/// Guards the Kafka source's election (README, "Several agents on one source"):
+/// Guards the Kafka source's election (docs/deployment.md, "Several agents on one source"):
 /// three agents on one config with a Kafka source, scraped every 200 ms
 /// throughout. Exactly one owns the source at any moment; SIGKILL the owner →
 /// another owns within 30 s; SIGTERM the next owner (it leaves the election
