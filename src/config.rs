@@ -495,13 +495,29 @@ table = "outbox"
         let env = |name: &str| (!name.starts_with("OTEL_")).then(|| "example".to_string());
         let cfg =
             parse_with(text, Environment::Process, &env).expect("config/inboxwatch.toml is valid");
-        assert_eq!(cfg.sources.len(), 4);
+        assert_eq!(cfg.sources.len(), 6);
+        use crate::sources::table::config::{Cursor, FinishedRows};
+        let SourceSpec::Inbox(orders) = &cfg.sources[0] else {
+            panic!("orders-inbox is an inbox")
+        };
+        assert_eq!(orders.table.cursor, Cursor::UpdatedAt);
         let SourceSpec::Inbox(billing) = &cfg.sources[1] else {
             panic!("billing-inbox is an inbox")
         };
         assert_eq!(billing.columns.deliveries, None);
+        assert_eq!(billing.table.cursor, Cursor::None);
         assert_eq!(billing.statuses.classify("parked"), Some(Status::Dead));
-        let SourceSpec::Kafka(k) = &cfg.sources[3] else {
+        let SourceSpec::Inbox(payments) = &cfg.sources[2] else {
+            panic!("payments-inbox is an inbox")
+        };
+        assert_eq!(payments.columns.status, None);
+        assert_eq!(payments.rules.len(), 5);
+        let SourceSpec::Inbox(mailer) = &cfg.sources[3] else {
+            panic!("mailer-jobs is an inbox")
+        };
+        assert_eq!(mailer.table.finished_rows, FinishedRows::Deleted);
+        assert_eq!(mailer.deleted_as, Status::Succeeded);
+        let SourceSpec::Kafka(k) = &cfg.sources[5] else {
             panic!("main-kafka is a kafka source")
         };
         assert_eq!(k.brokers.len(), 2);

@@ -117,9 +117,12 @@ pub fn inbox(s: &InboxSpec) -> Vec<Capability> {
             ))
         }
     };
+    // A deleted row gives an end (the poll that noticed it) only when its
+    // durations are observed.
+    let ends = c.finished_at.is_some() || (deleted && t.deleted_durations);
     let processing = timed(&[
         ("started_at", c.started_at.is_some()),
-        ("finished_at", c.finished_at.is_some() || deleted),
+        ("finished_at", ends),
     ]);
     out.push(Capability {
         metric: metric::INBOX_PROCESSING_DURATION,
@@ -131,7 +134,7 @@ pub fn inbox(s: &InboxSpec) -> Vec<Capability> {
     });
     out.push(Capability {
         metric: metric::INBOX_END_TO_END,
-        how: timed(&[("finished_at", c.finished_at.is_some() || deleted)]),
+        how: timed(&[("finished_at", ends)]),
     });
     out.push(Capability {
         metric: metric::INBOX_ATTEMPTS,
@@ -360,6 +363,13 @@ pub fn suggestions(spec: Shape<'_>, present: &[(String, String)]) -> Vec<String>
             .collect();
         if like.is_empty() {
             out.push(format!("{meaning} is not mapped (no column looks like it)"));
+        } else if meaning == "updated_at" {
+            out.push(format!(
+                "updated_at is not mapped; looks like it: {} — map it only if the consumer sets it \
+                 on every change of a row (claim, failure, retry); most libraries' updated_at \
+                 is not, and cursor = \"none\" is then the right mode",
+                like.join(", ")
+            ));
         } else {
             out.push(format!(
                 "{meaning} is not mapped; looks like it: {} — map it in [sources.columns] if it means that",

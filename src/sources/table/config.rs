@@ -37,8 +37,9 @@ pub struct RawTable {
     pub quantile_window: Option<String>,
     /// How long the state of a finished event is remembered to count late duplicates (default `15m`).
     pub state_retention: Option<String>,
-    /// How often the gauges kept from the tailed rows are checked against an
-    /// aggregate over the unfinished rows, which catches deleted rows (default `1m`).
+    /// How often the gauges kept from the tailed rows are checked: the count
+    /// of unfinished rows each time, the aggregate over them (which catches
+    /// deleted rows) when it differs and every tenth time (default `1m`).
     pub reconcile_every: Option<String>,
     /// Distinct `event_type` label values kept; the rest fold into `other` (default 50).
     pub event_type_limit: Option<i64>,

@@ -29,10 +29,16 @@ impl Shape<'_> {
     }
 }
 
-pub(crate) async fn check<K: TableKind>(source: &TableSource<K>, spec: Shape<'_>) -> Vec<Finding> {
+pub(crate) async fn check<K: TableKind>(
+    source: &mut TableSource<K>,
+    spec: Shape<'_>,
+) -> Vec<Finding> {
     let mut out = Vec::new();
     let mut conn = match source.opener().open().await {
-        Ok(c) => c,
+        Ok((c, xmin)) => {
+            source.set_xmin(xmin);
+            c
+        }
         Err(e) => {
             out.push(Finding::Error(e.to_string()));
             return out;

@@ -86,8 +86,8 @@ macro_rules! table_kind {
             }
 
             async fn doctor(&self) -> Vec<Finding> {
-                let source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
-                doctor::check(&source, $shape(self)).await
+                let mut source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
+                doctor::check(&mut source, $shape(self)).await
             }
 
             fn keeps_events(&self) -> bool {

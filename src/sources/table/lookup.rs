@@ -17,7 +17,7 @@ use crate::tracing_link::{self as link, TraceParent, to_hex};
 /// A connection for one lookup, and the source's dialect.
 async fn open<K: TableKind>(source: TableSource<K>) -> Result<(AnyConnection, Sql), String> {
     let sql = source.sql();
-    let conn = source.opener().open().await.map_err(|e| e.to_string())?;
+    let (conn, _) = source.opener().open().await.map_err(|e| e.to_string())?;
     Ok((conn, sql))
 }
 

@@ -158,6 +158,9 @@ pub struct TableSource<K: TableKind> {
     pool: Option<AnyPool>,
     /// Whether the table and columns were checked on the pool's connections.
     schema_checked: bool,
+    /// PostgreSQL: whether the rows carry `xmin` (a table, not a view), so
+    /// the tail can skip rows an earlier poll read.
+    xmin: bool,
     /// Whether the first (baseline) poll has run.
     started: bool,
     /// Per tailed column ([`TableKind::cursors`]): the highest value read so
@@ -173,6 +176,8 @@ pub struct TableSource<K: TableKind> {
     backlog: Backlog,
     /// When the backlog was last checked against the gauge query.
     last_reconcile: Option<Instant>,
+    /// Reconciles since the last full one (see [`FULL_RECONCILE_EVERY`]).
+    cheap_reconciles: u32,
     /// Rows whose change cursor is NULL, which the tail cannot see.
     nulls: NullScan,
     /// Re-reading the unfinished rows on every poll: which were read.
@@ -211,6 +216,11 @@ struct Seen {
     last: Unfinished,
 }
 
+/// Every this many reconciles the full aggregate runs even when the count of
+/// unfinished rows agrees with the backlog kept (see
+/// [`TableSource::kept_gauges`]).
+const FULL_RECONCILE_EVERY: u32 = 10;
+
 /// Event ids per lookup query of the rows that left the unfinished ones.
 const LOOKUP_CHUNK: usize = 500;
 
@@ -229,12 +239,14 @@ impl<K: TableKind> TableSource<K> {
             conn: None,
             pool: None,
             schema_checked: false,
+            xmin: sql.snapshot_xmin().is_some(),
             started: false,
             highs: vec![None; cursors],
             last_sweep: None,
             poll_xmin: None,
             sweep_xmin: None,
             last_reconcile: None,
+            cheap_reconciles: 0,
             nulls: NullScan::default(),
             unfinished: Reread::default(),
         }
@@ -280,6 +292,7 @@ impl<K: TableKind> TableSource<K> {
         let unseen = self
             .sql
             .unseen(&col, 2, 3)
+            .filter(|_| self.xmin)
             .map_or(String::new(), |u| format!(" AND {u}"));
         format!(
             "SELECT {} FROM {} WHERE {}{unseen} ORDER BY {col} {}",
@@ -341,6 +354,11 @@ impl<K: TableKind> TableSource<K> {
         )
     }
 
+    /// Says whether the rows carry `xmin`, as [`Opener::open`] found.
+    pub fn set_xmin(&mut self, xmin: bool) {
+        self.xmin = xmin;
+    }
+
     /// The condition of the unfinished rows, for `doctor`'s estimate.
     pub fn unfinished_filter(&self) -> String {
         self.kind.unfinished_filter(&self.sql)
@@ -373,7 +391,7 @@ impl<K: TableKind> TableSource<K> {
             })?;
             let result = async {
                 if !self.schema_checked {
-                    self.opener().check_schema(&mut conn).await?;
+                    self.xmin = self.opener().check_schema(&mut conn).await?;
                     self.schema_checked = true;
                 }
                 self.poll_on(&mut conn).await
@@ -391,7 +409,11 @@ impl<K: TableKind> TableSource<K> {
         // succeeds: a failed poll leaves none, so the next one reconnects.
         let mut conn = match self.conn.take() {
             Some(c) => c,
-            None => self.opener().open().await?,
+            None => {
+                let (conn, xmin) = self.opener().open().await?;
+                self.xmin = xmin;
+                conn
+            }
         };
         let stats = self.poll_on(&mut conn).await?;
         self.conn = Some(conn);
@@ -558,7 +580,7 @@ impl<K: TableKind> TableSource<K> {
                 sqlx::query(sqlx::AssertSqlSafe(tail.clone())),
                 self.sql.cursor(low),
             );
-            if self.sql.snapshot_xmin().is_some() {
+            if self.xmin {
                 query = bind(query, self.sql.cursor(high)).bind(w.seen_before);
             }
             let rows = query.fetch_all(&mut *tx).await.map_err(query_error)?;
@@ -706,6 +728,30 @@ impl<K: TableKind> TableSource<K> {
         if self.backlog.is_complete() && !due {
             return Ok((self.backlog.gauges(stuck_before), 0));
         }
+        if due && self.backlog.is_complete() && self.cheap_reconciles + 1 < FULL_RECONCILE_EVERY {
+            // The cheap check: the number of unfinished rows, which an index
+            // over them answers without visiting each (an index-only scan
+            // where the table's visibility map allows). A deleted row changes
+            // it; only a change that neither moves the cursor nor the count
+            // waits for the next full check.
+            let count = format!(
+                "SELECT COUNT(*) FROM {} WHERE {}",
+                self.sql.table(&self.spec.table),
+                self.kind.unfinished_filter(&self.sql)
+            );
+            let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count))
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(query_error)?;
+            let kept = self.backlog.gauges(stuck_before);
+            let total: u64 = kept.values().flat_map(|g| g.counts).sum();
+            if u64::try_from(n).is_ok_and(|n| n == total) {
+                self.last_reconcile = Some(Instant::now());
+                self.cheap_reconciles += 1;
+                return Ok((kept, 0));
+            }
+        }
+        self.cheap_reconciles = 0;
         let truth = self.gauge_query(tx, db_now).await?;
         let mut rows_read = 0;
         if due {
@@ -857,8 +903,9 @@ pub struct Opener {
 
 impl Opener {
     /// Connects, sets the session up (UTC, read-only, statement timeout) and
-    /// checks the table and its mapped columns.
-    pub async fn open(self) -> Result<AnyConnection, SourceError> {
+    /// checks the table and its mapped columns; also says whether its rows
+    /// carry PostgreSQL's `xmin` (see [`Opener::check_schema`]).
+    pub async fn open(self) -> Result<(AnyConnection, bool), SourceError> {
         let url = connect_url(&self.spec);
         let connect_err = |e: sqlx::Error| SourceError::Connect {
             dsn: self.spec.dsn.to_string(),
@@ -868,12 +915,15 @@ impl Opener {
         setup_session(&mut conn, self.sql, self.spec.timeout)
             .await
             .map_err(connect_err)?;
-        self.check_schema(&mut conn).await?;
-        Ok(conn)
+        let xmin = self.check_schema(&mut conn).await?;
+        Ok((conn, xmin))
     }
 
-    /// Names the missing table or columns before the first query fails on them.
-    async fn check_schema(&self, conn: &mut AnyConnection) -> Result<(), SourceError> {
+    /// Names the missing table or columns before the first query fails on
+    /// them. Returns whether the rows carry PostgreSQL's `xmin`, which the
+    /// tail filters re-read rows by: a table does, a view (or a foreign
+    /// table) does not, and is then read without that filter.
+    async fn check_schema(&self, conn: &mut AnyConnection) -> Result<bool, SourceError> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(
             self.sql.columns_query(&self.spec.table),
         ))
@@ -914,11 +964,21 @@ impl Opener {
                 missing.push(line);
             }
         }
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(SourceError::Schema(missing.join("; ")))
+        if !missing.is_empty() {
+            return Err(SourceError::Schema(missing.join("; ")));
         }
+        if self.sql.snapshot_xmin().is_none() {
+            return Ok(false);
+        }
+        let kind: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT CAST(relkind AS TEXT) FROM pg_class WHERE oid = to_regclass({})",
+            self.sql.literal(&self.sql.table(&self.spec.table))
+        )))
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| SourceError::Query(e.to_string()))?;
+        // Tables, partitioned tables and materialized views have row versions.
+        Ok(matches!(kind.as_deref(), Some("r" | "p" | "m")))
     }
 }
 
