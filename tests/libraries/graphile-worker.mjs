@@ -1,8 +1,12 @@
 #!/usr/bin/env node
 // A workload that graphile-worker runs on its own tables, for tests/libraries.rs.
 //
-//   node graphile-worker.mjs --db postgres://... --schema s \
+//   node graphile-worker.mjs --db postgres://... --schema s [--phase all|setup|run] \
 //        --ok 140 --flaky 40 --doomed 20 --dups 40
+//
+// `--phase setup` only installs the schema (step 1), `--phase run` only runs the
+// workload (steps 2-3): a watcher can be started on the empty tables in between. The
+// default, `all`, does both.
 //
 // 1. Installs graphile-worker's schema (`_private_jobs`, the `jobs` view, its functions)
 //    into `--schema` with the library's own migrations (runMigrations).
@@ -44,10 +48,11 @@ const { values: opt } = parseArgs({
     doomed: { type: 'string', default: '20' },
     dups: { type: 'string', default: '40' },
     'deadline-ms': { type: 'string', default: '55000' },
+    phase: { type: 'string', default: 'all' },
   },
 });
-if (!opt.db || !opt.schema || !/^[a-z_][a-z0-9_]*$/.test(opt.schema)) {
-  console.error('usage: --db <postgres url> --schema <lower-case identifier> [--ok N --flaky N --doomed N --dups N]');
+if (!opt.db || !opt.schema || !/^[a-z_][a-z0-9_]*$/.test(opt.schema) || !['all', 'setup', 'run'].includes(opt.phase)) {
+  console.error('usage: --db <postgres url> --schema <lower-case identifier> [--phase all|setup|run] [--ok N --flaky N --doomed N --dups N]');
   process.exit(2);
 }
 const n = (k) => {
@@ -87,7 +92,8 @@ const logger = new Logger((scope) => (level, message) => {
 const options = { connectionString: opt.db, schema: SCHEMA, logger };
 
 // 1. The library's own migrations.
-await runMigrations(options);
+if (opt.phase !== 'run') await runMigrations(options);
+if (opt.phase === 'setup') process.exit(0);
 
 // 2. The jobs, through addJob.
 const invocations = new Map(); // job key -> task invocations

@@ -1,8 +1,12 @@
 #!/usr/bin/env node
 // A workload that pg-transactional-outbox runs on its own tables, for tests/libraries.rs.
 //
-//   node pg-transactional-outbox.mjs --db postgres://... --schema s \
+//   node pg-transactional-outbox.mjs --db postgres://... --schema s [--phase all|setup|run] \
 //        --ok 140 --flaky 40 --doomed 20 --dups 40 --redeliveries 40
+//
+// `--phase setup` only creates the tables (step 1), `--phase run` only runs the workload
+// (steps 2-4) on tables made before: a watcher can be started on the empty tables in
+// between. The default, `all`, does both.
 //
 // 1. Creates the library's `outbox` and `inbox` tables and its polling functions in
 //    `--schema` with the library's own DatabaseSetup SQL (what its setup CLI writes).
@@ -44,10 +48,11 @@ const { values: opt } = parseArgs({
     dups: { type: 'string', default: '40' },
     redeliveries: { type: 'string', default: '40' },
     'deadline-ms': { type: 'string', default: '50000' },
+    phase: { type: 'string', default: 'all' },
   },
 });
-if (!opt.db || !opt.schema || !/^[a-z_][a-z0-9_]*$/.test(opt.schema)) {
-  console.error('usage: --db <postgres url> --schema <lower-case identifier> [--ok N --flaky N --doomed N --dups N --redeliveries N]');
+if (!opt.db || !opt.schema || !/^[a-z_][a-z0-9_]*$/.test(opt.schema) || !['all', 'setup', 'run'].includes(opt.phase)) {
+  console.error('usage: --db <postgres url> --schema <lower-case identifier> [--phase all|setup|run] [--ok N --flaky N --doomed N --dups N --redeliveries N]');
   process.exit(2);
 }
 const n = (k) => {
@@ -114,7 +119,7 @@ pool.on('error', (e) => console.error('pg pool error:', e.message));
 // ---------------------------------------------------------------------------------
 // 1. The library's own setup SQL, for both tables.
 // ---------------------------------------------------------------------------------
-for (const outboxOrInbox of ['outbox', 'inbox']) {
+for (const outboxOrInbox of opt.phase === 'run' ? [] : ['outbox', 'inbox']) {
   const cfg = {
     outboxOrInbox,
     database: 'test',
@@ -138,6 +143,11 @@ for (const outboxOrInbox of ['outbox', 'inbox']) {
   } finally {
     client.release();
   }
+}
+
+if (opt.phase === 'setup') {
+  await pool.end();
+  process.exit(0);
 }
 
 const listenerSettings = (outboxOrInbox) => ({
