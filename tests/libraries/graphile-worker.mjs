@@ -142,21 +142,22 @@ if (Date.now() >= runAt.getTime()) {
 const succeeded = perTask();
 const errored = perTask(); // every failed attempt (job:error)
 const failed = perTask(); // permanently failed (job:failed)
-const attempts = Object.fromEntries(TASKS.map((t) => [t, {}])); // attempts at completion
+// job.attempts at completion, by outcome.
+const attempts = Object.fromEntries(TASKS.map((t) => [t, { succeeded: {}, failed: {} }]));
 const bump = (h, a) => {
   h[a] = (h[a] ?? 0) + 1;
 };
 const events = new EventEmitter();
 events.on('job:success', ({ job }) => {
   succeeded[job.task_identifier]++;
-  bump(attempts[job.task_identifier], job.attempts);
+  bump(attempts[job.task_identifier].succeeded, job.attempts);
 });
 events.on('job:error', ({ job }) => {
   errored[job.task_identifier]++;
 });
 events.on('job:failed', ({ job }) => {
   failed[job.task_identifier]++;
-  bump(attempts[job.task_identifier], job.attempts);
+  bump(attempts[job.task_identifier].failed, job.attempts);
 });
 const task = async (payload, helpers) => {
   const key = helpers.job.key;

@@ -337,7 +337,8 @@ await pool.end();
 // ---------------------------------------------------------------------------------
 const inbox = {};
 for (const t of TYPES) {
-  inbox[t] = { messages: 0, succeeded: 0, abandoned: 0, invocations: 0, failures: 0, attempts: {} };
+  // attempts: finished_attempts at completion as the library counts it, by outcome.
+  inbox[t] = { messages: 0, succeeded: 0, abandoned: 0, invocations: 0, failures: 0, attempts: { succeeded: {}, abandoned: {} } };
 }
 for (const m of messages) {
   const row = inbox[m.messageType];
@@ -346,7 +347,7 @@ for (const m of messages) {
   row[o.result]++;
   row.invocations += invocations.get(m.id) ?? 0;
   row.failures += failures.get(m.id) ?? 0;
-  row.attempts[o.attempts] = (row.attempts[o.attempts] ?? 0) + 1;
+  row.attempts[o.result][o.attempts] = (row.attempts[o.result][o.attempts] ?? 0) + 1;
 }
 const kinds = { ok: OK, flaky: FLAKY, doomed: DOOMED };
 const report = {
