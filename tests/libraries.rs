@@ -23,9 +23,11 @@ use serde_json::Value;
 
 use common::checks::{Expectations, Tol, render_diff};
 use common::process::Proc;
-use common::scenarios::{CONVERGE, inbox_source_toml, outbox_source_toml};
+use common::scenarios::{CONVERGE, POLL};
 use common::workload::{ATTEMPT_BUCKETS, INBOX_EXACT_NAMES};
-use common::{Agent, Db, Metrics, READY_TIMEOUT, repo_path, stays, unique_name, wait_until};
+use common::{
+    Agent, Db, Metrics, READY_TIMEOUT, repo_path, stays, toml_str, unique_name, wait_until,
+};
 
 /// Where the scripts and their `node_modules` are, relative to the checkout.
 const LIBRARIES: &str = "tests/libraries";
@@ -307,6 +309,30 @@ async fn converge(agent: &Agent, exp: &Expectations, absent: &[(&str, &[&str])],
 }
 
 // ---------------------------------------------------------------------------------
+// The agent's config
+// ---------------------------------------------------------------------------------
+
+/// The head of one `[[sources]]` block with the knobs of every correctness test (poll
+/// every [`POLL`], overlap 10 s) and no column map: each test writes its own, for the
+/// library's columns.
+fn source_head(kind: &str, name: &str, dsn: &str, table: &str) -> String {
+    let inbox_only = if kind == "inbox" {
+        "stuck_after = \"10m\"\nquantile_window = \"5m\"\n"
+    } else {
+        ""
+    };
+    format!(
+        "[[sources]]\nname = {}\nkind = {}\ndsn = {}\ntable = {}\npoll_interval = \"{}ms\"\n\
+         overlap = \"10s\"\nevent_type_limit = 50\ntimeout = \"2s\"\n{inbox_only}",
+        toml_str(name),
+        toml_str(kind),
+        toml_str(dsn),
+        toml_str(table),
+        POLL.as_millis()
+    )
+}
+
+// ---------------------------------------------------------------------------------
 // pg-transactional-outbox
 // ---------------------------------------------------------------------------------
 
@@ -314,7 +340,7 @@ async fn converge(agent: &Agent, exp: &Expectations, absent: &[(&str, &[&str])],
 /// status column (status from rules on its own columns), no started_at, no deliveries,
 /// no updated_at (so no cursor).
 fn pto_config(dsn: &str, schema: &str) -> String {
-    let mut t = inbox_source_toml("pto-inbox", dsn, &format!("{schema}.inbox"));
+    let mut t = source_head("inbox", "pto-inbox", dsn, &format!("{schema}.inbox"));
     t.push_str(
         r#"cursor = "none"
 
@@ -347,7 +373,8 @@ when = "true"
 
 "#,
     );
-    t.push_str(&outbox_source_toml(
+    t.push_str(&source_head(
+        "outbox",
         "pto-outbox",
         dsn,
         &format!("{schema}.outbox"),
@@ -607,7 +634,7 @@ async fn pg_transactional_outbox_tables_match_the_librarys_counts() {
 /// `_private_jobs`, with the task identifier as a column): successes are DELETED,
 /// permanently failed jobs stay with attempts = max_attempts; status from rules.
 fn graphile_config(dsn: &str, schema: &str) -> String {
-    let mut t = inbox_source_toml("gw-jobs", dsn, &format!("{schema}.jobs"));
+    let mut t = source_head("inbox", "gw-jobs", dsn, &format!("{schema}.jobs"));
     t.push_str(
         r#"cursor = "none"
 finished_rows = "deleted"
@@ -645,9 +672,9 @@ when = "true"
 /// succeeded (counted by disappearance), dead-lettered (attempts reach max_attempts),
 /// attempt failures and the attempts histogram equal the library's job events per
 /// task; re-added job keys are not counted again; the backlog ends at 0, no row is
-/// rejected, deliveries / duplicates are absent. Every successful attempt takes 1.2 s
-/// (see the script), so each job is seen in processing with its final attempts before
-/// it disappears, and the expected counts are exact.
+/// rejected, deliveries / duplicates are absent. Every job waits 3 s before it runs and
+/// every successful attempt takes 1.2 s (see the script), so each job is seen before it
+/// disappears and the expected counts are exact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn graphile_worker_jobs_match_the_librarys_counts() {
     const SCRIPT: &str = "graphile-worker.mjs";

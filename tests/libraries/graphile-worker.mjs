@@ -20,12 +20,13 @@
 //    Successful jobs are DELETED by the library; failed attempts wait for its fixed
 //    backoff (exp(attempts) seconds: 2.7 s, then 7.4 s).
 //
-// Every successful attempt takes SUCCESS_MS = 1.2 s before it returns, so that a job
-// is visible (locked, with its final attempts) for at least three of the agent's 300 ms
-// polls before the library deletes it: the agent counts a success by the disappearance
-// of a row it saw, and reads the attempts it last saw. A job that appeared and vanished
-// between two polls would never be counted, so without the wait the expected counts
-// would not be exact. Failed attempts need no wait: the backoff keeps the row visible.
+// Every job stays visible to the agent for well over two of its 300 ms polls before it
+// can disappear: all jobs run START_AFTER_MS = 3 s after they are added, failed attempts
+// wait out the library's backoff, and every successful attempt takes SUCCESS_MS = 1.2 s
+// before it returns (the row is locked meanwhile: processing). The agent counts a
+// success by the disappearance of a row it saw (its attempts = the failed attempts it
+// saw + 1); a job that appeared and vanished between two polls would never be counted,
+// so without these waits the expected counts would not be exact.
 //
 // When no work is left (polled in the tables) it prints ONE JSON object on stdout with
 // the library's own counts (its job:success / job:error / job:failed events and the
