@@ -366,7 +366,11 @@ table = "inbox"
         assert_eq!(s.table.overlap, Duration::from_secs(30));
         assert_eq!(s.stuck_after, Duration::from_secs(600));
         assert_eq!(s.table.event_type_limit, 50);
-        assert_eq!(s.columns.updated_at, "updated_at");
+        // Optional meanings not written are not used: no change cursor.
+        assert_eq!(s.columns.updated_at, None);
+        assert_eq!(s.columns.started_at, None);
+        assert_eq!(s.columns.status.as_deref(), Some("status"));
+        assert_eq!(s.table.cursor, crate::sources::table::config::Cursor::None);
         assert_eq!(s.statuses.classify("dead"), Some(Status::Dead));
         assert_eq!(s.table.dsn.expose(), "postgres://u:s3cret@db/orders");
         assert_eq!(s.table.dsn.to_string(), "postgres://u:***@db/orders");
@@ -385,7 +389,7 @@ dsn = "oracle://x/y"
 table = "inbox"
 poll_interval = "5 parsecs"
 [sources.columns]
-updated_at = ""
+status = ""
 
 [[sources]]
 name = "a"
@@ -400,7 +404,7 @@ table = "outbox"
             vec![
                 "sources[0].dsn",
                 "sources[0].poll_interval",
-                "sources[0].columns.updated_at",
+                "sources[0].columns.status",
                 "sources[1].name",
                 "sources[1].dsn",
             ]

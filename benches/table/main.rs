@@ -356,9 +356,10 @@ async fn main() {
     let poll_ms = (a.poll * 1000.0).round() as u64;
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{agent_port}\"\n\n[[sources]]\nname = \"bench\"\nkind = \"inbox\"\n\
-         dsn = \"{}\"\ntable = \"{}\"\npoll_interval = \"{poll_ms}ms\"\n",
+         dsn = \"{}\"\ntable = \"{}\"\npoll_interval = \"{poll_ms}ms\"\n{}",
         url(AGENT_USER, Some(PASSWORD)),
-        load::TABLE
+        load::TABLE,
+        load::COLUMNS
     );
     let config_path = a.work.join("inboxwatch.toml");
     std::fs::write(&config_path, config).expect("write agent config");

@@ -94,6 +94,11 @@ macro_rules! table_kind {
                 true
             }
 
+            fn indexes(&self) -> Option<String> {
+                let source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
+                Some(doctor::indexes(&source, $shape(self)))
+            }
+
             async fn trace_event(&self, event_id: &str) -> Result<Option<String>, String> {
                 $trace(self, event_id).await
             }
