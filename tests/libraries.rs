@@ -41,10 +41,9 @@ const STABLE: Duration = Duration::from_secs(12);
 // Running a library's script
 // ---------------------------------------------------------------------------------
 
-/// `node tests/libraries/<script> --db <dsn> --schema <schema> --phase <phase> <args>`
-/// to completion: its stdout. Panics (with its stderr) if node or the npm packages are
-/// missing, if it fails, or if it runs longer than [`NODE_TIMEOUT`].
-async fn node(script: &str, dsn: &str, schema: &str, phase: &str, args: &[&str]) -> String {
+/// Panics unless `node` runs and the npm packages are installed: the tests FAIL, they
+/// do not skip, without them.
+fn require_node() {
     let dir = repo_path(LIBRARIES);
     match Command::new("node").arg("--version").output() {
         Ok(out) if out.status.success() => {}
@@ -58,6 +57,14 @@ async fn node(script: &str, dsn: &str, schema: &str, phase: &str, args: &[&str])
         "{LIBRARIES}/node_modules is missing: run `npm ci --prefix {LIBRARIES}` \
          (scripts/test.sh does it when it is missing)"
     );
+}
+
+/// `node tests/libraries/<script> --db <dsn> --schema <schema> --phase <phase> <args>`
+/// to completion: its stdout. Panics (with its stderr) if node or the npm packages are
+/// missing, if it fails, or if it runs longer than [`NODE_TIMEOUT`].
+async fn node(script: &str, dsn: &str, schema: &str, phase: &str, args: &[&str]) -> String {
+    require_node();
+    let dir = repo_path(LIBRARIES);
     let out = tempfile::tempdir().expect("a temp dir for node's output");
     let mut cmd = Command::new("node");
     cmd.arg(dir.join(script))
@@ -415,6 +422,7 @@ published_at = "processed_at"
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pg_transactional_outbox_tables_match_the_librarys_counts() {
     const SCRIPT: &str = "pg-transactional-outbox.mjs";
+    require_node();
     let db = Db::postgres().await;
     let schema = fresh_schema(&db, "pto").await;
     node(SCRIPT, &db.dsn, &schema, "setup", &[]).await;
@@ -694,6 +702,7 @@ when = "true"
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn graphile_worker_jobs_match_the_librarys_counts() {
     const SCRIPT: &str = "graphile-worker.mjs";
+    require_node();
     let db = Db::postgres().await;
     let schema = fresh_schema(&db, "gw").await;
     node(SCRIPT, &db.dsn, &schema, "setup", &[]).await;
