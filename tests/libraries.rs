@@ -652,14 +652,13 @@ async fn pg_transactional_outbox_tables_match_the_librarys_counts() {
 // graphile-worker
 // ---------------------------------------------------------------------------------
 
-/// The agent's config for graphile-worker's `_private_jobs` table: successes are
-/// DELETED, permanently failed jobs stay with attempts = max_attempts; status from
-/// rules. The table holds a task id, not the task identifier (that is in
-/// `_private_tasks`), so no event type is mapped. Not its `jobs` view, which has the
-/// identifier: the agent's PostgreSQL queries read the system column `xmin`, which a
-/// view does not have (every poll fails with `column "xmin" does not exist`).
+/// The agent's config for graphile-worker's jobs, through its `jobs` view (the
+/// table holds a task id; the view joins the task identifier, the event type):
+/// successes are DELETED, permanently failed jobs stay with attempts =
+/// max_attempts; status from rules. A view has no `xmin`: the agent reads it
+/// without the filter that skips rows an earlier poll read.
 fn graphile_config(dsn: &str, schema: &str) -> String {
-    let mut t = source_head("inbox", "gw-jobs", dsn, &format!("{schema}._private_jobs"));
+    let mut t = source_head("inbox", "gw-jobs", dsn, &format!("{schema}.jobs"));
     t.push_str(
         r#"cursor = "none"
 finished_rows = "deleted"
@@ -667,6 +666,7 @@ deleted_as = "succeeded"
 
 [sources.columns]
 event_id = "id"
+event_type = "task_identifier"
 received_at = "created_at"
 attempts = "attempts"
 last_error = "last_error"
@@ -774,26 +774,25 @@ async fn graphile_worker_jobs_match_the_librarys_counts() {
         "HARNESS: the rows left in the jobs table differ from the library's job:failed events"
     );
 
-    // No event type is mapped: the library's counts summed over its tasks, matched
-    // against the sum over the source's series (whatever their event_type label).
-    let mut attempts = BTreeMap::new();
+    // Per task (the event type): the library's counts of that task.
+    let mut x = Expectations::default();
     for t in &tasks {
+        let mut attempts = BTreeMap::new();
         for outcome in ["succeeded", "failed"] {
             for (a, c) in attempts_map(&r, &["by_task", t, "attempts", outcome]) {
                 *attempts.entry(a).or_default() += c;
             }
         }
+        inbox_counts(
+            &mut x,
+            "gw-jobs",
+            Some(t),
+            count(&r, &["by_task", t, "jobs"]),
+            count(&r, &["by_task", t, "succeeded"]),
+            count(&r, &["by_task", t, "failed_permanently"]),
+            &attempts,
+        );
     }
-    let mut x = Expectations::default();
-    inbox_counts(
-        &mut x,
-        "gw-jobs",
-        None,
-        total("jobs"),
-        total("succeeded"),
-        total("failed_permanently"),
-        &attempts,
-    );
     // No finished_at: deleted rows observe no duration (deleted_durations = false),
     // dead rows have no finish time.
     x.push(
