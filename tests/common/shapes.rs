@@ -34,6 +34,16 @@ pub const STUCK_AFTER_S: i64 = 5;
 /// How late a late transaction commits after the times it writes (or, on SQLite, how
 /// far in the past those times are): well inside the 10 s overlap window.
 pub const LATE_MS: i64 = 3000;
+/// When the first late transaction begins, after the generator's start (SQLite's late
+/// rows are stamped `LATE_MS` before it, and must still be after the agent's start).
+pub const LATE_FIRST_MS: i64 = LATE_MS + 100;
+/// Late transactions take turns, one writer after the other, this far apart: at most
+/// two hold one open at a time, and the other writers go on writing newer rows, which
+/// is what makes a commit late for the agent (the rows it has read are newer).
+pub const LATE_SPACING_MS: i64 = 1500;
+/// How far behind the newest rows the agent has read a late commit must be to be
+/// caught only by the overlap window (the agent's ordinary look-back is 2 s).
+pub const LATE_BEHIND_MS: i64 = 2100;
 /// Without an attempts column the agent counts a failed attempt only when it sees a row
 /// move into failed: each failed state, and the processing state before it, lasts at
 /// least this long — more than three 300 ms polls — so that every poll-to-poll gap
@@ -311,6 +321,8 @@ pub struct Written {
 #[derive(Clone, Debug)]
 pub struct Record {
     pub id: String,
+    /// The writer that wrote it (`usize::MAX`: written before the agent started).
+    pub writer: usize,
     pub event_type: Option<String>,
     pub digest: String,
     pub status: Status,
@@ -616,23 +628,29 @@ pub struct ShapeWorkload {
 }
 
 impl ShapeWorkload {
-    /// 1,200 events from 4 writers over about 6 s of arrivals, 3 late transactions each.
+    /// 1,200 events from 4 writers over about 17 s of arrivals, 2 late transactions each.
     pub fn standard(layout: Layout) -> ShapeWorkload {
-        ShapeWorkload {
-            layout,
-            events: 1200,
-            workers: 4,
-            create_every_ms: 20,
-            late_batches: 3,
-            seed: seed_from_env(),
-        }
+        ShapeWorkload::new(layout, 1200, 2)
     }
 
     pub fn small(layout: Layout, events: usize) -> ShapeWorkload {
+        ShapeWorkload::new(layout, events, 1)
+    }
+
+    /// `events` from 4 writers, `late_batches` late transactions each, arrivals spread
+    /// over the time the late transactions take (so that the others keep writing while
+    /// one is held open).
+    pub fn new(layout: Layout, events: usize, late_batches: usize) -> ShapeWorkload {
+        let workers = 4;
+        let slots = (late_batches * workers) as i64;
+        let span = LATE_FIRST_MS + (slots - 1).max(0) * LATE_SPACING_MS + LATE_MS;
         ShapeWorkload {
+            layout,
             events,
-            late_batches: 2,
-            ..ShapeWorkload::standard(layout)
+            workers,
+            create_every_ms: span / (events / workers).max(1) as i64 + 1,
+            late_batches,
+            seed: seed_from_env(),
         }
     }
 
@@ -699,6 +717,7 @@ impl Writer {
         let types = self.cfg.layout.types;
         Record {
             id: format!("w{}-{n:05}-{:08x}", self.w, self.rng.u32(..)),
+            writer: self.w,
             event_type: (self.rng.f64() >= 0.02)
                 .then(|| types[self.rng.usize(..types.len())].to_string()),
             digest: format!("{:032x}{:032x}", self.rng.u128(..), self.rng.u128(..)),
@@ -876,10 +895,14 @@ async fn writer(
     clock: Clock,
 ) -> (Vec<Record>, usize, usize) {
     let quota = cfg.events / cfg.workers + usize::from(w < cfg.events % cfg.workers);
-    let mut rng =
+    let rng =
         fastrand::Rng::with_seed(cfg.seed ^ (w as u64 + 7).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let mut late_marks: VecDeque<usize> = (1..=cfg.late_batches)
-        .map(|i| quota * i / (cfg.late_batches + 1) + rng.usize(0..=quota / 20))
+    // Turns: writer w holds the k-th late transaction in slot k * workers + w.
+    let mut late_at: VecDeque<i64> = (0..cfg.late_batches)
+        .map(|k| {
+            let slot = (k * cfg.workers + w) as i64;
+            clock.base() + LATE_FIRST_MS + slot * LATE_SPACING_MS
+        })
         .collect();
     let conn = target.pool.acquire().await;
     let mut wr = Writer {
@@ -903,14 +926,10 @@ async fn writer(
         let reserve = if wr.cfg.layout.deletes_succeeded() {
             0
         } else {
-            5 * late_marks.len()
+            5 * late_at.len()
         };
-        let late_due = late_marks
-            .front()
-            .is_some_and(|&m| wr.slots.len() >= m || wr.slots.len() + reserve >= quota)
-            && (wr.target.dialect != Dialect::Sqlite || now - LATE_MS > clock.base() + 10);
-        if late_due {
-            late_marks.pop_front();
+        if late_at.front().is_some_and(|&at| now >= at) {
+            late_at.pop_front();
             if wr.cfg.layout.deletes_succeeded() {
                 wr.ghost_batch().await;
             } else {
@@ -937,7 +956,7 @@ async fn writer(
             }
             continue;
         }
-        if wr.slots.len() >= quota && wr.active.is_empty() && late_marks.is_empty() {
+        if wr.slots.len() >= quota && wr.active.is_empty() && late_at.is_empty() {
             break;
         }
         let mut wake = if wr.slots.len() + reserve < quota {
@@ -947,6 +966,9 @@ async fn writer(
         };
         for &i in &wr.active {
             wake = wake.min(wr.slots[i].ready_at);
+        }
+        if let Some(&at) = late_at.front() {
+            wake = wake.min(at);
         }
         let wait = (wake - now).clamp(1, 20) as u64;
         tokio::time::sleep(Duration::from_millis(wait)).await;
@@ -989,6 +1011,7 @@ pub async fn seed_history(target: &Target, l: &Layout, now_ms: i64) -> Vec<Recor
         };
         out.push(Record {
             id: format!("history-{i:02}"),
+            writer: usize::MAX,
             event_type,
             digest: "0".repeat(64),
             status,
@@ -1256,6 +1279,34 @@ impl ShapeTruth {
             }
             if r.received_ms < self.base_ms {
                 out.push(format!("{}: received before the generator's start", r.id));
+            }
+        }
+        // A late transaction is late only if the agent read newer rows before it
+        // committed: other writers wrote (and committed) rows more than
+        // LATE_BEHIND_MS newer than its times while it was held (or, on SQLite,
+        // before its rows stamped in the past were written).
+        let mut batches: Vec<(usize, i64)> = self
+            .records
+            .iter()
+            .filter(|r| r.states[0].late)
+            .map(|r| (r.writer, r.received_ms))
+            .collect();
+        batches.sort_unstable();
+        batches.dedup();
+        for (w, t) in batches {
+            let newer = self
+                .records
+                .iter()
+                .filter(|o| o.writer != w)
+                .flat_map(|o| &o.states)
+                .filter(|s| !s.late && s.at_ms > t + LATE_BEHIND_MS && s.at_ms < t + LATE_MS - 50)
+                .count();
+            if newer == 0 {
+                out.push(format!(
+                    "late transaction of writer {w} at {t}: no other writer wrote between {} and {} ms later, so its commit is not late",
+                    LATE_BEHIND_MS,
+                    LATE_MS - 50
+                ));
             }
         }
         out
