@@ -3,9 +3,10 @@
 # prometheus-sql-exporter on the same inbox table, side by side.
 #
 #   scripts/bench.sh            PostgreSQL 10 M rows (polls every 5 s and every 1 s) and
-#                               1 M rows, MariaDB 1 M rows; writes the tables into
-#                               docs/performance.md
-#   scripts/bench.sh --ci       PostgreSQL and MariaDB, 100 k rows, 30 s, debug build;
+#                               1 M rows, MariaDB 1 M rows, each mode of cursor; writes
+#                               the tables into docs/performance.md
+#   scripts/bench.sh --ci       PostgreSQL and MariaDB, 100 k rows, 30 s, debug build,
+#                               cursor = "updated_at" and "none";
 #                               fails if a counter is not exact or P95 is off by > 1 %;
 #                               writes nothing into the repository
 #   scripts/bench.sh --soak     the memory soak on PostgreSQL: two agents (release build)
@@ -16,8 +17,10 @@
 #
 # Environment: RATE (changes/s, default 2000), POLL (refresh interval in
 # seconds, default 5), SECONDS_RUN (writer run, default 120), PG_ROWS
-# ("10000000 10000000:1 1000000": rows, optionally :refresh interval), MY_ROWS
-# ("1000000"; the same form). --soak: RATE defaults to 1000 (about 300
+# ("10000000 10000000:1 1000000 10000000:1:none 1000000:5:none": rows,
+# optionally :refresh interval, optionally :none for the agent without the
+# updated_at column, i.e. cursor = "none", on the same table and writer),
+# MY_ROWS ("1000000 1000000:5:none"; the same form). --soak: RATE defaults to 1000 (about 300
 # completions/s), SOAK_RETENTIONS ("30,240" seconds), SOAK_BACKLOG (unfinished
 # rows added, 100000), SOAK_WINDOW (samples per plateau, 60), AGENT_BIN (the
 # agent binary to measure, default the release build of this tree).
@@ -35,9 +38,11 @@ if [ "${1:-}" = "--soak" ]; then SOAK=1; RATE=${RATE:-1000}; fi
 RATE=${RATE:-2000}
 POLL=${POLL:-5}
 if [ $CI = 1 ]; then
-  SECONDS_RUN=${SECONDS_RUN:-30}; PG_ROWS=${PG_ROWS:-100000}; MY_ROWS=${MY_ROWS:-100000}
+  SECONDS_RUN=${SECONDS_RUN:-30}; PG_ROWS=${PG_ROWS:-"100000 100000:5:none"}; MY_ROWS=${MY_ROWS:-"100000 100000:5:none"}
 else
-  SECONDS_RUN=${SECONDS_RUN:-120}; PG_ROWS=${PG_ROWS:-"10000000 10000000:1 1000000"}; MY_ROWS=${MY_ROWS:-1000000}
+  SECONDS_RUN=${SECONDS_RUN:-120}
+  PG_ROWS=${PG_ROWS:-"10000000 10000000:1 1000000 10000000:1:none 1000000:5:none"}
+  MY_ROWS=${MY_ROWS:-"1000000 1000000:5:none"}
 fi
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 
@@ -113,8 +118,12 @@ else
 fi
 bench_args=(--rate "$RATE" --seconds "$SECONDS_RUN" --work "$WORK")
 sections=()
-# "rows" or "rows:poll" -> "--rows R --poll P"
-spec_args() { local r=${1%%:*} p=$POLL; [[ $1 == *:* ]] && p=${1#*:}; echo "--rows $r --poll $p"; }
+# "rows", "rows:poll" or "rows:poll:cursor" -> "--rows R --poll P --cursor C"
+spec_args() {
+  local r p c
+  IFS=: read -r r p c <<< "$1"
+  echo "--rows $r --poll ${p:-$POLL} --cursor ${c:-updated_at}"
+}
 
 # Replaces the block between `<!-- $1:begin` and `<!-- $1:end -->` of
 # docs/performance.md with the file $2.

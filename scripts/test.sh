@@ -54,6 +54,21 @@ if [ ! -x "$TANSU" ]; then
 fi
 export TANSU
 
+# Node.js and the npm packages of tests/libraries.rs: real pg-transactional-outbox and
+# graphile-worker writing their own tables, at the exact versions of
+# tests/libraries/package-lock.json (npm ci; again when the lock file changes).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "Installing nodejs and npm (Debian packages)..."
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
+fi
+if [ ! -d tests/libraries/node_modules ] \
+  || [ tests/libraries/package-lock.json -nt tests/libraries/node_modules/.package-lock.json ]; then
+  echo "Installing the npm packages of tests/libraries (npm ci)..."
+  npm ci --prefix tests/libraries --no-audit --no-fund
+fi
+
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi

@@ -50,11 +50,15 @@ pub enum Command {
         #[arg(long)]
         no_env: bool,
     },
-    /// Print the recommended DDL and indexes for a dialect.
+    /// Print the recommended DDL and indexes for a dialect, or the indexes a config's tables need.
     Schema {
         /// postgres, mysql or sqlite.
-        #[arg(long)]
-        dialect: Dialect,
+        #[arg(long, required_unless_present = "config", conflicts_with = "config")]
+        dialect: Option<Dialect>,
+        /// Instead: the indexes each table source of this config needs, for
+        /// its column map, status rules and cursor mode.
+        #[arg(long, short)]
+        config: Option<PathBuf>,
         /// Name of the inbox table.
         #[arg(long, default_value = "inbox")]
         table: String,

@@ -366,7 +366,11 @@ table = "inbox"
         assert_eq!(s.table.overlap, Duration::from_secs(30));
         assert_eq!(s.stuck_after, Duration::from_secs(600));
         assert_eq!(s.table.event_type_limit, 50);
-        assert_eq!(s.columns.updated_at, "updated_at");
+        // Optional meanings not written are not used: no change cursor.
+        assert_eq!(s.columns.updated_at, None);
+        assert_eq!(s.columns.started_at, None);
+        assert_eq!(s.columns.status.as_deref(), Some("status"));
+        assert_eq!(s.table.cursor, crate::sources::table::config::Cursor::None);
         assert_eq!(s.statuses.classify("dead"), Some(Status::Dead));
         assert_eq!(s.table.dsn.expose(), "postgres://u:s3cret@db/orders");
         assert_eq!(s.table.dsn.to_string(), "postgres://u:***@db/orders");
@@ -385,7 +389,7 @@ dsn = "oracle://x/y"
 table = "inbox"
 poll_interval = "5 parsecs"
 [sources.columns]
-updated_at = ""
+status = ""
 
 [[sources]]
 name = "a"
@@ -400,7 +404,7 @@ table = "outbox"
             vec![
                 "sources[0].dsn",
                 "sources[0].poll_interval",
-                "sources[0].columns.updated_at",
+                "sources[0].columns.status",
                 "sources[1].name",
                 "sources[1].dsn",
             ]
@@ -491,13 +495,29 @@ table = "outbox"
         let env = |name: &str| (!name.starts_with("OTEL_")).then(|| "example".to_string());
         let cfg =
             parse_with(text, Environment::Process, &env).expect("config/inboxwatch.toml is valid");
-        assert_eq!(cfg.sources.len(), 4);
+        assert_eq!(cfg.sources.len(), 6);
+        use crate::sources::table::config::{Cursor, FinishedRows};
+        let SourceSpec::Inbox(orders) = &cfg.sources[0] else {
+            panic!("orders-inbox is an inbox")
+        };
+        assert_eq!(orders.table.cursor, Cursor::UpdatedAt);
         let SourceSpec::Inbox(billing) = &cfg.sources[1] else {
             panic!("billing-inbox is an inbox")
         };
         assert_eq!(billing.columns.deliveries, None);
+        assert_eq!(billing.table.cursor, Cursor::None);
         assert_eq!(billing.statuses.classify("parked"), Some(Status::Dead));
-        let SourceSpec::Kafka(k) = &cfg.sources[3] else {
+        let SourceSpec::Inbox(payments) = &cfg.sources[2] else {
+            panic!("payments-inbox is an inbox")
+        };
+        assert_eq!(payments.columns.status, None);
+        assert_eq!(payments.rules.len(), 5);
+        let SourceSpec::Inbox(mailer) = &cfg.sources[3] else {
+            panic!("mailer-jobs is an inbox")
+        };
+        assert_eq!(mailer.table.finished_rows, FinishedRows::Deleted);
+        assert_eq!(mailer.deleted_as, Status::Succeeded);
+        let SourceSpec::Kafka(k) = &cfg.sources[5] else {
             panic!("main-kafka is a kafka source")
         };
         assert_eq!(k.brokers.len(), 2);

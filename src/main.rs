@@ -28,10 +28,30 @@ fn main() -> ExitCode {
             Err(e) => config_failure(&e),
         },
         Command::Schema {
+            config: Some(path), ..
+        } => {
+            let cfg = match config::load(&path) {
+                Ok(c) => c,
+                Err(e) => return config_failure(&e),
+            };
+            for source in &cfg.sources {
+                if let Some(ddl) = source.indexes() {
+                    println!("-- source \"{}\" ({})", source.name(), source.describe());
+                    print!("{ddl}");
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Schema {
             dialect,
             table,
             outbox_table,
+            ..
         } => {
+            let Some(dialect) = dialect else {
+                eprintln!("--dialect: required (or --config)");
+                return ExitCode::from(2);
+            };
             for (flag, name) in [
                 ("--table", Some(&table)),
                 ("--outbox-table", outbox_table.as_ref()),

@@ -370,10 +370,10 @@ fn check_config_rejects_duplicate_source_names() {
 
 #[test]
 fn check_config_rejects_required_column_mapped_to_empty_string() {
-    let source = SourceToml::inbox("orders").table("sources.columns", "updated_at = \"\"");
+    let source = SourceToml::inbox("orders").table("sources.columns", "status = \"\"");
     assert_problem(
         &check_config(&config(&[source])),
-        "sources[0].columns.updated_at",
+        "sources[0].columns.status",
         None,
     );
 }
@@ -426,15 +426,98 @@ fn check_config_names_the_unset_variable_in_a_dsn() {
 
 #[test]
 fn check_config_prints_one_line_per_problem() {
-    let first = SourceToml::inbox("orders").table("sources.columns", "updated_at = \"\"");
+    let first = SourceToml::inbox("orders").table("sources.columns", "status = \"\"");
     let second = SourceToml::inbox("orders");
     assert_problems(
         &check_config(&config(&[first, second])),
         &[
-            ("sources[0].columns.updated_at", None),
+            ("sources[0].columns.status", None),
             ("sources[1].name", Some("orders")),
         ],
         false,
+    );
+}
+
+/// `cursor`, `finished_rows`, `deleted_as` and `[[sources.status_rules]]`
+/// mistakes: exit 2, each at its key, with what was wrong.
+#[test]
+fn check_config_names_cursor_and_status_rule_mistakes() {
+    let rules = |body: &str| {
+        SourceToml::inbox("orders")
+            .table("sources.columns", "status = \"\"")
+            .table("[sources.status_rules]", body)
+    };
+    let cases: Vec<(SourceToml, &str, Option<&str>)> = vec![
+        (
+            SourceToml::inbox("orders").set("cursor", &q("updated")),
+            "sources[0].cursor",
+            Some("updated"),
+        ),
+        // No updated_at column written: there is no cursor to tail.
+        (
+            SourceToml::inbox("orders").set("cursor", &q("updated_at")),
+            "sources[0].cursor",
+            Some("columns.updated_at"),
+        ),
+        (
+            SourceToml::inbox("orders").set("finished_rows", &q("dropped")),
+            "sources[0].finished_rows",
+            Some("dropped"),
+        ),
+        (
+            SourceToml::inbox("orders").set("deleted_as", &q("dead")),
+            "sources[0].deleted_as",
+            Some("finished_rows"),
+        ),
+        (
+            SourceToml::inbox("orders")
+                .set("finished_rows", &q("deleted"))
+                .set("deleted_as", &q("gone")),
+            "sources[0].deleted_as",
+            Some("gone"),
+        ),
+        (
+            rules("meaning = \"done\"\nwhen = \"true\""),
+            "sources[0].status_rules[0].meaning",
+            Some("done"),
+        ),
+        (
+            rules("meaning = \"dead\"\nwhen = \"abandoned_at IS NOT NULL OR x > 1\""),
+            "sources[0].status_rules[0].when",
+            Some("OR is not supported"),
+        ),
+        (
+            rules("meaning = \"dead\"\nwhen = \"x = 1; DELETE FROM inbox\""),
+            "sources[0].status_rules[0].when",
+            Some("unexpected \";\""),
+        ),
+        (
+            rules("meaning = \"dead\""),
+            "sources[0].status_rules[0].when",
+            Some("required"),
+        ),
+    ];
+    for (source, key, says) in cases {
+        assert_problem(&check_config(&config(&[source])), key, says);
+    }
+    // Rules stand in for the status column, and the second entry's problem
+    // carries its own index.
+    let ok = rules("meaning = \"succeeded\"\nwhen = \"processed_at IS NOT NULL\"");
+    assert_config_ok(&check_config(&config(&[ok])), 1);
+    let second = SourceToml::inbox("orders")
+        .table("sources.columns", "status = \"\"")
+        .table(
+            "[sources.status_rules]",
+            "meaning = \"succeeded\"\nwhen = \"true\"",
+        )
+        .table(
+            "[sources.status_rules]",
+            "meaning = \"dead\"\nwhen = \"tries >\"",
+        );
+    assert_problem(
+        &check_config(&config(&[second])),
+        "sources[0].status_rules[1].when",
+        Some("expected a column, an integer"),
     );
 }
 
@@ -592,8 +675,12 @@ fn check_config_checks_host_port_and_parameters_of_each_dsn() {
 fn check_config_refuses_a_column_mapped_twice() {
     for (columns, key, other) in [
         ("event_id = \"id\"\nstatus = \"id\"", "status", "event_id"),
-        // The default name of another meaning counts too.
-        ("finished_at = \"updated_at\"", "finished_at", "updated_at"),
+        // The default name of a required meaning counts too.
+        (
+            "finished_at = \"received_at\"",
+            "finished_at",
+            "received_at",
+        ),
     ] {
         let inbox = SourceToml::inbox("orders").table("sources.columns", columns);
         assert_problem(

@@ -309,7 +309,7 @@ fn configmap_holds_the_example_config_and_it_passes_check_config() {
         "check-config rejects the ConfigMap's config:\n{}",
         out.describe()
     );
-    assert_eq!(out.stdout.trim(), "config OK: 4 sources");
+    assert_eq!(out.stdout.trim(), "config OK: 6 sources");
 }
 
 // ---------------------------------------------------------------------------

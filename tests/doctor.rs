@@ -23,7 +23,7 @@ use common::{Cmd, Dialect, mysql_url, pg_url, unique_name, url_with_hostport, ur
 const DOCTOR_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The three queries of one poll that the doctor EXPLAINs, in its order.
-const QUERIES: [&str; 3] = ["tail", "gauges", "seed"];
+const QUERIES: [&str; 3] = ["tail on updated_at", "gauges", "seed"];
 
 /// A password no output may ever contain.
 const SECRET: &str = "Zq7doctorSecretPw";
@@ -375,10 +375,17 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// One `[[sources]]` entry; `extra` is appended verbatim (e.g. a `[sources.columns]` table).
+/// One `[[sources]]` entry mapping every column of the contract's table;
+/// `extra` is appended verbatim (e.g. a `[sources.columns]` table, which then
+/// replaces that mapping).
 fn source(name: &str, dsn: &str, table: &str, extra: &str) -> String {
+    let columns = if extra.contains("[sources.columns]") {
+        ""
+    } else {
+        common::scenarios::INBOX_COLUMNS
+    };
     format!(
-        "[[sources]]\nname = \"{name}\"\nkind = \"inbox\"\ndsn = \"{dsn}\"\ntable = \"{table}\"\n{extra}\n"
+        "[[sources]]\nname = \"{name}\"\nkind = \"inbox\"\ndsn = \"{dsn}\"\ntable = \"{table}\"\n{columns}{extra}\n"
     )
 }
 
@@ -501,7 +508,7 @@ fn missing_indexes_are_advised_and_the_advice_works(dialect: Dialect) {
         format!("  warning: the {q} query would scan the whole table; create: {ddl}")
     };
     let expected = vec![
-        advice("tail", dialect.tail_index(&t)),
+        advice("tail on updated_at", dialect.tail_index(&t)),
         advice("gauges", dialect.unfinished_index(&t)),
         advice("seed", dialect.unfinished_index(&t)),
     ];
@@ -565,7 +572,7 @@ fn missing_table_and_columns_name_their_keys(dialect: Dialect) {
             "renamed",
             &db.dsn,
             &renamed,
-            "[sources.columns]\nfinished_at = \"done_at\"",
+            "[sources.columns]\nupdated_at = \"updated_at\"\nfinished_at = \"done_at\"",
         ),
     ]
     .concat();

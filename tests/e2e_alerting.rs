@@ -449,10 +449,11 @@ fn alertmanager_yml(webhook_port: u16) -> String {
 fn agent_toml(dsn: &str, table: &str) -> String {
     format!(
         "[[sources]]\nname = {}\nkind = \"inbox\"\ndsn = {}\ntable = {}\npoll_interval = \"500ms\"\n\
-         overlap = \"10s\"\ntimeout = \"2s\"\n\n[sources.objectives]\noldest_age = \"5m\"\np95 = \"2s\"\n",
+         overlap = \"10s\"\ntimeout = \"2s\"\n{}\n[sources.objectives]\noldest_age = \"5m\"\np95 = \"2s\"\n",
         toml_str(SOURCE),
         toml_str(dsn),
-        toml_str(table)
+        toml_str(table),
+        common::scenarios::INBOX_COLUMNS
     )
 }
 

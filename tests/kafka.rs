@@ -496,9 +496,10 @@ async fn broker_down_marks_the_source_down_and_others_continue() {
     };
     insert("e1".into()).await;
     let config = format!(
-        "{}[[sources]]\nname = \"db\"\nkind = \"inbox\"\ndsn = \"sqlite://{}\"\ntable = \"inbox\"\npoll_interval = \"500ms\"\n",
+        "{}[[sources]]\nname = \"db\"\nkind = \"inbox\"\ndsn = \"sqlite://{}\"\ntable = \"inbox\"\npoll_interval = \"500ms\"\n{}",
         kafka_source_toml("kb", &broker.bootstrap(), ""),
-        db.display()
+        db.display(),
+        common::scenarios::INBOX_COLUMNS
     );
     let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;

@@ -155,10 +155,12 @@ async fn lookups(db: Db, tag: &str) {
     std::fs::write(
         &cfg,
         format!(
-            "[[sources]]\nname = \"lk-inbox\"\nkind = \"inbox\"\ndsn = {dsn}\ntable = {}\nservice_name = \"billing\"\n\n\
-             [[sources]]\nname = \"lk-outbox\"\nkind = \"outbox\"\ndsn = {dsn}\ntable = {}\nservice_name = \"orders-api\"\n",
+            "[[sources]]\nname = \"lk-inbox\"\nkind = \"inbox\"\ndsn = {dsn}\ntable = {}\nservice_name = \"billing\"\n{}\n\
+             [[sources]]\nname = \"lk-outbox\"\nkind = \"outbox\"\ndsn = {dsn}\ntable = {}\nservice_name = \"orders-api\"\n{}",
             toml_str(&tables.inbox),
+            common::scenarios::INBOX_COLUMNS,
             toml_str(&tables.outbox),
+            common::scenarios::OUTBOX_COLUMNS,
             dsn = toml_str(&db.dsn),
         ),
     )

@@ -15,10 +15,11 @@ use common::checks::{Expectations, Tol};
 fn paged_source(name: &str, dsn: &str, table: &str, batch_size: usize) -> String {
     format!(
         "[[sources]]\nname = {}\nkind = \"inbox\"\ndsn = {}\ntable = {}\npoll_interval = \"300ms\"\n\
-         overlap = \"10s\"\ntimeout = \"5s\"\nbatch_size = {batch_size}\n\n",
+         overlap = \"10s\"\ntimeout = \"5s\"\nbatch_size = {batch_size}\n{}\n",
         toml_str(name),
         toml_str(dsn),
-        toml_str(table)
+        toml_str(table),
+        common::scenarios::INBOX_COLUMNS
     )
 }
 

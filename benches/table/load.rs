@@ -21,6 +21,19 @@ pub const EVENT_TYPES: [(&str, u32); 6] = [
 /// The watched table's name.
 pub const TABLE: &str = "bench_inbox";
 
+/// The same without `updated_at`: the agent then runs with `cursor = "none"`.
+pub const COLUMNS_NO_CURSOR: &str = "columns = { event_id = \"event_id\", event_type = \"event_type\", \
+     status = \"status\", received_at = \"received_at\", started_at = \"started_at\", \
+     finished_at = \"finished_at\", attempts = \"attempts\", deliveries = \"deliveries\", \
+     last_error = \"last_error\", traceparent = \"traceparent\" }\n";
+
+/// Every column of the table mapped to its meaning, as one key of a
+/// `[[sources]]` block (an optional meaning is used only when written).
+pub const COLUMNS: &str = "columns = { event_id = \"event_id\", event_type = \"event_type\", \
+     status = \"status\", received_at = \"received_at\", started_at = \"started_at\", \
+     finished_at = \"finished_at\", attempts = \"attempts\", deliveries = \"deliveries\", \
+     last_error = \"last_error\", traceparent = \"traceparent\", updated_at = \"updated_at\" }\n";
+
 /// `inboxwatch schema` for the dialect, split into the table and its indexes.
 fn schema(agent: &str, dialect: Dialect) -> (Vec<String>, Vec<String>) {
     let out = Command::new(agent)

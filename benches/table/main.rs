@@ -83,6 +83,8 @@ struct Args {
     soak: Option<soak::Plan>,
     /// The agent binary (default: the one built with this benchmark).
     agent: Option<String>,
+    /// `cursor = "none"`: the agent is not given the `updated_at` column.
+    no_cursor: bool,
 }
 
 fn args() -> Args {
@@ -98,6 +100,7 @@ fn args() -> Args {
         work: std::env::temp_dir(),
         soak: None,
         agent: None,
+        no_cursor: false,
     };
     let mut soak = soak::Plan {
         retentions: (30, 240),
@@ -140,6 +143,13 @@ fn args() -> Args {
             "--backlog" => soak.backlog = v().parse().expect("--backlog N"),
             "--window" => soak.window = v().parse().expect("--window SECONDS"),
             "--agent" => a.agent = Some(v()),
+            "--cursor" => {
+                a.no_cursor = match v().as_str() {
+                    "none" => true,
+                    "updated_at" => false,
+                    other => panic!("--cursor none|updated_at, not {other}"),
+                }
+            }
             // cargo bench passes --bench to harness = false targets.
             "--bench" => {}
             other => panic!("unknown argument {other}"),
@@ -356,12 +366,35 @@ async fn main() {
     let poll_ms = (a.poll * 1000.0).round() as u64;
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{agent_port}\"\n\n[[sources]]\nname = \"bench\"\nkind = \"inbox\"\n\
-         dsn = \"{}\"\ntable = \"{}\"\npoll_interval = \"{poll_ms}ms\"\n",
+         dsn = \"{}\"\ntable = \"{}\"\npoll_interval = \"{poll_ms}ms\"\n{}",
         url(AGENT_USER, Some(PASSWORD)),
-        load::TABLE
+        load::TABLE,
+        if a.no_cursor {
+            load::COLUMNS_NO_CURSOR
+        } else {
+            load::COLUMNS
+        }
     );
     let config_path = a.work.join("inboxwatch.toml");
     std::fs::write(&config_path, config).expect("write agent config");
+    if a.no_cursor {
+        // The indexes this mode's queries need, as `schema --config` prints
+        // them (the tails on received_at and finished_at).
+        let out = Command::new(agent_bin)
+            .args(["schema", "--config"])
+            .arg(&config_path)
+            .env("INBOXWATCH_LOG", "warn")
+            .output()
+            .expect("inboxwatch schema --config runs");
+        assert!(out.status.success(), "inboxwatch schema --config failed");
+        let ddl = String::from_utf8(out.stdout).expect("UTF-8");
+        for stmt in ddl.lines().filter(|l| l.starts_with("CREATE INDEX")) {
+            exec(&mut conn, stmt.trim_end_matches(';')).await;
+        }
+        if d == Dialect::Postgres {
+            exec(&mut conn, &format!("ANALYZE {}", load::TABLE)).await;
+        }
+    }
     let mut agent = spawn(
         Command::new(agent_bin)
             .args(["run", "--config"])
@@ -497,7 +530,7 @@ async fn main() {
     let deadline = Instant::now() + Duration::from_secs_f64(a.poll * 3.0 + 30.0);
     let (mismatches, m) = loop {
         let m = scrape(agent_port).await.expect("scrape");
-        let d = measure::counter_diff(&m, &truth);
+        let d = measure::counter_diff(&m, &truth, a.no_cursor);
         if d.is_empty() || Instant::now() > deadline {
             break (d, m);
         }
@@ -506,7 +539,13 @@ async fn main() {
     let p95 = measure::p95_errors(&mut conn, d, &m, run_start, &truth).await;
     let plans = match d {
         Dialect::Postgres => {
-            measure::agent_plans(&mut conn, a.poll, run_start + (window * 1e6) as i64).await
+            measure::agent_plans(
+                &mut conn,
+                a.poll,
+                run_start + (window * 1e6) as i64,
+                a.no_cursor,
+            )
+            .await
         }
         Dialect::MySql => Vec::new(),
     };
@@ -518,6 +557,7 @@ async fn main() {
 
     let r = measure::Report {
         dialect: d,
+        no_cursor: a.no_cursor,
         rows: a.rows,
         unfinished,
         table_bytes: size,

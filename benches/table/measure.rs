@@ -349,6 +349,7 @@ pub async fn agent_plans(
     conn: &mut AnyConnection,
     poll: f64,
     end: i64,
+    no_cursor: bool,
 ) -> Vec<(String, Vec<String>)> {
     let tail: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
@@ -383,6 +384,22 @@ pub async fn agent_plans(
             at(high - us(30.0)),
         ));
     }
+    if no_cursor {
+        // Without a change cursor every poll re-reads the unfinished rows;
+        // there is no reconciling aggregate.
+        let reread: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
+             WHERE r.rolname = '{AGENT_USER}' AND s.query NOT LIKE '%ORDER BY%' \
+             AND s.query LIKE '%IN (%pending%) LIMIT%' AND s.query LIKE '%{}%' \
+             ORDER BY s.calls DESC LIMIT 1",
+            load::TABLE
+        )))
+        .fetch_optional(&mut *conn)
+        .await
+        .unwrap_or_default();
+        runs.extend(reread.map(|q| ("re-read of the unfinished rows (every poll)".to_string(), q)));
+        return explain(conn, runs).await;
+    }
     let stuck = end - us(600.0);
     runs.push((
         "reconciling aggregate over the unfinished rows (once a minute)".to_string(),
@@ -395,6 +412,14 @@ pub async fn agent_plans(
             load::TABLE
         ),
     ));
+    explain(conn, runs).await
+}
+
+/// EXPLAIN (ANALYZE, BUFFERS) of each query.
+async fn explain(
+    conn: &mut AnyConnection,
+    runs: Vec<(String, String)>,
+) -> Vec<(String, Vec<String>)> {
     let mut out = Vec::new();
     for (what, q) in runs {
         let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {q}");
@@ -467,8 +492,11 @@ pub fn counters_checked(truth: &Truth) -> usize {
     truth.by_type.len() * 6
 }
 
-/// Every counter inboxwatch exports per event type that differs from the truth.
-pub fn counter_diff(m: &Metrics, truth: &Truth) -> Vec<String> {
+/// Every counter inboxwatch exports per event type that differs from the
+/// truth. `no_cursor`: without a change cursor a duplicate delivery to a
+/// finished event is not seen (docs/metrics.md), so the delivery counters
+/// are lower bounds: they may be below the truth, never above.
+pub fn counter_diff(m: &Metrics, truth: &Truth, no_cursor: bool) -> Vec<String> {
     let mut out = Vec::new();
     for (et, c) in &truth.by_type {
         let l = |extra: Option<(&'static str, &'static str)>| {
@@ -493,7 +521,12 @@ pub fn counter_diff(m: &Metrics, truth: &Truth) -> Vec<String> {
             ),
         ] {
             let got = m.get(name, &l(extra)).unwrap_or(0.0);
-            if got != want as f64 {
+            let bound = no_cursor
+                && matches!(
+                    name,
+                    "inbox_deliveries_total" | "inbox_duplicate_deliveries_total"
+                );
+            if (bound && got > want as f64) || (!bound && got != want as f64) {
                 out.push(format!(
                     "{name}{{event_type={et:?}{extra:?}}}: truth {want}, inboxwatch {got}"
                 ));
@@ -594,6 +627,8 @@ pub async fn p95_errors(
 /// Everything one run found.
 pub struct Report {
     pub dialect: Dialect,
+    /// The agent ran with `cursor = "none"`.
+    pub no_cursor: bool,
     pub rows: u64,
     pub unfinished: u64,
     pub table_bytes: i64,
@@ -660,12 +695,17 @@ impl Report {
         let mut s = String::new();
         let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         s.push_str(&format!(
-            "### {} — {} rows ({} unfinished), {} changes/s, refresh every {} s\n\n",
+            "### {} — {} rows ({} unfinished), {} changes/s, refresh every {} s{}\n\n",
             self.dialect.name(),
             human(self.rows),
             self.unfinished,
             self.rate,
-            self.poll
+            self.poll,
+            if self.no_cursor {
+                ", `cursor = \"none\"`"
+            } else {
+                ""
+            }
         ));
         s.push_str(&format!(
             "Table {:.0} MB, built in {:.0} s. Writer: {} row changes in {:.0} s ({:.0}/s). \
@@ -789,7 +829,14 @@ impl Report {
         let worst = self.p95.iter().map(|p| p.error).fold(0.0, f64::max);
         row(
             "counters vs writer's ground truth",
-            if self.mismatches.is_empty() {
+            if self.mismatches.is_empty() && self.no_cursor {
+                format!(
+                    "exact ({} of {}; the {} delivery counters within their lower bound)",
+                    self.counters_checked - self.counters_checked / 3,
+                    self.counters_checked - self.counters_checked / 3,
+                    self.counters_checked / 3
+                )
+            } else if self.mismatches.is_empty() {
                 format!(
                     "exact ({} of {})",
                     self.counters_checked, self.counters_checked

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use sqlx::AnyConnection;
 
-use crate::load::TABLE;
+use crate::load::{COLUMNS, TABLE};
 use crate::measure::Metrics;
 use crate::writer::{self, Truth};
 use crate::{Dialect, Proc, connect, exec, free_port, spawn, wait_for};
@@ -156,7 +156,7 @@ pub async fn run(
         let config = format!(
             "[server]\nlisten = \"127.0.0.1:{port}\"\n\n[[sources]]\nname = \"soak-{retention}s\"\n\
              kind = \"inbox\"\ndsn = \"{agent_dsn}\"\ntable = \"{TABLE}\"\npoll_interval = \"{poll_ms}ms\"\n\
-             overlap = \"{overlap}s\"\nstate_retention = \"{retention}s\"\n"
+             overlap = \"{overlap}s\"\nstate_retention = \"{retention}s\"\n{COLUMNS}"
         );
         let path = work.join(format!("soak-{retention}.toml"));
         std::fs::write(&path, config).expect("write agent config");

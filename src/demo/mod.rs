@@ -38,6 +38,19 @@ stuck_after = "{stuck}s"
 quantile_window = "5m"
 service_name = "demo-consumer"
 
+[sources.columns]
+event_id = "event_id"
+event_type = "event_type"
+status = "status"
+received_at = "received_at"
+started_at = "started_at"
+finished_at = "finished_at"
+attempts = "attempts"
+deliveries = "deliveries"
+last_error = "last_error"
+traceparent = "traceparent"
+updated_at = "updated_at"
+
 [sources.objectives]
 oldest_age = "30s"
 p95 = "1s"

@@ -80,6 +80,12 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
         async { Ok(None) }
     }
 
+    /// The indexes the source's queries need, as DDL in its dialect
+    /// (`schema --config`); `None` for sources that read no table.
+    fn indexes(&self) -> Option<String> {
+        None
+    }
+
     /// The events dead-lettered within `since`, newest first, at most `limit`.
     fn dead_letters(
         &self,

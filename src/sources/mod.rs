@@ -77,6 +77,11 @@ macro_rules! kinds {
                 match self { $(SourceSpec::$variant(s) => s.doctor().await,)+ }
             }
 
+            /// The indexes the source's queries need, as DDL.
+            pub fn indexes(&self) -> Option<String> {
+                match self { $(SourceSpec::$variant(s) => s.indexes(),)+ }
+            }
+
             /// Whether the lookups can search the source.
             pub fn keeps_events(&self) -> bool {
                 match self { $(SourceSpec::$variant(s) => s.keeps_events(),)+ }

@@ -17,11 +17,23 @@ pub const POLL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the exported counters may take to reach the ground truth.
 pub const CONVERGE: Duration = Duration::from_secs(60);
 
+/// Every column of the contract's inbox table mapped to its meaning, as one
+/// key of a `[[sources]]` block: an optional meaning is used only when written.
+pub const INBOX_COLUMNS: &str = "columns = { event_id = \"event_id\", event_type = \"event_type\", \
+     status = \"status\", received_at = \"received_at\", started_at = \"started_at\", \
+     finished_at = \"finished_at\", attempts = \"attempts\", deliveries = \"deliveries\", \
+     last_error = \"last_error\", traceparent = \"traceparent\", updated_at = \"updated_at\" }\n";
+
+/// Every column of the contract's outbox table, as [`INBOX_COLUMNS`].
+pub const OUTBOX_COLUMNS: &str = "columns = { event_id = \"event_id\", event_type = \"event_type\", \
+     created_at = \"created_at\", published_at = \"published_at\", traceparent = \"traceparent\", \
+     updated_at = \"updated_at\" }\n";
+
 /// One `[[sources]]` block for an inbox table, as every correctness test configures it.
 pub fn inbox_source_toml(name: &str, dsn: &str, table: &str) -> String {
     format!(
         "[[sources]]\nname = {}\nkind = \"inbox\"\ndsn = {}\ntable = {}\npoll_interval = \"300ms\"\n\
-         overlap = \"10s\"\nstuck_after = \"10m\"\nevent_type_limit = 50\ntimeout = \"2s\"\nquantile_window = \"5m\"\n\n",
+         overlap = \"10s\"\nstuck_after = \"10m\"\nevent_type_limit = 50\ntimeout = \"2s\"\nquantile_window = \"5m\"\n{INBOX_COLUMNS}\n",
         toml_str(name),
         toml_str(dsn),
         toml_str(table)
@@ -32,7 +44,7 @@ pub fn inbox_source_toml(name: &str, dsn: &str, table: &str) -> String {
 pub fn outbox_source_toml(name: &str, dsn: &str, table: &str) -> String {
     format!(
         "[[sources]]\nname = {}\nkind = \"outbox\"\ndsn = {}\ntable = {}\npoll_interval = \"300ms\"\n\
-         overlap = \"10s\"\nevent_type_limit = 50\ntimeout = \"2s\"\n\n",
+         overlap = \"10s\"\nevent_type_limit = 50\ntimeout = \"2s\"\n{OUTBOX_COLUMNS}\n",
         toml_str(name),
         toml_str(dsn),
         toml_str(table)

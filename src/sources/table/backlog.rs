@@ -42,6 +42,23 @@ impl Unfinished {
     }
 }
 
+impl Unfinished {
+    /// The `event_type` label id.
+    pub fn label(&self) -> usize {
+        self.label as usize
+    }
+
+    /// `received_at` / `created_at`, if the row had one.
+    pub fn born(&self) -> Option<i64> {
+        (self.born != NONE).then_some(self.born)
+    }
+
+    /// The start of a row in processing, if it had one.
+    pub fn started(&self) -> Option<i64> {
+        (self.stuck_from != NONE).then_some(self.stuck_from)
+    }
+}
+
 /// Gauge values of one `event_type` label.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Gauges {

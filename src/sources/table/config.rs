@@ -7,6 +7,7 @@ use serde::Deserialize;
 use toml::Spanned;
 use toml::de::DeValue;
 
+use super::rules::{self, Rule, Statuses};
 use crate::checks::{Environment, Unknown, Validator, is_identifier, is_table_name};
 use crate::dsn::Dsn;
 use crate::sources::kind::Read;
@@ -36,8 +37,9 @@ pub struct RawTable {
     pub quantile_window: Option<String>,
     /// How long the state of a finished event is remembered to count late duplicates (default `15m`).
     pub state_retention: Option<String>,
-    /// How often the gauges kept from the tailed rows are checked against an
-    /// aggregate over the unfinished rows, which catches deleted rows (default `1m`).
+    /// How often the gauges kept from the tailed rows are checked: the count
+    /// of unfinished rows each time, the aggregate over them (which catches
+    /// deleted rows) when it differs and every tenth time (default `1m`).
     pub reconcile_every: Option<String>,
     /// Distinct `event_type` label values kept; the rest fold into `other` (default 50).
     pub event_type_limit: Option<i64>,
@@ -48,6 +50,19 @@ pub struct RawTable {
     pub max_tracked_events: Option<i64>,
     /// Rows fetched per query page (default 5000).
     pub batch_size: Option<i64>,
+    /// How changes are found: `"updated_at"` tails the column bumped on
+    /// every change; `"none"` follows watermarks on the arrival and finish
+    /// times and re-reads the unfinished rows on every poll. Default:
+    /// `"updated_at"` when `columns.updated_at` is mapped, else `"none"`.
+    pub cursor: Option<String>,
+    /// `"kept"` (default): finished rows stay in the table; `"deleted"`: the
+    /// consumer deletes a row once it is done, and a tracked unfinished row
+    /// that disappears is counted as finished.
+    pub finished_rows: Option<String>,
+    /// With `finished_rows = "deleted"`: observe the durations of deleted
+    /// rows, which run to the poll that noticed the deletion (upper bounds;
+    /// default false: only the counters move).
+    pub deleted_durations: Option<bool>,
     /// Largest growth of `attempts` or `deliveries` in one change that is
     /// believed (default 1000); a larger one is rejected as `implausible_count`.
     pub max_count_jump: Option<i64>,
@@ -70,6 +85,21 @@ pub struct RawInbox {
     pub columns: RawInboxColumns,
     /// Status words by meaning.
     pub statuses: Option<RawStatuses>,
+    /// Status worked out from columns: ordered, first match wins, before
+    /// the status words.
+    pub status_rules: Option<Vec<RawRule>>,
+    /// With `finished_rows = "deleted"`: the outcome a deleted row counts
+    /// as, `"succeeded"` (default) or `"dead"`.
+    pub deleted_as: Option<String>,
+}
+
+/// One `[[sources.status_rules]]` entry.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawRule {
+    /// pending, processing, succeeded, failed or dead.
+    pub meaning: Option<String>,
+    /// The condition, in the grammar of [`super::rules`].
+    pub when: Option<String>,
 }
 
 /// The keys only outbox entries take.
@@ -80,7 +110,8 @@ pub struct RawOutbox {
     pub columns: RawOutboxColumns,
 }
 
-/// An inbox's `[sources.columns]`: meaning = column name. An empty string means "not present".
+/// An inbox's `[sources.columns]`: meaning = column name. An optional
+/// meaning that is not written (or written as "") is not used.
 #[derive(Debug, Default, Deserialize)]
 pub struct RawInboxColumns {
     pub event_id: Option<String>,
@@ -146,12 +177,51 @@ pub struct TableSpec {
     pub max_tracked_events: usize,
     pub batch_size: usize,
     pub max_count_jump: u64,
+    /// How changes are found (resolved from `cursor` and the column map).
+    pub cursor: Cursor,
+    pub finished_rows: FinishedRows,
+    pub deleted_durations: bool,
     pub service_name: Option<String>,
     /// `[sources.trace]`: how the consumer's spans describe it.
     pub trace: SourceTrace,
     pub objectives: Objectives,
     /// `sources[i]`, for messages that point back at the file.
     pub key: String,
+}
+
+/// How a table source finds what changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cursor {
+    /// Tails the column bumped on every change.
+    UpdatedAt,
+    /// Watermarks on the arrival and finish times, and the unfinished rows
+    /// re-read on every poll.
+    None,
+}
+
+impl Cursor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cursor::UpdatedAt => "updated_at",
+            Cursor::None => "none",
+        }
+    }
+}
+
+/// What the consumer does with a finished row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishedRows {
+    Kept,
+    Deleted,
+}
+
+impl TableSpec {
+    /// Whether every poll re-reads the unfinished rows (and looks up those
+    /// that left them): without a change cursor, or when finished rows are
+    /// deleted, that is the only way to see their changes.
+    pub fn rereads_unfinished(&self) -> bool {
+        self.cursor == Cursor::None || self.finished_rows == FinishedRows::Deleted
+    }
 }
 
 /// Per-source objectives, exported as `inboxwatch_objective_*` gauges.
@@ -168,6 +238,21 @@ pub struct InboxSpec {
     pub stuck_after: Duration,
     pub columns: InboxColumns,
     pub statuses: StatusMap,
+    /// `[[sources.status_rules]]`, tried before the status words.
+    pub rules: Vec<Rule>,
+    /// The outcome of a deleted row (`finished_rows = "deleted"`).
+    pub deleted_as: Status,
+}
+
+impl InboxSpec {
+    /// The rules and the status column's words, for the SQL that works out
+    /// a row's meaning.
+    pub fn status_sql(&self) -> Statuses<'_> {
+        Statuses {
+            rules: &self.rules,
+            words: self.columns.status.as_deref().map(|c| (c, &self.statuses)),
+        }
+    }
 }
 
 /// A validated outbox source.
@@ -182,7 +267,8 @@ pub struct OutboxSpec {
 pub struct InboxColumns {
     pub event_id: String,
     pub event_type: Option<String>,
-    pub status: String,
+    /// `None` when the status comes from `status_rules` only.
+    pub status: Option<String>,
     pub received_at: String,
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
@@ -190,7 +276,7 @@ pub struct InboxColumns {
     pub deliveries: Option<String>,
     pub last_error: Option<String>,
     pub traceparent: Option<String>,
-    pub updated_at: String,
+    pub updated_at: Option<String>,
 }
 
 impl InboxColumns {
@@ -198,11 +284,11 @@ impl InboxColumns {
     pub fn mapped(&self) -> Vec<(&'static str, &str)> {
         let mut out = vec![
             ("event_id", self.event_id.as_str()),
-            ("status", self.status.as_str()),
             ("received_at", self.received_at.as_str()),
-            ("updated_at", self.updated_at.as_str()),
         ];
         let optional = [
+            ("status", &self.status),
+            ("updated_at", &self.updated_at),
             ("event_type", &self.event_type),
             ("started_at", &self.started_at),
             ("finished_at", &self.finished_at),
@@ -228,7 +314,7 @@ pub struct OutboxColumns {
     pub created_at: String,
     pub published_at: String,
     pub traceparent: Option<String>,
-    pub updated_at: String,
+    pub updated_at: Option<String>,
 }
 
 impl OutboxColumns {
@@ -238,8 +324,10 @@ impl OutboxColumns {
             ("event_id", self.event_id.as_str()),
             ("created_at", self.created_at.as_str()),
             ("published_at", self.published_at.as_str()),
-            ("updated_at", self.updated_at.as_str()),
         ];
+        if let Some(c) = &self.updated_at {
+            out.push(("updated_at", c));
+        }
         if let Some(c) = &self.event_type {
             out.push(("event_type", c));
         }
@@ -279,6 +367,11 @@ impl Status {
             Status::Failed => "failed",
             Status::Dead => "dead",
         }
+    }
+
+    /// The meaning a config key or a rule's SQL names.
+    pub fn from_name(name: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.as_str() == name)
     }
 
     /// Succeeded or dead-lettered: the event is done.
@@ -370,13 +463,15 @@ fn unknown_to_both(a: &[Unknown], b: &[Unknown]) -> Vec<Unknown> {
     out
 }
 
-/// Checks the keys inbox and outbox entries share.
+/// Checks the keys inbox and outbox entries share. The cursor is settled by
+/// the kind, which knows whether an `updated_at` column is mapped: the
+/// returned spec holds `Cursor::None` until then, with the written mode.
 pub(crate) fn table_spec(
     raw: RawTable,
     key: &str,
     name: String,
     v: &mut Validator<'_>,
-) -> TableSpec {
+) -> (TableSpec, Option<Cursor>) {
     let dsn = dsn(v, key, &raw);
     let table = match raw.table.as_deref() {
         Some(t) if is_table_name(t) => t.to_string(),
@@ -491,7 +586,36 @@ pub(crate) fn table_spec(
             .map(|t| v.duration(&format!("{key}.objectives.p95"), Some(t), Duration::ZERO)),
     };
     let trace = validate_source(key, raw.trace.as_ref(), v);
-    TableSpec {
+    let cursor = match raw.cursor.as_deref() {
+        None => None,
+        Some("updated_at") => Some(Cursor::UpdatedAt),
+        Some("none") => Some(Cursor::None),
+        Some(other) => {
+            v.problem(
+                &format!("{key}.cursor"),
+                format!("\"{other}\" is not a cursor mode: \"updated_at\" or \"none\""),
+            );
+            None
+        }
+    };
+    let finished_rows = match raw.finished_rows.as_deref() {
+        None | Some("kept") => FinishedRows::Kept,
+        Some("deleted") => FinishedRows::Deleted,
+        Some(other) => {
+            v.problem(
+                &format!("{key}.finished_rows"),
+                format!("\"{other}\" is not one of \"kept\", \"deleted\""),
+            );
+            FinishedRows::Kept
+        }
+    };
+    if raw.deleted_durations.is_some() && finished_rows != FinishedRows::Deleted {
+        v.problem(
+            &format!("{key}.deleted_durations"),
+            "applies only with finished_rows = \"deleted\"".into(),
+        );
+    }
+    let spec = TableSpec {
         name,
         dsn: dsn.unwrap_or_else(Dsn::refused),
         table,
@@ -505,16 +629,44 @@ pub(crate) fn table_spec(
         max_tracked_events,
         batch_size,
         max_count_jump,
+        cursor: Cursor::None,
+        finished_rows,
+        deleted_durations: raw.deleted_durations.unwrap_or(false),
         service_name: raw.service_name,
         trace,
         objectives,
         key: key.to_string(),
+    };
+    (spec, cursor)
+}
+
+/// Settles the cursor mode: as written, else `updated_at` when that column
+/// is mapped; `updated_at` without the column is a problem.
+fn settle_cursor(
+    v: &mut Validator<'_>,
+    key: &str,
+    written: Option<Cursor>,
+    updated_at: Option<&str>,
+) -> Cursor {
+    match (written, updated_at) {
+        (Some(Cursor::UpdatedAt), None) => {
+            v.problem(
+                &format!("{key}.cursor"),
+                "\"updated_at\" needs columns.updated_at (a column set on every change of a row); \
+                 without one, use cursor = \"none\""
+                    .into(),
+            );
+            Cursor::None
+        }
+        (Some(c), _) => c,
+        (None, Some(_)) => Cursor::UpdatedAt,
+        (None, None) => Cursor::None,
     }
 }
 
 /// Checks an inbox's own keys.
 pub(crate) fn inbox_spec(
-    table: TableSpec,
+    (mut table, cursor): (TableSpec, Option<Cursor>),
     raw: RawInbox,
     key: &str,
     v: &mut Validator<'_>,
@@ -524,24 +676,88 @@ pub(crate) fn inbox_spec(
         raw.stuck_after.as_deref(),
         Duration::from_secs(600),
     );
-    let columns = inbox_columns(v, key, &raw.columns);
+    let rules = status_rules(v, key, raw.status_rules.as_deref().unwrap_or_default());
+    // Rules stand in for a status column even when one of them is wrong:
+    // that one is the problem to name, not the missing column.
+    let has_rules = raw.status_rules.as_ref().is_some_and(|r| !r.is_empty());
+    let columns = inbox_columns(v, key, &raw.columns, has_rules);
     let statuses = statuses(v, key, raw.statuses.as_ref());
-    columns.map(|columns| InboxSpec {
+    let deleted_as = match raw.deleted_as.as_deref() {
+        None | Some("succeeded") => Status::Succeeded,
+        Some("dead") => Status::Dead,
+        Some(other) => {
+            v.problem(
+                &format!("{key}.deleted_as"),
+                format!("\"{other}\" is not one of \"succeeded\", \"dead\""),
+            );
+            Status::Succeeded
+        }
+    };
+    if raw.deleted_as.is_some() && table.finished_rows != FinishedRows::Deleted {
+        v.problem(
+            &format!("{key}.deleted_as"),
+            "applies only with finished_rows = \"deleted\"".into(),
+        );
+    }
+    let columns = columns?;
+    table.cursor = settle_cursor(v, key, cursor, columns.updated_at.as_deref());
+    Some(InboxSpec {
         table,
         stuck_after,
         columns,
         statuses,
+        rules,
+        deleted_as,
     })
 }
 
 /// Checks an outbox's own keys.
 pub(crate) fn outbox_spec(
-    table: TableSpec,
+    (mut table, cursor): (TableSpec, Option<Cursor>),
     raw: RawOutbox,
     key: &str,
     v: &mut Validator<'_>,
 ) -> Option<OutboxSpec> {
-    outbox_columns(v, key, &raw.columns).map(|columns| OutboxSpec { table, columns })
+    let columns = outbox_columns(v, key, &raw.columns)?;
+    table.cursor = settle_cursor(v, key, cursor, columns.updated_at.as_deref());
+    Some(OutboxSpec { table, columns })
+}
+
+/// Checks `[[sources.status_rules]]`: each names a meaning and a condition
+/// in the grammar of [`rules`].
+fn status_rules(v: &mut Validator<'_>, key: &str, raw: &[RawRule]) -> Vec<Rule> {
+    let mut out = Vec::new();
+    for (i, r) in raw.iter().enumerate() {
+        let at = format!("{key}.status_rules[{i}]");
+        let meaning = match r.meaning.as_deref() {
+            Some(m) => Status::from_name(m).or_else(|| {
+                v.problem(
+                    &format!("{at}.meaning"),
+                    format!(
+                        "\"{m}\" is not a meaning: one of pending, processing, succeeded, failed, dead"
+                    ),
+                );
+                None
+            }),
+            None => {
+                v.problem(&format!("{at}.meaning"), "required".into());
+                None
+            }
+        };
+        let when = match r.when.as_deref() {
+            Some(w) => rules::parse(w)
+                .map_err(|e| v.problem(&format!("{at}.when"), e))
+                .ok(),
+            None => {
+                v.problem(&format!("{at}.when"), "required".into());
+                None
+            }
+        };
+        if let (Some(meaning), Some(when)) = (meaning, when) {
+            out.push(Rule { meaning, when });
+        }
+    }
+    out
 }
 
 fn dsn(v: &mut Validator<'_>, key: &str, raw: &RawTable) -> Option<Dsn> {
@@ -582,7 +798,8 @@ fn dsn(v: &mut Validator<'_>, key: &str, raw: &RawTable) -> Option<Dsn> {
     }
 }
 
-/// A mapped column: its default name when absent, `None` when set to "" (not present).
+/// A mapped column. A required meaning not written has its own name as
+/// the column's; an optional one not written (or written as "") is not used.
 fn column(
     v: &mut Validator<'_>,
     key: &str,
@@ -592,7 +809,8 @@ fn column(
 ) -> Option<String> {
     let full = format!("{key}.columns.{meaning}");
     match value.as_deref() {
-        None => Some(meaning.to_string()),
+        None if required => Some(meaning.to_string()),
+        None => None,
         Some("") if required => {
             v.problem(
                 &full,
@@ -612,12 +830,18 @@ fn column(
     }
 }
 
-fn inbox_columns(v: &mut Validator<'_>, key: &str, c: &RawInboxColumns) -> Option<InboxColumns> {
+fn inbox_columns(
+    v: &mut Validator<'_>,
+    key: &str,
+    c: &RawInboxColumns,
+    has_rules: bool,
+) -> Option<InboxColumns> {
     let before = v.count();
     let cols = InboxColumns {
         event_id: column(v, key, "event_id", &c.event_id, true).unwrap_or_default(),
         event_type: column(v, key, "event_type", &c.event_type, false),
-        status: column(v, key, "status", &c.status, true).unwrap_or_default(),
+        // Rules can stand in for a status column.
+        status: column(v, key, "status", &c.status, !has_rules),
         received_at: column(v, key, "received_at", &c.received_at, true).unwrap_or_default(),
         started_at: column(v, key, "started_at", &c.started_at, false),
         finished_at: column(v, key, "finished_at", &c.finished_at, false),
@@ -625,7 +849,7 @@ fn inbox_columns(v: &mut Validator<'_>, key: &str, c: &RawInboxColumns) -> Optio
         deliveries: column(v, key, "deliveries", &c.deliveries, false),
         last_error: column(v, key, "last_error", &c.last_error, false),
         traceparent: column(v, key, "traceparent", &c.traceparent, false),
-        updated_at: column(v, key, "updated_at", &c.updated_at, true).unwrap_or_default(),
+        updated_at: column(v, key, "updated_at", &c.updated_at, false),
     };
     let written = [
         ("event_id", &c.event_id),
@@ -652,7 +876,7 @@ fn outbox_columns(v: &mut Validator<'_>, key: &str, c: &RawOutboxColumns) -> Opt
         created_at: column(v, key, "created_at", &c.created_at, true).unwrap_or_default(),
         published_at: column(v, key, "published_at", &c.published_at, true).unwrap_or_default(),
         traceparent: column(v, key, "traceparent", &c.traceparent, false),
-        updated_at: column(v, key, "updated_at", &c.updated_at, true).unwrap_or_default(),
+        updated_at: column(v, key, "updated_at", &c.updated_at, false),
     };
     let written = [
         ("event_id", &c.event_id),

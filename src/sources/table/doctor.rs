@@ -5,7 +5,8 @@
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
-use super::config::{InboxSpec, OutboxSpec, Status, TableSpec};
+use super::capabilities;
+use super::config::{Cursor, FinishedRows, InboxSpec, OutboxSpec, Status, TableSpec};
 use super::dialect::{Param, Sql};
 use super::schema::create_index;
 use super::{TableKind, TableSource};
@@ -28,10 +29,16 @@ impl Shape<'_> {
     }
 }
 
-pub(crate) async fn check<K: TableKind>(source: &TableSource<K>, spec: Shape<'_>) -> Vec<Finding> {
+pub(crate) async fn check<K: TableKind>(
+    source: &mut TableSource<K>,
+    spec: Shape<'_>,
+) -> Vec<Finding> {
     let mut out = Vec::new();
     let mut conn = match source.opener().open().await {
-        Ok(c) => c,
+        Ok((c, xmin)) => {
+            source.set_xmin(xmin);
+            c
+        }
         Err(e) => {
             out.push(Finding::Error(e.to_string()));
             return out;
@@ -45,6 +52,7 @@ pub(crate) async fn check<K: TableKind>(source: &TableSource<K>, spec: Shape<'_>
         dialect: table.dsn.dialect(),
     };
     out.extend(check_types(&mut conn, &sql, spec).await);
+    out.extend(describe_mode(&mut conn, &sql, source, spec).await);
     for (what, query, binds_cursor) in source.queries() {
         let query = if binds_cursor {
             inline(&sql, &query)
@@ -55,7 +63,7 @@ pub(crate) async fn check<K: TableKind>(source: &TableSource<K>, spec: Shape<'_>
             Ok(false) => out.push(Finding::Ok(format!("the {what} query uses an index"))),
             Ok(true) => out.push(Finding::Warn(format!(
                 "the {what} query would scan the whole table; create: {}",
-                index_for(what, spec, &sql).trim_end()
+                index_for(&what, spec, &sql).trim_end()
             ))),
             Err(e) => out.push(Finding::Error(format!(
                 "EXPLAIN of the {what} query failed: {e}"
@@ -63,6 +71,19 @@ pub(crate) async fn check<K: TableKind>(source: &TableSource<K>, spec: Shape<'_>
         }
     }
     out
+}
+
+/// The indexes that serve every query a poll of `source` runs, each once.
+pub(crate) fn indexes<K: TableKind>(source: &TableSource<K>, spec: Shape<'_>) -> String {
+    let sql = source.sql();
+    let mut out: Vec<String> = Vec::new();
+    for (what, _, _) in source.queries() {
+        let ddl = index_for(&what, spec, &sql);
+        if !out.contains(&ddl) {
+            out.push(ddl);
+        }
+    }
+    out.concat()
 }
 
 /// Replaces the cursor placeholder with a literal, so EXPLAIN sees a realistic value.
@@ -133,45 +154,54 @@ fn index_for(what: &str, spec: Shape<'_>, sql: &Sql) -> String {
     let table = spec.table();
     let t = sql.table(&table.table);
     let base = table.table.replace('.', "_");
-    match (what, spec) {
-        ("tail", Shape::Inbox(s)) => create_index(
+    if let Some(column) = what.strip_prefix("tail on ") {
+        return create_index(
             sql.dialect,
-            &format!("{base}_updated_at"),
+            &format!("{base}_{column}"),
             &t,
-            &sql.ident(&s.columns.updated_at),
+            &sql.ident(column),
             None,
-        ),
-        ("tail", Shape::Outbox(s)) => create_index(
-            sql.dialect,
-            &format!("{base}_updated_at"),
-            &t,
-            &sql.ident(&s.columns.updated_at),
-            None,
-        ),
-        (_, Shape::Inbox(s)) => {
-            let status = sql.ident(&s.columns.status);
+        );
+    }
+    match spec {
+        Shape::Inbox(s) => {
             let received = sql.ident(&s.columns.received_at);
-            if sql.dialect == Dialect::MySql {
-                create_index(
+            let name = format!("{base}_unfinished");
+            match (&s.columns.status, s.rules.is_empty()) {
+                (Some(status), true) if sql.dialect == Dialect::MySql => create_index(
                     sql.dialect,
-                    &format!("{base}_unfinished"),
+                    &name,
                     &t,
-                    &format!("{status}, {received}"),
+                    &format!("{}, {received}", sql.ident(status)),
                     None,
-                )
-            } else {
-                let words = s.statuses.unfinished_words();
-                let filter = format!("{status} IN {}", sql.in_list(&words));
-                create_index(
-                    sql.dialect,
-                    &format!("{base}_unfinished"),
-                    &t,
-                    &received,
-                    Some(&filter),
-                )
+                ),
+                (Some(status), true) => {
+                    let words = s.statuses.unfinished_words();
+                    let filter = format!("{} IN {}", sql.ident(status), sql.in_list(&words));
+                    create_index(sql.dialect, &name, &t, &received, Some(&filter))
+                }
+                _ => {
+                    // The rules' finished conditions that do not change with
+                    // time make the partial index; MySQL has none, and an
+                    // index on their columns serves it.
+                    let filter = s.status_sql().index_filter(sql);
+                    if sql.dialect == Dialect::MySql {
+                        let cols: Vec<String> = s
+                            .rules
+                            .iter()
+                            .take_while(|r| r.meaning.is_terminal())
+                            .flat_map(|r| r.when.columns())
+                            .map(|c| sql.ident(c))
+                            .chain([received.clone()])
+                            .collect();
+                        create_index(sql.dialect, &name, &t, &cols.join(", "), None)
+                    } else {
+                        create_index(sql.dialect, &name, &t, &received, filter.as_deref())
+                    }
+                }
             }
         }
-        (_, Shape::Outbox(s)) => {
+        Shape::Outbox(s) => {
             let published = sql.ident(&s.columns.published_at);
             let created = sql.ident(&s.columns.created_at);
             if sql.dialect == Dialect::MySql {
@@ -193,6 +223,95 @@ fn index_for(what: &str, spec: Shape<'_>, sql: &Sql) -> String {
             }
         }
     }
+}
+
+/// The cursor mode and what it costs, what each metric will be, and the
+/// optional meanings left unmapped with the columns that look like them.
+async fn describe_mode<K: TableKind>(
+    conn: &mut AnyConnection,
+    sql: &Sql,
+    source: &TableSource<K>,
+    spec: Shape<'_>,
+) -> Vec<Finding> {
+    let table = spec.table();
+    let mut out = Vec::new();
+    let mode = match (table.cursor, table.finished_rows) {
+        (Cursor::UpdatedAt, FinishedRows::Kept) => {
+            "cursor = \"updated_at\": each poll reads the rows changed since the last one".to_string()
+        }
+        (Cursor::None, FinishedRows::Kept) => {
+            "cursor = \"none\": each poll reads the rows that arrived or finished since the last one, \
+             and re-reads every unfinished row"
+                .to_string()
+        }
+        (cursor, FinishedRows::Deleted) => format!(
+            "cursor = \"{}\", finished_rows = \"deleted\": each poll re-reads every unfinished row \
+             and looks up the ones that left them",
+            cursor.as_str()
+        ),
+    };
+    if table.rereads_unfinished() {
+        let count = format!(
+            "SELECT COUNT(*) FROM {} WHERE {}",
+            sql.table(&table.table),
+            source.unfinished_filter()
+        );
+        match sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(count))
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(n) => out.push(Finding::Ok(format!(
+                "{mode}: {n} unfinished rows now, read on every poll (O(backlog); \
+                 over max_tracked_events = {} the gauges come from an aggregate and \
+                 rows that leave are not looked up)",
+                table.max_tracked_events
+            ))),
+            Err(e) => out.push(Finding::Error(format!(
+                "counting the unfinished rows failed: {e}"
+            ))),
+        }
+    } else {
+        out.push(Finding::Ok(mode));
+    }
+    let capabilities = match spec {
+        Shape::Inbox(s) => capabilities::inbox(s),
+        Shape::Outbox(s) => capabilities::outbox(s),
+    };
+    for c in capabilities {
+        out.push(Finding::Ok(c.line()));
+    }
+    match columns_of(conn, sql, &table.table).await {
+        Ok(present) => {
+            for line in capabilities::suggestions(spec, &present) {
+                out.push(Finding::Ok(line));
+            }
+        }
+        Err(e) => out.push(Finding::Error(format!("reading the columns failed: {e}"))),
+    }
+    out
+}
+
+/// The table's columns and their types (lower case), in table order.
+async fn columns_of(
+    conn: &mut AnyConnection,
+    sql: &Sql,
+    table: &str,
+) -> Result<Vec<(String, String)>, sqlx::Error> {
+    let rows = sqlx::query(sqlx::AssertSqlSafe(sql.columns_query(table)))
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r.try_get::<String, _>(0).ok()?,
+                r.try_get::<String, _>(1)
+                    .ok()
+                    .unwrap_or_default()
+                    .to_lowercase(),
+            ))
+        })
+        .collect())
 }
 
 /// Warns about column types the agent reads in a way the user may not expect.
@@ -222,7 +341,7 @@ async fn check_types(conn: &mut AnyConnection, sql: &Sql, spec: Shape<'_>) -> Ve
                 ("received_at", Some(&c.received_at)),
                 ("started_at", c.started_at.as_ref()),
                 ("finished_at", c.finished_at.as_ref()),
-                ("updated_at", Some(&c.updated_at)),
+                ("updated_at", c.updated_at.as_ref()),
             ]
             .into_iter()
             .filter_map(|(m, c)| c.map(|c| (m, c.clone())))
@@ -230,11 +349,12 @@ async fn check_types(conn: &mut AnyConnection, sql: &Sql, spec: Shape<'_>) -> Ve
         }
         Shape::Outbox(s) => {
             let c = &s.columns;
-            vec![
+            let mut times = vec![
                 ("created_at", c.created_at.clone()),
                 ("published_at", c.published_at.clone()),
-                ("updated_at", c.updated_at.clone()),
-            ]
+            ];
+            times.extend(c.updated_at.clone().map(|u| ("updated_at", u)));
+            times
         }
     };
     for (meaning, col) in times {
@@ -257,14 +377,23 @@ async fn check_types(conn: &mut AnyConnection, sql: &Sql, spec: Shape<'_>) -> Ve
         }
     }
     if let Shape::Inbox(s) = spec {
-        let words: Vec<&str> = Status::ALL
-            .iter()
-            .flat_map(|st| s.statuses.words_for(*st))
-            .collect();
-        out.push(Finding::Ok(format!(
-            "status words mapped: {}",
-            words.join(", ")
-        )));
+        for (i, rule) in s.rules.iter().enumerate() {
+            out.push(Finding::Ok(format!(
+                "status rule {i}: {} when {}",
+                rule.meaning.as_str(),
+                rule.when.describe(sql)
+            )));
+        }
+        if s.columns.status.is_some() {
+            let words: Vec<&str> = Status::ALL
+                .iter()
+                .flat_map(|st| s.statuses.words_for(*st))
+                .collect();
+            out.push(Finding::Ok(format!(
+                "status words mapped: {}",
+                words.join(", ")
+            )));
+        }
     }
     out
 }

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use sqlx::any::AnyRow;
 
 use super::backlog::{GaugeMap, Unfinished};
-use super::config::{InboxSpec, Status};
+use super::config::{Cursor, InboxSpec, Status};
 use super::dialect::{OUT_OF_RANGE, Sql};
 use super::state::{Entry, Flags, Tracked};
 use super::{MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
@@ -140,7 +140,22 @@ struct Row {
     /// The start of `last_error` (only read when spans are exported).
     error_text: Option<String>,
     traceparent: Option<String>,
+    /// The meaning the status rules and words give, when rules are set.
+    meaning: Option<String>,
+    /// When the row last changed: its change cursor, or without one the
+    /// poll that read it.
     updated: i64,
+    /// Which version of the row this is, so a rejected version is counted
+    /// once: the change cursor, or without one a hash of the values read.
+    version: i64,
+}
+
+/// The times a completion's durations are observed from; none without an end.
+#[derive(Debug, Clone, Copy)]
+struct Times {
+    received: Option<i64>,
+    started: Option<i64>,
+    end: Option<i64>,
 }
 
 /// Sums of one poll for one `event_type` label.
@@ -173,6 +188,8 @@ pub struct Inbox {
     spans: Option<SpanSink>,
     /// Overlap window in microseconds: how far back a restarted agent re-emits spans.
     overlap: i64,
+    /// The database's time at the start of the current poll.
+    poll_now: i64,
 }
 
 impl Inbox {
@@ -193,6 +210,7 @@ impl Inbox {
             sketches: HashMap::new(),
             spans: None,
             overlap,
+            poll_now: i64::MIN,
         }
     }
 
@@ -203,7 +221,7 @@ impl Inbox {
     }
 
     fn decode(&self, row: &AnyRow) -> Result<Row, String> {
-        Ok(Row {
+        let mut row = Row {
             event_id: get::<Option<String>>(row, 0, "event_id")?.unwrap_or_default(),
             event_type: get(row, 1, "event_type")?,
             status: get::<Option<String>>(row, 2, "status")?.unwrap_or_default(),
@@ -216,7 +234,26 @@ impl Inbox {
             error_text: get(row, 9, "last_error")?,
             traceparent: get(row, 10, "traceparent")?,
             updated: get::<Option<i64>>(row, 11, "updated_at")?.unwrap_or(NO_CURSOR),
-        })
+            meaning: get(row, 12, "status")?,
+            version: 0,
+        };
+        if self.spec.table.cursor == Cursor::None {
+            row.updated = self.poll_now;
+            row.version = version_of(&row);
+        } else {
+            row.version = row.updated;
+        }
+        Ok(row)
+    }
+
+    /// What a row's status means: by the rules (and words) in SQL when rules
+    /// are set, else by the status word.
+    fn status_of(&self, word: Option<&str>, meaning: Option<&str>) -> Option<Status> {
+        if self.spec.rules.is_empty() {
+            word.and_then(|w| self.spec.statuses.classify(w))
+        } else {
+            meaning.and_then(Status::from_name)
+        }
     }
 
     /// What is wrong with a row, if anything keeps it from being used.
@@ -231,17 +268,13 @@ impl Inbox {
         if row.attempts.is_some_and(|a| a < 0) || row.deliveries.is_some_and(|d| d < 0) {
             return Some(Reject::ImplausibleCount);
         }
-        let status = match status {
-            Some(s) => s,
-            None => return Some(Reject::UnknownStatus),
-        };
+        if status.is_none() {
+            return Some(Reject::UnknownStatus);
+        }
+        // A final row without a finished time is counted, without durations.
         let Some(received) = row.received else {
             return Some(Reject::NullTime);
         };
-        if status.is_terminal() && self.spec.columns.finished_at.is_some() && row.finished.is_none()
-        {
-            return Some(Reject::NullTime);
-        }
         if let Some(fin) = row.finished
             && (row.started.is_some_and(|s| fin < s) || fin < received)
         {
@@ -268,6 +301,18 @@ impl Inbox {
     }
 
     fn complete(&mut self, label: usize, row: &Row, status: Status, now: Instant) {
+        let attempts = row.attempts.map_or(1.0, |a| a.max(1) as f64);
+        let times = Times {
+            received: row.received,
+            started: row.started,
+            end: row.finished,
+        };
+        self.completion(label, status, attempts, times, now);
+    }
+
+    /// Counts one completion and its observations: the attempts, and when
+    /// its end is known the end-to-end latency and the processing time.
+    fn completion(&mut self, label: usize, status: Status, attempts: f64, t: Times, now: Instant) {
         let window = self.spec.table.quantile_window;
         let counts = self.counts.entry(label).or_default();
         if status == Status::Dead {
@@ -275,16 +320,14 @@ impl Inbox {
         } else {
             counts.succeeded += 1;
         }
-        counts
-            .attempts
-            .push(row.attempts.map_or(1.0, |a| a.max(1) as f64));
-        let Some(fin) = row.finished else {
+        counts.attempts.push(attempts);
+        let Some(fin) = t.end else {
             return;
         };
-        if let Some(received) = row.received {
+        if let Some(received) = t.received {
             counts.end_to_end.push(seconds(fin - received));
         }
-        if let Some(started) = row.started {
+        if let Some(started) = t.started {
             let d = seconds(fin - started);
             counts.processing.push(d);
             self.sketches
@@ -299,22 +342,22 @@ impl Inbox {
         let label = self.labels.resolve(row.event_type.as_deref());
         let existing = self.states.get(key).copied().map(State::from);
         let mut long_error_at = existing.and_then(|s| s.long_error_at);
-        if row.error_len.is_some_and(|n| n > MAX_ERROR_LEN) && long_error_at != Some(row.updated) {
+        if row.error_len.is_some_and(|n| n > MAX_ERROR_LEN) && long_error_at != Some(row.version) {
             if !baseline {
                 self.rejections.add(Reject::LastErrorTooLong);
             }
-            long_error_at = Some(row.updated);
+            long_error_at = Some(row.version);
         }
-        let status = self.spec.statuses.classify(&row.status);
+        let status = self.status_of(Some(&row.status), row.meaning.as_deref());
         if let Some(reason) = self.check(&row, status) {
-            let seen = existing.and_then(|s| s.rejected_at) == Some(row.updated);
+            let seen = existing.and_then(|s| s.rejected_at) == Some(row.version);
             if !seen && !baseline {
                 self.rejections.add(reason);
             }
             let state = match existing {
                 Some(s) => State {
                     updated: forget_after(row.updated).max(s.updated),
-                    rejected_at: Some(row.updated),
+                    rejected_at: Some(row.version),
                     long_error_at,
                     ..s
                 },
@@ -325,7 +368,7 @@ impl Inbox {
                     failures: 0,
                     status: Status::Pending,
                     completed: false,
-                    rejected_at: Some(row.updated),
+                    rejected_at: Some(row.version),
                     long_error_at,
                     valid: false,
                     spanned: 0,
@@ -424,10 +467,10 @@ impl Inbox {
             || u64::from(failures - prev.failures) > jump;
         let mut rejected_at = prev.rejected_at;
         if implausible {
-            if rejected_at != Some(row.updated) && !baseline {
+            if rejected_at != Some(row.version) && !baseline {
                 self.rejections.add(Reject::ImplausibleCount);
             }
-            rejected_at = Some(row.updated);
+            rejected_at = Some(row.version);
         }
         let counts = self.counts.entry(label).or_default();
         if implausible {
@@ -557,6 +600,9 @@ impl Inbox {
             let l = [("source", source.clone()), ("event_type", et.clone())];
             // A new series first shows at 0, its first amount one poll later:
             // `rate()` and `increase()` see no increase in a series' first sample.
+            // Without a deliveries column the table cannot show duplicate
+            // deliveries: their series are not exported (absent, not 0).
+            let deliveries = self.spec.columns.deliveries.is_some();
             if self.series.insert(label) {
                 for name in [
                     metric::INBOX_RECEIVED,
@@ -564,7 +610,9 @@ impl Inbox {
                     metric::INBOX_DUPLICATES,
                     metric::INBOX_ATTEMPT_FAILURES,
                 ] {
-                    metrics::counter!(name, &l).increment(0);
+                    if deliveries || !is_delivery_series(name) {
+                        metrics::counter!(name, &l).increment(0);
+                    }
                 }
                 for outcome in ["succeeded", "dead_lettered"] {
                     metrics::counter!(metric::INBOX_COMPLETED, "source" => source.clone(), "event_type" => et.clone(), "outcome" => outcome)
@@ -579,8 +627,10 @@ impl Inbox {
                 }
             };
             inc(metric::INBOX_RECEIVED, c.received);
-            inc(metric::INBOX_DELIVERIES, c.deliveries);
-            inc(metric::INBOX_DUPLICATES, c.duplicates);
+            if deliveries {
+                inc(metric::INBOX_DELIVERIES, c.deliveries);
+                inc(metric::INBOX_DUPLICATES, c.duplicates);
+            }
             inc(metric::INBOX_ATTEMPT_FAILURES, c.failures);
             for (outcome, n) in [("succeeded", c.succeeded), ("dead_lettered", c.dead)] {
                 if n > 0 {
@@ -645,13 +695,20 @@ impl Inbox {
 }
 
 impl TableKind for Inbox {
-    fn columns(&self) -> Vec<(&'static str, String)> {
-        self.spec
+    fn columns(&self) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .spec
             .columns
             .mapped()
             .into_iter()
-            .map(|(m, c)| (m, c.to_string()))
-            .collect()
+            .map(|(m, c)| (format!("columns.{m}"), c.to_string()))
+            .collect();
+        for (i, rule) in self.spec.rules.iter().enumerate() {
+            for c in rule.when.columns() {
+                out.push((format!("status_rules[{i}].when"), c.to_string()));
+            }
+        }
+        out
     }
 
     fn select_list(&self, sql: &Sql) -> Vec<(&'static str, String)> {
@@ -660,10 +717,19 @@ impl TableKind for Inbox {
             col.as_deref()
                 .map_or("NULL".to_string(), |c| f(&sql.ident(c)))
         };
+        let updated_at = match self.spec.table.cursor {
+            Cursor::UpdatedAt => opt(&c.updated_at, &|e| sql.micros(e)),
+            Cursor::None => "NULL".to_string(),
+        };
+        let meaning = if self.spec.rules.is_empty() {
+            "NULL".to_string()
+        } else {
+            self.spec.status_sql().meaning_sql(sql)
+        };
         vec![
             ("event_id", sql.text(&sql.ident(&c.event_id))),
             ("event_type", opt(&c.event_type, &|e| sql.text(e))),
-            ("status", sql.text(&sql.ident(&c.status))),
+            ("status", opt(&c.status, &|e| sql.text(e))),
             ("received_at", sql.micros(&sql.ident(&c.received_at))),
             ("started_at", opt(&c.started_at, &|e| sql.micros(e))),
             ("finished_at", opt(&c.finished_at, &|e| sql.micros(e))),
@@ -691,25 +757,38 @@ impl TableKind for Inbox {
                     "NULL".to_string()
                 },
             ),
-            ("updated_at", sql.micros(&sql.ident(&c.updated_at))),
+            ("updated_at", updated_at),
+            ("status", meaning),
         ]
     }
 
-    fn updated_at(&self) -> &str {
-        &self.spec.columns.updated_at
+    fn cursors(&self) -> Vec<(String, usize)> {
+        let c = &self.spec.columns;
+        match (self.spec.table.cursor, &c.updated_at) {
+            (Cursor::UpdatedAt, Some(u)) => vec![(u.clone(), 11)],
+            _ => {
+                let mut out = vec![(c.received_at.clone(), 3)];
+                if let Some(f) = &c.finished_at {
+                    out.push((f.clone(), 5));
+                }
+                out
+            }
+        }
     }
 
     fn event_id(&self) -> &str {
         &self.spec.columns.event_id
     }
 
-    fn seed_filter(&self, sql: &Sql) -> Option<String> {
-        let words = self.spec.statuses.unfinished_words();
-        Some(format!(
-            "{} IN {}",
-            sql.ident(&self.spec.columns.status),
-            sql.in_list(&words)
-        ))
+    fn unfinished_filter(&self, sql: &Sql) -> String {
+        match (&self.spec.columns.status, self.spec.rules.is_empty()) {
+            (Some(status), true) => format!(
+                "{} IN {}",
+                sql.ident(status),
+                sql.in_list(&self.spec.statuses.unfinished_words())
+            ),
+            _ => self.spec.status_sql().unfinished_sql(sql),
+        }
     }
 
     fn reject(&mut self, reason: Reject) {
@@ -721,45 +800,109 @@ impl TableKind for Inbox {
         self.states.start(db_now);
     }
 
+    fn begin(&mut self, db_now: i64) {
+        self.poll_now = db_now;
+    }
+
     fn observe(&mut self, row: &AnyRow, baseline: bool) -> Result<(), String> {
         let row = self.decode(row)?;
         self.take(row, baseline);
         Ok(())
     }
 
+    fn gone(&mut self, key: u64, last: &Unfinished, noticed: i64, deleted: bool) {
+        let Some(prev) = self.states.get(key).copied().map(State::from) else {
+            return;
+        };
+        if !prev.valid || prev.completed {
+            return;
+        }
+        if deleted {
+            // The attempt that finished it follows the failed ones seen; its
+            // end is this poll at the latest (an upper bound, if observed).
+            let attempts = f64::from(prev.failures.saturating_add(1));
+            let times = Times {
+                received: last.born(),
+                started: last.started(),
+                end: self.spec.table.deleted_durations.then_some(noticed),
+            };
+            self.completion(
+                last.label(),
+                self.spec.deleted_as,
+                attempts,
+                times,
+                Instant::now(),
+            );
+        }
+        // Gone either way: no longer unfinished, forgotten after the retention.
+        self.states.insert(
+            key,
+            State {
+                updated: noticed.max(prev.updated),
+                completed: true,
+                status: if deleted {
+                    self.spec.deleted_as
+                } else {
+                    prev.status
+                },
+                ..prev
+            },
+        );
+    }
+
     fn gauge_query(&self, sql: &Sql, db_now: i64) -> String {
         let c = &self.spec.columns;
-        let status = sql.ident(&c.status);
         let stuck_before = db_now - micros(self.spec.stuck_after);
-        let stuck = match &c.started_at {
+        let table = sql.table(&self.spec.table.table);
+        let et = c.event_type.as_deref().map(|e| sql.ident(e));
+        let et_select = et.as_deref().map_or("NULL".to_string(), |e| sql.text(e));
+        let started = |processing: &str| match &c.started_at {
             Some(started) => format!(
-                "CASE WHEN {status} IN {} AND {} BETWEEN {} AND {} THEN 1 ELSE 0 END",
-                sql.in_list(&self.spec.statuses.words_for(Status::Processing)),
+                "CASE WHEN {processing} AND {} BETWEEN {} AND {} THEN 1 ELSE 0 END",
                 sql.micros(&sql.ident(started)),
                 OUT_OF_RANGE + 1,
                 stuck_before - 1,
             ),
             None => "0".to_string(),
         };
-        let (et_select, group) = match &c.event_type {
-            Some(et) => (
-                sql.text(&sql.ident(et)),
-                format!("{status}, {}", sql.ident(et)),
-            ),
-            None => ("NULL".to_string(), status.clone()),
-        };
-        format!(
-            "SELECT {}, {et_select}, COUNT(*), {}, {} FROM {} WHERE {status} IN {} GROUP BY {group}",
-            sql.text(&status),
-            sql.min_micros(&sql.ident(&c.received_at)),
-            sql.int(&format!("SUM({stuck})")),
-            sql.table(&self.spec.table.table),
-            sql.in_list(&self.spec.statuses.unfinished_words()),
-        )
+        match (&c.status, self.spec.rules.is_empty()) {
+            (Some(status), true) => {
+                let status = sql.ident(status);
+                let stuck = started(&format!(
+                    "{status} IN {}",
+                    sql.in_list(&self.spec.statuses.words_for(Status::Processing))
+                ));
+                let group = et
+                    .as_deref()
+                    .map_or(status.clone(), |e| format!("{status}, {e}"));
+                format!(
+                    "SELECT {}, {et_select}, COUNT(*), {}, {} FROM {table} WHERE {status} IN {} GROUP BY {group}",
+                    sql.text(&status),
+                    sql.min_micros(&sql.ident(&c.received_at)),
+                    sql.int(&format!("SUM({})", stuck)),
+                    sql.in_list(&self.spec.statuses.unfinished_words()),
+                )
+            }
+            _ => {
+                // The meaning is worked out per row; grouped by position, as
+                // the expression is long (and PostgreSQL, MySQL and SQLite
+                // all take positions).
+                let meaning = self.spec.status_sql().meaning_sql(sql);
+                let stuck = started(&format!("{meaning} = 'processing'"));
+                let group = if et.is_some() { "1, 2" } else { "1" };
+                format!(
+                    "SELECT {meaning}, {et_select}, COUNT(*), {}, {} FROM {table} WHERE {} GROUP BY {group}",
+                    sql.min_micros(&sql.ident(&c.received_at)),
+                    sql.int(&format!("SUM({})", stuck)),
+                    self.unfinished_filter(sql),
+                )
+            }
+        }
     }
 
     fn gauges(&mut self, rows: &[AnyRow]) -> Result<GaugeMap, String> {
         let mut out = GaugeMap::new();
+        let rules = !self.spec.rules.is_empty();
         for row in rows {
             let word: Option<String> = get(row, 0, "status")?;
             let et: Option<String> = get(row, 1, "event_type")?;
@@ -768,8 +911,12 @@ impl TableKind for Inbox {
             let stuck: Option<i64> = get(row, 4, "started_at")?;
             // A word the database matched but the agent does not (MySQL compares
             // case-insensitively) is an unknown status, as the tail rejects it.
-            let Some(class) = word.and_then(|w| self.spec.statuses.classify(&w).and_then(class_of))
-            else {
+            let status = if rules {
+                self.status_of(None, word.as_deref())
+            } else {
+                self.status_of(word.as_deref(), None)
+            };
+            let Some(class) = status.and_then(class_of) else {
                 continue;
             };
             let label = self.labels.resolve(et.as_deref());
@@ -787,7 +934,10 @@ impl TableKind for Inbox {
         let event_id: Option<String> = get(row, 0, "event_id")?;
         let key = key_of(event_id.as_deref().unwrap_or_default());
         let word: Option<String> = get(row, 2, "status")?;
-        let Some(class) = word.and_then(|w| self.spec.statuses.classify(&w).and_then(class_of))
+        let meaning: Option<String> = get(row, 12, "status")?;
+        let Some(class) = self
+            .status_of(word.as_deref(), meaning.as_deref())
+            .and_then(class_of)
         else {
             return Ok((key, None));
         };
@@ -818,6 +968,32 @@ impl TableKind for Inbox {
         self.record_gauges(gauges, db_now, now);
         self.states.tidy(&self.spec.table, db_now, now);
     }
+}
+
+/// The series that only a deliveries column can give.
+fn is_delivery_series(name: &str) -> bool {
+    name == metric::INBOX_DELIVERIES || name == metric::INBOX_DUPLICATES
+}
+
+/// A version of a row read without a change cursor: a hash of every value
+/// the counting rules read, so a rejected version is counted once however
+/// often it is re-read, and again when any of them changes.
+fn version_of(row: &Row) -> i64 {
+    use std::hash::{Hash, Hasher};
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new_with_keys(0x7665_7273_696f_6e73, 0x6f66_2072_6f77_7321);
+    (
+        &row.status,
+        &row.meaning,
+        row.received,
+        row.started,
+        row.finished,
+        row.attempts,
+        row.deliveries,
+        row.error_len,
+    )
+        .hash(&mut h);
+    h.finish() as i64
 }
 
 /// Index of each unfinished status in [`super::backlog::Gauges::counts`].

@@ -86,12 +86,17 @@ macro_rules! table_kind {
             }
 
             async fn doctor(&self) -> Vec<Finding> {
-                let source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
-                doctor::check(&source, $shape(self)).await
+                let mut source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
+                doctor::check(&mut source, $shape(self)).await
             }
 
             fn keeps_events(&self) -> bool {
                 true
+            }
+
+            fn indexes(&self) -> Option<String> {
+                let source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
+                Some(doctor::indexes(&source, $shape(self)))
             }
 
             async fn trace_event(&self, event_id: &str) -> Result<Option<String>, String> {

@@ -17,7 +17,7 @@ use crate::tracing_link::{self as link, TraceParent, to_hex};
 /// A connection for one lookup, and the source's dialect.
 async fn open<K: TableKind>(source: TableSource<K>) -> Result<(AnyConnection, Sql), String> {
     let sql = source.sql();
-    let conn = source.opener().open().await.map_err(|e| e.to_string())?;
+    let (conn, _) = source.opener().open().await.map_err(|e| e.to_string())?;
     Ok((conn, sql))
 }
 
@@ -96,7 +96,7 @@ async fn inbox_event(
     let query = format!(
         "SELECT {}, {}, {}, {}, {}, {}, {}, {}, {}, {} FROM {} WHERE {} = {}",
         opt_col(sql, &c.event_type, |e| sql.text(e)),
-        sql.text(&sql.ident(&c.status)),
+        status_select(sql, s),
         sql.micros(&sql.ident(&c.received_at)),
         opt_col(sql, &c.started_at, |e| sql.micros(e)),
         opt_col(sql, &c.finished_at, |e| sql.micros(e)),
@@ -105,7 +105,7 @@ async fn inbox_event(
         opt_col(sql, &c.last_error, |e| sql
             .text(&sql.prefix(e, ERROR_SHOWN + 1))),
         opt_col(sql, &c.traceparent, |e| sql.text(e)),
-        sql.micros(&sql.ident(&c.updated_at)),
+        opt_col(sql, &c.updated_at, |e| sql.micros(e)),
         sql.table(&s.table.table),
         sql.ident(&c.event_id),
         sql.literal(event_id),
@@ -123,7 +123,11 @@ async fn inbox_event(
     let last_error: Option<String> = get(&row, 7, "last_error")?;
     let traceparent: Option<String> = get(&row, 8, "traceparent")?;
     let updated: Option<i64> = get(&row, 9, "updated_at")?;
-    let status = s.statuses.classify(&word);
+    let status = if s.rules.is_empty() {
+        s.statuses.classify(&word)
+    } else {
+        Status::from_name(&word)
+    };
     let service = s
         .table
         .service_name
@@ -279,6 +283,15 @@ async fn outbox_event(
     Ok(Some(out))
 }
 
+/// What a row's status is, as the trace lookup reads it: the meaning the
+/// rules give when there are rules, else the status word.
+fn status_select(sql: Sql, s: &InboxSpec) -> String {
+    match (&s.columns.status, s.rules.is_empty()) {
+        (Some(status), true) => sql.text(&sql.ident(status)),
+        _ => s.status_sql().meaning_sql(&sql),
+    }
+}
+
 /// `inboxwatch dead-letters`: the events dead-lettered within `since`, newest
 /// first, as tab-separated columns under a header.
 async fn dead_rows(
@@ -289,10 +302,15 @@ async fn dead_rows(
     limit: usize,
 ) -> Result<Vec<DeadLetter>, String> {
     let c = &s.columns;
-    let words = s.statuses.words_for(Status::Dead);
-    if words.is_empty() {
-        return Ok(Vec::new());
-    }
+    let dead = if s.rules.is_empty() {
+        let words = s.statuses.words_for(Status::Dead);
+        let Some(status) = c.status.as_deref().filter(|_| !words.is_empty()) else {
+            return Ok(Vec::new());
+        };
+        format!("{} IN {}", sql.ident(status), sql.in_list(&words))
+    } else {
+        format!("{} = 'dead'", s.status_sql().meaning_sql(&sql))
+    };
     let mut tx = conn.begin().await.map_err(|e| e.to_string())?;
     let now: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {}", sql.now_micros())))
         .fetch_one(&mut *tx)
@@ -300,33 +318,34 @@ async fn dead_rows(
         .map_err(|e| e.to_string())?;
     let cutoff = now.saturating_sub(i64::try_from(since.as_micros()).unwrap_or(i64::MAX));
     // The change cursor is indexed and set when a row is dead-lettered, so
-    // bounding it first keeps this proportional to recent changes.
-    let dead_at = c.finished_at.as_deref().unwrap_or(&c.updated_at);
-    let mut filter = format!(
-        "{} AND {} IN {}",
-        sql.after(&sql.ident(&c.updated_at), 1),
-        sql.ident(&c.status),
-        sql.in_list(&words)
-    );
-    if c.finished_at.is_some() {
-        filter.push_str(&format!(" AND {}", sql.after(&sql.ident(dead_at), 2)));
+    // bounding it first keeps this proportional to recent changes. Without
+    // either time, every dead row is listed, newest arrival first.
+    let times: Vec<&str> = [c.updated_at.as_deref(), c.finished_at.as_deref()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let dead_at = c.finished_at.as_deref().or(c.updated_at.as_deref());
+    let mut filter = String::new();
+    for (i, t) in times.iter().enumerate() {
+        filter.push_str(&format!("{} AND ", sql.after(&sql.ident(t), i + 1)));
     }
+    filter.push_str(&dead);
+    let order = sql.ident(dead_at.unwrap_or(&c.received_at));
     let query = format!(
-        "SELECT {}, {}, {}, {}, {}, {} FROM {} WHERE {filter} ORDER BY {} DESC, {} {}",
+        "SELECT {}, {}, {}, {}, {}, {} FROM {} WHERE {filter} ORDER BY {order} DESC, {} {}",
         sql.text(&sql.ident(&c.event_id)),
         opt_col(sql, &c.event_type, |e| sql.text(e)),
         sql.micros(&sql.ident(&c.received_at)),
-        sql.micros(&sql.ident(dead_at)),
+        dead_at.map_or("NULL".to_string(), |d| sql.micros(&sql.ident(d))),
         opt_col(sql, &c.attempts, |e| sql.int(e)),
         opt_col(sql, &c.last_error, |e| sql
             .text(&sql.prefix(e, ERROR_SHOWN + 1))),
         sql.table(&s.table.table),
-        sql.ident(dead_at),
         sql.ident(&c.event_id),
         sql.limit(limit),
     );
     let mut q = sqlx::query(sqlx::AssertSqlSafe(query));
-    for _ in 0..(1 + usize::from(c.finished_at.is_some())) {
+    for _ in 0..times.len() {
         q = match sql.cursor(cutoff) {
             Param::Int(v) => q.bind(v),
             Param::Text(v) => q.bind(v),

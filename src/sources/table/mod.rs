@@ -10,6 +10,7 @@
 //! every poll only while the backlog is too large to keep.
 
 pub mod backlog;
+mod capabilities;
 pub mod config;
 pub mod dialect;
 mod doctor;
@@ -18,6 +19,7 @@ mod kind;
 pub mod lock;
 mod lookup;
 pub mod outbox;
+pub mod rules;
 pub mod schema;
 mod state;
 
@@ -36,6 +38,7 @@ use crate::dsn::Dialect;
 use crate::sources::run::{PollStats, Source, SourceError};
 use crate::telemetry::catalogue as metric;
 use backlog::{Backlog, GaugeMap, Unfinished};
+use config::{Cursor, FinishedRows};
 use dialect::{Param, Sql};
 
 /// How far behind the change cursor every poll looks, for transactions that
@@ -99,28 +102,40 @@ impl Reject {
 
 /// The part of a table source that differs between inbox and outbox tables.
 pub trait TableKind: Send + 'static {
-    /// Every mapped column as (meaning, column), for the schema check.
-    fn columns(&self) -> Vec<(&'static str, String)>;
-    /// The select list of the tail and seed queries, as (meaning, expression).
+    /// Every column the source reads as (config key under the source, column),
+    /// for the schema check: `columns.status`, `status_rules[2].when`.
+    fn columns(&self) -> Vec<(String, String)>;
+    /// The select list of every query that reads rows, as (meaning,
+    /// expression). The event id comes first, as text.
     fn select_list(&self, sql: &Sql) -> Vec<(&'static str, String)>;
-    /// The change-cursor column.
-    fn updated_at(&self) -> &str;
-    /// The event id column: the keyset of the scan for NULL change cursors.
-    /// The select list has it first, as text.
+    /// The columns tailed by a watermark, with their place in the select
+    /// list: the change cursor (`updated_at`), or without one the arrival
+    /// and finish times.
+    fn cursors(&self) -> Vec<(String, usize)>;
+    /// The event id column: the keyset of the scan for NULL change cursors
+    /// and the key rows that left the unfinished ones are looked up by.
     fn event_id(&self) -> &str;
-    /// A query over the unfinished rows whose result seeds the state map at
-    /// start, so their later changes count exactly (`None`: nothing to seed).
-    fn seed_filter(&self, sql: &Sql) -> Option<String>;
+    /// The condition that selects the unfinished rows: they seed the state
+    /// map at start (so their later changes count exactly) and, without a
+    /// change cursor, are re-read on every poll.
+    fn unfinished_filter(&self, sql: &Sql) -> String;
     /// Counts a rejected row the kind did not read itself.
     fn reject(&mut self, reason: Reject);
     /// Sets the agent's start on the database clock.
     fn start(&mut self, db_now: i64);
+    /// The database's time at the start of a poll: without a change cursor
+    /// the time a row is seen stands in for the time it changed.
+    fn begin(&mut self, db_now: i64);
     /// Takes one row of the tail (or seed) into account. `baseline`: the row
     /// predates the agent and only sets the state it is compared with later.
     fn observe(&mut self, row: &AnyRow, baseline: bool) -> Result<(), String>;
     /// A tail or seed row's event key and, if the row is unfinished, what the
     /// gauges need of it.
     fn unfinished(&mut self, row: &AnyRow) -> Result<(u64, Option<Unfinished>), String>;
+    /// A row last seen unfinished (`last`) is gone from the table: counted
+    /// as finished if `deleted` (`finished_rows = "deleted"`), else only
+    /// forgotten as unfinished. `noticed`: the poll's database time.
+    fn gone(&mut self, key: u64, last: &Unfinished, noticed: i64, deleted: bool);
     /// The aggregate over unfinished rows that gives the gauges.
     fn gauge_query(&self, sql: &Sql, db_now: i64) -> String;
     /// The gauges in the gauge query's rows.
@@ -143,8 +158,14 @@ pub struct TableSource<K: TableKind> {
     pool: Option<AnyPool>,
     /// Whether the table and columns were checked on the pool's connections.
     schema_checked: bool,
-    /// Highest change cursor read so far (microseconds), capped at the database's now.
-    high: Option<i64>,
+    /// PostgreSQL: whether the rows carry `xmin` (a table, not a view), so
+    /// the tail can skip rows an earlier poll read.
+    xmin: bool,
+    /// Whether the first (baseline) poll has run.
+    started: bool,
+    /// Per tailed column ([`TableKind::cursors`]): the highest value read so
+    /// far (microseconds), capped at the database's now.
+    highs: Vec<Option<i64>>,
     /// When the whole overlap window was last re-read.
     last_sweep: Option<Instant>,
     /// PostgreSQL: the snapshot xmin of the last poll and of the last sweep
@@ -155,8 +176,12 @@ pub struct TableSource<K: TableKind> {
     backlog: Backlog,
     /// When the backlog was last checked against the gauge query.
     last_reconcile: Option<Instant>,
+    /// Reconciles since the last full one (see [`FULL_RECONCILE_EVERY`]).
+    cheap_reconciles: u32,
     /// Rows whose change cursor is NULL, which the tail cannot see.
     nulls: NullScan,
+    /// Re-reading the unfinished rows on every poll: which were read.
+    unfinished: Reread,
 }
 
 /// The scan for rows with a NULL change cursor, a page per sweep: each such
@@ -171,12 +196,41 @@ struct NullScan {
     pass: HashSet<u64>,
 }
 
+/// The unfinished rows of the last re-read, by key, with their event id:
+/// a row that is no longer among them, and was not read by the tail either,
+/// is looked up by its id — finished without a trace the tail can follow,
+/// or deleted. About 60 bytes and the id's length per unfinished row.
+#[derive(Debug, Default)]
+struct Reread {
+    rows: HashMap<u64, Seen>,
+    /// Numbers the re-reads, to tell the rows of the last one.
+    pass: u64,
+    /// Keys the tail read in the current poll.
+    tailed: HashSet<u64>,
+}
+
+#[derive(Debug)]
+struct Seen {
+    id: Box<str>,
+    pass: u64,
+    last: Unfinished,
+}
+
+/// Every this many reconciles the full aggregate runs even when the count of
+/// unfinished rows agrees with the backlog kept (see
+/// [`TableSource::kept_gauges`]).
+const FULL_RECONCILE_EVERY: u32 = 10;
+
+/// Event ids per lookup query of the rows that left the unfinished ones.
+const LOOKUP_CHUNK: usize = 500;
+
 impl<K: TableKind> TableSource<K> {
     /// A source that connects on its first poll.
     pub fn new(spec: TableSpec, kind: K) -> Self {
         let sql = Sql {
             dialect: spec.dsn.dialect(),
         };
+        let cursors = kind.cursors().len();
         TableSource {
             backlog: Backlog::new(spec.max_tracked_events),
             spec,
@@ -185,12 +239,16 @@ impl<K: TableKind> TableSource<K> {
             conn: None,
             pool: None,
             schema_checked: false,
-            high: None,
+            xmin: sql.snapshot_xmin().is_some(),
+            started: false,
+            highs: vec![None; cursors],
             last_sweep: None,
             poll_xmin: None,
             sweep_xmin: None,
             last_reconcile: None,
+            cheap_reconciles: 0,
             nulls: NullScan::default(),
+            unfinished: Reread::default(),
         }
     }
 
@@ -201,13 +259,13 @@ impl<K: TableKind> TableSource<K> {
         self
     }
 
-    /// What connecting needs, detached from the source so that no borrow of
-    /// it (and of its connection) is held across the connect.
     /// The SQL dialect of the source's database.
     pub fn sql(&self) -> Sql {
         self.sql
     }
 
+    /// What connecting needs, detached from the source so that no borrow of
+    /// it (and of its connection) is held across the connect.
     pub fn opener(&self) -> Opener {
         Opener {
             spec: self.spec.clone(),
@@ -216,7 +274,7 @@ impl<K: TableKind> TableSource<K> {
         }
     }
 
-    /// The select list of the tail, seed and NULL-cursor queries.
+    /// The select list of every query that reads rows.
     fn select_list(&self) -> String {
         let list: Vec<String> = self
             .kind
@@ -227,68 +285,100 @@ impl<K: TableKind> TableSource<K> {
         list.join(", ")
     }
 
-    /// The tail: rows changed after a cursor, in the change cursor's index
-    /// order (no sort), a page of `batch_size` rows.
-    fn tail_query(&self) -> String {
-        let updated = self.sql.ident(self.kind.updated_at());
+    /// The tail of one watermarked column: rows after a value, in the
+    /// column's index order (no sort), a page of `batch_size` rows.
+    fn tail_query(&self, column: &str) -> String {
+        let col = self.sql.ident(column);
         let unseen = self
             .sql
-            .unseen(&updated, 2, 3)
+            .unseen(&col, 2, 3)
+            .filter(|_| self.xmin)
             .map_or(String::new(), |u| format!(" AND {u}"));
         format!(
-            "SELECT {} FROM {} WHERE {}{unseen} ORDER BY {updated} {}",
+            "SELECT {} FROM {} WHERE {}{unseen} ORDER BY {col} {}",
             self.select_list(),
             self.sql.table(&self.spec.table),
-            self.sql.after(&updated, 1),
+            self.sql.after(&col, 1),
             self.sql.limit(self.spec.batch_size),
         )
     }
 
-    /// Every row whose change cursor lies in (`$1`, `$2`]: one cursor value,
+    /// Every row whose watermarked column lies in (`$1`, `$2`]: one value,
     /// the rows of which a full page may have cut (a bulk transaction writes
     /// any number of rows with one `updated_at`: PostgreSQL's `now()` is one
     /// value per transaction). Read whole, streamed, in no order.
-    fn ties_query(&self) -> String {
-        let updated = self.sql.ident(self.kind.updated_at());
+    fn ties_query(&self, column: &str) -> String {
+        let col = self.sql.ident(column);
         format!(
             "SELECT {} FROM {} WHERE {} AND NOT {}",
             self.select_list(),
             self.sql.table(&self.spec.table),
-            self.sql.after(&updated, 1),
-            self.sql.after(&updated, 2),
+            self.sql.after(&col, 1),
+            self.sql.after(&col, 2),
         )
     }
 
     /// A page of rows whose change cursor is NULL, after an event id.
-    fn null_query(&self) -> String {
+    fn null_query(&self, updated_at: &str) -> String {
         let id = self.sql.id_key(&self.sql.ident(self.kind.event_id()));
         format!(
             "SELECT {} FROM {} WHERE {} IS NULL AND {id} > {} ORDER BY {id} {}",
             self.select_list(),
             self.sql.table(&self.spec.table),
-            self.sql.ident(self.kind.updated_at()),
+            self.sql.ident(updated_at),
             self.sql.id_param(1),
             self.sql.limit(self.spec.batch_size),
         )
     }
 
-    fn seed_query(&self) -> Option<String> {
-        let filter = self.kind.seed_filter(&self.sql)?;
-        Some(format!(
-            "SELECT {} FROM {} WHERE {filter} {}",
+    /// Every unfinished row (up to the cap).
+    fn seed_query(&self) -> String {
+        format!(
+            "SELECT {} FROM {} WHERE {} {}",
             self.select_list(),
             self.sql.table(&self.spec.table),
+            self.kind.unfinished_filter(&self.sql),
             self.sql.limit(self.spec.max_tracked_events),
-        ))
+        )
+    }
+
+    /// The rows of some event ids, found by the id column's own index: the
+    /// ids are literals, which each dialect converts to the column's type.
+    fn lookup_query(&self, ids: &[&str]) -> String {
+        format!(
+            "SELECT {} FROM {} WHERE {} IN {}",
+            self.select_list(),
+            self.sql.table(&self.spec.table),
+            self.sql.ident(self.kind.event_id()),
+            self.sql.in_list(ids),
+        )
+    }
+
+    /// Says whether the rows carry `xmin`, as [`Opener::open`] found.
+    pub fn set_xmin(&mut self, xmin: bool) {
+        self.xmin = xmin;
+    }
+
+    /// The condition of the unfinished rows, for `doctor`'s estimate.
+    pub fn unfinished_filter(&self) -> String {
+        self.kind.unfinished_filter(&self.sql)
     }
 
     /// The queries one poll runs, for `doctor`'s EXPLAIN: (what, SQL, whether
     /// it binds the cursor as its first parameter).
-    pub fn queries(&self) -> Vec<(&'static str, String, bool)> {
-        let mut out = vec![("tail", self.tail_query(), true)];
-        out.push(("gauges", self.kind.gauge_query(&self.sql, 0), false));
-        if let Some(seed) = self.seed_query() {
-            out.push(("seed", seed, false));
+    pub fn queries(&self) -> Vec<(String, String, bool)> {
+        let mut out: Vec<(String, String, bool)> = self
+            .kind
+            .cursors()
+            .into_iter()
+            .map(|(col, _)| (format!("tail on {col}"), self.tail_query(&col), true))
+            .collect();
+        let seed = self.seed_query();
+        if self.spec.rereads_unfinished() {
+            out.push(("unfinished rows".into(), seed, false));
+        } else {
+            out.push(("gauges".into(), self.kind.gauge_query(&self.sql, 0), false));
+            out.push(("seed".into(), seed, false));
         }
         out
     }
@@ -301,7 +391,7 @@ impl<K: TableKind> TableSource<K> {
             })?;
             let result = async {
                 if !self.schema_checked {
-                    self.opener().check_schema(&mut conn).await?;
+                    self.xmin = self.opener().check_schema(&mut conn).await?;
                     self.schema_checked = true;
                 }
                 self.poll_on(&mut conn).await
@@ -319,7 +409,11 @@ impl<K: TableKind> TableSource<K> {
         // succeeds: a failed poll leaves none, so the next one reconnects.
         let mut conn = match self.conn.take() {
             Some(c) => c,
-            None => self.opener().open().await?,
+            None => {
+                let (conn, xmin) = self.opener().open().await?;
+                self.xmin = xmin;
+                conn
+            }
         };
         let stats = self.poll_on(&mut conn).await?;
         self.conn = Some(conn);
@@ -327,12 +421,7 @@ impl<K: TableKind> TableSource<K> {
     }
 
     async fn poll_on(&mut self, conn: &mut AnyConnection) -> Result<PollStats, SourceError> {
-        let q = |e: sqlx::Error| SourceError::Query(e.to_string());
-        let tail = self.tail_query();
-        let ties = self.ties_query();
-        let seed = self.seed_query();
-        let updated_col = self.kind.select_list(&self.sql).len() - 1;
-        let mut tx = conn.begin().await.map_err(q)?;
+        let mut tx = conn.begin().await.map_err(query_error)?;
         let now_row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {}, {}",
             self.sql.now_micros(),
@@ -340,9 +429,10 @@ impl<K: TableKind> TableSource<K> {
         )))
         .fetch_one(&mut *tx)
         .await
-        .map_err(q)?;
-        let db_now: i64 = now_row.try_get(0).map_err(q)?;
-        let snapshot_xmin: i64 = now_row.try_get(1).map_err(q)?;
+        .map_err(query_error)?;
+        let db_now: i64 = now_row.try_get(0).map_err(query_error)?;
+        let snapshot_xmin: i64 = now_row.try_get(1).map_err(query_error)?;
+        self.kind.begin(db_now);
         // Most polls look back only COMMIT_LAG, which catches ordinary commit
         // latency at once; every third of the overlap window a sweep re-reads
         // the whole window for the rare transaction that commits later still.
@@ -355,30 +445,18 @@ impl<K: TableKind> TableSource<K> {
         } else {
             self.spec.overlap.min(COMMIT_LAG)
         };
-        let overlap = i64::try_from(lookback.as_micros()).unwrap_or(i64::MAX);
+        let baseline = !self.started;
         let mut rows_read = 0u64;
-        let baseline = self.high.is_none();
         if baseline {
             self.kind.start(db_now);
-            if let Some(seed) = &seed {
-                // Streamed: the backlog can be large, and memory stays bounded
-                // by the maps, not by the result set.
-                let mut rows = sqlx::query(sqlx::AssertSqlSafe(seed.clone())).fetch(&mut *tx);
-                let mut n = 0usize;
-                self.backlog.clear();
-                while let Some(row) = rows.try_next().await.map_err(q)? {
-                    n += 1;
-                    self.take(&row, true)?;
-                }
-                rows_read += n as u64;
-                self.backlog.filled(n < self.spec.max_tracked_events);
-                self.last_reconcile = Some(Instant::now());
-            }
         }
-        let high = self.high.unwrap_or(db_now);
-        // Rows up to `high` in the range re-read were read by the last poll
-        // (the last sweep, for a sweep) unless written by a transaction still
-        // running then; 0 (unknown) re-reads them all.
+        let rereads = self.spec.rereads_unfinished();
+        if baseline || rereads {
+            rows_read += self.read_unfinished(&mut tx, baseline).await?;
+        }
+        // Rows up to the high-water mark in the range re-read were read by the
+        // last poll (the last sweep, for a sweep) unless written by a
+        // transaction still running then; 0 (unknown) re-reads them all.
         let seen_before = if sweep {
             self.sweep_xmin
         } else {
@@ -389,23 +467,128 @@ impl<K: TableKind> TableSource<K> {
         } else {
             seen_before.unwrap_or(0)
         };
-        let mut low = high.saturating_sub(overlap);
+        let window = Window {
+            db_now,
+            lookback: i64::try_from(lookback.as_micros()).unwrap_or(i64::MAX),
+            seen_before,
+            baseline,
+        };
+        for (i, (column, at)) in self.kind.cursors().into_iter().enumerate() {
+            rows_read += self.tail(&mut tx, i, &column, at, &window).await?;
+        }
+        self.started = true;
+        self.poll_xmin = Some(snapshot_xmin);
+        if sweep {
+            self.sweep_xmin = Some(snapshot_xmin);
+            if self.spec.cursor == Cursor::UpdatedAt {
+                rows_read += self.scan_nulls(&mut tx).await?;
+            }
+        }
+        if rereads && !baseline {
+            rows_read += self.look_up_gone(&mut tx, db_now).await?;
+        }
+        let gauges = if rereads {
+            self.unfinished.tailed.clear();
+            if self.backlog.is_complete() {
+                self.backlog.gauges(self.kind.stuck_before(db_now))
+            } else {
+                self.gauge_query(&mut tx, db_now).await?
+            }
+        } else {
+            let (gauges, n) = self.kept_gauges(&mut tx, db_now).await?;
+            rows_read += n;
+            gauges
+        };
+        tx.commit().await.map_err(query_error)?;
+        self.kind.flush(&gauges, db_now, Instant::now());
+        Ok(PollStats { rows_read })
+    }
+
+    /// Reads every unfinished row (up to the cap) into the state and the
+    /// backlog: at start, and on every poll when the unfinished rows are
+    /// re-read. Streamed: the backlog can be large, and memory stays bounded
+    /// by the maps, not by the result set.
+    async fn read_unfinished(
+        &mut self,
+        conn: &mut AnyConnection,
+        baseline: bool,
+    ) -> Result<u64, SourceError> {
+        let seed = self.seed_query();
+        let track = self.spec.rereads_unfinished();
+        self.unfinished.pass += 1;
+        let pass = self.unfinished.pass;
+        let mut rows = sqlx::query(sqlx::AssertSqlSafe(seed)).fetch(&mut *conn);
+        let mut n = 0usize;
+        self.backlog.clear();
+        while let Some(row) = rows.try_next().await.map_err(query_error)? {
+            n += 1;
+            self.kind
+                .observe(&row, baseline)
+                .map_err(SourceError::Schema)?;
+            let (key, unfinished) = self.kind.unfinished(&row).map_err(SourceError::Schema)?;
+            self.backlog.update(key, unfinished);
+            if let Some(last) = unfinished.filter(|_| track) {
+                match self.unfinished.rows.get_mut(&key) {
+                    Some(seen) => {
+                        seen.pass = pass;
+                        seen.last = last;
+                    }
+                    None => {
+                        let id: Option<String> =
+                            get(&row, 0, "event_id").map_err(SourceError::Schema)?;
+                        self.unfinished.rows.insert(
+                            key,
+                            Seen {
+                                id: id.unwrap_or_default().into_boxed_str(),
+                                pass,
+                                last,
+                            },
+                        );
+                    }
+                }
+            }
+        }
+        let all = n < self.spec.max_tracked_events;
+        self.backlog.filled(all);
+        if !all {
+            // Over the cap the re-read is partial: which rows left cannot be
+            // told from which were not read.
+            self.unfinished.rows.clear();
+        }
+        self.last_reconcile = Some(Instant::now());
+        Ok(n as u64)
+    }
+
+    /// Reads one watermarked column from its high-water mark minus the
+    /// window's look-back, page by page.
+    async fn tail(
+        &mut self,
+        tx: &mut AnyConnection,
+        i: usize,
+        column: &str,
+        at: usize,
+        w: &Window,
+    ) -> Result<u64, SourceError> {
+        let tail = self.tail_query(column);
+        let ties = self.ties_query(column);
+        let high = self.highs[i].unwrap_or(w.db_now);
+        let mut low = high.saturating_sub(w.lookback);
         let mut max_seen = high;
+        let mut rows_read = 0u64;
         loop {
             let mut query = bind(
                 sqlx::query(sqlx::AssertSqlSafe(tail.clone())),
                 self.sql.cursor(low),
             );
-            if self.sql.snapshot_xmin().is_some() {
-                query = bind(query, self.sql.cursor(high)).bind(seen_before);
+            if self.xmin {
+                query = bind(query, self.sql.cursor(high)).bind(w.seen_before);
             }
-            let rows = query.fetch_all(&mut *tx).await.map_err(q)?;
+            let rows = query.fetch_all(&mut *tx).await.map_err(query_error)?;
             rows_read += rows.len() as u64;
             for row in &rows {
-                self.take(row, baseline)?;
-                let updated: Option<i64> =
-                    get(row, updated_col, "updated_at").map_err(SourceError::Schema)?;
-                if let Some(u) = updated.filter(|u| *u != dialect::OUT_OF_RANGE) {
+                self.take(row, w.baseline)?;
+                let value: Option<i64> = get(row, at, column).map_err(SourceError::Schema)?;
+                if let Some(u) = value.filter(|u| *u != dialect::OUT_OF_RANGE) {
                     max_seen = max_seen.max(u);
                 }
             }
@@ -413,18 +596,17 @@ impl<K: TableKind> TableSource<K> {
                 break;
             }
             let last = rows.last().expect("a full page has a last row");
-            let cursor: Option<i64> =
-                get(last, updated_col, "updated_at").map_err(SourceError::Schema)?;
-            // Rows whose cursor has no value (`infinity`) sort last: the page
-            // holds only such rows from here on, each rejected.
-            let Some(last) = cursor.filter(|c| *c != dialect::OUT_OF_RANGE) else {
+            let value: Option<i64> = get(last, at, column).map_err(SourceError::Schema)?;
+            // Rows whose value is out of range (`infinity`) sort last: the
+            // page holds only such rows from here on, each rejected.
+            let Some(last) = value.filter(|c| *c != dialect::OUT_OF_RANGE) else {
                 break;
             };
-            // The page may end inside a run of rows sharing its last cursor
-            // value: read all of that value (those already read are
-            // recognised), then go on strictly after it. One unit below, as
-            // the cursor is rounded to a microsecond (SQLite: a millisecond).
-            let mut ties = bind(
+            // The page may end inside a run of rows sharing its last value:
+            // read all of that value (those already read are recognised),
+            // then go on strictly after it. One unit below, as the value is
+            // rounded to a microsecond (SQLite: a millisecond).
+            let mut tied = bind(
                 bind(
                     sqlx::query(sqlx::AssertSqlSafe(ties.clone())),
                     self.sql.cursor(last.saturating_sub(self.sql.cursor_unit())),
@@ -432,105 +614,204 @@ impl<K: TableKind> TableSource<K> {
                 self.sql.cursor(last),
             )
             .fetch(&mut *tx);
-            while let Some(row) = ties.try_next().await.map_err(q)? {
+            while let Some(row) = tied.try_next().await.map_err(query_error)? {
                 rows_read += 1;
-                self.take(&row, baseline)?;
+                self.take(&row, w.baseline)?;
             }
-            drop(ties);
+            drop(tied);
             low = last;
         }
-        // A clock ahead of the database must not push the cursor into the future.
-        self.high = Some(max_seen.min(db_now));
-        self.poll_xmin = Some(snapshot_xmin);
-        if sweep {
-            self.sweep_xmin = Some(snapshot_xmin);
-            let rows = sqlx::query(sqlx::AssertSqlSafe(self.null_query()))
-                .bind(self.nulls.after.clone())
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(q)?;
-            rows_read += rows.len() as u64;
-            for row in &rows {
-                let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
-                let key = key_of(id.as_deref().unwrap_or_default());
-                self.nulls.pass.insert(key);
-                if self.nulls.counted.insert(key) {
-                    self.kind.reject(Reject::NullCursor);
-                }
-                self.see(row)?;
+        // A clock ahead of the database must not push the mark into the future.
+        self.highs[i] = Some(max_seen.min(w.db_now));
+        Ok(rows_read)
+    }
+
+    /// A page of the rows whose change cursor is NULL.
+    async fn scan_nulls(&mut self, tx: &mut AnyConnection) -> Result<u64, SourceError> {
+        let Some((updated_at, _)) = self.kind.cursors().into_iter().next() else {
+            return Ok(0);
+        };
+        let rows = sqlx::query(sqlx::AssertSqlSafe(self.null_query(&updated_at)))
+            .bind(self.nulls.after.clone())
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(query_error)?;
+        for row in &rows {
+            let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
+            let key = key_of(id.as_deref().unwrap_or_default());
+            self.nulls.pass.insert(key);
+            if self.nulls.counted.insert(key) {
+                self.kind.reject(Reject::NullCursor);
             }
-            match rows.last() {
-                Some(last) if rows.len() == self.spec.batch_size => {
-                    let id: Option<String> =
-                        get(last, 0, "event_id").map_err(SourceError::Schema)?;
-                    self.nulls.after = id.unwrap_or_default();
-                }
-                _ => {
-                    // A whole pass: forget the rows that were not seen in it.
-                    self.nulls.after.clear();
-                    let pass = std::mem::take(&mut self.nulls.pass);
-                    self.nulls.counted.retain(|k| pass.contains(k));
-                }
+            self.see(row)?;
+        }
+        match rows.last() {
+            Some(last) if rows.len() == self.spec.batch_size => {
+                let id: Option<String> = get(last, 0, "event_id").map_err(SourceError::Schema)?;
+                self.nulls.after = id.unwrap_or_default();
+            }
+            _ => {
+                // A whole pass: forget the rows that were not seen in it.
+                self.nulls.after.clear();
+                let pass = std::mem::take(&mut self.nulls.pass);
+                self.nulls.counted.retain(|k| pass.contains(k));
             }
         }
+        Ok(rows.len() as u64)
+    }
+
+    /// The rows that were unfinished at the last re-read and are neither
+    /// among the unfinished ones now nor read by the tail: looked up by id,
+    /// a row still there is taken as it is (finished, or with a status no
+    /// longer recognised), a row gone was deleted.
+    async fn look_up_gone(
+        &mut self,
+        tx: &mut AnyConnection,
+        db_now: i64,
+    ) -> Result<u64, SourceError> {
+        let pass = self.unfinished.pass;
+        let left: Vec<(u64, Box<str>, Unfinished)> = self
+            .unfinished
+            .rows
+            .iter()
+            .filter(|(k, s)| s.pass != pass && !self.unfinished.tailed.contains(k))
+            .map(|(k, s)| (*k, s.id.clone(), s.last))
+            .collect();
+        self.unfinished.rows.retain(|_, s| s.pass == pass);
+        let mut rows_read = 0u64;
+        let deleted = self.spec.finished_rows == FinishedRows::Deleted;
+        for chunk in left.chunks(LOOKUP_CHUNK) {
+            let ids: Vec<&str> = chunk.iter().map(|(_, id, _)| &**id).collect();
+            let rows = sqlx::query(sqlx::AssertSqlSafe(self.lookup_query(&ids)))
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(query_error)?;
+            rows_read += rows.len() as u64;
+            let mut found = HashSet::new();
+            for row in &rows {
+                found.insert(self.take(row, false)?);
+            }
+            for (key, _, last) in chunk.iter().filter(|(k, _, _)| !found.contains(k)) {
+                self.kind.gone(*key, last, db_now, deleted);
+            }
+        }
+        Ok(rows_read)
+    }
+
+    async fn gauge_query(
+        &mut self,
+        tx: &mut AnyConnection,
+        db_now: i64,
+    ) -> Result<GaugeMap, SourceError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(
+            self.kind.gauge_query(&self.sql, db_now),
+        ))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(query_error)?;
+        self.kind.gauges(&rows).map_err(SourceError::Schema)
+    }
+
+    /// The gauges of a source that tails a change cursor: from the backlog
+    /// kept from the tailed rows, checked against the aggregate every
+    /// `reconcile_every` (and from the aggregate while the backlog is too
+    /// large to keep). Returns them and the rows read.
+    async fn kept_gauges(
+        &mut self,
+        tx: &mut AnyConnection,
+        db_now: i64,
+    ) -> Result<(GaugeMap, u64), SourceError> {
         let stuck_before = self.kind.stuck_before(db_now);
         let due = self
             .last_reconcile
             .is_none_or(|t| t.elapsed() >= self.spec.reconcile_every);
-        let gauges = if self.backlog.is_complete() && !due {
-            self.backlog.gauges(stuck_before)
-        } else {
-            let rows = sqlx::query(sqlx::AssertSqlSafe(
-                self.kind.gauge_query(&self.sql, db_now),
-            ))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(q)?;
-            let truth = self.kind.gauges(&rows).map_err(SourceError::Schema)?;
-            if due {
+        if self.backlog.is_complete() && !due {
+            return Ok((self.backlog.gauges(stuck_before), 0));
+        }
+        if due && self.backlog.is_complete() && self.cheap_reconciles + 1 < FULL_RECONCILE_EVERY {
+            // The cheap check: the number of unfinished rows, which an index
+            // over them answers without visiting each (an index-only scan
+            // where the table's visibility map allows). A deleted row changes
+            // it; only a change that neither moves the cursor nor the count
+            // waits for the next full check.
+            let count = format!(
+                "SELECT COUNT(*) FROM {} WHERE {}",
+                self.sql.table(&self.spec.table),
+                self.kind.unfinished_filter(&self.sql)
+            );
+            let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count))
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(query_error)?;
+            let kept = self.backlog.gauges(stuck_before);
+            let total: u64 = kept.values().flat_map(|g| g.counts).sum();
+            if u64::try_from(n).is_ok_and(|n| n == total) {
                 self.last_reconcile = Some(Instant::now());
-                let kept = self.backlog.is_complete();
-                let total: u64 = truth.values().flat_map(|g| g.counts).sum();
-                let fits = usize::try_from(total).is_ok_and(|n| n < self.backlog.cap());
-                if let Some(seed) = seed.filter(|_| fits)
-                    && !(kept && self.backlog.gauges(stuck_before) == truth)
-                {
-                    // Rows changed where the tail cannot see them (deleted, or
-                    // changed without moving the cursor), or the backlog fits
-                    // again after being too large: read it afresh.
-                    debug!(source = %self.spec.name, kept, "Re-reading the unfinished rows for the gauges.");
-                    let mut rows = sqlx::query(sqlx::AssertSqlSafe(seed)).fetch(&mut *tx);
-                    let mut n = 0usize;
-                    self.backlog.clear();
-                    while let Some(row) = rows.try_next().await.map_err(q)? {
-                        n += 1;
-                        self.see(&row)?;
-                    }
-                    rows_read += n as u64;
-                    self.backlog.filled(n < self.spec.max_tracked_events);
-                }
+                self.cheap_reconciles += 1;
+                return Ok((kept, 0));
             }
-            truth
-        };
-        tx.commit().await.map_err(q)?;
-        self.kind.flush(&gauges, db_now, Instant::now());
-        Ok(PollStats { rows_read })
+        }
+        self.cheap_reconciles = 0;
+        let truth = self.gauge_query(tx, db_now).await?;
+        let mut rows_read = 0;
+        if due {
+            self.last_reconcile = Some(Instant::now());
+            let kept = self.backlog.is_complete();
+            let total: u64 = truth.values().flat_map(|g| g.counts).sum();
+            let fits = usize::try_from(total).is_ok_and(|n| n < self.backlog.cap());
+            if fits && !(kept && self.backlog.gauges(stuck_before) == truth) {
+                // Rows changed where the tail cannot see them (deleted, or
+                // changed without moving the cursor), or the backlog fits
+                // again after being too large: read it afresh.
+                debug!(source = %self.spec.name, kept, "Re-reading the unfinished rows for the gauges.");
+                let mut rows = sqlx::query(sqlx::AssertSqlSafe(self.seed_query())).fetch(&mut *tx);
+                let mut n = 0usize;
+                self.backlog.clear();
+                while let Some(row) = rows.try_next().await.map_err(query_error)? {
+                    n += 1;
+                    let (key, unfinished) =
+                        self.kind.unfinished(&row).map_err(SourceError::Schema)?;
+                    self.backlog.update(key, unfinished);
+                }
+                rows_read += n as u64;
+                self.backlog.filled(n < self.spec.max_tracked_events);
+            }
+        }
+        Ok((truth, rows_read))
     }
 
-    /// Takes a tailed row into the counts and the backlog.
-    fn take(&mut self, row: &AnyRow, baseline: bool) -> Result<(), SourceError> {
+    /// Takes a tailed row into the counts and the backlog; returns its key.
+    fn take(&mut self, row: &AnyRow, baseline: bool) -> Result<u64, SourceError> {
         self.kind
             .observe(row, baseline)
             .map_err(SourceError::Schema)?;
-        self.see(row)
+        let key = self.see(row)?;
+        if self.spec.rereads_unfinished() {
+            self.unfinished.tailed.insert(key);
+        }
+        Ok(key)
     }
 
-    /// Takes a row's current version into the backlog.
-    fn see(&mut self, row: &AnyRow) -> Result<(), SourceError> {
+    /// Takes a row's current version into the backlog; returns its key.
+    fn see(&mut self, row: &AnyRow) -> Result<u64, SourceError> {
         let (key, unfinished) = self.kind.unfinished(row).map_err(SourceError::Schema)?;
         self.backlog.update(key, unfinished);
-        Ok(())
+        Ok(key)
     }
+}
+
+/// What the tails of one poll read: how far back, and what was read before.
+struct Window {
+    db_now: i64,
+    /// Microseconds before each high-water mark.
+    lookback: i64,
+    /// PostgreSQL: the snapshot xmin of the poll that read the range last.
+    seen_before: i64,
+    baseline: bool,
+}
+
+fn query_error(e: sqlx::Error) -> SourceError {
+    SourceError::Query(e.to_string())
 }
 
 /// Sets a new session up: UTC, read-only transactions, the statement timeout.
@@ -617,13 +898,14 @@ impl Pools {
 pub struct Opener {
     spec: TableSpec,
     sql: Sql,
-    columns: Vec<(&'static str, String)>,
+    columns: Vec<(String, String)>,
 }
 
 impl Opener {
     /// Connects, sets the session up (UTC, read-only, statement timeout) and
-    /// checks the table and its mapped columns.
-    pub async fn open(self) -> Result<AnyConnection, SourceError> {
+    /// checks the table and its mapped columns; also says whether its rows
+    /// carry PostgreSQL's `xmin` (see [`Opener::check_schema`]).
+    pub async fn open(self) -> Result<(AnyConnection, bool), SourceError> {
         let url = connect_url(&self.spec);
         let connect_err = |e: sqlx::Error| SourceError::Connect {
             dsn: self.spec.dsn.to_string(),
@@ -633,12 +915,15 @@ impl Opener {
         setup_session(&mut conn, self.sql, self.spec.timeout)
             .await
             .map_err(connect_err)?;
-        self.check_schema(&mut conn).await?;
-        Ok(conn)
+        let xmin = self.check_schema(&mut conn).await?;
+        Ok((conn, xmin))
     }
 
-    /// Names the missing table or columns before the first query fails on them.
-    async fn check_schema(&self, conn: &mut AnyConnection) -> Result<(), SourceError> {
+    /// Names the missing table or columns before the first query fails on
+    /// them. Returns whether the rows carry PostgreSQL's `xmin`, which the
+    /// tail filters re-read rows by: a table does, a view (or a foreign
+    /// table) does not, and is then read without that filter.
+    async fn check_schema(&self, conn: &mut AnyConnection) -> Result<bool, SourceError> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(
             self.sql.columns_query(&self.spec.table),
         ))
@@ -659,22 +944,41 @@ impl Opener {
                 self.spec.table, self.spec.key
             )));
         }
-        let missing: Vec<String> = self
-            .columns
-            .iter()
-            .filter(|(_, col)| !present.contains_key(col.as_str()))
-            .map(|(meaning, col)| {
+        let mut missing: Vec<String> = Vec::new();
+        for (at, col) in &self.columns {
+            if present.contains_key(col.as_str()) {
+                continue;
+            }
+            let line = if at.starts_with("columns.") {
                 format!(
-                    "table \"{}\" has no column \"{col}\" ({}.columns.{meaning})",
+                    "table \"{}\" has no column \"{col}\" ({}.{at})",
                     self.spec.table, self.spec.key
                 )
-            })
-            .collect();
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(SourceError::Schema(missing.join("; ")))
+            } else {
+                format!(
+                    "{}.{at}: unknown column \"{col}\" (table \"{}\" has no such column)",
+                    self.spec.key, self.spec.table
+                )
+            };
+            if !missing.contains(&line) {
+                missing.push(line);
+            }
         }
+        if !missing.is_empty() {
+            return Err(SourceError::Schema(missing.join("; ")));
+        }
+        if self.sql.snapshot_xmin().is_none() {
+            return Ok(false);
+        }
+        let kind: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT CAST(relkind AS TEXT) FROM pg_class WHERE oid = to_regclass({})",
+            self.sql.literal(&self.sql.table(&self.spec.table))
+        )))
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| SourceError::Query(e.to_string()))?;
+        // Tables, partitioned tables and materialized views have row versions.
+        Ok(matches!(kind.as_deref(), Some("r" | "p" | "m")))
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Instant;
 use sqlx::any::AnyRow;
 
 use super::backlog::{GaugeMap, Unfinished};
-use super::config::OutboxSpec;
+use super::config::{Cursor, OutboxSpec};
 use super::dialect::{OUT_OF_RANGE, Sql};
 use super::inbox::seconds;
 use super::state::{Entry, Flags, Tracked};
@@ -104,6 +104,8 @@ pub struct Outbox {
     spans: Option<SpanSink>,
     /// Overlap window in microseconds: how far back a restarted agent re-emits spans.
     overlap: i64,
+    /// The database's time at the start of the current poll.
+    poll_now: i64,
 }
 
 impl Outbox {
@@ -121,6 +123,7 @@ impl Outbox {
             series: HashSet::new(),
             spans: None,
             overlap,
+            poll_now: i64::MIN,
         }
     }
 
@@ -145,12 +148,12 @@ impl Outbox {
 }
 
 impl TableKind for Outbox {
-    fn columns(&self) -> Vec<(&'static str, String)> {
+    fn columns(&self) -> Vec<(String, String)> {
         self.spec
             .columns
             .mapped()
             .into_iter()
-            .map(|(m, c)| (m, c.to_string()))
+            .map(|(m, c)| (format!("columns.{m}"), c.to_string()))
             .collect()
     }
 
@@ -173,23 +176,59 @@ impl TableKind for Outbox {
                     _ => "NULL".to_string(),
                 },
             ),
-            ("updated_at", sql.micros(&sql.ident(&c.updated_at))),
+            (
+                "updated_at",
+                match (self.spec.table.cursor, &c.updated_at) {
+                    (Cursor::UpdatedAt, Some(u)) => sql.micros(&sql.ident(u)),
+                    _ => "NULL".to_string(),
+                },
+            ),
         ]
     }
 
-    fn updated_at(&self) -> &str {
-        &self.spec.columns.updated_at
+    fn cursors(&self) -> Vec<(String, usize)> {
+        let c = &self.spec.columns;
+        match (self.spec.table.cursor, &c.updated_at) {
+            (Cursor::UpdatedAt, Some(u)) => vec![(u.clone(), 5)],
+            _ => vec![(c.created_at.clone(), 2), (c.published_at.clone(), 3)],
+        }
     }
 
     fn event_id(&self) -> &str {
         &self.spec.columns.event_id
     }
 
-    fn seed_filter(&self, sql: &Sql) -> Option<String> {
-        Some(format!(
-            "{} IS NULL",
-            sql.ident(&self.spec.columns.published_at)
-        ))
+    fn unfinished_filter(&self, sql: &Sql) -> String {
+        format!("{} IS NULL", sql.ident(&self.spec.columns.published_at))
+    }
+
+    fn begin(&mut self, db_now: i64) {
+        self.poll_now = db_now;
+    }
+
+    fn gone(&mut self, key: u64, last: &Unfinished, noticed: i64, deleted: bool) {
+        let Some(prev) = self.states.get(key).copied().map(State::from) else {
+            return;
+        };
+        if !prev.valid || prev.published {
+            return;
+        }
+        if deleted {
+            // Deleted once sent: published by this poll at the latest.
+            let counts = self.counts.entry(last.label()).or_default();
+            counts.published += 1;
+            if self.spec.table.deleted_durations {
+                counts.delays.push(seconds(noticed - prev.created));
+            }
+        }
+        self.states.insert(
+            key,
+            State {
+                updated: noticed.max(prev.updated),
+                published: true,
+                ..prev
+            },
+        );
     }
 
     fn reject(&mut self, reason: Reject) {
@@ -207,7 +246,15 @@ impl TableKind for Outbox {
         let created: Option<i64> = get(row, 2, "created_at")?;
         let published: Option<i64> = get(row, 3, "published_at")?;
         let traceparent: Option<String> = get(row, 4, "traceparent")?;
-        let updated: i64 = get::<Option<i64>>(row, 5, "updated_at")?.unwrap_or(NO_CURSOR);
+        let mut updated: i64 = get::<Option<i64>>(row, 5, "updated_at")?.unwrap_or(NO_CURSOR);
+        // Without a change cursor, the poll that reads a row stands in for
+        // its change time, and its values for its version.
+        let version = if self.spec.table.cursor == Cursor::None {
+            updated = self.poll_now;
+            version_of(created, published)
+        } else {
+            updated
+        };
         let key = key_of(&event_id);
         let label = self.labels.resolve(event_type.as_deref());
         let existing = self.states.get(key).copied().map(State::from);
@@ -222,7 +269,7 @@ impl TableKind for Outbox {
             _ => None,
         };
         if let Some(reason) = problem {
-            if !baseline && existing.and_then(|s| s.rejected_at) != Some(updated) {
+            if !baseline && existing.and_then(|s| s.rejected_at) != Some(version) {
                 self.rejections.add(reason);
             }
             let state = existing.unwrap_or(State {
@@ -235,7 +282,7 @@ impl TableKind for Outbox {
             self.states.insert(
                 key,
                 State {
-                    rejected_at: Some(updated),
+                    rejected_at: Some(version),
                     ..state
                 },
             );
@@ -384,6 +431,15 @@ impl TableKind for Outbox {
         }
         self.states.tidy(&self.spec.table, db_now, now);
     }
+}
+
+/// The version of an outbox row read without a change cursor.
+fn version_of(created: Option<i64>, published: Option<i64>) -> i64 {
+    use std::hash::{Hash, Hasher};
+    #[allow(deprecated)]
+    let mut h = std::hash::SipHasher::new_with_keys(0x6f75_7462_6f78_2076, 0x6572_7369_6f6e_7321);
+    (created, published).hash(&mut h);
+    h.finish() as i64
 }
 
 #[cfg(test)]

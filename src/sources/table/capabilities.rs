@@ -1,0 +1,396 @@
+//! What each metric of a table source will be, given its column map and
+//! cursor mode — exact, bounded (and why), or not exported (and why) — as
+//! `doctor` prints it and docs/metrics.md tabulates it; and which unmapped
+//! optional meanings a table's columns look like.
+
+use super::config::{Cursor, FinishedRows, InboxSpec, OutboxSpec};
+use super::doctor::Shape;
+use crate::telemetry::catalogue as metric;
+
+/// How far a metric can be trusted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum How {
+    Exact,
+    /// A bound, and why.
+    Bounded(String),
+    /// Not exported (or a histogram that never observes), and why.
+    Absent(String),
+    /// Exported, always 0, and why.
+    Zero(String),
+}
+
+/// One metric and what it will be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capability {
+    pub metric: &'static str,
+    pub how: How,
+}
+
+impl Capability {
+    /// The line `doctor` prints.
+    pub fn line(&self) -> String {
+        match &self.how {
+            How::Exact => format!("{}: exact", self.metric),
+            How::Bounded(why) => format!("{}: bounded — {why}", self.metric),
+            How::Absent(why) => format!("{}: not exported — {why}", self.metric),
+            How::Zero(why) => format!("{}: always 0 — {why}", self.metric),
+        }
+    }
+}
+
+const UNSEEN_DELETED: &str =
+    "a row inserted and deleted between two polls is never seen (finished_rows = \"deleted\")";
+
+/// The capabilities of an inbox source.
+pub fn inbox(s: &InboxSpec) -> Vec<Capability> {
+    let c = &s.columns;
+    let t = &s.table;
+    let deleted = t.finished_rows == FinishedRows::Deleted;
+    let cursor = t.cursor == Cursor::UpdatedAt;
+    let lower_if_deleted = || {
+        if deleted {
+            How::Bounded(format!("a lower bound: {UNSEEN_DELETED}"))
+        } else {
+            How::Exact
+        }
+    };
+    let mut out = vec![
+        Capability {
+            metric: metric::INBOX_RECEIVED,
+            how: lower_if_deleted(),
+        },
+        Capability {
+            metric: metric::INBOX_COMPLETED,
+            how: lower_if_deleted(),
+        },
+    ];
+    let failures = match (&c.attempts, cursor) {
+        (Some(_), _) => How::Exact,
+        (None, true) => How::Bounded(
+            "a lower bound: without an attempts column only moves into failed are counted, \
+             and several between two reads of a row count once"
+                .into(),
+        ),
+        (None, false) => How::Bounded(
+            "a lower bound: without an attempts column only moves into failed seen by a poll \
+             are counted"
+                .into(),
+        ),
+    };
+    out.push(Capability {
+        metric: metric::INBOX_ATTEMPT_FAILURES,
+        how: failures,
+    });
+    for m in [metric::INBOX_DELIVERIES, metric::INBOX_DUPLICATES] {
+        let how = match (&c.deliveries, cursor) {
+            (None, _) => How::Absent("no deliveries column".into()),
+            (Some(_), true) => How::Exact,
+            (Some(_), false) => How::Bounded(
+                "a lower bound: without a change cursor a delivery to a finished row changes \
+                 nothing the agent reads, so only deliveries to unfinished rows count"
+                    .into(),
+            ),
+        };
+        out.push(Capability { metric: m, how });
+    }
+    let deleted_note = if deleted && t.deleted_durations {
+        "; deleted rows are observed up to the poll that noticed them (upper bounds, \
+         deleted_durations = true)"
+    } else if deleted {
+        "; deleted rows are not observed (deleted_durations = false)"
+    } else {
+        ""
+    };
+    let timed = |needs: &[(&str, bool)]| {
+        let missing: Vec<&str> = needs
+            .iter()
+            .filter(|(_, mapped)| !mapped)
+            .map(|(m, _)| *m)
+            .collect();
+        if !missing.is_empty() {
+            How::Absent(format!("no {} column", missing.join(" or ")))
+        } else if deleted_note.is_empty() {
+            How::Exact
+        } else {
+            How::Bounded(format!(
+                "exact for rows kept with their finished time{deleted_note}"
+            ))
+        }
+    };
+    // A deleted row gives an end (the poll that noticed it) only when its
+    // durations are observed.
+    let ends = c.finished_at.is_some() || (deleted && t.deleted_durations);
+    let processing = timed(&[
+        ("started_at", c.started_at.is_some()),
+        ("finished_at", ends),
+    ]);
+    out.push(Capability {
+        metric: metric::INBOX_PROCESSING_DURATION,
+        how: processing.clone(),
+    });
+    out.push(Capability {
+        metric: metric::INBOX_DURATION_QUANTILE,
+        how: processing,
+    });
+    out.push(Capability {
+        metric: metric::INBOX_END_TO_END,
+        how: timed(&[("finished_at", ends)]),
+    });
+    out.push(Capability {
+        metric: metric::INBOX_ATTEMPTS,
+        how: match &c.attempts {
+            Some(_) if deleted => How::Bounded(
+                "a deleted row is observed with the failed attempts seen before it left, plus one"
+                    .into(),
+            ),
+            Some(_) => How::Exact,
+            None => How::Bounded("no attempts column: every completion observes 1".into()),
+        },
+    });
+    out.push(Capability {
+        metric: metric::INBOX_BACKLOG,
+        how: How::Exact,
+    });
+    out.push(Capability {
+        metric: metric::INBOX_OLDEST_AGE,
+        how: How::Exact,
+    });
+    out.push(Capability {
+        metric: metric::INBOX_STUCK,
+        how: if c.started_at.is_some() {
+            How::Exact
+        } else {
+            How::Zero("no started_at column".into())
+        },
+    });
+    out
+}
+
+/// The capabilities of an outbox source.
+pub fn outbox(s: &OutboxSpec) -> Vec<Capability> {
+    let t = &s.table;
+    let deleted = t.finished_rows == FinishedRows::Deleted;
+    vec![
+        Capability {
+            metric: metric::OUTBOX_PUBLISHED,
+            how: if deleted {
+                How::Bounded(format!("a lower bound: {UNSEEN_DELETED}"))
+            } else {
+                How::Exact
+            },
+        },
+        Capability {
+            metric: metric::OUTBOX_PUBLISH_DELAY,
+            how: match (deleted, t.deleted_durations) {
+                (false, _) => How::Exact,
+                (true, true) => How::Bounded(
+                    "deleted rows are observed up to the poll that noticed them (upper bounds)"
+                        .into(),
+                ),
+                (true, false) => {
+                    How::Bounded("deleted rows are not observed (deleted_durations = false)".into())
+                }
+            },
+        },
+        Capability {
+            metric: metric::OUTBOX_BACKLOG,
+            how: How::Exact,
+        },
+        Capability {
+            metric: metric::OUTBOX_OLDEST_AGE,
+            how: How::Exact,
+        },
+    ]
+}
+
+/// What a column must look like to stand for a meaning: name fragments,
+/// and the kind of type.
+const LOOKS: [(&str, &[&str], Kind); 8] = [
+    (
+        "event_type",
+        &[
+            "event_type",
+            "message_type",
+            "type",
+            "task",
+            "job_type",
+            "kind",
+            "entrypoint",
+            "topic",
+        ],
+        Kind::Text,
+    ),
+    (
+        "started_at",
+        &[
+            "started",
+            "start",
+            "locked_at",
+            "attempted_at",
+            "picked",
+            "lock_at",
+        ],
+        Kind::Time,
+    ),
+    (
+        "finished_at",
+        &[
+            "finished",
+            "completed",
+            "processed",
+            "done_at",
+            "completion",
+            "finalized",
+            "processing_end",
+            "handled",
+        ],
+        Kind::Time,
+    ),
+    (
+        "attempts",
+        &[
+            "attempts",
+            "attempt",
+            "retry_count",
+            "retries",
+            "executions",
+        ],
+        Kind::Int,
+    ),
+    (
+        "deliveries",
+        &[
+            "deliveries",
+            "delivery_count",
+            "receive_count",
+            "redelivered",
+        ],
+        Kind::Int,
+    ),
+    (
+        "last_error",
+        &["error", "failure", "exception", "last_result", "reason"],
+        Kind::Text,
+    ),
+    (
+        "traceparent",
+        &[
+            "traceparent",
+            "trace_context",
+            "tracingspancontext",
+            "trace_id",
+        ],
+        Kind::Text,
+    ),
+    (
+        "updated_at",
+        &["updated_at", "modified", "changed_at"],
+        Kind::Time,
+    ),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Text,
+    Time,
+    Int,
+}
+
+fn kind_of(ty: &str) -> Option<Kind> {
+    if ty.contains("time") || ty.contains("date") {
+        Some(Kind::Time)
+    } else if ty.contains("int") || ty == "numeric" {
+        Some(Kind::Int)
+    } else if ty.contains("char")
+        || ty.contains("text")
+        || ty.contains("json")
+        || ty == "user-defined"
+        || ty == "uuid"
+        || ty.is_empty()
+    {
+        Some(Kind::Text)
+    } else {
+        None
+    }
+}
+
+/// The optional meanings a table could map and which of its columns look
+/// like each (by name and type), as suggestions. `present`: (column, type).
+pub fn suggestions(spec: Shape<'_>, present: &[(String, String)]) -> Vec<String> {
+    let (mapped, optional): (Vec<&str>, &[&str]) = match spec {
+        Shape::Inbox(s) => (
+            s.columns.mapped().into_iter().map(|(_, c)| c).collect(),
+            &[
+                "event_type",
+                "started_at",
+                "finished_at",
+                "attempts",
+                "deliveries",
+                "last_error",
+                "traceparent",
+                "updated_at",
+            ],
+        ),
+        Shape::Outbox(s) => (
+            s.columns.mapped().into_iter().map(|(_, c)| c).collect(),
+            &["event_type", "traceparent", "updated_at"],
+        ),
+    };
+    let is_mapped = |meaning: &str| match spec {
+        Shape::Inbox(s) => s.columns.mapped().iter().any(|(m, _)| *m == meaning),
+        Shape::Outbox(s) => s.columns.mapped().iter().any(|(m, _)| *m == meaning),
+    };
+    let mut out = Vec::new();
+    for (meaning, names, kind) in LOOKS {
+        if !optional.contains(&meaning) || is_mapped(meaning) {
+            continue;
+        }
+        let like: Vec<String> = present
+            .iter()
+            .filter(|(col, ty)| {
+                let lower = col.to_lowercase();
+                !mapped.contains(&col.as_str())
+                    && names.iter().any(|n| lower.contains(n))
+                    && (ty.is_empty() || kind_of(ty) == Some(kind))
+            })
+            .map(|(col, ty)| {
+                if ty.is_empty() {
+                    format!("\"{col}\"")
+                } else {
+                    format!("\"{col}\" ({ty})")
+                }
+            })
+            .collect();
+        if like.is_empty() {
+            out.push(format!("{meaning} is not mapped (no column looks like it)"));
+        } else if meaning == "updated_at" {
+            out.push(format!(
+                "updated_at is not mapped; looks like it: {} — map it only if the consumer sets it \
+                 on every change of a row (claim, failure, retry); most libraries' updated_at \
+                 is not, and cursor = \"none\" is then the right mode",
+                like.join(", ")
+            ));
+        } else {
+            out.push(format!(
+                "{meaning} is not mapped; looks like it: {} — map it in [sources.columns] if it means that",
+                like.join(", ")
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn types_are_sorted_into_kinds() {
+        assert_eq!(kind_of("timestamp with time zone"), Some(Kind::Time));
+        assert_eq!(kind_of("datetime"), Some(Kind::Time));
+        assert_eq!(kind_of("smallint"), Some(Kind::Int));
+        assert_eq!(kind_of("character varying"), Some(Kind::Text));
+        assert_eq!(kind_of("jsonb"), Some(Kind::Text));
+        assert_eq!(kind_of("bytea"), None);
+    }
+}

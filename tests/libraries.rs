@@ -1,0 +1,816 @@
+//! End to end against REAL libraries writing their OWN tables (issue 12, "watch the
+//! tables consumers already have"): the npm packages pinned in
+//! `tests/libraries/package-lock.json` (installed by `scripts/test.sh` with `npm ci`)
+//! create their tables with their own setup SQL or migrations in a fresh schema, the
+//! agent starts on those empty tables, and a Node script runs a workload through the
+//! library's own API — successes, failures retried until they succeed, failures for
+//! good, duplicates the library swallows — and prints the library's own counts. Every
+//! exported number must then equal what those counts imply under the counting rules of
+//! `cursor = "none"`; nothing is read back from the tables for the expectations except
+//! the sums of durations, and the tables are only checked against the library's counts
+//! first (so that a mismatch with /metrics is the agent's).
+//!
+//! Needs PostgreSQL (`INBOXWATCH_TEST_PG`), `node` and `tests/libraries/node_modules`:
+//! without them the tests FAIL, they do not skip.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use common::checks::{Expectations, Tol, render_diff};
+use common::process::Proc;
+use common::scenarios::{CONVERGE, POLL};
+use common::workload::{ATTEMPT_BUCKETS, INBOX_EXACT_NAMES};
+use common::{
+    Agent, Db, Metrics, READY_TIMEOUT, repo_path, stays, toml_str, unique_name, wait_until,
+};
+
+/// Where the scripts and their `node_modules` are, relative to the checkout.
+const LIBRARIES: &str = "tests/libraries";
+/// A script has its own deadline (50–55 s); this only guards against a hang.
+const NODE_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the counters must stay put once they match (longer than `overlap = 10s`,
+/// so every re-read of the overlap window has happened).
+const STABLE: Duration = Duration::from_secs(12);
+
+// ---------------------------------------------------------------------------------
+// Running a library's script
+// ---------------------------------------------------------------------------------
+
+/// Panics unless `node` runs and the npm packages are installed: the tests FAIL, they
+/// do not skip, without them.
+fn require_node() {
+    let dir = repo_path(LIBRARIES);
+    match Command::new("node").arg("--version").output() {
+        Ok(out) if out.status.success() => {}
+        other => panic!(
+            "`node --version` failed ({other:?}): tests/libraries.rs needs Node.js >= 18 \
+             (scripts/test.sh installs it)"
+        ),
+    }
+    assert!(
+        dir.join("node_modules").is_dir(),
+        "{LIBRARIES}/node_modules is missing: run `npm ci --prefix {LIBRARIES}` \
+         (scripts/test.sh does it when it is missing)"
+    );
+}
+
+/// `node tests/libraries/<script> --db <dsn> --schema <schema> --phase <phase> <args>`
+/// to completion: its stdout. Panics (with its stderr) if node or the npm packages are
+/// missing, if it fails, or if it runs longer than [`NODE_TIMEOUT`].
+async fn node(script: &str, dsn: &str, schema: &str, phase: &str, args: &[&str]) -> String {
+    require_node();
+    let dir = repo_path(LIBRARIES);
+    let out = tempfile::tempdir().expect("a temp dir for node's output");
+    let mut cmd = Command::new("node");
+    cmd.arg(dir.join(script))
+        .args(["--db", dsn, "--schema", schema, "--phase", phase])
+        .args(args)
+        .current_dir(&dir);
+    let what = format!(
+        "node {LIBRARIES}/{script} --phase {phase} {}",
+        args.join(" ")
+    );
+    let proc = Proc::spawn(&what, &mut cmd, out.path(), "node");
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = proc.exited() {
+            break status;
+        }
+        if started.elapsed() > NODE_TIMEOUT {
+            proc.kill();
+            panic!(
+                "`{what}` did not finish within {NODE_TIMEOUT:?}\n{}",
+                proc.output_tail()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        status.success(),
+        "`{what}` failed ({status})\n{}",
+        proc.output_tail()
+    );
+    eprintln!("`{what}` took {:.1} s", started.elapsed().as_secs_f64());
+    proc.stdout()
+}
+
+/// The one JSON line a workload prints.
+fn report(stdout: &str) -> Value {
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("the workload's stdout is not one JSON object ({e}):\n{stdout}"))
+}
+
+/// A count of the report at `path`.
+fn count(v: &Value, path: &[&str]) -> f64 {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_f64()
+        .unwrap_or_else(|| panic!("the report has no number at {path:?}: {v}"))
+}
+
+/// The keys of the object at `path` (event types / task identifiers).
+fn keys(v: &Value, path: &[&str]) -> Vec<String> {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_object()
+        .unwrap_or_else(|| panic!("the report has no object at {path:?}: {v}"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// An `{"attempts": count}` object of the report as a map.
+fn attempts_map(v: &Value, path: &[&str]) -> BTreeMap<i64, f64> {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_object()
+        .unwrap_or_else(|| panic!("the report has no attempts object at {path:?}: {v}"))
+        .iter()
+        .map(|(a, c)| {
+            let a: i64 = a.parse().expect("attempts are integers");
+            (a, c.as_f64().expect("a count"))
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------
+// A fresh schema per test
+// ---------------------------------------------------------------------------------
+
+/// Drops and creates `schema`; the test drops it at its end (a failed test leaves it
+/// for inspection: its name is printed).
+async fn fresh_schema(db: &Db, short: &str) -> String {
+    let schema = unique_name("lib", short).to_lowercase();
+    db.pool
+        .raw(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("create schema {schema}: {e}"));
+    eprintln!("schema {schema}");
+    schema
+}
+
+async fn drop_schema(db: &Db, schema: &str) {
+    if let Err(e) = db
+        .pool
+        .raw(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+        .await
+    {
+        eprintln!("cleanup: drop schema {schema}: {e}");
+    }
+}
+
+/// Rows of a query whose columns are all text.
+async fn rows(db: &Db, sql: &str) -> Vec<Vec<String>> {
+    db.query(sql, &[])
+        .await
+        .into_iter()
+        .map(|r| r.into_iter().map(Option::unwrap_or_default).collect())
+        .collect()
+}
+
+fn num(s: &str) -> f64 {
+    s.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("not a number from the database: {s:?}"))
+}
+
+// ---------------------------------------------------------------------------------
+// Expectations from the library's counts
+// ---------------------------------------------------------------------------------
+
+/// Counters and the attempts histogram of one event type of an inbox source (or of all
+/// its series when `event_type` is `None`: a source with no event type mapped), from
+/// the library's counts. `attempts` maps the attempts a row shows at completion to how
+/// many rows completed so (both outcomes). The rules of `cursor = "none"`: a row shows
+/// `a` failed attempts while failed, `a - 1` in processing, succeeded or dead, and the
+/// counter follows the largest value seen — so the final attempt of a dead-lettered row
+/// is not an attempt failure, it is the dead-lettering.
+fn inbox_counts(
+    x: &mut Expectations,
+    source: &str,
+    event_type: Option<&str>,
+    received: f64,
+    succeeded: f64,
+    dead: f64,
+    attempts: &BTreeMap<i64, f64>,
+) {
+    let mut l = vec![("source", source)];
+    if let Some(t) = event_type {
+        l.push(("event_type", t));
+    }
+    let with = |k: &'static str, v: &'static str| {
+        let mut l = l.clone();
+        l.push((k, v));
+        l
+    };
+    x.push("inbox_messages_received_total", &l, received, Tol::Exact);
+    for (outcome, v) in [("succeeded", succeeded), ("dead_lettered", dead)] {
+        x.push(
+            "inbox_messages_completed_total",
+            &with("outcome", outcome),
+            v,
+            Tol::Exact,
+        );
+    }
+    let failures: f64 = attempts
+        .iter()
+        .map(|(a, c)| (*a - 1).max(0) as f64 * c)
+        .sum();
+    x.push("inbox_attempt_failures_total", &l, failures, Tol::Exact);
+    let n: f64 = attempts.values().sum();
+    let sum: f64 = attempts.iter().map(|(a, c)| *a as f64 * c).sum();
+    x.push("inbox_delivery_attempts_count", &l, n, Tol::Exact);
+    x.push("inbox_delivery_attempts_sum", &l, sum, Tol::Exact);
+    for le in ATTEMPT_BUCKETS.iter().copied().chain([f64::INFINITY]) {
+        let le_txt = if le.is_infinite() {
+            "+Inf".to_string()
+        } else {
+            le.to_string()
+        };
+        let c: f64 = attempts
+            .iter()
+            .filter(|(a, _)| **a as f64 <= le)
+            .map(|(_, c)| c)
+            .sum();
+        let mut lb = l.clone();
+        lb.push(("le", le_txt.as_str()));
+        x.push("inbox_delivery_attempts_bucket", &lb, c, Tol::Exact);
+    }
+    // No started_at is mapped: no processing duration is ever observed.
+    x.push(
+        "inbox_processing_duration_seconds_count",
+        &l,
+        0.0,
+        Tol::Exact,
+    );
+}
+
+/// What every library inbox source must show once the library has settled: nothing
+/// left in the backlog, no oldest age, nothing stuck, no row rejected for any reason,
+/// the source up; and every exact name closed (no series nobody expected).
+fn inbox_settled(x: &mut Expectations, source: &str) {
+    let s = [("source", source)];
+    x.push("inbox_backlog_messages", &s, 0.0, Tol::Exact);
+    x.push("inbox_oldest_unprocessed_age_seconds", &s, 0.0, Tol::Exact);
+    x.push("inbox_stuck_messages", &s, 0.0, Tol::Exact);
+    x.push("inboxwatch_rows_rejected_total", &s, 0.0, Tol::Exact);
+    x.push("inboxwatch_source_up", &s, 1.0, Tol::Exact);
+    for name in INBOX_EXACT_NAMES.iter().copied().chain([
+        "inbox_backlog_messages",
+        "inbox_oldest_unprocessed_age_seconds",
+        "inbox_stuck_messages",
+    ]) {
+        x.close(name, &s);
+    }
+}
+
+/// Metric names that must have NO series at all for `source` (not even 0): a source
+/// without a `deliveries` column cannot know deliveries or duplicates.
+const ABSENT_WITHOUT_DELIVERIES: [&str; 2] =
+    ["inbox_deliveries_total", "inbox_duplicate_deliveries_total"];
+
+fn absent_diff(m: &Metrics, source: &str, names: &[&str]) -> Vec<String> {
+    let scope = [("source", source)];
+    names
+        .iter()
+        .flat_map(|name| m.series(name, &scope))
+        .map(|s| {
+            format!(
+                "{}: must be absent (no deliveries column), got {}",
+                s.series(),
+                s.value
+            )
+        })
+        .collect()
+}
+
+/// Waits until the scrape matches `exp` and `absent` holds, then checks that it keeps
+/// matching for [`STABLE`] (nothing counted twice on re-reads or deletion look-ups).
+async fn converge(agent: &Agent, exp: &Expectations, absent: &[(&str, &[&str])], what: &str) {
+    let check = || async {
+        let m = agent.try_scrape().await?;
+        let mut d = exp.diff(&m);
+        for (source, names) in absent {
+            d.extend(absent_diff(&m, source, names));
+        }
+        if d.is_empty() {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} mismatches (expected from the library's counts vs /metrics):\n{}",
+                d.len(),
+                render_diff(&d)
+            ))
+        }
+    };
+    let started = Instant::now();
+    if let Err(e) = wait_until(CONVERGE, check).await {
+        panic!("{what}: /metrics did not reach the library's counts: {e}");
+    }
+    eprintln!(
+        "{what}: /metrics matched the library's counts {:.1} s after the workload ended",
+        started.elapsed().as_secs_f64()
+    );
+    if let Err(e) = stays(STABLE, check).await {
+        panic!("{what}: counters moved after matching the library's counts:\n{e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The agent's config
+// ---------------------------------------------------------------------------------
+
+/// The head of one `[[sources]]` block with the knobs of every correctness test (poll
+/// every [`POLL`], overlap 10 s) and no column map: each test writes its own, for the
+/// library's columns.
+fn source_head(kind: &str, name: &str, dsn: &str, table: &str) -> String {
+    let inbox_only = if kind == "inbox" {
+        "stuck_after = \"10m\"\nquantile_window = \"5m\"\n"
+    } else {
+        ""
+    };
+    format!(
+        "[[sources]]\nname = {}\nkind = {}\ndsn = {}\ntable = {}\npoll_interval = \"{}ms\"\n\
+         overlap = \"10s\"\nevent_type_limit = 50\ntimeout = \"2s\"\n{inbox_only}",
+        toml_str(name),
+        toml_str(kind),
+        toml_str(dsn),
+        toml_str(table),
+        POLL.as_millis()
+    )
+}
+
+// ---------------------------------------------------------------------------------
+// pg-transactional-outbox
+// ---------------------------------------------------------------------------------
+
+/// The agent's config for pg-transactional-outbox's `inbox` and `outbox` tables: no
+/// status column (status from rules on its own columns), no started_at, no deliveries,
+/// no updated_at (so no cursor).
+fn pto_config(dsn: &str, schema: &str) -> String {
+    let mut t = source_head("inbox", "pto-inbox", dsn, &format!("{schema}.inbox"));
+    t.push_str(
+        r#"cursor = "none"
+
+[sources.columns]
+event_id = "id"
+event_type = "message_type"
+received_at = "created_at"
+finished_at = "processed_at"
+attempts = "finished_attempts"
+
+[[sources.status_rules]]
+meaning = "dead"
+when = "abandoned_at IS NOT NULL"
+
+[[sources.status_rules]]
+meaning = "succeeded"
+when = "processed_at IS NOT NULL"
+
+[[sources.status_rules]]
+meaning = "failed"
+when = "finished_attempts > 0"
+
+[[sources.status_rules]]
+meaning = "processing"
+when = "locked_until > now() AND started_attempts > finished_attempts"
+
+[[sources.status_rules]]
+meaning = "pending"
+when = "true"
+
+"#,
+    );
+    t.push_str(&source_head(
+        "outbox",
+        "pto-outbox",
+        dsn,
+        &format!("{schema}.outbox"),
+    ));
+    t.push_str(
+        r#"cursor = "none"
+
+[sources.columns]
+event_id = "id"
+event_type = "message_type"
+created_at = "created_at"
+published_at = "processed_at"
+"#,
+    );
+    t
+}
+
+/// Guards watching pg-transactional-outbox 0.5.7's own `inbox` and `outbox` tables
+/// (no status column: status from rules; no updated_at: cursor-less tailing), written
+/// by its own storage and polling listeners: received, completed by outcome, attempt
+/// failures, the attempts histogram and the end-to-end count equal the library's
+/// counts per message type, the outbox's published count equals its listener's, the
+/// backlogs end at 0, no row is rejected, and deliveries / duplicates are absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pg_transactional_outbox_tables_match_the_librarys_counts() {
+    const SCRIPT: &str = "pg-transactional-outbox.mjs";
+    require_node();
+    let db = Db::postgres().await;
+    let schema = fresh_schema(&db, "pto").await;
+    node(SCRIPT, &db.dsn, &schema, "setup", &[]).await;
+
+    let agent = Agent::start(&pto_config(&db.dsn, &schema));
+    agent.wait_ready(READY_TIMEOUT).await;
+
+    let out = node(
+        SCRIPT,
+        &db.dsn,
+        &schema,
+        "run",
+        &[
+            "--ok",
+            "140",
+            "--flaky",
+            "40",
+            "--doomed",
+            "20",
+            "--dups",
+            "40",
+            "--redeliveries",
+            "40",
+        ],
+    )
+    .await;
+    let r = report(&out);
+    eprintln!("library counts: {r}");
+
+    // The run went as designed (else the library behaved differently, not the agent).
+    let types = keys(&r, &["inbox", "by_type"]);
+    let total = |field: &str| -> f64 {
+        types
+            .iter()
+            .map(|t| count(&r, &["inbox", "by_type", t, field]))
+            .sum()
+    };
+    let design = [
+        ("inbox succeeded", total("succeeded"), 180.0),
+        ("inbox abandoned", total("abandoned"), 20.0),
+        ("inbox messages", total("messages"), 200.0),
+        (
+            "outbox duplicates swallowed",
+            count(&r, &["outbox", "duplicates_swallowed"]),
+            40.0,
+        ),
+        (
+            "inbox duplicates swallowed",
+            count(&r, &["inbox", "duplicates_swallowed"]),
+            40.0,
+        ),
+        ("inbox rows stored", count(&r, &["inbox", "stored"]), 200.0),
+    ];
+    for (what, got, want) in design {
+        assert_eq!(
+            got, want,
+            "the library's run differs from the design: {what}\n{r}"
+        );
+    }
+
+    // The tables agree with the library's counts (a harness check, before /metrics).
+    let inbox = format!("{schema}.inbox");
+    let outbox = format!("{schema}.outbox");
+    let table: BTreeMap<(String, String, i64), f64> = rows(
+        &db,
+        &format!(
+            "SELECT message_type, CASE WHEN abandoned_at IS NOT NULL THEN 'abandoned' \
+             WHEN processed_at IS NOT NULL THEN 'succeeded' ELSE 'open' END, \
+             CAST(finished_attempts AS text), CAST(count(*) AS text) FROM {inbox} \
+             WHERE started_attempts = finished_attempts GROUP BY 1, 2, 3 \
+             UNION ALL SELECT message_type, 'crashed attempts', '0', CAST(count(*) AS text) \
+             FROM {inbox} WHERE started_attempts <> finished_attempts GROUP BY 1"
+        ),
+    )
+    .await
+    .into_iter()
+    .map(|r| ((r[0].clone(), r[1].clone(), num(&r[2]) as i64), num(&r[3])))
+    .collect();
+    let mut library = BTreeMap::new();
+    for t in &types {
+        for outcome in ["succeeded", "abandoned"] {
+            for (a, c) in attempts_map(&r, &["inbox", "by_type", t, "attempts", outcome]) {
+                library.insert((t.clone(), outcome.to_string(), a), c);
+            }
+        }
+    }
+    assert_eq!(
+        table, library,
+        "HARNESS: the inbox table (type, state, finished_attempts) -> rows differs from \
+         the library's counts"
+    );
+    let published: BTreeMap<String, f64> = rows(
+        &db,
+        &format!(
+            "SELECT message_type, CAST(count(*) AS text) FROM {outbox} \
+             WHERE processed_at IS NOT NULL AND abandoned_at IS NULL GROUP BY 1"
+        ),
+    )
+    .await
+    .into_iter()
+    .map(|r| (r[0].clone(), num(&r[1])))
+    .collect();
+    let library_published: BTreeMap<String, f64> = keys(&r, &["outbox", "published"])
+        .into_iter()
+        .map(|t| {
+            let c = count(&r, &["outbox", "published", &t]);
+            (t, c)
+        })
+        .collect();
+    assert_eq!(
+        published, library_published,
+        "HARNESS: the outbox table's processed rows differ from the listener's counts"
+    );
+    let outbox_rows =
+        num(&rows(&db, &format!("SELECT CAST(count(*) AS text) FROM {outbox}")).await[0][0]);
+    assert_eq!(
+        outbox_rows,
+        count(&r, &["outbox", "stored"]),
+        "HARNESS: outbox rows"
+    );
+
+    // Sums of durations: not in the library's counts, so from the table.
+    let durations = |table: String| {
+        let db = &db;
+        async move {
+            rows(
+                db,
+                &format!(
+                    "SELECT message_type, CAST(count(*) AS text), \
+                     CAST(SUM(EXTRACT(EPOCH FROM processed_at - created_at)) AS text) \
+                     FROM {table} WHERE processed_at IS NOT NULL GROUP BY 1"
+                ),
+            )
+            .await
+            .into_iter()
+            .map(|r| (r[0].clone(), (num(&r[1]), num(&r[2]))))
+            .collect::<BTreeMap<String, (f64, f64)>>()
+        }
+    };
+    let e2e = durations(inbox.clone()).await;
+    let delay = durations(outbox.clone()).await;
+
+    let mut x = Expectations::default();
+    for t in &types {
+        let mut attempts = attempts_map(&r, &["inbox", "by_type", t, "attempts", "succeeded"]);
+        for (a, c) in attempts_map(&r, &["inbox", "by_type", t, "attempts", "abandoned"]) {
+            *attempts.entry(a).or_default() += c;
+        }
+        let succeeded = count(&r, &["inbox", "by_type", t, "succeeded"]);
+        inbox_counts(
+            &mut x,
+            "pto-inbox",
+            Some(t),
+            count(&r, &["inbox", "by_type", t, "messages"]),
+            succeeded,
+            count(&r, &["inbox", "by_type", t, "abandoned"]),
+            &attempts,
+        );
+        // processed_at is the finish of succeeded rows only; abandoned rows have none.
+        let l = [("source", "pto-inbox"), ("event_type", t.as_str())];
+        x.push(
+            "inbox_end_to_end_latency_seconds_count",
+            &l,
+            succeeded,
+            Tol::Exact,
+        );
+        let (n, sum) = e2e.get(t).copied().unwrap_or_default();
+        x.push(
+            "inbox_end_to_end_latency_seconds_sum",
+            &l,
+            sum,
+            Tol::Abs(0.001 * n + 1e-6),
+        );
+    }
+    inbox_settled(&mut x, "pto-inbox");
+    for (t, published) in &library_published {
+        let l = [("source", "pto-outbox"), ("event_type", t.as_str())];
+        x.push(
+            "outbox_messages_published_total",
+            &l,
+            *published,
+            Tol::Exact,
+        );
+        x.push(
+            "outbox_publish_delay_seconds_count",
+            &l,
+            *published,
+            Tol::Exact,
+        );
+        let (n, sum) = delay.get(t).copied().unwrap_or_default();
+        x.push(
+            "outbox_publish_delay_seconds_sum",
+            &l,
+            sum,
+            Tol::Abs(0.001 * n + 1e-6),
+        );
+    }
+    let s = [("source", "pto-outbox")];
+    x.push("outbox_backlog_messages", &s, 0.0, Tol::Exact);
+    x.push("outbox_oldest_unpublished_age_seconds", &s, 0.0, Tol::Exact);
+    x.push("inboxwatch_rows_rejected_total", &s, 0.0, Tol::Exact);
+    x.push("inboxwatch_source_up", &s, 1.0, Tol::Exact);
+    for name in [
+        "outbox_messages_published_total",
+        "outbox_publish_delay_seconds_count",
+        "outbox_publish_delay_seconds_sum",
+        "outbox_backlog_messages",
+        "outbox_oldest_unpublished_age_seconds",
+        "inboxwatch_rows_rejected_total",
+    ] {
+        x.close(name, &s);
+    }
+
+    converge(
+        &agent,
+        &x,
+        &[("pto-inbox", &ABSENT_WITHOUT_DELIVERIES)],
+        "pg-transactional-outbox",
+    )
+    .await;
+
+    drop(agent);
+    drop_schema(&db, &schema).await;
+}
+
+// ---------------------------------------------------------------------------------
+// graphile-worker
+// ---------------------------------------------------------------------------------
+
+/// The agent's config for graphile-worker's jobs, through its `jobs` view (the
+/// table holds a task id; the view joins the task identifier, the event type):
+/// successes are DELETED, permanently failed jobs stay with attempts =
+/// max_attempts; status from rules. A view has no `xmin`: the agent reads it
+/// without the filter that skips rows an earlier poll read.
+fn graphile_config(dsn: &str, schema: &str) -> String {
+    let mut t = source_head("inbox", "gw-jobs", dsn, &format!("{schema}.jobs"));
+    t.push_str(
+        r#"cursor = "none"
+finished_rows = "deleted"
+deleted_as = "succeeded"
+
+[sources.columns]
+event_id = "id"
+event_type = "task_identifier"
+received_at = "created_at"
+attempts = "attempts"
+last_error = "last_error"
+
+[[sources.status_rules]]
+meaning = "dead"
+when = "attempts >= max_attempts AND locked_at IS NULL"
+
+[[sources.status_rules]]
+meaning = "processing"
+when = "locked_at IS NOT NULL"
+
+[[sources.status_rules]]
+meaning = "failed"
+when = "attempts > 0"
+
+[[sources.status_rules]]
+meaning = "pending"
+when = "true"
+"#,
+    );
+    t
+}
+
+/// Guards watching graphile-worker 0.17.3's own jobs table, written by its own
+/// migrations, addJob and worker pool, where a success DELETES the row: received,
+/// succeeded (counted by disappearance), dead-lettered (attempts reach max_attempts),
+/// attempt failures and the attempts histogram equal the library's job events;
+/// re-added job keys are not counted again; the backlog ends at 0, no row is
+/// rejected, deliveries / duplicates are absent. Every job waits 3 s before it runs and
+/// every successful attempt takes 1.2 s (see the script), so each job is seen before it
+/// disappears and the expected counts are exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn graphile_worker_jobs_match_the_librarys_counts() {
+    const SCRIPT: &str = "graphile-worker.mjs";
+    require_node();
+    let db = Db::postgres().await;
+    let schema = fresh_schema(&db, "gw").await;
+    node(SCRIPT, &db.dsn, &schema, "setup", &[]).await;
+
+    let agent = Agent::start(&graphile_config(&db.dsn, &schema));
+    agent.wait_ready(READY_TIMEOUT).await;
+
+    let out = node(
+        SCRIPT,
+        &db.dsn,
+        &schema,
+        "run",
+        &[
+            "--ok", "140", "--flaky", "40", "--doomed", "20", "--dups", "40",
+        ],
+    )
+    .await;
+    let r = report(&out);
+    eprintln!("library counts: {r}");
+
+    let tasks = keys(&r, &["by_task"]);
+    let total = |field: &str| -> f64 {
+        tasks
+            .iter()
+            .map(|t| count(&r, &["by_task", t, field]))
+            .sum()
+    };
+    let design = [
+        ("jobs", total("jobs"), 200.0),
+        ("succeeded", total("succeeded"), 180.0),
+        ("failed permanently", total("failed_permanently"), 20.0),
+        ("re-added keys folded", total("duplicates_folded"), 40.0),
+        (
+            "re-added keys as new rows",
+            total("duplicates_new_rows"),
+            0.0,
+        ),
+    ];
+    for (what, got, want) in design {
+        assert_eq!(
+            got, want,
+            "the library's run differs from the design: {what}\n{r}"
+        );
+    }
+
+    // What is left in the table: exactly the permanently failed jobs, unlocked, with
+    // attempts = max_attempts and their last error (a harness check, before /metrics).
+    let left: BTreeMap<(String, i64, String), f64> = rows(
+        &db,
+        &format!(
+            "SELECT task_identifier, CAST(attempts AS text), \
+             CASE WHEN attempts = max_attempts AND locked_at IS NULL AND last_error IS NOT NULL \
+             THEN 'failed for good' ELSE 'other' END, CAST(count(*) AS text) \
+             FROM {schema}.jobs GROUP BY 1, 2, 3"
+        ),
+    )
+    .await
+    .into_iter()
+    .map(|r| ((r[0].clone(), num(&r[1]) as i64, r[2].clone()), num(&r[3])))
+    .collect();
+    let mut library = BTreeMap::new();
+    for t in &tasks {
+        for (a, c) in attempts_map(&r, &["by_task", t, "attempts", "failed"]) {
+            library.insert((t.clone(), a, "failed for good".to_string()), c);
+        }
+    }
+    assert_eq!(
+        left, library,
+        "HARNESS: the rows left in the jobs table differ from the library's job:failed events"
+    );
+
+    // Per task (the event type): the library's counts of that task.
+    let mut x = Expectations::default();
+    for t in &tasks {
+        let mut attempts = BTreeMap::new();
+        for outcome in ["succeeded", "failed"] {
+            for (a, c) in attempts_map(&r, &["by_task", t, "attempts", outcome]) {
+                *attempts.entry(a).or_default() += c;
+            }
+        }
+        inbox_counts(
+            &mut x,
+            "gw-jobs",
+            Some(t),
+            count(&r, &["by_task", t, "jobs"]),
+            count(&r, &["by_task", t, "succeeded"]),
+            count(&r, &["by_task", t, "failed_permanently"]),
+            &attempts,
+        );
+    }
+    // No finished_at: deleted rows observe no duration (deleted_durations = false),
+    // dead rows have no finish time.
+    x.push(
+        "inbox_end_to_end_latency_seconds_count",
+        &[("source", "gw-jobs")],
+        0.0,
+        Tol::Exact,
+    );
+    inbox_settled(&mut x, "gw-jobs");
+
+    converge(
+        &agent,
+        &x,
+        &[("gw-jobs", &ABSENT_WITHOUT_DELIVERIES)],
+        "graphile-worker",
+    )
+    .await;
+
+    drop(agent);
+    drop_schema(&db, &schema).await;
+}
