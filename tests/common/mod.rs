@@ -8,7 +8,8 @@
 //! * [`http`]: a minimal HTTP/1.1 GET; [`metrics`]: the Prometheus text format;
 //! * [`db`]: the databases, DSNs, timestamps, [`Db`] with its tables and roles;
 //! * [`workload`] and [`scenarios`]: ground-truth generators and the test bodies
-//!   shared by the dialects; [`checks`]: expected series and diffs;
+//!   shared by the dialects; [`shapes`]: the generator for tables without a change
+//!   cursor (issue 12); [`checks`]: expected series and diffs;
 //! * [`proxy`]: a TCP proxy that can cut connections; [`otlp`]: an OTLP receiver;
 //! * [`stack`]: Prometheus, Alertmanager, promtool/amtool, a webhook receiver;
 //! * `kafka.rs`: a tansu broker and rdkafka clients (included only by the Kafka
@@ -28,6 +29,7 @@ pub mod otlp;
 pub mod process;
 pub mod proxy;
 pub mod scenarios;
+pub mod shapes;
 pub mod stack;
 pub mod workload;
 
