@@ -216,19 +216,10 @@ impl Sql {
     /// `xmin` at or after that snapshot's xmin, parameter `xmin`; 0 returns
     /// every row). Such a version is a late commit; every other one was read.
     pub fn unseen(&self, column: &str, high: usize, xmin: usize) -> Option<String> {
-        Some(format!(
-            "({} OR {})",
-            self.after(column, high),
-            self.written_since(xmin)?
-        ))
-    }
-
-    /// PostgreSQL: a row version written by a transaction that had not
-    /// ended when a snapshot with xmin (parameter `xmin`) was taken.
-    pub fn written_since(&self, xmin: usize) -> Option<String> {
         match self.dialect {
             Dialect::Postgres => Some(format!(
-                "age(xmin) <= age(CAST(CAST(CAST({} AS TEXT) AS xid8) AS xid))",
+                "({} OR age(xmin) <= age(CAST(CAST(CAST({} AS TEXT) AS xid8) AS xid)))",
+                self.after(column, high),
                 self.placeholder(xmin)
             )),
             Dialect::MySql | Dialect::Sqlite => None,

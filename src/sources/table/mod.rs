@@ -1,15 +1,13 @@
 //! Inbox and outbox tables on PostgreSQL, MySQL/MariaDB and SQLite.
 //!
 //! Each poll is one read-only transaction that tails the change cursor
-//! (`updated_at`) — or, without one, the arrival and finish times — from the
-//! last high-water mark minus a short look-back, and re-reads the rest of the
-//! overlap window in stripes ([`sweep`]), so a transaction that commits late
-//! is still seen. What a row changed since it was last seen is worked out
-//! against a bounded map of recently seen events, so re-reading never counts
-//! twice. The gauges come from a map of the unfinished rows kept from the same
-//! rows ([`backlog`]), checked every `reconcile_every`; without a change
-//! cursor (or when finished rows are deleted) the unfinished rows are re-read
-//! on every poll instead, and those that left them are looked up by id.
+//! (`updated_at`) from the last high-water mark minus the overlap window, so a
+//! transaction that commits late is still seen. What a row changed since it
+//! was last seen is worked out against a bounded map of recently seen events,
+//! so re-reading the overlap never counts twice. The gauges come from a map of
+//! the unfinished rows kept from the same rows ([`backlog`]), checked against
+//! an aggregate over the unfinished rows every `reconcile_every`; it runs on
+//! every poll only while the backlog is too large to keep.
 
 pub mod backlog;
 mod capabilities;
@@ -24,7 +22,6 @@ pub mod outbox;
 pub mod rules;
 pub mod schema;
 mod state;
-mod sweep;
 
 pub use config::{InboxSpec, OutboxSpec, Status, StatusMap, TableSpec};
 
@@ -43,11 +40,10 @@ use crate::telemetry::catalogue as metric;
 use backlog::{Backlog, GaugeMap, Unfinished};
 use config::{Cursor, FinishedRows};
 use dialect::{Param, Sql};
-use sweep::Stripes;
 
 /// How far behind the change cursor every poll looks, for transactions that
 /// commit shortly after setting `updated_at`; older stragglers (up to the
-/// source's `overlap`) are caught by the sweep's stripes ([`sweep`]).
+/// source's `overlap`) are caught by the periodic sweep.
 pub const COMMIT_LAG: Duration = Duration::from_secs(2);
 
 /// Text of `last_error` longer than this (in characters) is rejected as a label
@@ -170,12 +166,12 @@ pub struct TableSource<K: TableKind> {
     /// Per tailed column ([`TableKind::cursors`]): the highest value read so
     /// far (microseconds), capped at the database's now.
     highs: Vec<Option<i64>>,
-    /// When the rows with a NULL change cursor were last scanned.
-    last_null_scan: Option<Instant>,
-    /// PostgreSQL: the snapshot xmin of the last poll (see [`Sql::unseen`]).
+    /// When the whole overlap window was last re-read.
+    last_sweep: Option<Instant>,
+    /// PostgreSQL: the snapshot xmin of the last poll and of the last sweep
+    /// (see [`Sql::unseen`]).
     poll_xmin: Option<i64>,
-    /// Per tailed column: the sweep of the overlap window for late commits.
-    stripes: Vec<Stripes>,
+    sweep_xmin: Option<i64>,
     /// The unfinished rows, for the gauges.
     backlog: Backlog,
     /// When the backlog was last checked against the gauge query.
@@ -235,17 +231,6 @@ impl<K: TableKind> TableSource<K> {
             dialect: spec.dsn.dialect(),
         };
         let cursors = kind.cursors().len();
-        let lag = spec.overlap.min(COMMIT_LAG);
-        let stripes = (0..cursors)
-            .map(|_| {
-                Stripes::new(
-                    spec.overlap - lag,
-                    sweep_every(&spec),
-                    spec.poll_interval,
-                    sql.cursor_unit(),
-                )
-            })
-            .collect();
         TableSource {
             backlog: Backlog::new(spec.max_tracked_events),
             spec,
@@ -257,9 +242,9 @@ impl<K: TableKind> TableSource<K> {
             xmin: sql.snapshot_xmin().is_some(),
             started: false,
             highs: vec![None; cursors],
-            last_null_scan: None,
+            last_sweep: None,
             poll_xmin: None,
-            stripes,
+            sweep_xmin: None,
             last_reconcile: None,
             cheap_reconciles: 0,
             nulls: NullScan::default(),
@@ -331,19 +316,6 @@ impl<K: TableKind> TableSource<K> {
             self.sql.after(&col, 1),
             self.sql.after(&col, 2),
         )
-    }
-
-    /// Every row of one stripe of the sweep, `$1 < column <= $2` (cursor
-    /// values one unit below the stripe's bounds), and on PostgreSQL only
-    /// those written by a transaction not ended at the stripe's last read
-    /// (`$3`). Streamed, in no order.
-    fn stripe_query(&self, column: &str) -> String {
-        let written = self
-            .sql
-            .written_since(3)
-            .filter(|_| self.xmin)
-            .map_or(String::new(), |x| format!(" AND {x}"));
-        format!("{}{written}", self.ties_query(column))
     }
 
     /// A page of rows whose change cursor is NULL, after an event id.
@@ -461,17 +433,19 @@ impl<K: TableKind> TableSource<K> {
         let db_now: i64 = now_row.try_get(0).map_err(query_error)?;
         let snapshot_xmin: i64 = now_row.try_get(1).map_err(query_error)?;
         self.kind.begin(db_now);
-        let baseline = !self.started;
-        // A poll's tail looks back COMMIT_LAG, which catches ordinary commit
-        // latency at once; the rest of the overlap window is re-read in
-        // stripes ([`sweep`]) for the rare transaction that commits later
-        // still. The first poll reads the whole window. Reads stay
-        // proportional to the change rate, not to overlap / interval.
-        let lookback = if baseline {
+        // Most polls look back only COMMIT_LAG, which catches ordinary commit
+        // latency at once; every third of the overlap window a sweep re-reads
+        // the whole window for the rare transaction that commits later still.
+        // Reads stay proportional to the change rate, not to overlap / interval.
+        let sweep_every = (self.spec.overlap / 3).max(self.spec.poll_interval);
+        let sweep = self.last_sweep.is_none_or(|t| t.elapsed() >= sweep_every);
+        let lookback = if sweep {
+            self.last_sweep = Some(Instant::now());
             self.spec.overlap
         } else {
             self.spec.overlap.min(COMMIT_LAG)
         };
+        let baseline = !self.started;
         let mut rows_read = 0u64;
         if baseline {
             self.kind.start(db_now);
@@ -481,31 +455,34 @@ impl<K: TableKind> TableSource<K> {
             rows_read += self.read_unfinished(&mut tx, baseline).await?;
         }
         // Rows up to the high-water mark in the range re-read were read by the
-        // last poll unless written by a transaction still running then; 0
-        // (unknown) re-reads them all.
+        // last poll (the last sweep, for a sweep) unless written by a
+        // transaction still running then; 0 (unknown) re-reads them all.
+        let seen_before = if sweep {
+            self.sweep_xmin
+        } else {
+            self.poll_xmin
+        };
         let seen_before = if baseline {
             0
         } else {
-            self.poll_xmin.unwrap_or(0)
+            seen_before.unwrap_or(0)
         };
         let window = Window {
             db_now,
             lookback: i64::try_from(lookback.as_micros()).unwrap_or(i64::MAX),
             seen_before,
             baseline,
-            xmin: snapshot_xmin,
         };
         for (i, (column, at)) in self.kind.cursors().into_iter().enumerate() {
             rows_read += self.tail(&mut tx, i, &column, at, &window).await?;
         }
         self.started = true;
         self.poll_xmin = Some(snapshot_xmin);
-        let scan_nulls = self
-            .last_null_scan
-            .is_none_or(|t| t.elapsed() >= sweep_every(&self.spec));
-        if scan_nulls && self.spec.cursor == Cursor::UpdatedAt {
-            self.last_null_scan = Some(Instant::now());
-            rows_read += self.scan_nulls(&mut tx).await?;
+        if sweep {
+            self.sweep_xmin = Some(snapshot_xmin);
+            if self.spec.cursor == Cursor::UpdatedAt {
+                rows_read += self.scan_nulls(&mut tx).await?;
+            }
         }
         if rereads && !baseline {
             rows_read += self.look_up_gone(&mut tx, db_now).await?;
@@ -646,53 +623,6 @@ impl<K: TableKind> TableSource<K> {
         }
         // A clock ahead of the database must not push the mark into the future.
         self.highs[i] = Some(max_seen.min(w.db_now));
-        rows_read += self.sweep(tx, i, column, high, w).await?;
-        Ok(rows_read)
-    }
-
-    /// Re-reads the stripes of the overlap window below this poll's tail
-    /// that are due ([`sweep`]), for transactions that committed later than
-    /// the tail's look-back.
-    async fn sweep(
-        &mut self,
-        tx: &mut AnyConnection,
-        i: usize,
-        column: &str,
-        high: i64,
-        w: &Window,
-    ) -> Result<u64, SourceError> {
-        let window_low = high.saturating_sub(micros(self.spec.overlap));
-        let tail_low = high.saturating_sub(w.lookback);
-        let now = Instant::now();
-        if w.baseline {
-            // The first poll's tail read the whole window, every row.
-            self.stripes[i].read_all(window_low, high, now, w.xmin);
-            self.stripes[i].polled(tail_low, w.xmin, window_low);
-            return Ok(0);
-        }
-        let query = self.stripe_query(column);
-        let unit = self.sql.cursor_unit();
-        let mut rows_read = 0u64;
-        for stripe in self.stripes[i].due(window_low, tail_low, now) {
-            let mut q = bind(
-                bind(
-                    sqlx::query(sqlx::AssertSqlSafe(query.clone())),
-                    self.sql.cursor(stripe.start.saturating_sub(unit)),
-                ),
-                self.sql.cursor(stripe.end.saturating_sub(unit)),
-            );
-            if self.xmin {
-                q = q.bind(stripe.seen_before);
-            }
-            let mut rows = q.fetch(&mut *tx);
-            while let Some(row) = rows.try_next().await.map_err(query_error)? {
-                rows_read += 1;
-                self.take(&row, false)?;
-            }
-            drop(rows);
-            self.stripes[i].read(stripe.index, now, w.xmin);
-        }
-        self.stripes[i].polled(tail_low, w.xmin, window_low);
         Ok(rows_read)
     }
 
@@ -878,18 +808,6 @@ struct Window {
     /// PostgreSQL: the snapshot xmin of the poll that read the range last.
     seen_before: i64,
     baseline: bool,
-    /// PostgreSQL: this poll's snapshot xmin.
-    xmin: i64,
-}
-
-/// How often each stripe of the overlap window is re-read: a third of the
-/// overlap, at least the poll interval.
-fn sweep_every(spec: &TableSpec) -> Duration {
-    (spec.overlap / 3).max(spec.poll_interval)
-}
-
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 fn query_error(e: sqlx::Error) -> SourceError {
