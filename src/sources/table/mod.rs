@@ -1,13 +1,15 @@
 //! Inbox and outbox tables on PostgreSQL, MySQL/MariaDB and SQLite.
 //!
 //! Each poll is one read-only transaction that tails the change cursor
-//! (`updated_at`) from the last high-water mark minus the overlap window, so a
-//! transaction that commits late is still seen. What a row changed since it
-//! was last seen is worked out against a bounded map of recently seen events,
-//! so re-reading the overlap never counts twice. The gauges come from a map of
-//! the unfinished rows kept from the same rows ([`backlog`]), checked against
-//! an aggregate over the unfinished rows every `reconcile_every`; it runs on
-//! every poll only while the backlog is too large to keep.
+//! (`updated_at`) — or, without one, the arrival and finish times — from the
+//! last high-water mark minus a look-back (every third of the overlap window,
+//! the whole window), so a transaction that commits late is still seen. What
+//! a row changed since it was last seen is worked out against a bounded map
+//! of recently seen events, so re-reading never counts twice. The gauges come
+//! from a map of the unfinished rows kept from the same rows ([`backlog`]),
+//! checked every `reconcile_every`; without a change cursor (or when finished
+//! rows are deleted) the unfinished rows are re-read on every poll instead,
+//! and those that left them are looked up by id.
 
 pub mod backlog;
 mod capabilities;
