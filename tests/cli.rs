@@ -1304,3 +1304,126 @@ fn help_lists_every_subcommand() {
         );
     }
 }
+
+/// Guards `schema --config`: for a table with no status column (status from
+/// rules) and no change cursor — pg-transactional-outbox's shape — it prints
+/// the indexes the agent's queries need: one per watermark (`created_at`,
+/// `processed_at`) and the partial index over the unfinished rows that the
+/// rules' finished conditions make. Run on PostgreSQL, that DDL makes every
+/// query `doctor` EXPLAINs use an index (before it, each would scan the
+/// table), and the source counts the table's rows as unfinished exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_config_prints_the_indexes_that_rules_and_watermarks_need() {
+    let db = Db::postgres().await;
+    let t = unique_name("pto", "schema");
+    db.register_table(&t);
+    db.exec(
+        &format!(
+            "CREATE TABLE {t} (id uuid PRIMARY KEY, message_type text, \
+             locked_until timestamptz NOT NULL DEFAULT to_timestamp(0), \
+             created_at timestamptz NOT NULL, processed_at timestamptz, abandoned_at timestamptz, \
+             started_attempts smallint NOT NULL DEFAULT 0, finished_attempts smallint NOT NULL DEFAULT 0)"
+        ),
+        &[],
+    )
+    .await;
+    // 50,000 rows over a month, 1 % unfinished: enough for the planner to
+    // prefer an index once there is one.
+    db.exec(
+        &format!(
+            "INSERT INTO {t} (id, message_type, created_at, processed_at, finished_attempts) \
+             SELECT md5(g::text)::uuid, 'order.created', now() - (50000 - g) * interval '50 seconds', \
+             CASE WHEN g % 100 = 0 THEN NULL ELSE now() - (50000 - g) * interval '50 seconds' + interval '1 second' END, \
+             CASE WHEN g % 100 = 0 THEN 0 ELSE 1 END FROM generate_series(1, 50000) g"
+        ),
+        &[],
+    )
+    .await;
+    db.exec(&format!("ANALYZE {t}"), &[]).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("pto.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[sources]]\nname = \"pto\"\nkind = \"inbox\"\ndsn = \"{}\"\ntable = \"{t}\"\n\n\
+             [sources.columns]\nevent_id = \"id\"\nevent_type = \"message_type\"\nreceived_at = \"created_at\"\n\
+             finished_at = \"processed_at\"\nattempts = \"finished_attempts\"\n\n\
+             [[sources.status_rules]]\nmeaning = \"dead\"\nwhen = \"abandoned_at IS NOT NULL\"\n\
+             [[sources.status_rules]]\nmeaning = \"succeeded\"\nwhen = \"processed_at IS NOT NULL\"\n\
+             [[sources.status_rules]]\nmeaning = \"failed\"\nwhen = \"finished_attempts > 0\"\n\
+             [[sources.status_rules]]\nmeaning = \"processing\"\nwhen = \"locked_until > now() AND started_attempts > finished_attempts\"\n\
+             [[sources.status_rules]]\nmeaning = \"pending\"\nwhen = \"true\"\n",
+            db.dsn
+        ),
+    )
+    .expect("write config");
+
+    let doctor = || Cmd::new(["doctor", "--config"]).arg(&config).output();
+    let before = doctor();
+    let warnings = |o: &Outcome| -> Vec<String> {
+        o.stdout
+            .lines()
+            .filter(|l| l.trim_start().starts_with("warning:"))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(
+        warnings(&before).len(),
+        3,
+        "without indexes the two tails and the unfinished rows scan the table:\n{}",
+        before.describe()
+    );
+
+    let out = Cmd::new(["schema", "--config"]).arg(&config).output();
+    assert!(out.success(), "{}", out.describe());
+    let ddl: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with("--"))
+        .collect();
+    assert_eq!(
+        ddl,
+        vec![
+            format!("CREATE INDEX IF NOT EXISTS {t}_created_at ON \"{t}\" (\"created_at\");"),
+            format!("CREATE INDEX IF NOT EXISTS {t}_processed_at ON \"{t}\" (\"processed_at\");"),
+            format!(
+                "CREATE INDEX IF NOT EXISTS {t}_unfinished ON \"{t}\" (\"created_at\") \
+                 WHERE \"abandoned_at\" IS NULL AND \"processed_at\" IS NULL;"
+            ),
+        ],
+        "{}",
+        out.describe()
+    );
+    for stmt in &ddl {
+        db.exec(stmt, &[]).await;
+    }
+    db.exec(&format!("ANALYZE {t}"), &[]).await;
+
+    let after = doctor();
+    assert_eq!(
+        warnings(&after),
+        Vec::<String>::new(),
+        "{}",
+        after.describe()
+    );
+    for what in [
+        "tail on created_at",
+        "tail on processed_at",
+        "unfinished rows",
+    ] {
+        let line = format!("  ok:      the {what} query uses an index");
+        assert!(
+            after.stdout.lines().any(|l| l == line),
+            "missing {line:?}:\n{}",
+            after.describe()
+        );
+    }
+    assert!(
+        after
+            .stdout
+            .contains("re-reads every unfinished row: 500 unfinished rows now"),
+        "the doctor counts the unfinished rows the rules select:\n{}",
+        after.describe()
+    );
+    assert_eq!(after.code, Some(0), "{}", after.describe());
+}
