@@ -7,6 +7,7 @@ use serde::Deserialize;
 use toml::Spanned;
 use toml::de::DeValue;
 
+use super::dialect::Sql;
 use super::rules::{self, Rule, Statuses};
 use crate::checks::{Environment, Unknown, Validator, is_identifier, is_table_name};
 use crate::dsn::Dsn;
@@ -245,6 +246,34 @@ pub struct InboxSpec {
 }
 
 impl InboxSpec {
+    /// The status column when its words alone give the status (no rules):
+    /// queries then test the column itself, as the recommended indexes do.
+    pub fn words_only(&self) -> Option<&str> {
+        self.columns
+            .status
+            .as_deref()
+            .filter(|_| self.rules.is_empty())
+    }
+
+    /// The expression every query reads a row's status from: the status
+    /// column's text when words alone give it, else the meaning the rules
+    /// (and words) work out in SQL.
+    pub fn status_select(&self, sql: &Sql) -> String {
+        match self.words_only() {
+            Some(column) => sql.text(&sql.ident(column)),
+            None => self.status_sql().meaning_sql(sql),
+        }
+    }
+
+    /// What a value read through [`InboxSpec::status_select`] means.
+    pub fn meaning_of(&self, text: &str) -> Option<Status> {
+        if self.words_only().is_some() {
+            self.statuses.classify(text)
+        } else {
+            Status::from_name(text)
+        }
+    }
+
     /// The rules and the status column's words, for the SQL that works out
     /// a row's meaning.
     pub fn status_sql(&self) -> Statuses<'_> {

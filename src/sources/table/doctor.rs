@@ -51,8 +51,14 @@ pub(crate) async fn check<K: TableKind>(
     let sql = Sql {
         dialect: table.dsn.dialect(),
     };
-    out.extend(check_types(&mut conn, &sql, spec).await);
-    out.extend(describe_mode(&mut conn, &sql, source, spec).await);
+    // The table's columns, read once for the type checks and the suggestions.
+    match columns_of(&mut conn, &sql, &table.table).await {
+        Ok(present) => {
+            out.extend(check_types(&present, &sql, spec));
+            out.extend(describe_mode(&mut conn, &sql, source, spec, &present).await);
+        }
+        Err(e) => out.push(Finding::Error(format!("reading the columns failed: {e}"))),
+    }
     for (what, query, binds_cursor) in source.queries() {
         let query = if binds_cursor {
             inline(&sql, &query)
@@ -167,20 +173,20 @@ fn index_for(what: &str, spec: Shape<'_>, sql: &Sql) -> String {
         Shape::Inbox(s) => {
             let received = sql.ident(&s.columns.received_at);
             let name = format!("{base}_unfinished");
-            match (&s.columns.status, s.rules.is_empty()) {
-                (Some(status), true) if sql.dialect == Dialect::MySql => create_index(
+            match s.words_only() {
+                Some(status) if sql.dialect == Dialect::MySql => create_index(
                     sql.dialect,
                     &name,
                     &t,
                     &format!("{}, {received}", sql.ident(status)),
                     None,
                 ),
-                (Some(status), true) => {
+                Some(status) => {
                     let words = s.statuses.unfinished_words();
                     let filter = format!("{} IN {}", sql.ident(status), sql.in_list(&words));
                     create_index(sql.dialect, &name, &t, &received, Some(&filter))
                 }
-                _ => {
+                None => {
                     // The rules' finished conditions that do not change with
                     // time make the partial index; MySQL has none, and an
                     // index on their columns serves it.
@@ -232,6 +238,7 @@ async fn describe_mode<K: TableKind>(
     sql: &Sql,
     source: &TableSource<K>,
     spec: Shape<'_>,
+    present: &[(String, String)],
 ) -> Vec<Finding> {
     let table = spec.table();
     let mut out = Vec::new();
@@ -280,13 +287,8 @@ async fn describe_mode<K: TableKind>(
     for c in capabilities {
         out.push(Finding::Ok(c.line()));
     }
-    match columns_of(conn, sql, &table.table).await {
-        Ok(present) => {
-            for line in capabilities::suggestions(spec, &present) {
-                out.push(Finding::Ok(line));
-            }
-        }
-        Err(e) => out.push(Finding::Error(format!("reading the columns failed: {e}"))),
+    for line in capabilities::suggestions(spec, present) {
+        out.push(Finding::Ok(line));
     }
     out
 }
@@ -315,24 +317,11 @@ async fn columns_of(
 }
 
 /// Warns about column types the agent reads in a way the user may not expect.
-async fn check_types(conn: &mut AnyConnection, sql: &Sql, spec: Shape<'_>) -> Vec<Finding> {
+fn check_types(present: &[(String, String)], sql: &Sql, spec: Shape<'_>) -> Vec<Finding> {
     let mut out = Vec::new();
-    let table = spec.table();
-    let rows = match sqlx::query(sqlx::AssertSqlSafe(sql.columns_query(&table.table)))
-        .fetch_all(&mut *conn)
-        .await
-    {
-        Ok(r) => r,
-        Err(e) => return vec![Finding::Error(format!("reading the columns failed: {e}"))],
-    };
-    let types: std::collections::HashMap<String, String> = rows
+    let types: std::collections::HashMap<&str, &str> = present
         .iter()
-        .filter_map(|r| {
-            Some((
-                r.try_get::<String, _>(0).ok()?,
-                r.try_get::<String, _>(1).ok()?.to_lowercase(),
-            ))
-        })
+        .map(|(c, t)| (c.as_str(), t.as_str()))
         .collect();
     let times: Vec<(&str, String)> = match spec {
         Shape::Inbox(s) => {
@@ -358,7 +347,7 @@ async fn check_types(conn: &mut AnyConnection, sql: &Sql, spec: Shape<'_>) -> Ve
         }
     };
     for (meaning, col) in times {
-        let ty = types.get(&col).cloned().unwrap_or_default();
+        let ty = types.get(col.as_str()).copied().unwrap_or_default();
         let fine = match sql.dialect {
             Dialect::Postgres => ty.starts_with("timestamp"),
             Dialect::MySql => ty == "datetime" || ty == "timestamp",

@@ -140,8 +140,6 @@ struct Row {
     /// The start of `last_error` (only read when spans are exported).
     error_text: Option<String>,
     traceparent: Option<String>,
-    /// The meaning the status rules and words give, when rules are set.
-    meaning: Option<String>,
     /// When the row last changed: its change cursor, or without one the
     /// poll that read it.
     updated: i64,
@@ -234,7 +232,6 @@ impl Inbox {
             error_text: get(row, 9, "last_error")?,
             traceparent: get(row, 10, "traceparent")?,
             updated: get::<Option<i64>>(row, 11, "updated_at")?.unwrap_or(NO_CURSOR),
-            meaning: get(row, 12, "status")?,
             version: 0,
         };
         if self.spec.table.cursor == Cursor::None {
@@ -244,16 +241,6 @@ impl Inbox {
             row.version = row.updated;
         }
         Ok(row)
-    }
-
-    /// What a row's status means: by the rules (and words) in SQL when rules
-    /// are set, else by the status word.
-    fn status_of(&self, word: Option<&str>, meaning: Option<&str>) -> Option<Status> {
-        if self.spec.rules.is_empty() {
-            word.and_then(|w| self.spec.statuses.classify(w))
-        } else {
-            meaning.and_then(Status::from_name)
-        }
     }
 
     /// What is wrong with a row, if anything keeps it from being used.
@@ -348,7 +335,7 @@ impl Inbox {
             }
             long_error_at = Some(row.version);
         }
-        let status = self.status_of(Some(&row.status), row.meaning.as_deref());
+        let status = self.spec.meaning_of(&row.status);
         if let Some(reason) = self.check(&row, status) {
             let seen = existing.and_then(|s| s.rejected_at) == Some(row.version);
             if !seen && !baseline {
@@ -721,15 +708,10 @@ impl TableKind for Inbox {
             Cursor::UpdatedAt => opt(&c.updated_at, &|e| sql.micros(e)),
             Cursor::None => "NULL".to_string(),
         };
-        let meaning = if self.spec.rules.is_empty() {
-            "NULL".to_string()
-        } else {
-            self.spec.status_sql().meaning_sql(sql)
-        };
         vec![
             ("event_id", sql.text(&sql.ident(&c.event_id))),
             ("event_type", opt(&c.event_type, &|e| sql.text(e))),
-            ("status", opt(&c.status, &|e| sql.text(e))),
+            ("status", self.spec.status_select(sql)),
             ("received_at", sql.micros(&sql.ident(&c.received_at))),
             ("started_at", opt(&c.started_at, &|e| sql.micros(e))),
             ("finished_at", opt(&c.finished_at, &|e| sql.micros(e))),
@@ -758,7 +740,6 @@ impl TableKind for Inbox {
                 },
             ),
             ("updated_at", updated_at),
-            ("status", meaning),
         ]
     }
 
@@ -781,13 +762,13 @@ impl TableKind for Inbox {
     }
 
     fn unfinished_filter(&self, sql: &Sql) -> String {
-        match (&self.spec.columns.status, self.spec.rules.is_empty()) {
-            (Some(status), true) => format!(
+        match self.spec.words_only() {
+            Some(status) => format!(
                 "{} IN {}",
                 sql.ident(status),
                 sql.in_list(&self.spec.statuses.unfinished_words())
             ),
-            _ => self.spec.status_sql().unfinished_sql(sql),
+            None => self.spec.status_sql().unfinished_sql(sql),
         }
     }
 
@@ -865,8 +846,8 @@ impl TableKind for Inbox {
             ),
             None => "0".to_string(),
         };
-        match (&c.status, self.spec.rules.is_empty()) {
-            (Some(status), true) => {
+        match self.spec.words_only() {
+            Some(status) => {
                 let status = sql.ident(status);
                 let stuck = started(&format!(
                     "{status} IN {}",
@@ -883,11 +864,11 @@ impl TableKind for Inbox {
                     sql.in_list(&self.spec.statuses.unfinished_words()),
                 )
             }
-            _ => {
+            None => {
                 // The meaning is worked out per row; grouped by position, as
                 // the expression is long (and PostgreSQL, MySQL and SQLite
                 // all take positions).
-                let meaning = self.spec.status_sql().meaning_sql(sql);
+                let meaning = self.spec.status_select(sql);
                 let stuck = started(&format!("{meaning} = 'processing'"));
                 let group = if et.is_some() { "1, 2" } else { "1" };
                 format!(
@@ -902,7 +883,6 @@ impl TableKind for Inbox {
 
     fn gauges(&mut self, rows: &[AnyRow]) -> Result<GaugeMap, String> {
         let mut out = GaugeMap::new();
-        let rules = !self.spec.rules.is_empty();
         for row in rows {
             let word: Option<String> = get(row, 0, "status")?;
             let et: Option<String> = get(row, 1, "event_type")?;
@@ -911,12 +891,10 @@ impl TableKind for Inbox {
             let stuck: Option<i64> = get(row, 4, "started_at")?;
             // A word the database matched but the agent does not (MySQL compares
             // case-insensitively) is an unknown status, as the tail rejects it.
-            let status = if rules {
-                self.status_of(None, word.as_deref())
-            } else {
-                self.status_of(word.as_deref(), None)
-            };
-            let Some(class) = status.and_then(class_of) else {
+            let Some(class) = word
+                .and_then(|w| self.spec.meaning_of(&w))
+                .and_then(class_of)
+            else {
                 continue;
             };
             let label = self.labels.resolve(et.as_deref());
@@ -934,9 +912,8 @@ impl TableKind for Inbox {
         let event_id: Option<String> = get(row, 0, "event_id")?;
         let key = key_of(event_id.as_deref().unwrap_or_default());
         let word: Option<String> = get(row, 2, "status")?;
-        let meaning: Option<String> = get(row, 12, "status")?;
-        let Some(class) = self
-            .status_of(word.as_deref(), meaning.as_deref())
+        let Some(class) = word
+            .and_then(|w| self.spec.meaning_of(&w))
             .and_then(class_of)
         else {
             return Ok((key, None));
@@ -984,7 +961,6 @@ fn version_of(row: &Row) -> i64 {
     let mut h = std::hash::SipHasher::new_with_keys(0x7665_7273_696f_6e73, 0x6f66_2072_6f77_7321);
     (
         &row.status,
-        &row.meaning,
         row.received,
         row.started,
         row.finished,

@@ -96,7 +96,7 @@ async fn inbox_event(
     let query = format!(
         "SELECT {}, {}, {}, {}, {}, {}, {}, {}, {}, {} FROM {} WHERE {} = {}",
         opt_col(sql, &c.event_type, |e| sql.text(e)),
-        status_select(sql, s),
+        s.status_select(&sql),
         sql.micros(&sql.ident(&c.received_at)),
         opt_col(sql, &c.started_at, |e| sql.micros(e)),
         opt_col(sql, &c.finished_at, |e| sql.micros(e)),
@@ -123,11 +123,7 @@ async fn inbox_event(
     let last_error: Option<String> = get(&row, 7, "last_error")?;
     let traceparent: Option<String> = get(&row, 8, "traceparent")?;
     let updated: Option<i64> = get(&row, 9, "updated_at")?;
-    let status = if s.rules.is_empty() {
-        s.statuses.classify(&word)
-    } else {
-        Status::from_name(&word)
-    };
+    let status = s.meaning_of(&word);
     let service = s
         .table
         .service_name
@@ -283,15 +279,6 @@ async fn outbox_event(
     Ok(Some(out))
 }
 
-/// What a row's status is, as the trace lookup reads it: the meaning the
-/// rules give when there are rules, else the status word.
-fn status_select(sql: Sql, s: &InboxSpec) -> String {
-    match (&s.columns.status, s.rules.is_empty()) {
-        (Some(status), true) => sql.text(&sql.ident(status)),
-        _ => s.status_sql().meaning_sql(&sql),
-    }
-}
-
 /// `inboxwatch dead-letters`: the events dead-lettered within `since`, newest
 /// first, as tab-separated columns under a header.
 async fn dead_rows(
@@ -302,14 +289,15 @@ async fn dead_rows(
     limit: usize,
 ) -> Result<Vec<DeadLetter>, String> {
     let c = &s.columns;
-    let dead = if s.rules.is_empty() {
-        let words = s.statuses.words_for(Status::Dead);
-        let Some(status) = c.status.as_deref().filter(|_| !words.is_empty()) else {
-            return Ok(Vec::new());
-        };
-        format!("{} IN {}", sql.ident(status), sql.in_list(&words))
-    } else {
-        format!("{} = 'dead'", s.status_sql().meaning_sql(&sql))
+    let dead = match s.words_only() {
+        Some(status) => {
+            let words = s.statuses.words_for(Status::Dead);
+            if words.is_empty() {
+                return Ok(Vec::new());
+            }
+            format!("{} IN {}", sql.ident(status), sql.in_list(&words))
+        }
+        None => format!("{} = 'dead'", s.status_select(&sql)),
     };
     let mut tx = conn.begin().await.map_err(|e| e.to_string())?;
     let now: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {}", sql.now_micros())))
