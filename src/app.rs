@@ -89,7 +89,9 @@ impl Agent {
             linker,
             config.max_connections_per_database,
         );
-        for spec in config.sources {
+        let journal = rt.journal.clone();
+        let config = Arc::new(config);
+        for spec in config.sources.iter().cloned() {
             leadership.register(spec.name());
             health.register(spec.name());
             spec.start(&mut rt)?;
@@ -105,9 +107,20 @@ impl Agent {
             health,
             leadership,
             stopping: cancel.clone(),
+            config: config.clone(),
+            journal,
+            history: http::status::History::default(),
         };
+        let mut tasks = tasks;
+        if config.pages {
+            tasks.spawn(http::sample_history(state.clone(), cancel.clone()));
+        }
         let http = tokio::spawn(http::serve(listener, state, config.http, stop_http.clone()));
-        info!(listen = %addr, "Serving /metrics, /healthz and /readyz.");
+        if config.pages {
+            info!(listen = %addr, "Serving the status page (/), /metrics, /healthz and /readyz.");
+        } else {
+            info!(listen = %addr, "Serving /metrics, /healthz and /readyz.");
+        }
         Ok(Agent {
             addr,
             cancel,

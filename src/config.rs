@@ -46,6 +46,12 @@ pub struct RawServer {
     pub idle_timeout: Option<String>,
     /// HTTP connections served at once; more wait until one closes (default 256).
     pub max_http_connections: Option<i64>,
+    /// Serve the pages (`/`, `/dead-letters`, `/events/{id}`) and the JSON
+    /// API (`/api/v1/…`) beside `/metrics` (default true).
+    pub pages: Option<bool>,
+    /// A trace viewer's URL with `{trace_id}` in it: the pages link each
+    /// trace id there (e.g. a Grafana Explore or Jaeger URL).
+    pub trace_url: Option<String>,
 }
 
 /// A validated configuration.
@@ -63,6 +69,12 @@ pub struct Config {
     pub sources: Vec<SourceSpec>,
     /// Span export, when `[tracing]` is configured.
     pub tracing: Option<TracingConfig>,
+    /// `[server] pages`: the pages and the JSON API are served.
+    pub pages: bool,
+    /// `[server] trace_url`, checked to hold `{trace_id}`.
+    pub trace_url: Option<String>,
+    /// The file it was read from (the pages print commands that name it).
+    pub path: Option<String>,
 }
 
 /// What one client may hold on the listener (`[server]` keys).
@@ -110,10 +122,15 @@ pub fn load_in(path: &Path, environment: Environment) -> Result<Config, ConfigEr
             message: format!("cannot read the config file: {e}"),
         }],
     })?;
-    parse_str_in(&text, environment).map_err(|mut e| {
-        e.path = Some(path.display().to_string());
-        e
-    })
+    parse_str_in(&text, environment)
+        .map(|mut c| {
+            c.path = Some(path.display().to_string());
+            c
+        })
+        .map_err(|mut e| {
+            e.path = Some(path.display().to_string());
+            e
+        })
 }
 
 /// Parses and validates config text, reading `${VAR}` from the process environment.
@@ -179,6 +196,17 @@ fn read(text: &str, v: &mut Validator<'_>) -> Option<Config> {
         1_000,
     ) as u32;
     let http = http_limits(v, &server);
+    let trace_url = server.trace_url.clone().filter(|u| {
+        let ok =
+            u.contains("{trace_id}") && (u.starts_with("http://") || u.starts_with("https://"));
+        if !ok {
+            v.problem(
+                "server.trace_url",
+                format!("{u:?} must be an http:// or https:// URL with {{trace_id}} in it"),
+            );
+        }
+        ok
+    });
     let sources = read_sources(v, sources);
     let tracing: Option<RawTracing> = tracing.and_then(|t| section(v, "tracing", Some(t)));
     let tracing = crate::tracing_link::config::validate(tracing.as_ref(), v);
@@ -189,6 +217,9 @@ fn read(text: &str, v: &mut Validator<'_>) -> Option<Config> {
         http,
         sources,
         tracing,
+        pages: server.pages.unwrap_or(true),
+        trace_url,
+        path: None,
     })
 }
 

@@ -12,6 +12,7 @@ pub mod doctor;
 pub mod dsn;
 pub mod health;
 pub mod http;
+pub mod journal;
 pub mod lookup;
 pub mod sources;
 pub mod telemetry;

@@ -19,6 +19,7 @@ use toml::de::DeValue;
 use crate::checks::{Unknown, Validator, keys_at, knows};
 use crate::coordination::{Leadership, Lock, elect};
 use crate::health::Health;
+use crate::journal::Journal;
 use crate::sources::run::{Source, run_loop};
 use crate::tracing_link::Linker;
 
@@ -118,6 +119,12 @@ pub struct DeadLetter {
     pub dead_at: Option<i64>,
     pub attempts: Option<i64>,
     pub last_error: Option<String>,
+    /// The optional `business_key` column (an order id, say): shown, never a label.
+    pub business_key: Option<String>,
+    /// The optional `summary` column (a body digest, say): shown, never a label.
+    pub summary: Option<String>,
+    /// The class of `last_error` (`[[sources.error_classes]]`).
+    pub error_class: Option<String>,
 }
 
 /// What a starting source gets from the agent: where to spawn its tasks,
@@ -131,6 +138,8 @@ pub struct Runtime {
     pub linker: Option<Linker>,
     /// `[server] max_connections_per_database`.
     pub max_connections_per_database: u32,
+    /// Where sources note the attempts of failed events (`/events/{id}`).
+    pub journal: Journal,
     tasks: JoinSet<()>,
     /// Senders of sources no election decides: kept so that ownership never ends.
     owned_outright: Vec<watch::Sender<Option<bool>>>,
@@ -151,6 +160,7 @@ impl Runtime {
             cancel,
             linker,
             max_connections_per_database,
+            journal: Journal::default(),
             tasks: JoinSet::new(),
             owned_outright: Vec::new(),
             shared: Vec::new(),

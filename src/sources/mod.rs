@@ -23,8 +23,10 @@ use kind::{DeadLetter, Finding, Kind, Runtime};
 /// which hands over to the kind: nothing outside a kind's folder matches on it.
 macro_rules! kinds {
     ($($(#[$doc:meta])* $variant:ident($spec:ty),)+) => {
-        /// One validated source, of whichever kind.
+        /// One validated source, of whichever kind. A handful per agent, read
+        /// once: the size of the largest kind's settings does not matter.
         #[derive(Debug, Clone)]
+        #[allow(clippy::large_enum_variant)]
         pub enum SourceSpec {
             $($(#[$doc])* $variant($spec),)+
         }
@@ -55,6 +57,16 @@ macro_rules! kinds {
                     out.push(<$spec as Kind>::KIND);
                 })+
                 out
+            }
+
+            /// The team that owns the source (`owner`).
+            pub fn owner(&self) -> Option<&str> {
+                None
+            }
+
+            /// The source's `kind = "…"`.
+            pub fn kind(&self) -> &'static str {
+                match self { $(SourceSpec::$variant(_) => <$spec as Kind>::KIND,)+ }
             }
 
             /// The configured name (the `source` label).

@@ -126,6 +126,10 @@ pub struct RawInboxColumns {
     pub last_error: Option<String>,
     pub traceparent: Option<String>,
     pub updated_at: Option<String>,
+    /// A business id (an order id, say): shown on the dead-letter page, never a label.
+    pub business_key: Option<String>,
+    /// A short description of the event (a body digest, say): shown, never a label.
+    pub summary: Option<String>,
 }
 
 /// An outbox's `[sources.columns]`.
@@ -306,6 +310,8 @@ pub struct InboxColumns {
     pub last_error: Option<String>,
     pub traceparent: Option<String>,
     pub updated_at: Option<String>,
+    pub business_key: Option<String>,
+    pub summary: Option<String>,
 }
 
 impl InboxColumns {
@@ -325,6 +331,8 @@ impl InboxColumns {
             ("deliveries", &self.deliveries),
             ("last_error", &self.last_error),
             ("traceparent", &self.traceparent),
+            ("business_key", &self.business_key),
+            ("summary", &self.summary),
         ];
         out.extend(
             optional
@@ -879,6 +887,8 @@ fn inbox_columns(
         last_error: column(v, key, "last_error", &c.last_error, false),
         traceparent: column(v, key, "traceparent", &c.traceparent, false),
         updated_at: column(v, key, "updated_at", &c.updated_at, false),
+        business_key: column(v, key, "business_key", &c.business_key, false),
+        summary: column(v, key, "summary", &c.summary, false),
     };
     let written = [
         ("event_id", &c.event_id),
@@ -892,6 +902,8 @@ fn inbox_columns(
         ("last_error", &c.last_error),
         ("traceparent", &c.traceparent),
         ("updated_at", &c.updated_at),
+        ("business_key", &c.business_key),
+        ("summary", &c.summary),
     ];
     distinct_columns(v, key, &cols.mapped(), &written);
     (v.count() == before).then_some(cols)

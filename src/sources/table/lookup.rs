@@ -320,13 +320,16 @@ async fn dead_rows(
     filter.push_str(&dead);
     let order = sql.ident(dead_at.unwrap_or(&c.received_at));
     let query = format!(
-        "SELECT {}, {}, {}, {}, {}, {} FROM {} WHERE {filter} ORDER BY {order} DESC, {} {}",
+        "SELECT {}, {}, {}, {}, {}, {}, {}, {} FROM {} WHERE {filter} ORDER BY {order} DESC, {} {}",
         sql.text(&sql.ident(&c.event_id)),
         opt_col(sql, &c.event_type, |e| sql.text(e)),
         sql.micros(&sql.ident(&c.received_at)),
         dead_at.map_or("NULL".to_string(), |d| sql.micros(&sql.ident(d))),
         opt_col(sql, &c.attempts, |e| sql.int(e)),
         opt_col(sql, &c.last_error, |e| sql
+            .text(&sql.prefix(e, ERROR_SHOWN + 1))),
+        opt_col(sql, &c.business_key, |e| sql.text(e)),
+        opt_col(sql, &c.summary, |e| sql
             .text(&sql.prefix(e, ERROR_SHOWN + 1))),
         sql.table(&s.table.table),
         sql.ident(&c.event_id),
@@ -350,6 +353,9 @@ async fn dead_rows(
                 dead_at: get(row, 3, "finished_at")?,
                 attempts: get(row, 4, "attempts")?,
                 last_error: get(row, 5, "last_error")?,
+                business_key: get(row, 6, "business_key")?,
+                summary: get(row, 7, "summary")?,
+                error_class: None,
             })
         })
         .collect()

@@ -1,5 +1,5 @@
-//! `/metrics`, `/healthz` and `/readyz` on one listener. A scrape only renders
-//! what the sources last recorded; it never polls. The listener bounds what a
+//! `/metrics`, `/healthz`, `/readyz` and the pages (`pages`, `status`) on one
+//! listener. A scrape only renders what the sources last recorded; it never polls. The listener bounds what a
 //! client can hold: connections, the time to send a request's headers, and the
 //! time a connection may stall (issue 16).
 
@@ -27,10 +27,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::config::HttpLimits;
-use crate::coordination::{Leadership, hide_standby};
+pub mod pages;
+pub mod status;
+
+use crate::config::{Config, HttpLimits};
+use crate::coordination::Leadership;
 use crate::health::Health;
-use crate::telemetry::snapshot;
 
 /// What the handlers read.
 #[derive(Clone)]
@@ -41,15 +43,46 @@ pub struct AppState {
     pub leadership: Arc<Leadership>,
     /// Cancelled when the agent begins to shut down: `/readyz` turns false first.
     pub stopping: CancellationToken,
+    /// The configuration the agent runs: the pages list its sources and read
+    /// their tables for dead letters and events.
+    pub config: Arc<Config>,
+    /// Recent failed events' attempts, for `/events/{id}`.
+    pub journal: crate::journal::Journal,
+    /// The last hour of the status page's numbers.
+    pub history: status::History,
 }
 
 /// The router of the agent's HTTP endpoints.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let mut r = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .with_state(state)
+        .route("/readyz", get(readyz));
+    if state.config.pages {
+        r = r
+            .route("/", get(pages::status_page))
+            .route("/dead-letters", get(pages::dead_letters_page))
+            .route("/events/{id}", get(pages::event_page))
+            .route("/api/v1/status", get(pages::api_status))
+            .route("/api/v1/dead-letters", get(pages::api_dead_letters))
+            .route("/api/v1/events/{id}", get(pages::api_event));
+    }
+    r.with_state(state)
+}
+
+/// Takes a sample of every source's numbers for the status page's
+/// sparklines every [`status::SAMPLE_EVERY`], until `stop`.
+pub async fn sample_history(state: AppState, stop: CancellationToken) {
+    let mut tick = tokio::time::interval(status::SAMPLE_EVERY);
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => {
+                let text = pages::exposition(&state);
+                state.history.record(&status::numbers(&status::parse(&text)));
+            }
+        }
+    }
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
@@ -58,12 +91,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        {
-            let standing_by = state.leadership.standing_by();
-            let mut text = hide_standby(state.metrics.render(), &standing_by);
-            snapshot::render(&mut text, &standing_by);
-            text
-        },
+        pages::exposition(&state),
     )
 }
 

@@ -1,0 +1,953 @@
+//! The pages on-call looks at (`/`, `/dead-letters`, `/events/{id}`) and the
+//! same data as JSON (`/api/v1/…`). Served from the binary: no script, no
+//! font, no stylesheet from elsewhere; every value that comes from a table,
+//! a broker or the configuration is HTML-escaped. Read-only: the status page
+//! renders what `/metrics` renders, the dead-letter and event pages read the
+//! tables through the agent's own read-only connections, like the
+//! `dead-letters` and `trace` commands.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::AppState;
+use super::status::{self, Numbers};
+use crate::coordination::hide_standby;
+use crate::journal::{FIRST_KEPT, Trail};
+use crate::sources::SourceSpec;
+use crate::sources::kind::{DeadLetter, timestamp};
+use crate::telemetry::snapshot;
+use crate::tracing_link::{self as link, to_hex};
+
+/// Dead letters listed per source at most.
+const DEAD_LETTERS_SHOWN: usize = 200;
+/// How long the dead-letter and event pages wait for a source.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How far back `/dead-letters` looks without `?since=`.
+const DEFAULT_SINCE: Duration = Duration::from_secs(24 * 3600);
+
+/// `&`, `<`, `>`, `"` and `'` as entities: safe in text and in quoted attributes.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Percent-encodes a path segment or a query value.
+fn url_part(text: &str) -> String {
+    percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+/// Quotes an argument for a POSIX shell.
+fn shell(arg: &str) -> String {
+    if !arg.is_empty()
+        && arg
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c))
+    {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#1b1b1b;background:#fff}\
+h1{font-size:1.4em;margin:0 0 .3em}h2{font-size:1.15em;margin:1.2em 0 .4em}\
+nav a{margin-right:1em}table{border-collapse:collapse;margin:.4em 0}\
+td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top;font-size:.92em}\
+th{background:#f3f3f3}.up{color:#126b12;font-weight:600}.down{color:#b00020;font-weight:600}\
+.standby{color:#666}.over{color:#b00020;font-weight:600}.muted{color:#666}\
+pre,code{font-family:ui-monospace,monospace;font-size:.9em;white-space:pre-wrap;word-break:break-all}\
+svg{vertical-align:middle}.card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;margin:1em 0}";
+
+fn page(title: &str, refresh: Option<u32>, body: &str) -> Response {
+    let mut html = String::from("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">");
+    if let Some(s) = refresh {
+        let _ = write!(html, "<meta http-equiv=\"refresh\" content=\"{s}\">");
+    }
+    let _ = write!(
+        html,
+        "<meta name=\"viewport\" content=\"width=device-width\"><title>{} · inboxwatch</title>\
+         <style>{STYLE}</style></head><body>\
+         <nav><a href=\"/\">status</a><a href=\"/dead-letters\">dead letters</a>\
+         <a href=\"/metrics\">/metrics</a><a href=\"/healthz\">/healthz</a><a href=\"/readyz\">/readyz</a>\
+         <a href=\"/api/v1/status\">/api/v1/status</a></nav>{body}</body></html>",
+        escape(title)
+    );
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            // Nothing on a page may load from elsewhere or run.
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; style-src 'unsafe-inline'; img-src 'self' data:",
+            ),
+        ],
+        html,
+    )
+        .into_response()
+}
+
+fn json<T: Serialize>(value: &T) -> Response {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => ([(header::CONTENT_TYPE, "application/json")], text).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+    }
+}
+
+/// An inline SVG line of `values` (NaN breaks the line), or a dash.
+fn sparkline(values: &[f64]) -> String {
+    const W: f64 = 120.0;
+    const H: f64 = 24.0;
+    let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    if finite.is_empty() {
+        return "<span class=\"muted\">–</span>".to_string();
+    }
+    let lo = finite
+        .iter()
+        .copied()
+        .fold(f64::INFINITY, f64::min)
+        .min(0.0);
+    let hi = finite.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let span = if hi > lo { hi - lo } else { 1.0 };
+    let step = if values.len() > 1 {
+        W / (values.len() - 1) as f64
+    } else {
+        0.0
+    };
+    let mut lines = Vec::new();
+    let mut current = String::new();
+    for (i, v) in values.iter().enumerate() {
+        if !v.is_finite() {
+            if !current.is_empty() {
+                lines.push(std::mem::take(&mut current));
+            }
+            continue;
+        }
+        let x = i as f64 * step;
+        let y = H - 1.0 - (v - lo) / span * (H - 2.0);
+        let _ = write!(current, "{x:.1},{y:.1} ");
+    }
+    if !current.is_empty() {
+        lines.push(current);
+    }
+    let mut svg = format!(
+        "<svg width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"last hour\">"
+    );
+    for l in lines {
+        let _ = write!(
+            svg,
+            "<polyline fill=\"none\" stroke=\"#3366cc\" stroke-width=\"1.5\" points=\"{}\"/>",
+            l.trim_end()
+        );
+    }
+    svg.push_str("</svg>");
+    svg
+}
+
+/// A number as the page prints it: integers without a fraction, others with
+/// up to three decimals.
+pub fn number(v: f64) -> String {
+    if !v.is_finite() {
+        "–".to_string()
+    } else if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+fn opt_number(v: Option<f64>) -> String {
+    v.map_or("–".to_string(), number)
+}
+
+// ---------------------------------------------------------------------------
+// The status page.
+
+/// One source as the status page and `/api/v1/status` show it.
+#[derive(Debug, Serialize)]
+pub struct SourceStatus {
+    pub name: String,
+    pub kind: &'static str,
+    pub owner: Option<String>,
+    /// `up`, `down`, `starting` or `standby`.
+    pub state: &'static str,
+    pub error: Option<String>,
+    /// This agent polls the source (false: another agent owns it).
+    pub leader: bool,
+    /// What `/metrics` says of it now; none on standby.
+    pub numbers: Option<Numbers>,
+    /// The last hour, one value per sample and the current one last (null where absent).
+    pub history: BTreeMap<&'static str, Vec<Option<f64>>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StatusReport {
+    pub generated_at: String,
+    pub sources: Vec<SourceStatus>,
+}
+
+/// What `/metrics` renders now: the recorder and the snapshots, without the
+/// sources another agent owns.
+pub fn exposition(state: &AppState) -> String {
+    let standing_by = state.leadership.standing_by();
+    let mut text = hide_standby(state.metrics.render(), &standing_by);
+    snapshot::render(&mut text, &standing_by);
+    text
+}
+
+pub fn status_report(state: &AppState) -> StatusReport {
+    let text = exposition(state);
+    let mut numbers = status::numbers(&status::parse(&text));
+    let health = state.health.snapshot();
+    let standing_by = state.leadership.standing_by();
+    let mut sources = Vec::new();
+    for spec in state.config.sources.iter() {
+        let name = spec.name().to_string();
+        let h = health.get(&name).cloned().unwrap_or_default();
+        let standby = h.standby || standing_by.contains(&name);
+        let st = match (standby, h.polled, h.up) {
+            (true, _, _) => "standby",
+            (false, false, _) => "starting",
+            (false, true, true) => "up",
+            (false, true, false) => "down",
+        };
+        let mut n = if standby {
+            None
+        } else {
+            Some(numbers.remove(&name).unwrap_or_default())
+        };
+        let mut history = BTreeMap::new();
+        if let Some(n) = &mut n {
+            if let Some(total) = n.dead_letters_total {
+                n.dead_letters_recent = Some(state.history.dead_letters_recent(&name, total));
+            }
+            for (k, v) in state.history.series(&name, n) {
+                history.insert(
+                    k,
+                    v.into_iter().map(|x| x.is_finite().then_some(x)).collect(),
+                );
+            }
+        }
+        sources.push(SourceStatus {
+            kind: spec.kind(),
+            owner: spec.owner().map(str::to_string),
+            state: st,
+            error: h.error.clone(),
+            leader: !standby,
+            numbers: n,
+            history,
+            name,
+        });
+    }
+    StatusReport {
+        generated_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        sources,
+    }
+}
+
+pub async fn status_page(State(state): State<AppState>) -> Response {
+    let report = status_report(&state);
+    let mut body = String::from("<h1>inboxwatch</h1>");
+    let _ = write!(
+        body,
+        "<p class=\"muted\">{} source(s) · as of {} · this page refreshes every 15 s · \
+         sparklines: the last hour, one point per {} s</p>",
+        report.sources.len(),
+        escape(&report.generated_at),
+        status::SAMPLE_EVERY.as_secs()
+    );
+    for s in &report.sources {
+        let _ = write!(
+            body,
+            "<div class=\"card\" id=\"source-{id}\"><h2>{name} <span class=\"muted\">({kind})</span></h2><p>",
+            id = escape(&s.name),
+            name = escape(&s.name),
+            kind = s.kind
+        );
+        let _ = write!(
+            body,
+            "<span class=\"{cls}\" data-field=\"state\">{state}</span>",
+            cls = s.state,
+            state = s.state
+        );
+        if let Some(e) = &s.error {
+            let _ = write!(body, ": <code data-field=\"error\">{}</code>", escape(e));
+        }
+        let _ = write!(
+            body,
+            " · owner: <span data-field=\"owner\">{}</span> · {}</p>",
+            s.owner.as_deref().map_or("(none)".to_string(), escape),
+            if s.leader {
+                "polled by this agent"
+            } else {
+                "standby: another agent owns it"
+            }
+        );
+        if let Some(n) = &s.numbers {
+            body.push_str(&numbers_table(s, n));
+        }
+        body.push_str("</div>");
+    }
+    page("status", Some(15), &body)
+}
+
+fn row(
+    body: &mut String,
+    field: &str,
+    title: &str,
+    value: String,
+    spark: Option<&Vec<Option<f64>>>,
+) {
+    let line = spark.map_or(String::new(), |v| {
+        sparkline(&v.iter().map(|x| x.unwrap_or(f64::NAN)).collect::<Vec<_>>())
+    });
+    let _ = write!(
+        body,
+        "<tr><th>{}</th><td data-field=\"{field}\">{value}</td><td>{line}</td></tr>",
+        escape(title)
+    );
+}
+
+fn against(v: Option<f64>, objective: Option<f64>, unit: &str) -> String {
+    let shown = v.map_or("–".to_string(), |v| format!("{}{unit}", number(v)));
+    match (v, objective) {
+        (Some(v), Some(o)) => format!(
+            "<span class=\"{}\">{shown}</span> <span class=\"muted\">(objective {}{unit})</span>",
+            if v > o { "over" } else { "ok" },
+            number(o)
+        ),
+        _ => shown,
+    }
+}
+
+fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
+    let h = &s.history;
+    let mut body = String::from("<table>");
+    if s.kind == "kafka" {
+        body.push_str(
+            "<tr><th>group</th><th>lag (messages)</th><th>lag (seconds)</th><th>status</th></tr>",
+        );
+        for g in &n.groups {
+            let _ = write!(
+                body,
+                "<tr data-group=\"{g}\"><td>{g}</td><td data-field=\"lag_messages\">{}</td>\
+                 <td data-field=\"lag_seconds\">{}</td><td data-field=\"group_status\">{}</td></tr>",
+                number(g.lag_messages),
+                number(g.lag_seconds),
+                g.status.as_deref().map_or("–".to_string(), escape),
+                g = escape(&g.group),
+            );
+        }
+        if n.groups.is_empty() {
+            body.push_str("<tr><td colspan=\"4\" class=\"muted\">no group watched yet</td></tr>");
+        }
+        body.push_str("</table><table>");
+        row(
+            &mut body,
+            "kafka_lag_messages",
+            "total lag (messages)",
+            number(n.groups.iter().map(|g| g.lag_messages).sum()),
+            h.get("kafka_lag_messages"),
+        );
+        body.push_str("</table>");
+        return body;
+    }
+    row(
+        &mut body,
+        "oldest_age_seconds",
+        if s.kind == "outbox" {
+            "oldest unpublished age"
+        } else {
+            "oldest unprocessed age"
+        },
+        against(n.oldest_age_seconds, n.oldest_age_objective_seconds, " s"),
+        h.get("oldest_age_seconds"),
+    );
+    let backlog = n
+        .backlog
+        .iter()
+        .map(|(k, v)| {
+            format!(
+                "{}: <span data-field=\"backlog_{k}\">{}</span>",
+                escape(k),
+                number(*v)
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    row(
+        &mut body,
+        "backlog",
+        "backlog",
+        if backlog.is_empty() {
+            "–".into()
+        } else {
+            backlog
+        },
+        h.get("backlog"),
+    );
+    if s.kind == "outbox" {
+        row(
+            &mut body,
+            "published_total",
+            "published since start",
+            opt_number(n.published_total),
+            None,
+        );
+        body.push_str("</table>");
+        return body;
+    }
+    row(
+        &mut body,
+        "stuck",
+        "stuck rows",
+        opt_number(n.stuck),
+        h.get("stuck"),
+    );
+    row(
+        &mut body,
+        "p95_seconds",
+        "P95 processing time (worst event type)",
+        against(n.p95_seconds, n.p95_objective_seconds, " s"),
+        h.get("p95_seconds"),
+    );
+    let hit = match (
+        n.idempotency_hit_rate,
+        n.duplicate_deliveries_total,
+        n.deliveries_total,
+    ) {
+        (Some(r), Some(d), Some(all)) => format!(
+            "{}% <span class=\"muted\">({} duplicate of {} deliveries since start)</span>",
+            number((r * 1000.0).round() / 10.0),
+            number(d),
+            number(all)
+        ),
+        _ => "– <span class=\"muted\">(no deliveries column, or none yet)</span>".into(),
+    };
+    row(
+        &mut body,
+        "idempotency_hit_rate",
+        "idempotency hit rate",
+        hit,
+        h.get("duplicate_ratio"),
+    );
+    let retries = n
+        .retry_distribution
+        .iter()
+        .filter(|b| b.events > 0.0)
+        .map(|b| {
+            let label = if b.le == "+Inf" {
+                "more".to_string()
+            } else {
+                format!("≤{}", escape(&b.le))
+            };
+            format!("{label}: {}", number(b.events))
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    row(
+        &mut body,
+        "retry_distribution",
+        "completed events by attempts",
+        if retries.is_empty() {
+            "–".into()
+        } else {
+            retries
+        },
+        None,
+    );
+    row(
+        &mut body,
+        "attempt_failures_total",
+        "failed attempts since start",
+        opt_number(n.attempt_failures_total),
+        None,
+    );
+    row(
+        &mut body,
+        "dead_letters_recent",
+        "dead letters, last 15 min",
+        format!(
+            "<a href=\"/dead-letters?source={}\">{}</a>",
+            url_part(&s.name),
+            opt_number(n.dead_letters_recent)
+        ),
+        h.get("dead_letters"),
+    );
+    body.push_str("</table>");
+    body
+}
+
+pub async fn api_status(State(state): State<AppState>) -> Response {
+    json(&status_report(&state))
+}
+
+// ---------------------------------------------------------------------------
+// Dead letters.
+
+/// The filters of `/dead-letters`.
+#[derive(Debug, Default)]
+struct Filters {
+    source: Option<String>,
+    since: Duration,
+    error_class: Option<String>,
+}
+
+fn filters(uri: &Uri) -> Result<Filters, String> {
+    let mut f = Filters {
+        since: DEFAULT_SINCE,
+        ..Filters::default()
+    };
+    for (k, v) in url::form_urlencoded::parse(uri.query().unwrap_or("").as_bytes()) {
+        match &*k {
+            "source" if !v.is_empty() => f.source = Some(v.into_owned()),
+            "error_class" if !v.is_empty() => f.error_class = Some(v.into_owned()),
+            "since" if !v.is_empty() => {
+                f.since = humantime::parse_duration(&v)
+                    .map_err(|e| format!("since: {v:?} is not a duration like 1h or 2d: {e}"))?;
+            }
+            "source" | "since" | "error_class" => {}
+            other => {
+                return Err(format!(
+                    "unknown query parameter {other:?}: expected source, since or error_class"
+                ));
+            }
+        }
+    }
+    Ok(f)
+}
+
+/// One dead letter as the page and `/api/v1/dead-letters` show it.
+#[derive(Debug, Serialize)]
+pub struct DeadLetterView {
+    pub source: String,
+    pub owner: Option<String>,
+    pub event_id: String,
+    pub event_type: Option<String>,
+    pub business_key: Option<String>,
+    pub summary: Option<String>,
+    pub first_received: Option<String>,
+    pub dead_lettered_at: Option<String>,
+    pub attempts: Option<i64>,
+    pub error_class: Option<String>,
+    pub last_error: Option<String>,
+    pub trace_id: String,
+    pub trace_url: Option<String>,
+    pub replay_command: String,
+    pub ignore_command: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeadLettersReport {
+    pub since_seconds: u64,
+    pub dead_letters: Vec<DeadLetterView>,
+    /// Sources that could not be read, with why.
+    pub errors: Vec<(String, String)>,
+}
+
+fn trace_link(state: &AppState, trace_id: &str) -> Option<String> {
+    state
+        .config
+        .trace_url
+        .as_ref()
+        .map(|u| u.replace("{trace_id}", trace_id))
+}
+
+fn command(state: &AppState, action: &str, source: &str, event_id: &str) -> String {
+    format!(
+        "inboxwatch dead-letters {action} --config {} --source {} --operator \"$USER\" --reason '…' {}",
+        shell(state.config.path.as_deref().unwrap_or("inboxwatch.toml")),
+        shell(source),
+        shell(event_id)
+    )
+}
+
+fn view(state: &AppState, spec: &SourceSpec, d: DeadLetter) -> DeadLetterView {
+    let trace_id = to_hex(&link::trace_id(&d.event_id));
+    DeadLetterView {
+        source: spec.name().to_string(),
+        owner: spec.owner().map(str::to_string),
+        replay_command: command(state, "replay", spec.name(), &d.event_id),
+        ignore_command: command(state, "ignore", spec.name(), &d.event_id),
+        trace_url: trace_link(state, &trace_id),
+        trace_id,
+        event_type: d.event_type,
+        business_key: d.business_key,
+        summary: d.summary,
+        first_received: d.received.map(timestamp),
+        dead_lettered_at: d.dead_at.map(timestamp),
+        attempts: d.attempts,
+        error_class: d.error_class,
+        last_error: d.last_error,
+        event_id: d.event_id,
+    }
+}
+
+async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLettersReport, String> {
+    let sources: Vec<&SourceSpec> = state
+        .config
+        .sources
+        .iter()
+        .filter(|s| s.keeps_events())
+        .filter(|s| f.source.as_deref().is_none_or(|n| n == s.name()))
+        .collect();
+    if let Some(n) = &f.source
+        && sources.is_empty()
+    {
+        return Err(format!("source: no inbox source named {n:?}"));
+    }
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for spec in sources {
+        match tokio::time::timeout(
+            LOOKUP_TIMEOUT,
+            spec.dead_letters(f.since, DEAD_LETTERS_SHOWN),
+        )
+        .await
+        {
+            Ok(Ok(rows)) => {
+                for d in rows {
+                    if f.error_class.is_none() || d.error_class == f.error_class {
+                        out.push((d.dead_at, view(state, spec, d)));
+                    }
+                }
+            }
+            Ok(Err(e)) => errors.push((spec.name().to_string(), e)),
+            Err(_) => errors.push((
+                spec.name().to_string(),
+                format!("no answer within {}s", LOOKUP_TIMEOUT.as_secs()),
+            )),
+        }
+    }
+    // Newest first across sources (each source's list already is).
+    out.sort_by_key(|b| std::cmp::Reverse(b.0));
+    Ok(DeadLettersReport {
+        since_seconds: f.since.as_secs(),
+        dead_letters: out.into_iter().map(|(_, v)| v).collect(),
+        errors,
+    })
+}
+
+fn bad_request(message: &str) -> Response {
+    (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response()
+}
+
+pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Response {
+    let f = match filters(&uri) {
+        Ok(f) => f,
+        Err(e) => return bad_request(&e),
+    };
+    let report = match dead_letters_report(&state, &f).await {
+        Ok(r) => r,
+        Err(e) => return bad_request(&e),
+    };
+    let mut body = String::from("<h1>Dead letters</h1>");
+    let _ = write!(
+        body,
+        "<p class=\"muted\">newest first · within {} · source {} · error class {} · \
+         filters: <code>?source=</code> <code>?since=1h</code> <code>?error_class=</code></p>",
+        escape(&humantime::format_duration(f.since).to_string()),
+        f.source.as_deref().map_or("any".to_string(), escape),
+        f.error_class.as_deref().map_or("any".to_string(), escape),
+    );
+    for (source, e) in &report.errors {
+        let _ = write!(
+            body,
+            "<p class=\"down\">source {}: {}</p>",
+            escape(source),
+            escape(e)
+        );
+    }
+    body.push_str(
+        "<table id=\"dead-letters\"><tr><th>source</th><th>event id</th><th>event type</th>\
+         <th>business key</th><th>summary</th><th>first received</th><th>dead-lettered</th>\
+         <th>attempts</th><th>error class</th><th>last error</th><th>trace id</th><th>replay / ignore</th></tr>",
+    );
+    for d in &report.dead_letters {
+        let trace = match &d.trace_url {
+            Some(u) => format!("<a href=\"{}\">{}</a>", escape(u), escape(&d.trace_id)),
+            None => escape(&d.trace_id),
+        };
+        let o = |v: &Option<String>| v.as_deref().map_or("–".to_string(), escape);
+        let _ = write!(
+            body,
+            "<tr class=\"dead-letter\"><td>{}</td><td data-field=\"event_id\"><a href=\"/events/{}\">{}</a></td>\
+             <td>{}</td><td data-field=\"business_key\">{}</td><td data-field=\"summary\">{}</td><td>{}</td><td>{}</td>\
+             <td data-field=\"attempts\">{}</td><td data-field=\"error_class\">{}</td><td><pre data-field=\"last_error\">{}</pre></td>\
+             <td data-field=\"trace_id\">{trace}</td><td><code>{}</code><br><code>{}</code></td></tr>",
+            escape(&d.source),
+            url_part(&d.event_id),
+            escape(&d.event_id),
+            o(&d.event_type),
+            o(&d.business_key),
+            o(&d.summary),
+            o(&d.first_received),
+            o(&d.dead_lettered_at),
+            d.attempts.map_or("–".to_string(), |a| a.to_string()),
+            o(&d.error_class),
+            o(&d.last_error),
+            escape(&d.replay_command),
+            escape(&d.ignore_command),
+        );
+    }
+    body.push_str("</table>");
+    if report.dead_letters.is_empty() {
+        body.push_str("<p class=\"muted\">No dead letters in this window.</p>");
+    }
+    page("dead letters", None, &body)
+}
+
+pub async fn api_dead_letters(State(state): State<AppState>, uri: Uri) -> Response {
+    let f = match filters(&uri) {
+        Ok(f) => f,
+        Err(e) => return bad_request(&e),
+    };
+    match dead_letters_report(&state, &f).await {
+        Ok(r) => json(&r),
+        Err(e) => bad_request(&e),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// One event.
+
+#[derive(Debug, Serialize)]
+pub struct AttemptView {
+    pub number: u32,
+    pub observed: bool,
+    pub started: Option<String>,
+    pub ended: Option<String>,
+    pub outcome: &'static str,
+    pub error_class: Option<String>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TrajectoryView {
+    pub source: String,
+    pub event_type: Option<String>,
+    pub received: Option<String>,
+    /// Attempts the journal dropped from the middle of a long trajectory.
+    pub elided: u32,
+    pub attempts: Vec<AttemptView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EventReport {
+    pub event_id: String,
+    pub trace_id: String,
+    pub trace_url: Option<String>,
+    /// What `inboxwatch trace` prints; none when no table has the event.
+    pub trace: Option<String>,
+    pub trajectories: Vec<TrajectoryView>,
+    pub errors: Vec<(String, String)>,
+}
+
+fn trajectory(source: &str, t: Trail) -> TrajectoryView {
+    TrajectoryView {
+        source: source.to_string(),
+        event_type: t.event_type,
+        received: t.received.map(timestamp),
+        elided: t.elided,
+        attempts: t
+            .attempts
+            .into_iter()
+            .map(|a| AttemptView {
+                number: a.number,
+                observed: a.observed,
+                started: a.started.map(timestamp),
+                ended: a.ended.map(timestamp),
+                outcome: a.outcome.as_str(),
+                error_class: a.error_class.map(|c| c.to_string()),
+                error: a.error,
+            })
+            .collect(),
+    }
+}
+
+async fn event_report(state: &AppState, event_id: &str) -> EventReport {
+    let trace_id = to_hex(&link::trace_id(event_id));
+    let mut text = String::new();
+    let mut found = false;
+    let mut errors = Vec::new();
+    for spec in state.config.sources.iter().filter(|s| s.keeps_events()) {
+        match tokio::time::timeout(LOOKUP_TIMEOUT, spec.trace_event(event_id)).await {
+            Ok(Ok(Some(t))) => {
+                found = true;
+                text.push_str(&t);
+            }
+            Ok(Ok(None)) => {}
+            Ok(Err(e)) => errors.push((spec.name().to_string(), e)),
+            Err(_) => errors.push((
+                spec.name().to_string(),
+                format!("no answer within {}s", LOOKUP_TIMEOUT.as_secs()),
+            )),
+        }
+    }
+    EventReport {
+        event_id: event_id.to_string(),
+        trace_url: trace_link(state, &trace_id),
+        trace_id,
+        trace: found.then_some(text),
+        trajectories: state
+            .journal
+            .get(event_id)
+            .into_iter()
+            .map(|(s, t)| trajectory(&s, t))
+            .collect(),
+        errors,
+    }
+}
+
+pub async fn event_page(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let r = event_report(&state, &id).await;
+    let mut body = format!(
+        "<h1>Event <code data-field=\"event_id\">{}</code></h1>",
+        escape(&r.event_id)
+    );
+    let trace = match &r.trace_url {
+        Some(u) => format!("<a href=\"{}\">{}</a>", escape(u), escape(&r.trace_id)),
+        None => escape(&r.trace_id),
+    };
+    let _ = write!(
+        body,
+        "<p>trace id <code data-field=\"trace_id\">{trace}</code> <span class=\"muted\">(derived from the event id)</span></p>"
+    );
+    for (source, e) in &r.errors {
+        let _ = write!(
+            body,
+            "<p class=\"down\">source {}: {}</p>",
+            escape(source),
+            escape(e)
+        );
+    }
+    match &r.trace {
+        Some(t) => {
+            let _ = write!(
+                body,
+                "<h2>What the tables say</h2><pre data-field=\"trace\">{}</pre>",
+                escape(t)
+            );
+        }
+        None => body.push_str("<p class=\"muted\">No watched table has a row of this event.</p>"),
+    }
+    body.push_str("<h2>Retry trajectory</h2>");
+    if r.trajectories.is_empty() {
+        body.push_str(
+            "<p class=\"muted\">The agent has not seen this event fail since it started \
+             (it keeps the attempts of recent failed and dead-lettered events only).</p>",
+        );
+    }
+    for t in &r.trajectories {
+        let _ = write!(
+            body,
+            "<p>source {} · event type {} · received {}</p><table class=\"trajectory\">\
+             <tr><th>attempt</th><th>started</th><th>ended</th><th>outcome</th><th>error class</th><th>error</th></tr>",
+            escape(&t.source),
+            t.event_type.as_deref().map_or("–".to_string(), escape),
+            t.received.as_deref().map_or("–".to_string(), escape),
+        );
+        for (i, a) in t.attempts.iter().enumerate() {
+            if t.elided > 0 && i == FIRST_KEPT {
+                let _ = write!(
+                    body,
+                    "<tr><td colspan=\"6\" class=\"muted\">… {} attempts not kept …</td></tr>",
+                    t.elided
+                );
+            }
+            if !a.observed {
+                let _ = write!(
+                    body,
+                    "<tr class=\"attempt\" data-observed=\"false\"><td>{}</td><td colspan=\"5\" class=\"muted\">\
+                     not observed (it started and failed between two polls)</td></tr>",
+                    a.number
+                );
+                continue;
+            }
+            let o = |v: &Option<String>| v.as_deref().map_or("–".to_string(), escape);
+            let _ = write!(
+                body,
+                "<tr class=\"attempt\" data-observed=\"true\"><td>{}</td><td>{}</td><td>{}</td>\
+                 <td data-field=\"outcome\">{}</td><td data-field=\"error_class\">{}</td><td><pre>{}</pre></td></tr>",
+                a.number,
+                o(&a.started),
+                o(&a.ended),
+                a.outcome,
+                o(&a.error_class),
+                o(&a.error),
+            );
+        }
+        body.push_str("</table>");
+    }
+    let status = if r.trace.is_none() && r.trajectories.is_empty() {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::OK
+    };
+    let mut resp = page("event", None, &body);
+    *resp.status_mut() = status;
+    resp
+}
+
+pub async fn api_event(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let r = event_report(&state, &id).await;
+    let status = if r.trace.is_none() && r.trajectories.is_empty() {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::OK
+    };
+    let mut resp = json(&r);
+    *resp.status_mut() = status;
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_markup_and_quotes() {
+        assert_eq!(
+            escape("<script>alert(\"x\")</script> & 'y'"),
+            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;"
+        );
+    }
+
+    #[test]
+    fn shell_quotes_what_a_shell_would_interpret() {
+        assert_eq!(shell("evt-1"), "evt-1");
+        assert_eq!(shell("a b"), "'a b'");
+        assert_eq!(shell("it's $(x)"), r"'it'\''s $(x)'");
+    }
+
+    #[test]
+    fn sparkline_breaks_at_missing_values() {
+        let svg = sparkline(&[1.0, 2.0, f64::NAN, 3.0, 4.0]);
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert_eq!(sparkline(&[f64::NAN]), "<span class=\"muted\">–</span>");
+    }
+
+    #[test]
+    fn numbers_print_integers_without_fraction() {
+        assert_eq!(number(3.0), "3");
+        assert_eq!(number(0.125), "0.125");
+        assert_eq!(number(2.5), "2.5");
+        assert_eq!(number(f64::NAN), "–");
+    }
+}
