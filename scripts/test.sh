@@ -39,6 +39,14 @@ if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager
   apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
 fi
 
+# Headless Chromium (Debian package) for the page tests (tests/pages.rs).
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "Installing chromium (Debian package)..."
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends chromium >/dev/null
+fi
+
 # kubernetes-validate (PyPI; bundles its schemas, works offline) for the manifest tests.
 if ! command -v kubernetes-validate >/dev/null 2>&1 && ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
   echo "Installing kubernetes-validate (PyPI)..."

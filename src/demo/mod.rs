@@ -50,6 +50,8 @@ deliveries = "deliveries"
 last_error = "last_error"
 traceparent = "traceparent"
 updated_at = "updated_at"
+business_key = "business_key"
+summary = "summary"
 
 [sources.objectives]
 oldest_age = "30s"
@@ -101,10 +103,13 @@ async fn run_in(db: &std::path::Path, listen: SocketAddr, rate: f64) -> anyhow::
     let handle = app::install_recorder()?;
     let agent = Agent::start(cfg, handle).await?;
     println!(
-        "inboxwatch demo: a simulated consumer writes to {db} and the agent watches it.\n\
+        "inboxwatch demo: the status page is http://{addr}/\n\
          \n\
-         \x20 metrics:   http://{addr}/metrics\n\
-         \x20 readiness: http://{addr}/readyz\n\
+         A simulated consumer writes to {db} and the agent watches it.\n\
+         \n\
+         \x20 dead letters: http://{addr}/dead-letters\n\
+         \x20 metrics:      http://{addr}/metrics\n\
+         \x20 readiness:    http://{addr}/readyz\n\
          \n\
          Look for inbox_oldest_unprocessed_age_seconds (the oldest unprocessed message),\n\
          inbox_processing_duration_quantile_seconds{{quantile=\"0.95\"}} (P95),\n\

@@ -237,6 +237,20 @@ fn is_poison(event_id: &str, share: f64) -> bool {
     unit < share
 }
 
+/// The business key and summary a consumer would store with an event: the
+/// id of the order (or invoice …) it is about, and a digest of its body.
+fn business_of(event_id: &str, event_type: &str) -> (String, String) {
+    let hash = event_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let entity = event_type.split('.').next().unwrap_or("entity");
+    let entity = entity.strip_suffix('s').unwrap_or(entity);
+    (
+        format!("{entity}-{}", 10_000 + hash % 90_000),
+        format!("{event_type} body sha256:{:016x}…", hash.rotate_left(17)),
+    )
+}
+
 /// The table name is pasted into SQL, so it must be a plain identifier.
 fn check_identifier(table: &str) -> Result<(), sqlx::Error> {
     let mut chars = table.chars();
@@ -275,7 +289,7 @@ impl Statements {
                  status TEXT NOT NULL, received_at TEXT NOT NULL, started_at TEXT, \
                  finished_at TEXT, attempts INTEGER NOT NULL DEFAULT 0, \
                  deliveries INTEGER NOT NULL DEFAULT 1, last_error TEXT, traceparent TEXT, \
-                 updated_at TEXT NOT NULL);\n\
+                 updated_at TEXT NOT NULL, business_key TEXT, summary TEXT);\n\
                  CREATE INDEX IF NOT EXISTS {t}_updated_at ON {t} (updated_at);\n\
                  CREATE INDEX IF NOT EXISTS {t}_unfinished ON {t} (received_at) \
                  WHERE status IN ('pending','processing','failed');\n"
@@ -294,8 +308,8 @@ impl Statements {
             // redelivery hits the primary key and only counts itself.
             deliver: sql(format!(
                 "INSERT INTO {t} (event_id, event_type, status, received_at, attempts, \
-                 deliveries, traceparent, updated_at) \
-                 VALUES (?1, ?2, 'pending', {NOW}, 0, 1, ?3, {NOW}) \
+                 deliveries, traceparent, updated_at, business_key, summary) \
+                 VALUES (?1, ?2, 'pending', {NOW}, 0, 1, ?3, {NOW}, ?4, ?5) \
                  ON CONFLICT (event_id) DO UPDATE SET deliveries = deliveries + 1, \
                  updated_at = {now}"
             )),
@@ -507,10 +521,13 @@ impl Consumer {
         event_type: &str,
         traceparent: &str,
     ) -> Result<(), sqlx::Error> {
+        let (key, summary) = business_of(event_id, event_type);
         sqlx::query(AssertSqlSafe(self.sql.deliver.clone()))
             .bind(event_id)
             .bind(event_type)
             .bind(traceparent)
+            .bind(key)
+            .bind(summary)
             .execute(&mut *self.conn)
             .await?;
         Ok(())

@@ -72,7 +72,8 @@ td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:to
 th{background:#f3f3f3}.up{color:#126b12;font-weight:600}.down{color:#b00020;font-weight:600}\
 .standby{color:#666}.over{color:#b00020;font-weight:600}.muted{color:#666}\
 pre,code{font-family:ui-monospace,monospace;font-size:.9em;white-space:pre-wrap;word-break:break-all}\
-svg{vertical-align:middle}.card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;margin:1em 0}";
+svg{vertical-align:middle}#dead-letters td{max-width:24em;word-break:break-word}\
+#dead-letters pre{max-height:8em;overflow:auto;margin:0}details code{display:block;margin:.3em 0}.card{border:1px solid #ddd;border-radius:6px;padding:.6em 1em;margin:1em 0}";
 
 fn page(title: &str, refresh: Option<u32>, body: &str) -> Response {
     let mut html = String::from("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">");
@@ -149,11 +150,20 @@ fn sparkline(values: &[f64]) -> String {
         "<svg width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" role=\"img\" aria-label=\"last hour\">"
     );
     for l in lines {
-        let _ = write!(
-            svg,
-            "<polyline fill=\"none\" stroke=\"#3366cc\" stroke-width=\"1.5\" points=\"{}\"/>",
-            l.trim_end()
-        );
+        let points = l.trim_end();
+        match points.split_once(' ') {
+            Some(_) => {
+                let _ = write!(
+                    svg,
+                    "<polyline fill=\"none\" stroke=\"#3366cc\" stroke-width=\"1.5\" points=\"{points}\"/>"
+                );
+            }
+            // A lone value: a dot.
+            None => {
+                let (x, y) = points.split_once(',').unwrap_or(("0", "0"));
+                let _ = write!(svg, "<circle cx=\"{x}\" cy=\"{y}\" r=\"1.5\" fill=\"#3366cc\"/>");
+            }
+        }
     }
     svg.push_str("</svg>");
     svg
@@ -172,8 +182,13 @@ pub fn number(v: f64) -> String {
     }
 }
 
-fn opt_number(v: Option<f64>) -> String {
-    v.map_or("–".to_string(), number)
+/// A number in an element of its own, `data-value` naming it (tests read it).
+fn val(key: &str, v: f64) -> String {
+    format!("<span data-value=\"{}\">{}</span>", escape(key), number(v))
+}
+
+fn opt_val(key: &str, v: Option<f64>) -> String {
+    v.map_or("–".to_string(), |v| val(key, v))
 }
 
 // ---------------------------------------------------------------------------
@@ -324,8 +339,8 @@ fn row(
     );
 }
 
-fn against(v: Option<f64>, objective: Option<f64>, unit: &str) -> String {
-    let shown = v.map_or("–".to_string(), |v| format!("{}{unit}", number(v)));
+fn against(key: &str, v: Option<f64>, objective: Option<f64>, unit: &str) -> String {
+    let shown = v.map_or("–".to_string(), |v| format!("{}{unit}", val(key, v)));
     match (v, objective) {
         (Some(v), Some(o)) => format!(
             "<span class=\"{}\">{shown}</span> <span class=\"muted\">(objective {}{unit})</span>",
@@ -348,8 +363,8 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
                 body,
                 "<tr data-group=\"{g}\"><td>{g}</td><td data-field=\"lag_messages\">{}</td>\
                  <td data-field=\"lag_seconds\">{}</td><td data-field=\"group_status\">{}</td></tr>",
-                number(g.lag_messages),
-                number(g.lag_seconds),
+                val("lag_messages", g.lag_messages),
+                val("lag_seconds", g.lag_seconds),
                 g.status.as_deref().map_or("–".to_string(), escape),
                 g = escape(&g.group),
             );
@@ -362,7 +377,7 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
             &mut body,
             "kafka_lag_messages",
             "total lag (messages)",
-            number(n.groups.iter().map(|g| g.lag_messages).sum()),
+            val("kafka_lag_messages", n.groups.iter().map(|g| g.lag_messages).sum()),
             h.get("kafka_lag_messages"),
         );
         body.push_str("</table>");
@@ -376,19 +391,18 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
         } else {
             "oldest unprocessed age"
         },
-        against(n.oldest_age_seconds, n.oldest_age_objective_seconds, " s"),
+        against(
+            "oldest_age_seconds",
+            n.oldest_age_seconds,
+            n.oldest_age_objective_seconds,
+            " s",
+        ),
         h.get("oldest_age_seconds"),
     );
     let backlog = n
         .backlog
         .iter()
-        .map(|(k, v)| {
-            format!(
-                "{}: <span data-field=\"backlog_{k}\">{}</span>",
-                escape(k),
-                number(*v)
-            )
-        })
+        .map(|(k, v)| format!("{}: {}", escape(k), val(&format!("backlog_{k}"), *v)))
         .collect::<Vec<_>>()
         .join(", ");
     row(
@@ -407,7 +421,7 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
             &mut body,
             "published_total",
             "published since start",
-            opt_number(n.published_total),
+            opt_val("published_total", n.published_total),
             None,
         );
         body.push_str("</table>");
@@ -417,14 +431,14 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
         &mut body,
         "stuck",
         "stuck rows",
-        opt_number(n.stuck),
+        opt_val("stuck", n.stuck),
         h.get("stuck"),
     );
     row(
         &mut body,
         "p95_seconds",
         "P95 processing time (worst event type)",
-        against(n.p95_seconds, n.p95_objective_seconds, " s"),
+        against("p95_seconds", n.p95_seconds, n.p95_objective_seconds, " s"),
         h.get("p95_seconds"),
     );
     let hit = match (
@@ -435,8 +449,8 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
         (Some(r), Some(d), Some(all)) => format!(
             "{}% <span class=\"muted\">({} duplicate of {} deliveries since start)</span>",
             number((r * 1000.0).round() / 10.0),
-            number(d),
-            number(all)
+            val("duplicate_deliveries_total", d),
+            val("deliveries_total", all)
         ),
         _ => "– <span class=\"muted\">(no deliveries column, or none yet)</span>".into(),
     };
@@ -457,7 +471,7 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
             } else {
                 format!("≤{}", escape(&b.le))
             };
-            format!("{label}: {}", number(b.events))
+            format!("{label}: {}", val(&format!("attempts_le_{}", b.le), b.events))
         })
         .collect::<Vec<_>>()
         .join(", ");
@@ -476,7 +490,7 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
         &mut body,
         "attempt_failures_total",
         "failed attempts since start",
-        opt_number(n.attempt_failures_total),
+        opt_val("attempt_failures_total", n.attempt_failures_total),
         None,
     );
     row(
@@ -486,7 +500,7 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
         format!(
             "<a href=\"/dead-letters?source={}\">{}</a>",
             url_part(&s.name),
-            opt_number(n.dead_letters_recent)
+            opt_val("dead_letters_recent", n.dead_letters_recent)
         ),
         h.get("dead_letters"),
     );
@@ -690,7 +704,8 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
             "<tr class=\"dead-letter\"><td>{}</td><td data-field=\"event_id\"><a href=\"/events/{}\">{}</a></td>\
              <td>{}</td><td data-field=\"business_key\">{}</td><td data-field=\"summary\">{}</td><td>{}</td><td>{}</td>\
              <td data-field=\"attempts\">{}</td><td data-field=\"error_class\">{}</td><td><pre data-field=\"last_error\">{}</pre></td>\
-             <td data-field=\"trace_id\">{trace}</td><td><code>{}</code><br><code>{}</code></td></tr>",
+             <td data-field=\"trace_id\">{trace}</td><td><details><summary>commands</summary>\
+             <code>{}</code><br><code>{}</code></details></td></tr>",
             escape(&d.source),
             url_part(&d.event_id),
             escape(&d.event_id),
@@ -940,6 +955,11 @@ mod tests {
     fn sparkline_breaks_at_missing_values() {
         let svg = sparkline(&[1.0, 2.0, f64::NAN, 3.0, 4.0]);
         assert_eq!(svg.matches("<polyline").count(), 2);
+        let dot = sparkline(&[1.0, f64::NAN, 3.0, 4.0]);
+        assert_eq!(
+            (dot.matches("<polyline").count(), dot.matches("<circle").count()),
+            (1, 1)
+        );
         assert_eq!(sparkline(&[f64::NAN]), "<span class=\"muted\">–</span>");
     }
 

@@ -1,0 +1,586 @@
+//! The pages the agent serves (`/`, `/dead-letters`, `/events/{id}`), loaded
+//! in a real browser (Debian's headless Chromium, `--dump-dom`: the DOM after
+//! the page's own parsing and any script it ran), from a real agent on
+//! PostgreSQL and from the demo:
+//!
+//! * the status page's numbers equal `/metrics` scraped just before and just
+//!   after the page (a gauge that moved between the two is bracketed);
+//! * the dead-letter list equals a direct query, newest first, with the
+//!   business key, summary, attempts, last error and trace link of each;
+//! * an event id and a `last_error` holding `<script>`, `<img onerror>`,
+//!   quotes and newlines are shown as text: nothing runs (the title a script
+//!   would change is unchanged) and no such element is in the DOM;
+//! * `[server] pages = false` leaves only `/metrics`, `/healthz`, `/readyz`.
+//!
+//! Screenshots of each page are kept in `target/test-artifacts/pages/`.
+//! Needs `chromium` (Debian package; `scripts/test.sh` installs it): without
+//! it the tests fail, they do not skip.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use common::workload::{InboxEvent, Status, Target};
+use common::{Agent, Db, Metrics, READY_TIMEOUT, toml_str, wait_until};
+use regex::Regex;
+
+const TITLE_STATUS: &str = "status · inboxwatch";
+
+fn chromium() -> PathBuf {
+    let path = std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+    assert!(
+        path.exists(),
+        "{} is missing: the page tests need Debian's chromium (apt-get install chromium; \
+         scripts/test.sh installs it), or CHROMIUM=/path/to/chromium",
+        path.display()
+    );
+    path
+}
+
+fn browser(args: &[&str]) -> String {
+    let profile = tempfile::tempdir().expect("a browser profile directory");
+    let out = Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--disable-extensions",
+            "--hide-scrollbars",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(args)
+        .output()
+        .expect("chromium runs");
+    assert!(
+        out.status.success(),
+        "chromium {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The DOM of `path` after Chromium loaded it (and ran whatever it would run).
+fn dom(port: u16, path: &str) -> String {
+    browser(&["--dump-dom", &format!("http://127.0.0.1:{port}{path}")])
+}
+
+/// Keeps a screenshot of `path` as a test artifact.
+fn screenshot(port: u16, path: &str, name: &str) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts/pages");
+    std::fs::create_dir_all(&dir).expect("the artifact directory");
+    let file = dir.join(format!("{name}.png"));
+    browser(&[
+        "--window-size=1400,1800",
+        &format!("--screenshot={}", file.display()),
+        &format!("http://127.0.0.1:{port}{path}"),
+    ]);
+    assert!(
+        std::fs::metadata(&file).is_ok_and(|m| m.len() > 1000),
+        "no screenshot at {}",
+        file.display()
+    );
+}
+
+fn title(dom: &str) -> String {
+    Regex::new(r"<title>(.*?)</title>")
+        .unwrap()
+        .captures(dom)
+        .map(|c| c[1].to_string())
+        .unwrap_or_default()
+}
+
+/// HTML text back to the characters it shows.
+fn unescape(text: &str) -> String {
+    text.replace("&lt;", "<")
+        .replace("&gt;", ">")
+        .replace("&quot;", "\"")
+        .replace("&#39;", "'")
+        .replace("&amp;", "&")
+}
+
+/// Every `data-value="key"` number of the page section `within`, by key.
+fn values(dom: &str) -> Vec<(String, f64)> {
+    Regex::new(r#"data-value="([^"]+)">([^<]*)<"#)
+        .unwrap()
+        .captures_iter(dom)
+        .map(|c| {
+            let v: f64 = c[2]
+                .parse()
+                .unwrap_or_else(|_| panic!("{} is not a number: {:?}", &c[1], &c[2]));
+            (unescape(&c[1]), v)
+        })
+        .collect()
+}
+
+fn value(values: &[(String, f64)], key: &str) -> f64 {
+    let found: Vec<f64> = values
+        .iter()
+        .filter(|(k, _)| k == key)
+        .map(|(_, v)| *v)
+        .collect();
+    assert_eq!(found.len(), 1, "exactly one {key} on the page: {values:?}");
+    found[0]
+}
+
+/// The section of the status page that shows one source.
+fn card<'a>(dom: &'a str, source: &str) -> &'a str {
+    let start = dom
+        .find(&format!("id=\"source-{source}\""))
+        .unwrap_or_else(|| panic!("no card of source {source} on the page:\n{dom}"));
+    let rest = &dom[start..];
+    let end = rest[1..].find("class=\"card\"").map_or(rest.len(), |e| e + 1);
+    &rest[..end]
+}
+
+/// What the page prints for a number: at most three decimals.
+fn shown(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// `page` lies between what `/metrics` said just before and just after it.
+fn bracketed(what: &str, page: f64, before: f64, after: f64) {
+    let (lo, hi) = (shown(before.min(after)), shown(before.max(after)));
+    assert!(
+        page >= lo - 1e-9 && page <= hi + 1e-9,
+        "{what}: the page says {page}, /metrics said {before} before and {after} after"
+    );
+}
+
+/// The status page's numbers of `source` against the two scrapes around it.
+fn check_status_numbers(card: &str, source: &str, before: &Metrics, after: &Metrics) {
+    let v = values(card);
+    let s = [("source", source)];
+    let sum = |m: &Metrics, name: &str, extra: &[(&str, &str)]| {
+        let mut labels = s.to_vec();
+        labels.extend_from_slice(extra);
+        m.sum(name, &labels)
+    };
+    for status in ["pending", "processing", "failed"] {
+        bracketed(
+            &format!("backlog {status}"),
+            value(&v, &format!("backlog_{status}")),
+            sum(before, "inbox_backlog_messages", &[("status", status)]),
+            sum(after, "inbox_backlog_messages", &[("status", status)]),
+        );
+    }
+    let max = |m: &Metrics, name: &str, extra: &[(&str, &str)]| {
+        let mut labels = s.to_vec();
+        labels.extend_from_slice(extra);
+        m.series(name, &labels)
+            .map(|x| x.value)
+            .filter(|x| !x.is_nan())
+            .fold(f64::NEG_INFINITY, f64::max)
+    };
+    bracketed(
+        "oldest unprocessed age",
+        value(&v, "oldest_age_seconds"),
+        max(before, "inbox_oldest_unprocessed_age_seconds", &[]),
+        max(after, "inbox_oldest_unprocessed_age_seconds", &[]),
+    );
+    bracketed(
+        "P95",
+        value(&v, "p95_seconds"),
+        max(
+            before,
+            "inbox_processing_duration_quantile_seconds",
+            &[("quantile", "0.95")],
+        ),
+        max(
+            after,
+            "inbox_processing_duration_quantile_seconds",
+            &[("quantile", "0.95")],
+        ),
+    );
+    for (key, name, extra) in [
+        ("stuck", "inbox_stuck_messages", &[][..]),
+        ("deliveries_total", "inbox_deliveries_total", &[][..]),
+        (
+            "duplicate_deliveries_total",
+            "inbox_duplicate_deliveries_total",
+            &[][..],
+        ),
+        (
+            "attempt_failures_total",
+            "inbox_attempt_failures_total",
+            &[][..],
+        ),
+        // The agent is younger than 15 minutes: every dead letter it counted.
+        (
+            "dead_letters_recent",
+            "inbox_messages_completed_total",
+            &[("outcome", "dead_lettered")][..],
+        ),
+    ] {
+        bracketed(
+            key,
+            value(&v, key),
+            sum(before, name, extra),
+            sum(after, name, extra),
+        );
+    }
+    // The attempts histogram, bucket by bucket (not cumulative on the page).
+    let buckets: Vec<(String, f64)> = v
+        .iter()
+        .filter_map(|(k, x)| k.strip_prefix("attempts_le_").map(|le| (le.to_string(), *x)))
+        .collect();
+    let cumulative = |m: &Metrics, le: &str| sum(m, "inbox_delivery_attempts_bucket", &[("le", le)]);
+    let mut les: Vec<String> = after
+        .series("inbox_delivery_attempts_bucket", &s)
+        .filter_map(|x| x.labels.get("le").cloned())
+        .collect();
+    les.sort_by(|a, b| {
+        let f = |x: &str| x.parse::<f64>().unwrap_or(f64::INFINITY);
+        f(a).total_cmp(&f(b))
+    });
+    les.dedup();
+    let mut below = 0.0;
+    let mut expected = Vec::new();
+    for le in &les {
+        let c = cumulative(after, le);
+        if c - below > 0.0 {
+            expected.push((le.clone(), c - below));
+        }
+        below = c;
+    }
+    assert_eq!(buckets, expected, "completed events by attempts");
+}
+
+async fn stable_scrapes(agent: &Agent) -> Metrics {
+    // Counters that no longer move: the workload is over and the agent has read it all.
+    wait_until(Duration::from_secs(60), || async {
+        let a = agent.try_scrape().await?;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let b = agent.try_scrape().await?;
+        let names = [
+            "inbox_messages_received_total",
+            "inbox_deliveries_total",
+            "inbox_messages_completed_total",
+            "inbox_attempt_failures_total",
+        ];
+        for n in names {
+            if a.sum(n, &[]) != b.sum(n, &[]) {
+                return Err(format!("{n} still moves"));
+            }
+        }
+        Ok(b)
+    })
+    .await
+    .expect("the counters settle")
+}
+
+fn event(id: &str, status: Status, base: i64) -> InboxEvent {
+    InboxEvent {
+        id: id.to_string(),
+        event_type: Some("orders.paid".into()),
+        status,
+        received_ms: base,
+        started_ms: Some(base + 100),
+        finished_ms: None,
+        attempts: 1,
+        deliveries: 1,
+        last_error: None,
+        traceparent: None,
+        updated_ms: base + 100,
+    }
+}
+
+const HOSTILE_ID: &str = "evt-<script>document.title='pwned'</script>\"&'x";
+const HOSTILE_ERROR: &str = "ValidationError: <img src=x onerror=\"document.title='pwned'\">\n\
+                             second line with \"double\" and 'single' quotes & <b>bold</b>";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_pages_show_what_metrics_and_the_table_say() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("pages").await;
+    let t = &tables.inbox;
+    db.pool
+        .raw(&format!(
+            "ALTER TABLE {t} ADD COLUMN business_key TEXT, ADD COLUMN summary TEXT"
+        ))
+        .await
+        .expect("add the business_key and summary columns");
+    let config = format!(
+        "[server]\ntrace_url = \"http://traces.example/explore?trace={{trace_id}}\"\n\n\
+         [[sources]]\nname = \"pages-pg\"\nkind = \"inbox\"\ndsn = {dsn}\ntable = {table}\n\
+         poll_interval = \"300ms\"\noverlap = \"10s\"\ntimeout = \"2s\"\n\
+         objectives = {{ oldest_age = \"30s\", p95 = \"2s\" }}\n\
+         columns = {{ event_id = \"event_id\", event_type = \"event_type\", status = \"status\", \
+         received_at = \"received_at\", started_at = \"started_at\", finished_at = \"finished_at\", \
+         attempts = \"attempts\", deliveries = \"deliveries\", last_error = \"last_error\", \
+         updated_at = \"updated_at\", business_key = \"business_key\", summary = \"summary\" }}\n",
+        dsn = toml_str(&db.dsn),
+        table = toml_str(t),
+    );
+    let agent = Agent::start(&config);
+    agent.wait_ready(READY_TIMEOUT).await;
+
+    // What happens after the agent started: new events, duplicates, retries,
+    // successes and dead letters (a hostile one among them), and some backlog.
+    let target = Target {
+        dialect: db.dialect,
+        pool: db.pool.clone(),
+        table: t.clone(),
+    };
+    let now = db.now_ms().await;
+    let mut rows = Vec::new();
+    for i in 0..12 {
+        let base = now + i * 10;
+        let mut e = event(&format!("pg-ok-{i}"), Status::Succeeded, base);
+        e.finished_ms = Some(base + 150 + i * 40);
+        e.updated_ms = base + 150 + i * 40;
+        e.attempts = 1 + (i % 3) as i32;
+        e.deliveries = 1 + (i % 2) as i32;
+        rows.push(e);
+    }
+    for (i, (err, key)) in [
+        ("TimeoutError: upstream did not answer within 5s", "order-1001"),
+        ("PermissionDenied: 403 from ledger", "order-1002"),
+        (HOSTILE_ERROR, "order-<1003>"),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let base = now + 200 + i as i64 * 500;
+        let id = if i == 2 {
+            HOSTILE_ID.to_string()
+        } else {
+            format!("pg-dead-{i}")
+        };
+        let mut e = event(&id, Status::Dead, base);
+        e.attempts = 3 + i as i32;
+        e.finished_ms = Some(base + 300);
+        e.updated_ms = base + 300;
+        e.last_error = Some(err.to_string());
+        rows.push(e);
+        let _ = key;
+    }
+    for i in 0..3 {
+        let mut e = event(&format!("pg-pending-{i}"), Status::Pending, now - 5_000 - i * 1000);
+        e.started_ms = None;
+        e.updated_ms = now + 50;
+        rows.push(e);
+    }
+    let mut e = event("pg-failed-0", Status::Failed, now + 20);
+    e.attempts = 2;
+    e.last_error = Some("ConnectionResetError: peer reset".into());
+    rows.push(e);
+    for e in &rows {
+        let (sql, args) = e.insert_stmt(target.dialect, &target.table);
+        db.pool.execute(&sql, &args).await.expect("insert a row");
+    }
+    for (i, key) in ["order-1001", "order-1002", "order-<1003>"].iter().enumerate() {
+        let id = if i == 2 {
+            HOSTILE_ID.to_string()
+        } else {
+            format!("pg-dead-{i}")
+        };
+        db.pool
+            .execute(
+                &format!(
+                    "UPDATE {t} SET business_key = $1, summary = $2 WHERE event_id = $3"
+                ),
+                &[
+                    common::V::text(*key),
+                    common::V::text(format!("sha256:{i:064}")),
+                    common::V::text(id),
+                ],
+            )
+            .await
+            .expect("set business keys");
+    }
+
+    // The status page against /metrics around it.
+    let before = stable_scrapes(&agent).await;
+    let page = dom(agent.port, "/");
+    let after = agent.scrape().await;
+    assert_eq!(title(&page), TITLE_STATUS);
+    let c = card(&page, "pages-pg");
+    assert!(c.contains("data-field=\"state\">up<"), "state up:\n{c}");
+    check_status_numbers(c, "pages-pg", &before, &after);
+    for link in ["/metrics", "/healthz", "/readyz", "/dead-letters"] {
+        assert!(page.contains(&format!("href=\"{link}\"")), "a link to {link}");
+    }
+    screenshot(agent.port, "/", "status-postgres");
+
+    // The dead-letter list against a direct query, newest first.
+    let listed = dom(agent.port, "/dead-letters?since=1h");
+    assert_eq!(title(&listed), "dead letters · inboxwatch");
+    let expected: Vec<String> = db
+        .query(
+            &format!(
+                "SELECT event_id FROM {t} WHERE status = 'dead' \
+                 AND finished_at >= now() - interval '1 hour' ORDER BY finished_at DESC, event_id"
+            ),
+            &[],
+        )
+        .await
+        .into_iter()
+        .map(|r| r[0].clone().expect("an event id"))
+        .collect();
+    assert_eq!(expected.len(), 3);
+    let ids: Vec<String> = Regex::new(r#"data-field="event_id"><a href="[^"]*">([^<]*)</a>"#)
+        .unwrap()
+        .captures_iter(&listed)
+        .map(|c| unescape(&c[1]))
+        .collect();
+    assert_eq!(ids, expected, "dead letters, newest first");
+    let row_of = |id: &str| -> String {
+        let rows: Vec<&str> = listed.split("<tr class=\"dead-letter\">").skip(1).collect();
+        rows.into_iter()
+            .find(|r| unescape(r).contains(&format!(">{id}</a>")))
+            .unwrap_or_else(|| panic!("no row of {id}"))
+            .to_string()
+    };
+    let r = row_of("pg-dead-1");
+    let field = |row: &str, f: &str| -> String {
+        Regex::new(&format!(r#"data-field="{f}">(.*?)</td>"#))
+            .unwrap()
+            .captures(row)
+            .map(|c| c[1].to_string())
+            .unwrap_or_else(|| panic!("no {f} in {row}"))
+    };
+    assert_eq!(field(&r, "business_key"), "order-1002");
+    assert_eq!(field(&r, "summary"), format!("sha256:{:064}", 1));
+    assert_eq!(field(&r, "attempts"), "4");
+    let last_error = |row: &str| -> String {
+        Regex::new(r#"(?s)data-field="last_error">(.*?)</pre>"#)
+            .unwrap()
+            .captures(row)
+            .map(|c| unescape(&c[1]))
+            .unwrap_or_else(|| panic!("no last_error in {row}"))
+    };
+    assert_eq!(last_error(&r), "PermissionDenied: 403 from ledger");
+    let trace = common::otlp::hex(&sha2_16("pg-dead-1"));
+    assert!(
+        r.contains(&format!(
+            "href=\"http://traces.example/explore?trace={trace}\">{trace}</a>"
+        )),
+        "the trace id links to trace_url: {r}"
+    );
+    assert!(r.contains("inboxwatch dead-letters replay --config"), "{r}");
+
+    // Nothing hostile ran or became an element, and it reads as written.
+    assert_eq!(title(&listed), "dead letters · inboxwatch", "no script ran");
+    let body = &listed[listed.find("<body").expect("a body")..];
+    for tag in ["<script", "<img", "<b>"] {
+        assert!(!body.contains(tag), "{tag} became an element:\n{body}");
+    }
+    let hostile = row_of(HOSTILE_ID);
+    assert_eq!(last_error(&hostile), HOSTILE_ERROR, "the hostile error shows as written");
+    assert_eq!(unescape(&field(&hostile, "business_key")), "order-<1003>");
+    screenshot(agent.port, "/dead-letters?since=1h", "dead-letters-postgres");
+
+    // The event page of the hostile id: found, shown as text, nothing ran.
+    let path = format!("/events/{}", percent(HOSTILE_ID));
+    let ev = dom(agent.port, &path);
+    assert_eq!(title(&ev), "event · inboxwatch", "no script ran");
+    let ev_body = &ev[ev.find("<body").expect("a body")..];
+    assert!(!ev_body.contains("<script") && !ev_body.contains("<img"));
+    let shown_id = Regex::new(r#"<code data-field="event_id">(.*?)</code>"#)
+        .unwrap()
+        .captures(&ev)
+        .map(|c| unescape(&c[1]))
+        .expect("the event id");
+    assert_eq!(shown_id, HOSTILE_ID);
+    assert!(unescape(ev_body).contains("dead"), "the trace text: {ev_body}");
+    screenshot(agent.port, &path, "event-postgres");
+
+    db.cleanup().await;
+}
+
+fn percent(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+fn sha2_16(s: &str) -> [u8; 16] {
+    use sha2::{Digest, Sha256};
+    let d = Sha256::digest(s.as_bytes());
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    out
+}
+
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_has_a_status_page_that_matches_its_metrics() {
+    let agent = Agent::demo();
+    agent.wait_ready(READY_TIMEOUT).await;
+    let first = agent.stdout().lines().next().unwrap_or_default().to_string();
+    assert_eq!(
+        first,
+        format!("inboxwatch demo: the status page is http://127.0.0.1:{}/", agent.port),
+        "the demo prints the page's address first"
+    );
+    // Some completions first, so that every number is there.
+    wait_until(Duration::from_secs(60), || async {
+        let m = agent.try_scrape().await?;
+        if m.sum("inbox_messages_completed_total", &[("outcome", "dead_lettered")]) > 0.0 {
+            Ok(())
+        } else {
+            Err("no dead letter yet".to_string())
+        }
+    })
+    .await
+    .expect("the demo dead-letters events");
+    let before = agent.scrape().await;
+    let page = dom(agent.port, "/");
+    let after = agent.scrape().await;
+    assert_eq!(title(&page), TITLE_STATUS);
+    let c = card(&page, "demo-inbox");
+    assert!(c.contains("data-field=\"state\">up<"), "state up:\n{c}");
+    // The demo never stops: counters are bracketed by the two scrapes.
+    let v = values(c);
+    for (key, name, labels) in [
+        ("deliveries_total", "inbox_deliveries_total", &[][..]),
+        (
+            "dead_letters_recent",
+            "inbox_messages_completed_total",
+            &[("outcome", "dead_lettered")][..],
+        ),
+        ("stuck", "inbox_stuck_messages", &[][..]),
+    ] {
+        bracketed(key, value(&v, key), before.sum(name, labels), after.sum(name, labels));
+    }
+    screenshot(agent.port, "/", "status-demo");
+    let listed = dom(agent.port, "/dead-letters");
+    assert!(
+        listed.matches("<tr class=\"dead-letter\">").count() >= 1,
+        "the demo's dead letters are listed"
+    );
+    screenshot(agent.port, "/dead-letters", "dead-letters-demo");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_off_leaves_only_the_metrics_endpoints() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("off.db");
+    std::fs::write(&db, b"").expect("an empty file");
+    let config = format!(
+        "[server]\npages = false\n\n[[sources]]\nname = \"off\"\nkind = \"inbox\"\n\
+         dsn = {}\ntable = \"inbox\"\n",
+        toml_str(&format!("sqlite://{}", db.display()))
+    );
+    let agent = Agent::start(&config);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for path in ["/", "/dead-letters", "/events/x", "/api/v1/status", "/api/v1/dead-letters"] {
+        let (code, _) = agent.get(path).await.expect("an answer");
+        assert_eq!(code, 404, "{path} with pages = false");
+    }
+    for path in ["/metrics", "/healthz"] {
+        let (code, _) = agent.get(path).await.expect("an answer");
+        assert_eq!(code, 200, "{path}");
+    }
+}
