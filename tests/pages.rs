@@ -133,7 +133,9 @@ fn card<'a>(dom: &'a str, source: &str) -> &'a str {
         .find(&format!("id=\"source-{source}\""))
         .unwrap_or_else(|| panic!("no card of source {source} on the page:\n{dom}"));
     let rest = &dom[start..];
-    let end = rest[1..].find("class=\"card\"").map_or(rest.len(), |e| e + 1);
+    let end = rest[1..]
+        .find("class=\"card\"")
+        .map_or(rest.len(), |e| e + 1);
     &rest[..end]
 }
 
@@ -226,9 +228,13 @@ fn check_status_numbers(card: &str, source: &str, before: &Metrics, after: &Metr
     // The attempts histogram, bucket by bucket (not cumulative on the page).
     let buckets: Vec<(String, f64)> = v
         .iter()
-        .filter_map(|(k, x)| k.strip_prefix("attempts_le_").map(|le| (le.to_string(), *x)))
+        .filter_map(|(k, x)| {
+            k.strip_prefix("attempts_le_")
+                .map(|le| (le.to_string(), *x))
+        })
         .collect();
-    let cumulative = |m: &Metrics, le: &str| sum(m, "inbox_delivery_attempts_bucket", &[("le", le)]);
+    let cumulative =
+        |m: &Metrics, le: &str| sum(m, "inbox_delivery_attempts_bucket", &[("le", le)]);
     let mut les: Vec<String> = after
         .series("inbox_delivery_attempts_bucket", &s)
         .filter_map(|x| x.labels.get("le").cloned())
@@ -338,7 +344,10 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         rows.push(e);
     }
     for (i, (err, key)) in [
-        ("TimeoutError: upstream did not answer within 5s", "order-1001"),
+        (
+            "TimeoutError: upstream did not answer within 5s",
+            "order-1001",
+        ),
         ("PermissionDenied: 403 from ledger", "order-1002"),
         (HOSTILE_ERROR, "order-<1003>"),
     ]
@@ -360,7 +369,11 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         let _ = key;
     }
     for i in 0..3 {
-        let mut e = event(&format!("pg-pending-{i}"), Status::Pending, now - 5_000 - i * 1000);
+        let mut e = event(
+            &format!("pg-pending-{i}"),
+            Status::Pending,
+            now - 5_000 - i * 1000,
+        );
         e.started_ms = None;
         e.updated_ms = now + 50;
         rows.push(e);
@@ -373,7 +386,10 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         let (sql, args) = e.insert_stmt(target.dialect, &target.table);
         db.pool.execute(&sql, &args).await.expect("insert a row");
     }
-    for (i, key) in ["order-1001", "order-1002", "order-<1003>"].iter().enumerate() {
+    for (i, key) in ["order-1001", "order-1002", "order-<1003>"]
+        .iter()
+        .enumerate()
+    {
         let id = if i == 2 {
             HOSTILE_ID.to_string()
         } else {
@@ -381,9 +397,7 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         };
         db.pool
             .execute(
-                &format!(
-                    "UPDATE {t} SET business_key = $1, summary = $2 WHERE event_id = $3"
-                ),
+                &format!("UPDATE {t} SET business_key = $1, summary = $2 WHERE event_id = $3"),
                 &[
                     common::V::text(*key),
                     common::V::text(format!("sha256:{i:064}")),
@@ -403,7 +417,10 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
     assert!(c.contains("data-field=\"state\">up<"), "state up:\n{c}");
     check_status_numbers(c, "pages-pg", &before, &after);
     for link in ["/metrics", "/healthz", "/readyz", "/dead-letters"] {
-        assert!(page.contains(&format!("href=\"{link}\"")), "a link to {link}");
+        assert!(
+            page.contains(&format!("href=\"{link}\"")),
+            "a link to {link}"
+        );
     }
     screenshot(agent.port, "/", "status-postgres");
 
@@ -471,9 +488,17 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         assert!(!body.contains(tag), "{tag} became an element:\n{body}");
     }
     let hostile = row_of(HOSTILE_ID);
-    assert_eq!(last_error(&hostile), HOSTILE_ERROR, "the hostile error shows as written");
+    assert_eq!(
+        last_error(&hostile),
+        HOSTILE_ERROR,
+        "the hostile error shows as written"
+    );
     assert_eq!(unescape(&field(&hostile, "business_key")), "order-<1003>");
-    screenshot(agent.port, "/dead-letters?since=1h", "dead-letters-postgres");
+    screenshot(
+        agent.port,
+        "/dead-letters?since=1h",
+        "dead-letters-postgres",
+    );
 
     // The event page of the hostile id: found, shown as text, nothing ran.
     let path = format!("/events/{}", percent(HOSTILE_ID));
@@ -487,7 +512,10 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         .map(|c| unescape(&c[1]))
         .expect("the event id");
     assert_eq!(shown_id, HOSTILE_ID);
-    assert!(unescape(ev_body).contains("dead"), "the trace text: {ev_body}");
+    assert!(
+        unescape(ev_body).contains("dead"),
+        "the trace text: {ev_body}"
+    );
     screenshot(agent.port, &path, "event-postgres");
 
     db.cleanup().await;
@@ -513,21 +541,32 @@ fn sha2_16(s: &str) -> [u8; 16] {
     out
 }
 
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_has_a_status_page_that_matches_its_metrics() {
     let agent = Agent::demo();
     agent.wait_ready(READY_TIMEOUT).await;
-    let first = agent.stdout().lines().next().unwrap_or_default().to_string();
+    let first = agent
+        .stdout()
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string();
     assert_eq!(
         first,
-        format!("inboxwatch demo: the status page is http://127.0.0.1:{}/", agent.port),
+        format!(
+            "inboxwatch demo: the status page is http://127.0.0.1:{}/",
+            agent.port
+        ),
         "the demo prints the page's address first"
     );
     // Some completions first, so that every number is there.
     wait_until(Duration::from_secs(60), || async {
         let m = agent.try_scrape().await?;
-        if m.sum("inbox_messages_completed_total", &[("outcome", "dead_lettered")]) > 0.0 {
+        if m.sum(
+            "inbox_messages_completed_total",
+            &[("outcome", "dead_lettered")],
+        ) > 0.0
+        {
             Ok(())
         } else {
             Err("no dead letter yet".to_string())
@@ -552,7 +591,12 @@ async fn the_demo_has_a_status_page_that_matches_its_metrics() {
         ),
         ("stuck", "inbox_stuck_messages", &[][..]),
     ] {
-        bracketed(key, value(&v, key), before.sum(name, labels), after.sum(name, labels));
+        bracketed(
+            key,
+            value(&v, key),
+            before.sum(name, labels),
+            after.sum(name, labels),
+        );
     }
     screenshot(agent.port, "/", "status-demo");
     let listed = dom(agent.port, "/dead-letters");
@@ -575,7 +619,13 @@ async fn pages_off_leaves_only_the_metrics_endpoints() {
     );
     let agent = Agent::start(&config);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    for path in ["/", "/dead-letters", "/events/x", "/api/v1/status", "/api/v1/dead-letters"] {
+    for path in [
+        "/",
+        "/dead-letters",
+        "/events/x",
+        "/api/v1/status",
+        "/api/v1/dead-letters",
+    ] {
         let (code, _) = agent.get(path).await.expect("an answer");
         assert_eq!(code, 404, "{path} with pages = false");
     }
@@ -583,4 +633,73 @@ async fn pages_off_leaves_only_the_metrics_endpoints() {
         let (code, _) = agent.get(path).await.expect("an answer");
         assert_eq!(code, 200, "{path}");
     }
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .expect("/proc/self/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status")
+}
+
+/// The trajectory store stays bounded: 100,000 failing events, each with 3
+/// attempts and a 300-character error, and then one event with 20, leave the
+/// journal at its 2,000 events of at most 12 attempts (the history's bound is a unit test of
+/// `http::status`). Nextest runs each test in its own process, so the
+/// process's RSS is this test's.
+#[test]
+fn the_journal_stays_bounded_under_100k_failing_events() {
+    use inboxwatch::journal::{ATTEMPTS, Attempt, EVENTS, Journal, Outcome};
+    use std::sync::Arc;
+    let journal = Journal::default();
+    let source: Arc<str> = Arc::from("orders");
+    let class: Arc<str> = Arc::from("timeout");
+    let before = rss_kib();
+    let error = "TimeoutError: upstream did not answer ".repeat(8);
+    for i in 0..100_001u32 {
+        let id = format!("evt-{i:06}");
+        let attempts = if i == 100_000 { 20 } else { 3 };
+        for n in 1..=attempts {
+            journal.record(
+                &source,
+                &id,
+                Some("orders.paid"),
+                Some(1),
+                n..n,
+                Attempt {
+                    number: n,
+                    observed: true,
+                    started: Some(i64::from(n)),
+                    ended: Some(i64::from(n) + 1),
+                    outcome: if n == attempts {
+                        Outcome::DeadLettered
+                    } else {
+                        Outcome::Failed
+                    },
+                    error_class: Some(class.clone()),
+                    error: Some(format!("{error} #{i}/{n}")),
+                },
+            );
+        }
+    }
+    assert_eq!(journal.len(), EVENTS);
+    // The newest events are the ones kept, each with its bounded trail.
+    let last = journal
+        .trail("orders", "evt-100000")
+        .expect("the newest event");
+    assert_eq!(last.attempts.len(), ATTEMPTS);
+    assert_eq!(last.elided as usize, 20 - ATTEMPTS);
+    assert!(journal.trail("orders", "evt-000000").is_none());
+    let grown = rss_kib().saturating_sub(before);
+    println!(
+        "journal: 100,000 failing events x 3 attempts -> {} events kept, RSS grew by {grown} KiB",
+        journal.len()
+    );
+    // Unbounded, this would be about 100,000 x 3 x 450 bytes = 130 MiB.
+    assert!(
+        grown < 32 * 1024,
+        "the journal grew the process by {grown} KiB"
+    );
 }

@@ -161,7 +161,10 @@ fn sparkline(values: &[f64]) -> String {
             // A lone value: a dot.
             None => {
                 let (x, y) = points.split_once(',').unwrap_or(("0", "0"));
-                let _ = write!(svg, "<circle cx=\"{x}\" cy=\"{y}\" r=\"1.5\" fill=\"#3366cc\"/>");
+                let _ = write!(
+                    svg,
+                    "<circle cx=\"{x}\" cy=\"{y}\" r=\"1.5\" fill=\"#3366cc\"/>"
+                );
             }
         }
     }
@@ -377,7 +380,10 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
             &mut body,
             "kafka_lag_messages",
             "total lag (messages)",
-            val("kafka_lag_messages", n.groups.iter().map(|g| g.lag_messages).sum()),
+            val(
+                "kafka_lag_messages",
+                n.groups.iter().map(|g| g.lag_messages).sum(),
+            ),
             h.get("kafka_lag_messages"),
         );
         body.push_str("</table>");
@@ -471,7 +477,10 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
             } else {
                 format!("≤{}", escape(&b.le))
             };
-            format!("{label}: {}", val(&format!("attempts_le_{}", b.le), b.events))
+            format!(
+                "{label}: {}",
+                val(&format!("attempts_le_{}", b.le), b.events)
+            )
         })
         .collect::<Vec<_>>()
         .join(", ");
@@ -957,7 +966,10 @@ mod tests {
         assert_eq!(svg.matches("<polyline").count(), 2);
         let dot = sparkline(&[1.0, f64::NAN, 3.0, 4.0]);
         assert_eq!(
-            (dot.matches("<polyline").count(), dot.matches("<circle").count()),
+            (
+                dot.matches("<polyline").count(),
+                dot.matches("<circle").count()
+            ),
             (1, 1)
         );
         assert_eq!(sparkline(&[f64::NAN]), "<span class=\"muted\">–</span>");
