@@ -167,7 +167,7 @@ pub struct ActionOutcome {
 #[derive(Debug, thiserror::Error)]
 pub enum ActionError {
     /// The source's kind keeps no dead-lettered rows.
-    #[error("is a {0} source: only inbox sources have dead-lettered rows to replay or ignore")]
+    #[error("is of kind \"{0}\": only inbox sources have dead-lettered rows to replay or ignore")]
     Unsupported(&'static str),
     /// The inbox has no `[sources.dead_letter_actions]`.
     #[error(
