@@ -153,14 +153,24 @@ async fn seed(db: &Db, table: &str, tag: &str) -> Seed {
         .chain([&s.ok, &s.failed, &s.ignore_kept, &s.ignore_status])
     {
         let (sql, args) = e.insert_stmt(db.dialect, table);
-        db.pool.execute(&sql, &args).await.expect("insert inbox row");
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .expect("insert inbox row");
     }
     s
 }
 
 /// An inbox source on `table` with `[sources.dead_letter_actions]` writing
 /// with `action_dsn` (plus `extra` keys) and `statuses` before it.
-fn config(name: &str, db: &Db, table: &str, statuses: &str, action_dsn: &str, extra: &str) -> String {
+fn config(
+    name: &str,
+    db: &Db,
+    table: &str,
+    statuses: &str,
+    action_dsn: &str,
+    extra: &str,
+) -> String {
     format!(
         "{}{statuses}\n[sources.dead_letter_actions]\ndsn = {}\n{extra}",
         inbox_source_toml(name, &db.dsn, table),
@@ -215,7 +225,10 @@ async fn replay_and_ignore(db: Db, tag: &str) {
         table,
         "",
         &db.dsn,
-        &format!("audit_table = {}\nreset_attempts = true\n", toml_str(&audit)),
+        &format!(
+            "audit_table = {}\nreset_attempts = true\n",
+            toml_str(&audit)
+        ),
     );
     let cfg = write(dir.path(), "act.toml", &main_toml);
 
@@ -278,11 +291,25 @@ async fn replay_and_ignore(db: Db, tag: &str) {
     let before = table_rows(&db, table).await;
     let (code, out, err) = run(&args);
     assert_eq!(code, 1, "a dry run with refusals exits 1: {out}{err}");
-    let would: String = s.dead.iter().map(|e| dead_line("would replay", e)).collect();
+    let would: String = s
+        .dead
+        .iter()
+        .map(|e| dead_line("would replay", e))
+        .collect();
     assert_eq!(out, format!("{would}{refusals}"), "dry-run lines");
-    assert!(err.contains("dry run: nothing is written; add --yes to apply"), "{err}");
-    assert_eq!(table_rows(&db, table).await, before, "a dry run changed the table");
-    assert!(audit_rows(&db, &audit).await.is_empty(), "a dry run wrote an audit row");
+    assert!(
+        err.contains("dry run: nothing is written; add --yes to apply"),
+        "{err}"
+    );
+    assert_eq!(
+        table_rows(&db, table).await,
+        before,
+        "a dry run changed the table"
+    );
+    assert!(
+        audit_rows(&db, &audit).await.is_empty(),
+        "a dry run wrote an audit row"
+    );
 
     // With --yes: the dead rows go back to pending, the others are refused.
     args.push("--yes");
@@ -308,7 +335,11 @@ async fn replay_and_ignore(db: Db, tag: &str) {
                 }
                 r
             };
-            assert_eq!(untouched(a), untouched(b), "only status, attempts, updated_at change");
+            assert_eq!(
+                untouched(a),
+                untouched(b),
+                "only status, attempts, updated_at change"
+            );
         } else {
             assert_eq!(a, b, "a refused or other row changed");
         }
@@ -364,7 +395,10 @@ async fn replay_and_ignore(db: Db, tag: &str) {
     common::wait_until(Duration::from_secs(20), || async {
         let m = agent.try_scrape().await?;
         let ok = m.get("inbox_messages_completed_total", &completed("succeeded"));
-        let dead = m.sum("inbox_messages_completed_total", &completed("dead_lettered"));
+        let dead = m.sum(
+            "inbox_messages_completed_total",
+            &completed("dead_lettered"),
+        );
         if ok == Some(s.dead.len() as f64) && dead == 0.0 {
             Ok(())
         } else {
@@ -412,7 +446,11 @@ async fn replay_and_ignore(db: Db, tag: &str) {
             s.ignore_kept.id
         )
     );
-    assert_eq!(table_rows(&db, table).await, before, "ignore changed the row");
+    assert_eq!(
+        table_rows(&db, table).await,
+        before,
+        "ignore changed the row"
+    );
     let rows = audit_rows(&db, &audit).await;
     check_audit(
         &rows[3..],
@@ -469,7 +507,11 @@ async fn replay_and_ignore(db: Db, tag: &str) {
             assert_eq!(a[2].as_deref(), Some("discarded"), "{a:?}");
             let updated = a[10].as_deref().and_then(parse_ts).expect("updated_at");
             assert!((t0..=t1).contains(&updated), "updated_at bumped: {a:?}");
-            assert_eq!((&a[..2], &a[3..10]), (&b[..2], &b[3..10]), "the rest unchanged");
+            assert_eq!(
+                (&a[..2], &a[3..10]),
+                (&b[..2], &b[3..10]),
+                "the rest unchanged"
+            );
         } else {
             assert_eq!(a, b, "another row changed");
         }
@@ -643,7 +685,15 @@ fn bad_usage_exits_2_naming_what_is_wrong() {
             "error: --source: no source named \"nope\" in the config",
         ),
         (
-            vec!["--source", "plain", "--operator", "o", "--reason", "r", "e1"],
+            vec![
+                "--source",
+                "plain",
+                "--operator",
+                "o",
+                "--reason",
+                "r",
+                "e1",
+            ],
             "error: --source: source \"plain\" has no [sources.dead_letter_actions]",
         ),
         (
@@ -696,12 +746,7 @@ fn action_settings_are_checked_at_their_keys() {
             "sources[0].dead_letter_actions.replay_status",
             "required with status_rules",
         ),
-        (
-            "frobnicate = true\n",
-            "",
-            "frobnicate",
-            "",
-        ),
+        ("frobnicate = true\n", "", "frobnicate", ""),
     ];
     for (keys, rules, key, message) in cases {
         let cfg = write(
@@ -793,9 +838,14 @@ async fn the_agent_never_opens_the_action_dsn() {
     ]);
     assert_eq!(code, 1, "{out}{err}");
     assert!(
-        err.contains("error: source \"act-run\": sources[0].dead_letter_actions.dsn: cannot connect to"),
+        err.contains(
+            "error: source \"act-run\": sources[0].dead_letter_actions.dsn: cannot connect to"
+        ),
         "{err}"
     );
-    assert!(accepted.join().expect("accept thread"), "the command connected");
+    assert!(
+        accepted.join().expect("accept thread"),
+        "the command connected"
+    );
     db.cleanup().await;
 }
