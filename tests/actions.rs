@@ -20,6 +20,14 @@ fn run(args: &[&str]) -> (i32, String, String) {
     (out.code.unwrap_or(-1), out.stdout, out.stderr)
 }
 
+/// A table name quoted as the dialect's DDL quotes it.
+fn sql_table(db: &Db, name: &str) -> String {
+    match db.dialect {
+        Dialect::Mysql => format!("`{name}`"),
+        _ => format!("\"{name}\""),
+    }
+}
+
 /// Every column of the inbox table, as text, ordered by event id.
 async fn table_rows(db: &Db, table: &str) -> Vec<Vec<Option<String>>> {
     let cols = [
@@ -236,9 +244,11 @@ async fn replay_and_ignore(db: Db, tag: &str) {
     let (code, ddl, err) = run(&["schema", "--config", &cfg]);
     assert_eq!(code, 0, "schema --config: {err}");
     assert!(
-        ddl.contains(&format!(
-            "-- source \"act\": the audit table of dead-letters replay / ignore\n"
-        )) && ddl.contains("CREATE TABLE IF NOT EXISTS"),
+        ddl.contains("-- source \"act\": the audit table of dead-letters replay / ignore\n")
+            && ddl.contains(&format!(
+                "CREATE TABLE IF NOT EXISTS {}",
+                sql_table(&db, &audit)
+            )),
         "schema --config prints the audit table:\n{ddl}"
     );
     for stmt in split_statements(&ddl) {

@@ -219,7 +219,7 @@ async fn one(
         exec(conn, "ROLLBACK").await?;
         return Ok(outcome(false, format!("refused {id}: not found")));
     };
-    let row = read_row(spec, &found).map_err(|e| sqlx::Error::Protocol(e))?;
+    let row = read_row(spec, &found).map_err(sqlx::Error::Protocol)?;
     let word = row.word.clone().unwrap_or_default();
     if row.meaning != Some(Status::Dead) {
         exec(conn, "ROLLBACK").await?;
@@ -246,14 +246,12 @@ async fn one(
         }
         None => changes.push(format!("status \"{word}\" kept")),
     }
-    if req.action == Action::Replay && a.reset_attempts {
-        if let Some(col) = &c.attempts {
-            sets.push(format!("{} = 0", sql.ident(col)));
-            changes.push(format!(
-                "attempts {} → 0",
-                row.attempts.map_or("NULL".to_string(), |n| n.to_string())
-            ));
-        }
+    if let (Action::Replay, true, Some(col)) = (req.action, a.reset_attempts, &c.attempts) {
+        sets.push(format!("{} = 0", sql.ident(col)));
+        changes.push(format!(
+            "attempts {} → 0",
+            row.attempts.map_or("NULL".to_string(), |n| n.to_string())
+        ));
     }
     if !sets.is_empty() {
         // The agent tails the change cursor: without the bump it would never

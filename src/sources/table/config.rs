@@ -264,8 +264,8 @@ pub struct InboxSpec {
     /// The outcome of a deleted row (`finished_rows = "deleted"`).
     pub deleted_as: Status,
     /// `[sources.dead_letter_actions]`, for the `dead-letters replay` and
-    /// `ignore` commands only.
-    pub actions: Option<DeadLetterActions>,
+    /// `ignore` commands only. Boxed: most sources have none.
+    pub actions: Option<Box<DeadLetterActions>>,
 }
 
 /// The default `audit_table`.
@@ -796,7 +796,7 @@ fn dead_letter_actions(
     columns: &InboxColumns,
     statuses: &StatusMap,
     has_rules: bool,
-) -> Option<DeadLetterActions> {
+) -> Option<Box<DeadLetterActions>> {
     let at = format!("{key}.dead_letter_actions");
     let before = v.count();
     let dsn = dsn_at(v, &at, &raw.dsn, &raw.dsn_file);
@@ -873,13 +873,13 @@ fn dead_letter_actions(
     if v.count() > before {
         return None;
     }
-    Some(DeadLetterActions {
+    Some(Box::new(DeadLetterActions {
         dsn: dsn?,
         replay_status,
         reset_attempts: raw.reset_attempts.unwrap_or(false),
         ignored_status,
         audit_table,
-    })
+    }))
 }
 
 /// Checks an outbox's own keys.
