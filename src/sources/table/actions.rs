@@ -121,14 +121,20 @@ pub(crate) async fn act(
 
 /// A database error as the operator needs it: a missing privilege said so,
 /// by its code (PostgreSQL SQLSTATE 42501; MariaDB/MySQL errors 1142, 1143,
-/// 1044, 1227), with what the action DSN's user needs.
+/// 1044, 1227; SQLite's SQLITE_READONLY family), with what the action DSN's
+/// user needs.
 fn db_error(e: &sqlx::Error, spec: &InboxSpec, a: &DeadLetterActions) -> String {
     let text = a.dsn.scrub(&e.to_string());
     let denied = match e {
         sqlx::Error::Database(d) => {
+            let sqlite_readonly = d.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some()
+                && d.code()
+                    .and_then(|c| c.parse::<i32>().ok())
+                    .is_some_and(|c| c & 0xff == 8);
             d.code().as_deref() == Some("42501")
                 || d.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
                     .is_some_and(|m| matches!(m.number(), 1142 | 1143 | 1044 | 1227))
+                || sqlite_readonly
         }
         _ => false,
     };
