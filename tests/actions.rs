@@ -667,6 +667,115 @@ async fn sqlite_replay_and_ignore_are_audited_and_exact() {
     replay_and_ignore(Db::sqlite().await, "acli").await;
 }
 
+/// Guards a replay under status rules: the rules, not the new word alone,
+/// decide what the row means, so the row is re-read after the update; one the
+/// rules still read as dead is refused and rolled back, one they read as
+/// pending (here: once its attempts are reset) is replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_the_status_rules_still_read_as_dead_is_rolled_back() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("acrule").await;
+    let table = tables.inbox.as_str();
+    let audit = common::unique_name("audit", "acrule");
+    db.register_table(&audit);
+    let base = db.now_ms().await - 60_000;
+    let row = InboxEvent {
+        id: "rule-1".into(),
+        event_type: Some("order.paid".into()),
+        status: Status::Failed,
+        received_ms: base,
+        started_ms: Some(base + 10),
+        finished_ms: None,
+        attempts: 3,
+        deliveries: 1,
+        last_error: Some("ValidationError".into()),
+        traceparent: None,
+        updated_ms: base + 20,
+    };
+    let (sql, args) = row.insert_stmt(db.dialect, table);
+    db.pool.execute(&sql, &args).await.expect("insert");
+    let rules = "[[sources.status_rules]]\nmeaning = \"dead\"\nwhen = \"attempts >= 3\"\n";
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = |file: &str, reset: bool| {
+        write(
+            dir.path(),
+            file,
+            &config(
+                "rules",
+                &db,
+                table,
+                rules,
+                &db.dsn,
+                &format!(
+                    "audit_table = {}\nreplay_status = \"pending\"\nreset_attempts = {reset}\n",
+                    toml_str(&audit)
+                ),
+            ),
+        )
+    };
+    let keep = cfg("keep.toml", false);
+    let reset = cfg("reset.toml", true);
+    let (code, ddl, err) = run(&["schema", "--config", &keep]);
+    assert_eq!(code, 0, "{err}");
+    for stmt in split_statements(&ddl) {
+        db.pool.raw(&stmt).await.expect("DDL");
+    }
+    let replay = |config: &str| {
+        run(&[
+            "dead-letters",
+            "replay",
+            "--config",
+            config,
+            "--source",
+            "rules",
+            "--operator",
+            OPERATOR,
+            "--reason",
+            REASON,
+            "--yes",
+            "rule-1",
+        ])
+    };
+    let before = (table_rows(&db, table).await, audit_rows(&db, &audit).await);
+    let (code, out, err) = replay(&keep);
+    assert_eq!(code, 1, "{out}{err}");
+    assert_eq!(
+        out,
+        "refused rule-1: with status \"pending\" the status rules say the row is dead, not pending \
+         (sources[0].dead_letter_actions.replay_status); nothing changed\n"
+    );
+    assert_eq!(
+        (table_rows(&db, table).await, audit_rows(&db, &audit).await),
+        before,
+        "a refused replay changed something"
+    );
+    let t0 = db.now_ms().await;
+    let (code, out, err) = replay(&reset);
+    let t1 = db.now_ms().await;
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(
+        out,
+        format!(
+            "replayed rule-1: status \"failed\" → \"pending\", attempts 3 → 0, updated_at → now; \
+             audit row in \"{audit}\"\n"
+        )
+    );
+    let after = table_rows(&db, table).await;
+    assert_eq!(after[0][2].as_deref(), Some("pending"));
+    assert_eq!(after[0][6].as_deref(), Some("0"));
+    check_audit(
+        &audit_rows(&db, &audit).await,
+        &[Audit {
+            source: "rules",
+            event: &row,
+            action: "replay",
+        }],
+        t0,
+        t1,
+    );
+    db.cleanup().await;
+}
+
 /// Guards the exit code 2 of bad usage, each with a message naming what is
 /// wrong (no database is reached).
 #[test]
@@ -730,6 +839,16 @@ fn bad_usage_exits_2_naming_what_is_wrong() {
         assert!(err.contains(message), "{args:?}: stderr names it: {err}");
         assert!(out.is_empty(), "{args:?}: nothing on stdout: {out}");
     }
+    // `schema --audit-table`: the audit table's DDL, or a name refused.
+    let (code, out, err) = run(&["schema", "--dialect", "sqlite", "--audit-table", "acts"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("CREATE TABLE IF NOT EXISTS \"acts\" (\n    id              INTEGER PRIMARY KEY AUTOINCREMENT,"),
+        "{out}"
+    );
+    let (code, _, err) = run(&["schema", "--dialect", "postgres", "--audit-table", "a;b"]);
+    assert_eq!(code, 2);
+    assert_eq!(err.trim(), "--audit-table: \"a;b\" is not a table name");
     // The listing keeps its form, and wants its config.
     let (code, _, err) = run(&["dead-letters"]);
     assert_eq!(code, 2);
