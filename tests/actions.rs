@@ -456,7 +456,7 @@ async fn replay_and_ignore(db: Db, tag: &str) {
     assert_eq!(
         out,
         format!(
-            "ignored {}: status \"dead\" kept; audit row in \"{audit}\"\n",
+            "ignored {}: status \"dead\" kept, attempts 5 kept; audit row in \"{audit}\"\n",
             s.ignore_kept.id
         )
     );
@@ -511,7 +511,7 @@ async fn replay_and_ignore(db: Db, tag: &str) {
     assert_eq!(
         out,
         format!(
-            "ignored {}: status \"dead\" → \"discarded\", updated_at → now; audit row in \"{audit}\"\n",
+            "ignored {}: status \"dead\" → \"discarded\", attempts 4 kept, updated_at → now; audit row in \"{audit}\"\n",
             s.ignore_status.id
         )
     );

@@ -252,12 +252,14 @@ async fn one(
         }
         None => changes.push(format!("status \"{word}\" kept")),
     }
-    if let (Action::Replay, true, Some(col)) = (req.action, a.reset_attempts, &c.attempts) {
-        sets.push(format!("{} = 0", sql.ident(col)));
-        changes.push(format!(
-            "attempts {} → 0",
-            row.attempts.map_or("NULL".to_string(), |n| n.to_string())
-        ));
+    if let Some(col) = &c.attempts {
+        let n = row.attempts.map_or("NULL".to_string(), |n| n.to_string());
+        if req.action == Action::Replay && a.reset_attempts {
+            sets.push(format!("{} = 0", sql.ident(col)));
+            changes.push(format!("attempts {n} → 0"));
+        } else {
+            changes.push(format!("attempts {n} kept"));
+        }
     }
     if !sets.is_empty() {
         // The agent tails the change cursor: without the bump it would never
