@@ -1,5 +1,5 @@
 //! Command line: `run`, `demo`, `check-config`, `schema`, `doctor`, `metrics`,
-//! `trace`, `dead-letters`.
+//! `trace`, `dead-letters` (and `dead-letters replay | ignore`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -65,6 +65,10 @@ pub enum Command {
         /// Also print an outbox table of this name.
         #[arg(long)]
         outbox_table: Option<String>,
+        /// Also print the dead-letter audit table of this name (the
+        /// `dead_letter_actions.audit_table`, by default `inboxwatch_dead_letter_actions`).
+        #[arg(long)]
+        audit_table: Option<String>,
     },
     /// Connect to every table source, check columns and indexes, and EXPLAIN the agent's queries.
     Doctor {
@@ -85,11 +89,16 @@ pub enum Command {
         #[arg(long)]
         source: Option<String>,
     },
-    /// List recently dead-lettered events, newest first, tab-separated (read-only).
+    /// List recently dead-lettered events, newest first, tab-separated
+    /// (read-only); or `replay` / `ignore` some of them (audited).
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     DeadLetters {
+        /// replay or ignore dead-lettered events instead of listing them.
+        #[command(subcommand)]
+        action: Option<DeadLetterCommand>,
         /// The TOML config file.
-        #[arg(long, short)]
-        config: PathBuf,
+        #[arg(long, short, required = true)]
+        config: Option<PathBuf>,
         /// Only this source (default: every inbox source).
         #[arg(long)]
         source: Option<String>,
@@ -100,4 +109,53 @@ pub enum Command {
         #[arg(long, default_value_t = 100)]
         limit: usize,
     },
+}
+
+/// `inboxwatch dead-letters replay | ignore`.
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterCommand {
+    /// Put dead-lettered events back to the replay status for the consumer to
+    /// process again, each in one transaction with an audit row. Without
+    /// `--yes`, only prints what it would do.
+    Replay(ActionArgs),
+    /// Record dead-lettered events as deliberately not processed (an audit
+    /// row; and the `ignored_status`, if configured). Without `--yes`, only
+    /// prints what it would do.
+    Ignore(ActionArgs),
+    /// Print the replay / ignore history of events from the audit table,
+    /// tab-separated, oldest first (read-only: the source's own DSN).
+    History {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// The inbox source.
+        #[arg(long)]
+        source: String,
+        /// The event ids.
+        #[arg(required = true)]
+        event_ids: Vec<String>,
+    },
+}
+
+/// The arguments of `dead-letters replay` and `ignore`.
+#[derive(Debug, clap::Args)]
+pub struct ActionArgs {
+    /// The TOML config file.
+    #[arg(long, short)]
+    pub config: PathBuf,
+    /// The inbox source (it needs `[sources.dead_letter_actions]`).
+    #[arg(long)]
+    pub source: String,
+    /// Who does this (recorded in the audit table).
+    #[arg(long)]
+    pub operator: String,
+    /// Why (recorded in the audit table).
+    #[arg(long)]
+    pub reason: String,
+    /// Apply: without it, nothing is written.
+    #[arg(long)]
+    pub yes: bool,
+    /// The event ids (idempotency keys).
+    #[arg(required = true)]
+    pub event_ids: Vec<String>,
 }

@@ -2,6 +2,7 @@
 //! their inbox / processing-record tables and outbox tables — and exports
 //! what on-call needs as Prometheus metrics.
 
+pub mod actions;
 pub mod app;
 pub mod checks;
 pub mod cli;

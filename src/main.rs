@@ -4,10 +4,11 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use inboxwatch::cli::{Cli, Command};
+use inboxwatch::cli::{Cli, Command, DeadLetterCommand};
 use inboxwatch::config::{self, is_table_name};
+use inboxwatch::sources::kind::{Action, ActionRequest};
 use inboxwatch::sources::table::schema;
-use inboxwatch::{app, demo, doctor, lookup, telemetry};
+use inboxwatch::{actions, app, demo, doctor, lookup, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -39,6 +40,13 @@ fn main() -> ExitCode {
                     println!("-- source \"{}\" ({})", source.name(), source.describe());
                     print!("{ddl}");
                 }
+                if let Some(ddl) = source.audit_ddl() {
+                    println!(
+                        "-- source \"{}\": the audit table of dead-letters replay / ignore",
+                        source.name()
+                    );
+                    print!("{ddl}");
+                }
             }
             ExitCode::SUCCESS
         }
@@ -46,6 +54,7 @@ fn main() -> ExitCode {
             dialect,
             table,
             outbox_table,
+            audit_table,
             ..
         } => {
             let Some(dialect) = dialect else {
@@ -55,6 +64,7 @@ fn main() -> ExitCode {
             for (flag, name) in [
                 ("--table", Some(&table)),
                 ("--outbox-table", outbox_table.as_ref()),
+                ("--audit-table", audit_table.as_ref()),
             ] {
                 if let Some(name) = name.filter(|n| !is_table_name(n)) {
                     eprintln!("{flag}: \"{name}\" is not a table name");
@@ -62,6 +72,10 @@ fn main() -> ExitCode {
                 }
             }
             print!("{}", schema::ddl(dialect, &table, outbox_table.as_deref()));
+            if let Some(audit) = &audit_table {
+                println!();
+                print!("{}", schema::audit_ddl(dialect, audit));
+            }
             ExitCode::SUCCESS
         }
         Command::Metrics => {
@@ -106,11 +120,75 @@ fn main() -> ExitCode {
             lookup_output(runtime().block_on(lookup::trace(&cfg, &event_id, source.as_deref())))
         }
         Command::DeadLetters {
+            action: Some(command),
+            ..
+        } => {
+            let (action, args) = match command {
+                DeadLetterCommand::Replay(a) => (Action::Replay, a),
+                DeadLetterCommand::Ignore(a) => (Action::Ignore, a),
+                DeadLetterCommand::History {
+                    config: path,
+                    source,
+                    event_ids,
+                } => {
+                    let cfg = match config::load(&path) {
+                        Ok(c) => c,
+                        Err(e) => return config_failure(&e),
+                    };
+                    sqlx::any::install_default_drivers();
+                    return match runtime().block_on(actions::history(&cfg, &source, &event_ids)) {
+                        Ok(text) => {
+                            print!("{text}");
+                            ExitCode::SUCCESS
+                        }
+                        Err(e) => {
+                            eprintln!("error: {e}");
+                            ExitCode::from(e.exit_code())
+                        }
+                    };
+                }
+            };
+            let cfg = match config::load(&args.config) {
+                Ok(c) => c,
+                Err(e) => return config_failure(&e),
+            };
+            sqlx::any::install_default_drivers();
+            let request = ActionRequest {
+                action,
+                operator: args.operator,
+                reason: args.reason,
+                event_ids: args.event_ids,
+                apply: args.yes,
+            };
+            if !request.apply {
+                eprintln!("dry run: nothing is written; add --yes to apply");
+            }
+            match runtime().block_on(actions::run(&cfg, &args.source, &request)) {
+                Ok((text, all)) => {
+                    print!("{text}");
+                    if all {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::from(1)
+                    }
+                }
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::from(e.exit_code())
+                }
+            }
+        }
+        Command::DeadLetters {
+            action: None,
             config: path,
             source,
             since,
             limit,
         } => {
+            let Some(path) = path else {
+                eprintln!("--config: required");
+                return ExitCode::from(2);
+            };
             let cfg = match config::load(&path) {
                 Ok(c) => c,
                 Err(e) => return config_failure(&e),

@@ -95,6 +95,108 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<DeadLetter>, String>> + Send {
         async { Ok(Vec::new()) }
     }
+
+    /// The DDL of the table `dead-letters replay` / `ignore` record their
+    /// actions in (`schema --config`); `None` when the source has none.
+    fn audit_ddl(&self) -> Option<String> {
+        None
+    }
+
+    /// `inboxwatch dead-letters replay` / `ignore`: one transaction per
+    /// event over the source's write-capable action DSN. Only the command
+    /// line calls this; the agent's poll never does.
+    fn dead_letter_action(
+        &self,
+        _request: &ActionRequest,
+    ) -> impl Future<Output = Result<Vec<ActionOutcome>, ActionError>> + Send {
+        async { Err(ActionError::Unsupported(Self::KIND)) }
+    }
+
+    /// The replay / ignore history of these events, oldest first, read over
+    /// the agent's own read-only connection; empty when the source records
+    /// none or its audit table does not exist.
+    fn dead_letter_history(
+        &self,
+        _event_ids: &[String],
+    ) -> impl Future<Output = Result<Vec<AuditEntry>, String>> + Send {
+        async { Ok(Vec::new()) }
+    }
+}
+
+/// What `dead-letters replay` / `ignore` do to a dead-lettered event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Back to the replay status, for the consumer to process again.
+    Replay,
+    /// Recorded as deliberately not processed (and, if configured, given
+    /// the ignored status).
+    Ignore,
+}
+
+impl Action {
+    /// The `action` column of the audit table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Replay => "replay",
+            Action::Ignore => "ignore",
+        }
+    }
+}
+
+/// One `dead-letters replay` / `ignore` command.
+#[derive(Debug, Clone)]
+pub struct ActionRequest {
+    pub action: Action,
+    pub operator: String,
+    pub reason: String,
+    pub event_ids: Vec<String>,
+    /// `--yes`: write; without it, only say what would be done.
+    pub apply: bool,
+}
+
+/// What became of one event of an [`ActionRequest`].
+#[derive(Debug, Clone)]
+pub struct ActionOutcome {
+    pub event_id: String,
+    /// Done (or, without `--yes`, would be done).
+    pub done: bool,
+    /// One line saying what was done or why not.
+    pub line: String,
+}
+
+/// Why a `dead-letters replay` / `ignore` command did nothing at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    /// The source's kind keeps no dead-lettered rows.
+    #[error("is of kind \"{0}\": only inbox sources have dead-lettered rows to replay or ignore")]
+    Unsupported(&'static str),
+    /// The inbox has no `[sources.dead_letter_actions]`.
+    #[error(
+        "has no [sources.dead_letter_actions]: replay and ignore need its write-capable dsn \
+         (docs/configuration.md, \"Dead-letter actions\")"
+    )]
+    NotConfigured,
+    /// Connecting, or the audit table, failed: nothing was written.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// One row of the audit table: a replay or an ignore of one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEntry {
+    pub event_id: String,
+    /// `replay` or `ignore`.
+    pub action: String,
+    pub operator: String,
+    pub reason: String,
+    /// When, on the database's clock: microseconds since the epoch.
+    pub at: i64,
+    /// The row's status word before the action.
+    pub previous_status: Option<String>,
+    /// The row's attempts before the action.
+    pub attempts: Option<i64>,
+    /// The row's last error before the action.
+    pub last_error: Option<String>,
 }
 
 /// A read entry and the keys it had that the kind does not take.

@@ -17,7 +17,9 @@ use toml::Spanned;
 use toml::de::DeValue;
 
 use crate::checks::Validator;
-use kind::{DeadLetter, Finding, Kind, Runtime};
+use kind::{
+    ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, Finding, Kind, Runtime,
+};
 
 /// Declares [`SourceSpec`], one variant per kind, and its methods, each of
 /// which hands over to the kind: nothing outside a kind's folder matches on it.
@@ -111,6 +113,27 @@ macro_rules! kinds {
                 limit: usize,
             ) -> Result<Vec<DeadLetter>, String> {
                 match self { $(SourceSpec::$variant(s) => s.dead_letters(since, limit).await,)+ }
+            }
+
+            /// The DDL of the source's dead-letter audit table, if it has one.
+            pub fn audit_ddl(&self) -> Option<String> {
+                match self { $(SourceSpec::$variant(s) => s.audit_ddl(),)+ }
+            }
+
+            /// `dead-letters replay` / `ignore` on this source.
+            pub async fn dead_letter_action(
+                &self,
+                request: &ActionRequest,
+            ) -> Result<Vec<ActionOutcome>, ActionError> {
+                match self { $(SourceSpec::$variant(s) => s.dead_letter_action(request).await,)+ }
+            }
+
+            /// The replay / ignore history of these events (for the pages).
+            pub async fn dead_letter_history(
+                &self,
+                event_ids: &[String],
+            ) -> Result<Vec<AuditEntry>, String> {
+                match self { $(SourceSpec::$variant(s) => s.dead_letter_history(event_ids).await,)+ }
             }
         }
     };

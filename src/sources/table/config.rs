@@ -92,6 +92,26 @@ pub struct RawInbox {
     /// With `finished_rows = "deleted"`: the outcome a deleted row counts
     /// as, `"succeeded"` (default) or `"dead"`.
     pub deleted_as: Option<String>,
+    /// What `inboxwatch dead-letters replay` and `ignore` write with.
+    pub dead_letter_actions: Option<RawActions>,
+}
+
+/// `[sources.dead_letter_actions]`: the write-capable connection of the
+/// dead-letter commands (never opened by `run`) and what they write.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawActions {
+    /// Write-capable connection string, in the source's dialect.
+    pub dsn: Option<String>,
+    /// A file whose content is that DSN; instead of `dsn`.
+    pub dsn_file: Option<String>,
+    /// The status word a replayed row gets (default: the first `pending` word).
+    pub replay_status: Option<String>,
+    /// Whether a replay also sets `attempts` to 0 (default false).
+    pub reset_attempts: Option<bool>,
+    /// The status word an ignored row gets (default: its status is kept).
+    pub ignored_status: Option<String>,
+    /// Where each action is recorded (default `inboxwatch_dead_letter_actions`).
+    pub audit_table: Option<String>,
 }
 
 /// One `[[sources.status_rules]]` entry.
@@ -247,6 +267,29 @@ pub struct InboxSpec {
     pub rules: Vec<Rule>,
     /// The outcome of a deleted row (`finished_rows = "deleted"`).
     pub deleted_as: Status,
+    /// `[sources.dead_letter_actions]`, for the `dead-letters replay` and
+    /// `ignore` commands only. Boxed: most sources have none.
+    pub actions: Option<Box<DeadLetterActions>>,
+}
+
+/// The default `audit_table`.
+pub const AUDIT_TABLE: &str = "inboxwatch_dead_letter_actions";
+
+/// A validated `[sources.dead_letter_actions]`.
+#[derive(Debug, Clone)]
+pub struct DeadLetterActions {
+    /// The write-capable DSN. Private to the table unit: only
+    /// `actions::connect` (reached from the command line's `dead-letters
+    /// replay` / `ignore`) opens it; the agent's poll never does.
+    pub(in crate::sources::table) dsn: Dsn,
+    /// The status word a replayed row gets.
+    pub replay_status: String,
+    /// Whether a replay sets `attempts` to 0.
+    pub reset_attempts: bool,
+    /// The status word an ignored row gets, if any.
+    pub ignored_status: Option<String>,
+    /// The audit table, possibly `schema.table`.
+    pub audit_table: String,
 }
 
 impl InboxSpec {
@@ -738,6 +781,9 @@ pub(crate) fn inbox_spec(
     }
     let columns = columns?;
     table.cursor = settle_cursor(v, key, cursor, columns.updated_at.as_deref());
+    let actions = raw.dead_letter_actions.as_ref().and_then(|a| {
+        dead_letter_actions(v, key, a, &table, &columns, &statuses, !rules.is_empty())
+    });
     Some(InboxSpec {
         table,
         stuck_after,
@@ -745,7 +791,103 @@ pub(crate) fn inbox_spec(
         statuses,
         rules,
         deleted_as,
+        actions,
     })
+}
+
+/// Checks `[sources.dead_letter_actions]`.
+fn dead_letter_actions(
+    v: &mut Validator<'_>,
+    key: &str,
+    raw: &RawActions,
+    table: &TableSpec,
+    columns: &InboxColumns,
+    statuses: &StatusMap,
+    has_rules: bool,
+) -> Option<Box<DeadLetterActions>> {
+    let at = format!("{key}.dead_letter_actions");
+    let before = v.count();
+    let dsn = dsn_at(v, &at, &raw.dsn, &raw.dsn_file);
+    if let Some(d) = &dsn {
+        let ours = table.dsn.dialect();
+        if !d.expose().is_empty() && !table.dsn.expose().is_empty() && d.dialect() != ours {
+            v.problem(
+                &format!("{at}.dsn"),
+                format!(
+                    "a {} DSN, but the source's table is on {}: the actions write to the same database",
+                    d.dialect().as_str(),
+                    ours.as_str()
+                ),
+            );
+        }
+    }
+    if columns.status.is_none() {
+        v.problem(
+            &at,
+            "needs columns.status: replay and ignore write the status column".into(),
+        );
+    }
+    let unfinished =
+        |w: &str| matches!(statuses.classify(w), Some(Status::Pending | Status::Failed));
+    let replay_status = match raw.replay_status.as_deref() {
+        Some(w) if unfinished(w) => w.to_string(),
+        Some(w) => {
+            v.problem(
+                &format!("{at}.replay_status"),
+                format!(
+                    "\"{w}\" is not a pending or failed word of this source's statuses: \
+                     a replayed row must be one the consumer picks up again"
+                ),
+            );
+            String::new()
+        }
+        None if has_rules => {
+            v.problem(
+                &format!("{at}.replay_status"),
+                "required with status_rules: name the status word that makes a replayed row \
+                 pending (the rules, not the words alone, decide what a row means)"
+                    .into(),
+            );
+            String::new()
+        }
+        None => statuses
+            .words_for(Status::Pending)
+            .first()
+            .map_or(String::new(), |w| (*w).to_string()),
+    };
+    let ignored_status = raw.ignored_status.as_deref().map(|w| {
+        if statuses.classify(w).is_none() {
+            v.problem(
+                &format!("{at}.ignored_status"),
+                format!(
+                    "\"{w}\" is not a status word of this source (statuses.*): \
+                     the agent would reject an ignored row as unknown_status"
+                ),
+            );
+        }
+        w.to_string()
+    });
+    let audit_table = match raw.audit_table.as_deref() {
+        None => AUDIT_TABLE.to_string(),
+        Some(t) if is_table_name(t) => t.to_string(),
+        Some(t) => {
+            v.problem(
+                &format!("{at}.audit_table"),
+                format!("\"{t}\" is not a table name (letters, digits, _ and $, optionally schema.table)"),
+            );
+            String::new()
+        }
+    };
+    if v.count() > before {
+        return None;
+    }
+    Some(Box::new(DeadLetterActions {
+        dsn: dsn?,
+        replay_status,
+        reset_attempts: raw.reset_attempts.unwrap_or(false),
+        ignored_status,
+        audit_table,
+    }))
 }
 
 /// Checks an outbox's own keys.
@@ -798,7 +940,18 @@ fn status_rules(v: &mut Validator<'_>, key: &str, raw: &[RawRule]) -> Vec<Rule> 
 }
 
 fn dsn(v: &mut Validator<'_>, key: &str, raw: &RawTable) -> Option<Dsn> {
-    let (dsn_key, text) = match (&raw.dsn, &raw.dsn_file) {
+    dsn_at(v, key, &raw.dsn, &raw.dsn_file)
+}
+
+/// Checks `dsn` / `dsn_file` of the table at `key`: exactly one of them, the
+/// file readable, every `${VAR}` set, the result a DSN sqlx connects with.
+fn dsn_at(
+    v: &mut Validator<'_>,
+    key: &str,
+    dsn: &Option<String>,
+    dsn_file: &Option<String>,
+) -> Option<Dsn> {
+    let (dsn_key, text) = match (dsn, dsn_file) {
         (Some(_), Some(_)) => {
             v.problem(
                 &format!("{key}.dsn_file"),

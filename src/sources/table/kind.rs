@@ -19,10 +19,12 @@ use super::doctor::{self, Shape};
 use super::inbox::Inbox;
 use super::lock::{LockSessions, SourceLock};
 use super::outbox::Outbox;
-use super::{Pools, TableSource, lookup};
+use super::{Pools, TableSource, actions, lookup, schema};
 use crate::checks::{Validator, keys_at, knows};
 use crate::coordination::LEASE;
-use crate::sources::kind::{DeadLetter, Finding, Kind, Read, Runtime};
+use crate::sources::kind::{
+    ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, Finding, Kind, Read, Runtime,
+};
 use crate::telemetry::catalogue as metric;
 use crate::tracing_link::SpanSink;
 
@@ -112,6 +114,23 @@ table_kind! {
     InboxSpec, "inbox", RawInbox, inbox_spec, Inbox, Shape::Inbox, lookup::trace_inbox;
     async fn dead_letters(&self, since: Duration, limit: usize) -> Result<Vec<DeadLetter>, String> {
         lookup::dead_letters(self, since, limit).await
+    }
+
+    fn audit_ddl(&self) -> Option<String> {
+        self.actions
+            .as_ref()
+            .map(|a| schema::audit_ddl(self.table.dsn.dialect(), &a.audit_table))
+    }
+
+    async fn dead_letter_action(
+        &self,
+        request: &ActionRequest,
+    ) -> Result<Vec<ActionOutcome>, ActionError> {
+        actions::act(self, request).await
+    }
+
+    async fn dead_letter_history(&self, event_ids: &[String]) -> Result<Vec<AuditEntry>, String> {
+        actions::audit_history(self, event_ids).await
     }
 }
 

@@ -15,7 +15,9 @@ use crate::sources::kind::{DeadLetter, ERROR_SHOWN, ms, timestamp};
 use crate::tracing_link::{self as link, TraceParent, to_hex};
 
 /// A connection for one lookup, and the source's dialect.
-async fn open<K: TableKind>(source: TableSource<K>) -> Result<(AnyConnection, Sql), String> {
+pub(super) async fn open<K: TableKind>(
+    source: TableSource<K>,
+) -> Result<(AnyConnection, Sql), String> {
     let sql = source.sql();
     let (conn, _) = source.opener().open().await.map_err(|e| e.to_string())?;
     Ok((conn, sql))

@@ -11,6 +11,7 @@
 //! rows are deleted) the unfinished rows are re-read on every poll instead,
 //! and those that left them are looked up by id.
 
+mod actions;
 pub mod backlog;
 mod capabilities;
 pub mod config;

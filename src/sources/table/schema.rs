@@ -113,6 +113,43 @@ pub fn outbox_ddl(dialect: Dialect, table: &str) -> String {
     out
 }
 
+/// The audit table of `dead-letters replay` and `ignore`: one row per
+/// action on one event, written in the same transaction as the change.
+pub fn audit_ddl(dialect: Dialect, table: &str) -> String {
+    let sql = Sql { dialect };
+    let t = sql.table(table);
+    let (id, word, time, text, int) = types(dialect);
+    let key = match dialect {
+        Dialect::Postgres => "bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+        Dialect::MySql => "BIGINT AUTO_INCREMENT PRIMARY KEY",
+        Dialect::Sqlite => "INTEGER PRIMARY KEY AUTOINCREMENT",
+    };
+    let mut out = format!(
+        "-- Dead-letter actions (inboxwatch dead-letters replay / ignore): one row per action.\n\
+         CREATE TABLE IF NOT EXISTS {t} (\n\
+         \x20   id              {key},\n\
+         \x20   source          {word} NOT NULL,\n\
+         \x20   event_id        {id} NOT NULL,\n\
+         \x20   action          {word} NOT NULL,\n\
+         \x20   operator        {word} NOT NULL,\n\
+         \x20   reason          {text} NOT NULL,\n\
+         \x20   at              {time} NOT NULL,\n\
+         \x20   previous_status {word},\n\
+         \x20   attempts        {int},\n\
+         \x20   last_error      {text}\n\
+         );\n"
+    );
+    out.push_str("-- The history of an event, for the pages.\n");
+    out.push_str(&create_index(
+        dialect,
+        &index_name(table, "event"),
+        &t,
+        "source, event_id",
+        None,
+    ));
+    out
+}
+
 /// (event id, short text, timestamp, long text, integer) column types.
 fn types(
     dialect: Dialect,
