@@ -310,6 +310,16 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         ))
         .await
         .expect("add the business_key and summary columns");
+    // The audit table of replays and ignores, from `schema --audit-table`.
+    let audit = common::unique_name("audit", "pages");
+    db.register_table(&audit);
+    let ddl =
+        common::Cmd::new(["schema", "--dialect", "postgres", "--audit-table", &audit]).output();
+    assert!(ddl.success(), "schema --audit-table: {}", ddl.describe());
+    db.pool
+        .raw(&ddl.stdout)
+        .await
+        .expect("create the audit table");
     let config = format!(
         "[server]\ntrace_url = \"http://traces.example/explore?trace={{trace_id}}\"\n\n\
          [[sources]]\nname = \"pages-pg\"\nkind = \"inbox\"\ndsn = {dsn}\ntable = {table}\n\
@@ -318,9 +328,11 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
          columns = {{ event_id = \"event_id\", event_type = \"event_type\", status = \"status\", \
          received_at = \"received_at\", started_at = \"started_at\", finished_at = \"finished_at\", \
          attempts = \"attempts\", deliveries = \"deliveries\", last_error = \"last_error\", \
-         updated_at = \"updated_at\", business_key = \"business_key\", summary = \"summary\" }}\n",
+         updated_at = \"updated_at\", business_key = \"business_key\", summary = \"summary\" }}\n\
+         [sources.dead_letter_actions]\ndsn = {dsn}\naudit_table = {audit}\n",
         dsn = toml_str(&db.dsn),
         table = toml_str(t),
+        audit = toml_str(&audit),
     );
     let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;
@@ -479,7 +491,51 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         )),
         "the trace id links to trace_url: {r}"
     );
-    assert!(r.contains("inboxwatch dead-letters replay --config"), "{r}");
+    let cfg = agent.dir().join("inboxwatch.toml");
+    let cfg = cfg.to_str().expect("a UTF-8 path");
+    assert!(
+        unescape(&r).contains(&format!(
+            "inboxwatch dead-letters replay --config {cfg} --source pages-pg --operator \"$USER\" --reason '…' pg-dead-1"
+        )),
+        "the replay command names the agent's config: {r}"
+    );
+
+    // An audited ignore shows on the page with its operator and reason.
+    let ignored = common::Cmd::new([
+        "dead-letters",
+        "ignore",
+        "--config",
+        cfg,
+        "--source",
+        "pages-pg",
+        "--operator",
+        "alice",
+        "--reason",
+        "known bad <payload>",
+        "--yes",
+        "pg-dead-1",
+    ])
+    .output();
+    assert!(
+        ignored.success(),
+        "dead-letters ignore: {}",
+        ignored.describe()
+    );
+    let listed = dom(agent.port, "/dead-letters?since=1h");
+    let r = listed
+        .split("<tr class=\"dead-letter\">")
+        .find(|r| r.contains(">pg-dead-1</a>"))
+        .expect("the row of pg-dead-1")
+        .to_string();
+    let action = Regex::new(r#"<li data-field="action">(.*?)</li>"#)
+        .unwrap()
+        .captures(&r)
+        .map(|c| unescape(&Regex::new("<[^>]+>").unwrap().replace_all(&c[1], "")))
+        .unwrap_or_else(|| panic!("no audit history in {r}"));
+    assert!(
+        action.contains(" ignore by alice: known bad <payload> (was dead, 4 attempts)"),
+        "{action}"
+    );
 
     // Nothing hostile ran or became an element, and it reads as written.
     assert_eq!(title(&listed), "dead letters · inboxwatch", "no script ran");

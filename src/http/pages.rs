@@ -20,7 +20,7 @@ use super::status::{self, Numbers};
 use crate::coordination::hide_standby;
 use crate::journal::{FIRST_KEPT, Trail};
 use crate::sources::SourceSpec;
-use crate::sources::kind::{DeadLetter, timestamp};
+use crate::sources::kind::{AuditEntry, DeadLetter, timestamp};
 use crate::telemetry::snapshot;
 use crate::tracing_link::{self as link, to_hex};
 
@@ -574,6 +574,84 @@ pub struct DeadLetterView {
     pub trace_url: Option<String>,
     pub replay_command: String,
     pub ignore_command: String,
+    /// The replays and ignores recorded for it, oldest first.
+    pub history: Vec<ActionView>,
+}
+
+/// One audited replay or ignore (`dead-letters replay` / `ignore`).
+#[derive(Debug, Serialize)]
+pub struct ActionView {
+    pub action: String,
+    pub operator: String,
+    pub reason: String,
+    pub at: String,
+    pub previous_status: Option<String>,
+    pub attempts: Option<i64>,
+    pub last_error: Option<String>,
+}
+
+impl From<AuditEntry> for ActionView {
+    fn from(a: AuditEntry) -> ActionView {
+        ActionView {
+            action: a.action,
+            operator: a.operator,
+            reason: a.reason,
+            at: timestamp(a.at),
+            previous_status: a.previous_status,
+            attempts: a.attempts,
+            last_error: a.last_error,
+        }
+    }
+}
+
+/// The audit history of `ids` in one source, by event id; an error is a
+/// note, not a failure of the page.
+async fn histories(
+    spec: &SourceSpec,
+    ids: &[String],
+    errors: &mut Vec<(String, String)>,
+) -> BTreeMap<String, Vec<ActionView>> {
+    let mut out: BTreeMap<String, Vec<ActionView>> = BTreeMap::new();
+    if ids.is_empty() {
+        return out;
+    }
+    match tokio::time::timeout(LOOKUP_TIMEOUT, spec.dead_letter_history(ids)).await {
+        Ok(Ok(entries)) => {
+            for e in entries {
+                out.entry(e.event_id.clone()).or_default().push(e.into());
+            }
+        }
+        Ok(Err(e)) => errors.push((spec.name().to_string(), format!("audit history: {e}"))),
+        Err(_) => errors.push((
+            spec.name().to_string(),
+            format!(
+                "audit history: no answer within {}s",
+                LOOKUP_TIMEOUT.as_secs()
+            ),
+        )),
+    }
+    out
+}
+
+fn history_html(history: &[ActionView]) -> String {
+    if history.is_empty() {
+        return String::new();
+    }
+    let mut out = String::from("<ul class=\"history\">");
+    for a in history {
+        let _ = write!(
+            out,
+            "<li data-field=\"action\">{} {} by {}: {} <span class=\"muted\">(was {}, {} attempts)</span></li>",
+            escape(&a.at),
+            escape(&a.action),
+            escape(&a.operator),
+            escape(&a.reason),
+            a.previous_status.as_deref().map_or("–".to_string(), escape),
+            a.attempts.map_or("–".to_string(), |n| n.to_string()),
+        );
+    }
+    out.push_str("</ul>");
+    out
 }
 
 #[derive(Debug, Serialize)]
@@ -608,6 +686,7 @@ fn view(state: &AppState, spec: &SourceSpec, d: DeadLetter) -> DeadLetterView {
         owner: spec.owner().map(str::to_string),
         replay_command: command(state, "replay", spec.name(), &d.event_id),
         ignore_command: command(state, "ignore", spec.name(), &d.event_id),
+        history: Vec::new(),
         trace_url: trace_link(state, &trace_id),
         trace_id,
         event_type: d.event_type,
@@ -645,10 +724,17 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
         .await
         {
             Ok(Ok(rows)) => {
+                let rows: Vec<DeadLetter> = rows
+                    .into_iter()
+                    .filter(|d| f.error_class.is_none() || d.error_class == f.error_class)
+                    .collect();
+                let ids: Vec<String> = rows.iter().map(|d| d.event_id.clone()).collect();
+                let mut history = histories(spec, &ids, &mut errors).await;
                 for d in rows {
-                    if f.error_class.is_none() || d.error_class == f.error_class {
-                        out.push((d.dead_at, view(state, spec, d)));
-                    }
+                    let at = d.dead_at;
+                    let mut v = view(state, spec, d);
+                    v.history = history.remove(&v.event_id).unwrap_or_default();
+                    out.push((at, v));
                 }
             }
             Ok(Err(e)) => errors.push((spec.name().to_string(), e)),
@@ -713,7 +799,7 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
             "<tr class=\"dead-letter\"><td>{}</td><td data-field=\"event_id\"><a href=\"/events/{}\">{}</a></td>\
              <td>{}</td><td data-field=\"business_key\">{}</td><td data-field=\"summary\">{}</td><td>{}</td><td>{}</td>\
              <td data-field=\"attempts\">{}</td><td data-field=\"error_class\">{}</td><td><pre data-field=\"last_error\">{}</pre></td>\
-             <td data-field=\"trace_id\">{trace}</td><td><details><summary>commands</summary>\
+             <td data-field=\"trace_id\">{trace}</td><td>{}<details><summary>commands</summary>\
              <code>{}</code><br><code>{}</code></details></td></tr>",
             escape(&d.source),
             url_part(&d.event_id),
@@ -726,6 +812,7 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
             d.attempts.map_or("–".to_string(), |a| a.to_string()),
             o(&d.error_class),
             o(&d.last_error),
+            history_html(&d.history),
             escape(&d.replay_command),
             escape(&d.ignore_command),
         );
@@ -780,6 +867,8 @@ pub struct EventReport {
     /// What `inboxwatch trace` prints; none when no table has the event.
     pub trace: Option<String>,
     pub trajectories: Vec<TrajectoryView>,
+    /// Replays and ignores recorded for the event, by source.
+    pub actions: Vec<(String, Vec<ActionView>)>,
     pub errors: Vec<(String, String)>,
 }
 
@@ -810,11 +899,16 @@ async fn event_report(state: &AppState, event_id: &str) -> EventReport {
     let mut text = String::new();
     let mut found = false;
     let mut errors = Vec::new();
+    let mut actions = Vec::new();
     for spec in state.config.sources.iter().filter(|s| s.keeps_events()) {
         match tokio::time::timeout(LOOKUP_TIMEOUT, spec.trace_event(event_id)).await {
             Ok(Ok(Some(t))) => {
                 found = true;
                 text.push_str(&t);
+                let ids = [event_id.to_string()];
+                if let Some((_, h)) = histories(spec, &ids, &mut errors).await.pop_first() {
+                    actions.push((spec.name().to_string(), h));
+                }
             }
             Ok(Ok(None)) => {}
             Ok(Err(e)) => errors.push((spec.name().to_string(), e)),
@@ -835,6 +929,7 @@ async fn event_report(state: &AppState, event_id: &str) -> EventReport {
             .into_iter()
             .map(|(s, t)| trajectory(&s, t))
             .collect(),
+        actions,
         errors,
     }
 }
@@ -870,6 +965,14 @@ pub async fn event_page(State(state): State<AppState>, Path(id): Path<String>) -
             );
         }
         None => body.push_str("<p class=\"muted\">No watched table has a row of this event.</p>"),
+    }
+    for (source, h) in &r.actions {
+        let _ = write!(
+            body,
+            "<h2>Replays and ignores in {}</h2>{}",
+            escape(source),
+            history_html(h)
+        );
     }
     body.push_str("<h2>Retry trajectory</h2>");
     if r.trajectories.is_empty() {
