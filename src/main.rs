@@ -110,6 +110,7 @@ fn main() -> ExitCode {
             source,
             since,
             limit,
+            per_partition,
         } => {
             let cfg = match config::load(&path) {
                 Ok(c) => c,
@@ -121,6 +122,7 @@ fn main() -> ExitCode {
                 source.as_deref(),
                 since,
                 limit,
+                per_partition,
             )))
         }
     }

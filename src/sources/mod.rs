@@ -17,7 +17,7 @@ use toml::Spanned;
 use toml::de::DeValue;
 
 use crate::checks::Validator;
-use kind::{DeadLetter, Finding, Kind, Runtime};
+use kind::{DeadLetter, DeadRecords, Finding, Kind, Runtime};
 
 /// Declares [`SourceSpec`], one variant per kind, and its methods, each of
 /// which hands over to the kind: nothing outside a kind's folder matches on it.
@@ -99,6 +99,22 @@ macro_rules! kinds {
                 limit: usize,
             ) -> Result<Vec<DeadLetter>, String> {
                 match self { $(SourceSpec::$variant(s) => s.dead_letters(since, limit).await,)+ }
+            }
+
+            /// Whether `dead-letters` reads the source's dead-letter topics.
+            pub fn reads_dead_letter_topics(&self) -> bool {
+                match self { $(SourceSpec::$variant(s) => s.reads_dead_letter_topics(),)+ }
+            }
+
+            /// The latest records of the source's dead-letter topics.
+            pub async fn dead_letter_records(
+                &self,
+                per_partition: usize,
+                total: usize,
+            ) -> Result<DeadRecords, String> {
+                match self {
+                    $(SourceSpec::$variant(s) => s.dead_letter_records(per_partition, total).await,)+
+                }
             }
         }
     };
