@@ -232,6 +232,46 @@ impl Producer {
     }
 }
 
+/// One record to produce, every part chosen by the test.
+pub struct Produced<'a> {
+    pub partition: i32,
+    pub timestamp_ms: i64,
+    pub key: Option<&'a [u8]>,
+    pub headers: &'a [(&'a str, &'a [u8])],
+    pub value: Option<&'a [u8]>,
+}
+
+impl Producer {
+    /// Sends `r` to `topic` (one record per batch); returns its offset.
+    pub async fn send_record(&self, topic: &str, r: &Produced<'_>) -> i64 {
+        let mut headers = rdkafka::message::OwnedHeaders::new();
+        for (k, v) in r.headers {
+            headers = headers.insert(rdkafka::message::Header {
+                key: k,
+                value: Some(*v),
+            });
+        }
+        let mut rec = FutureRecord::<[u8], [u8]>::to(topic)
+            .partition(r.partition)
+            .timestamp(r.timestamp_ms)
+            .headers(headers);
+        if let Some(k) = r.key {
+            rec = rec.key(k);
+        }
+        if let Some(v) = r.value {
+            rec = rec.payload(v);
+        }
+        match self
+            .p
+            .send(rec, Timeout::After(Duration::from_secs(10)))
+            .await
+        {
+            Ok(d) => d.offset,
+            Err((e, _)) => panic!("producing to {topic}/{}: {e}", r.partition),
+        }
+    }
+}
+
 pub struct Committer {
     c: BaseConsumer,
 }
