@@ -4,6 +4,8 @@
 //! Kafka Connect's) and value prefixes, newest first, bounded per partition
 //! and in all; read without a consumer group (the broker lists the same
 //! groups before and after); and `inboxwatch dead-letters` printing them.
+//! The same reads run against librdkafka's mock cluster, a second
+//! implementation of the broker side (it has no ListGroups).
 
 mod common;
 #[path = "common/kafka.rs"]
@@ -17,7 +19,7 @@ use inboxwatch::sources::kafka::client::Connector;
 use inboxwatch::sources::kafka::config::KafkaSecurity;
 use inboxwatch::sources::kind::{DeadRecord, DeadRecords};
 use kafka_protocol::messages::ListGroupsRequest;
-use kafka_support::{Broker, Produced, kafka_source_toml, now_ms};
+use kafka_support::{Broker, Produced, Producer, kafka_source_toml, now_ms, producer_for};
 
 /// The groups the broker lists (ListGroups, as the agent's client sends it).
 async fn groups(broker: &Broker) -> BTreeSet<String> {
@@ -60,7 +62,7 @@ impl Truth {
             let skip = mine.len().saturating_sub(per_partition);
             out.extend(mine.into_iter().skip(skip).cloned());
         }
-        out.sort_by(|a, b| b.timestamp.cmp(&a.timestamp));
+        out.sort_by_key(|r| std::cmp::Reverse(r.timestamp));
         out.truncate(total);
         out
     }
@@ -69,8 +71,7 @@ impl Truth {
 /// Partition 0: seven Spring Kafka dead letters (one with a null key, one
 /// with a 300-byte binary value); partition 1: three Kafka Connect ones (one
 /// a tombstone). Timestamps interleave the partitions.
-async fn produce(broker: &Broker, topic: &str) -> Truth {
-    let producer = broker.producer();
+async fn produce(producer: &Producer, topic: &str) -> Truth {
     let base = now_ms() - 60_000;
     let mut records = Vec::new();
     for i in 0..7i64 {
@@ -153,34 +154,12 @@ fn rfc3339(ms: i64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms as u64)).to_string()
 }
 
-/// Guards the dead-letter records of a Kafka source: the latest records of
-/// each partition of the dead-letter topics (and nothing of other topics),
-/// exactly as produced, newest first and bounded; no group appears on the
-/// broker; `dead-letters` prints them with headers and bytes escaped.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn latest_dead_letter_records_are_read_exactly_and_without_a_group() {
-    let broker = Broker::start().await;
-    let dlq = format!("{}.DLQ", unique_name("payments", "p"));
-    let other = unique_name("payments", "p");
-    broker.create_topic(&dlq, 2).await;
-    broker.create_topic(&other, 1).await;
-    let truth = produce(&broker, &dlq).await;
-    // An ordinary topic and a group of its own: neither is a dead letter.
-    let producer = broker.producer();
-    producer.send(&other, 0, now_ms()).await;
-    broker
-        .committer("payments-consumer")
-        .consume_and_commit(&other, 0, 1);
-
-    let before = groups(&broker).await;
-    assert!(
-        before.contains("payments-consumer"),
-        "the broker lists groups: {before:?}"
-    );
-
+/// Reads the records through the library and the command, and compares
+/// them with `truth`.
+async fn check_reads(bootstrap: &str, dlq: &str, truth: &Truth) {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("inboxwatch.toml");
-    std::fs::write(&path, kafka_source_toml("kd", &broker.bootstrap(), "")).expect("config");
+    std::fs::write(&path, kafka_source_toml("kd", bootstrap, "")).expect("config");
     let config = inboxwatch::config::load(&path).expect("config loads");
     let spec = config
         .sources
@@ -253,8 +232,48 @@ async fn latest_dead_letter_records_are_read_exactly_and_without_a_group() {
         t(9),
     );
     assert_eq!(out.stdout, want);
+}
 
+/// Guards the dead-letter records of a Kafka source: the latest records of
+/// each partition of the dead-letter topics (and nothing of other topics),
+/// exactly as produced, newest first and bounded; no group appears on the
+/// broker; `dead-letters` prints them with headers and bytes escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_dead_letter_records_are_read_exactly_and_without_a_group() {
+    let broker = Broker::start().await;
+    let dlq = format!("{}.DLQ", unique_name("payments", "p"));
+    let other = unique_name("payments", "p");
+    broker.create_topic(&dlq, 2).await;
+    broker.create_topic(&other, 1).await;
+    let producer = broker.producer();
+    let truth = produce(&producer, &dlq).await;
+    // An ordinary topic and a group of its own: neither is a dead letter.
+    producer.send(&other, 0, now_ms()).await;
+    broker
+        .committer("payments-consumer")
+        .consume_and_commit(&other, 0, 1);
+
+    let before = groups(&broker).await;
+    assert!(
+        before.contains("payments-consumer"),
+        "the broker lists groups: {before:?}"
+    );
+    check_reads(&broker.bootstrap(), &dlq, &truth).await;
     // Nothing of the reads stays on the broker: no group was created.
     let after = groups(&broker).await;
     assert_eq!(after, before, "groups before and after the reads");
+}
+
+/// The same reads against librdkafka's mock cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latest_dead_letter_records_are_read_exactly_from_the_mock_cluster() {
+    let mock = rdkafka::mocking::MockCluster::new(1).expect("librdkafka's mock cluster");
+    let dlq = format!("{}.DLQ", unique_name("payments", "p"));
+    let other = unique_name("payments", "p");
+    mock.create_topic(&dlq, 2, 1).expect("create the DLQ topic");
+    mock.create_topic(&other, 1, 1).expect("create a topic");
+    let producer = producer_for(&mock.bootstrap_servers());
+    let truth = produce(&producer, &dlq).await;
+    producer.send(&other, 0, now_ms()).await;
+    check_reads(&mock.bootstrap_servers(), &dlq, &truth).await;
 }

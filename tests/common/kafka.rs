@@ -173,15 +173,7 @@ impl Broker {
     /// empty partition gives 1), so every record is its own batch and each
     /// send waits for its delivery before the next.
     pub fn producer(&self) -> Producer {
-        let p: FutureProducer = self
-            .client()
-            .set("linger.ms", "0")
-            .set("batch.num.messages", "1")
-            .set("acks", "all")
-            .set("message.timeout.ms", "10000")
-            .create()
-            .expect("producer");
-        Producer { p }
+        producer_for(&self.bootstrap())
     }
 
     /// A consumer in `group`, assigned partitions by hand (it does not join
@@ -207,6 +199,22 @@ impl Drop for Broker {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// A producer to the brokers at `bootstrap` that sends one record per batch
+/// ([`Broker::producer`]).
+pub fn producer_for(bootstrap: &str) -> Producer {
+    let p: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("broker.address.family", "v4")
+        .set("socket.timeout.ms", "10000")
+        .set("linger.ms", "0")
+        .set("batch.num.messages", "1")
+        .set("acks", "all")
+        .set("message.timeout.ms", "10000")
+        .create()
+        .expect("producer");
+    Producer { p }
 }
 
 pub struct Producer {

@@ -6,10 +6,12 @@
 //!    their partitions' leaders;
 //! 2. per leader, `ListOffsets` twice: the log start (earliest) and the last
 //!    stable offset (latest, `read_committed`);
-//! 3. per leader, one `Fetch` (`read_committed`, no session) from
+//! 3. per leader, a `Fetch` (`read_committed`, no session) from
 //!    `max(log start, last stable − per_partition)` of every partition, at
 //!    most [`PARTITION_BYTES`] per partition and [`RESPONSE_BYTES`] per
-//!    response;
+//!    response, again from where the answer ended for a partition it did
+//!    not bring to the end (some brokers answer with one batch per
+//!    partition), at most [`MAX_ROUNDS`] fetches;
 //! 4. the record batches decoded ([`decode_partition`]): records of aborted
 //!    transactions and control records left out; the newest first, at most
 //!    `total`.
@@ -41,6 +43,9 @@ use crate::sources::kind::{DeadPartitionProblem, DeadRecord, DeadRecords, VALUE_
 pub const PARTITION_BYTES: i32 = 64 * 1024;
 /// Bytes fetched per response (per leader broker).
 pub const RESPONSE_BYTES: i32 = 1024 * 1024;
+/// Fetches per leader in one read: enough for a broker that answers with
+/// one batch per partition and the default `--per-partition`.
+const MAX_ROUNDS: usize = 16;
 /// Bytes of a v2 batch header, from the base offset to the record count.
 const HEADER: usize = 61;
 /// The compression codecs a batch may use that the agent decodes (the
@@ -176,12 +181,15 @@ fn problem(topic: &str, partition: i32, message: &str) -> DeadPartitionProblem {
     }
 }
 
-/// One partition to fetch: its offsets `from..end`.
+/// One partition to fetch: its offsets `next..end`.
 struct Span {
     topic: String,
     partition: i32,
-    from: i64,
+    /// Where the next fetch starts.
+    next: i64,
     end: i64,
+    /// Bytes of batches read so far.
+    used: usize,
 }
 
 /// The offsets, fetch and decoding of the partitions one broker leads.
@@ -220,52 +228,92 @@ async fn read_leader(
                 spans.push(Span {
                     topic: t.clone(),
                     partition: p,
-                    from,
+                    next: from,
                     end,
+                    used: 0,
                 });
             }
         }
     }
-    if spans.is_empty() {
-        return Ok(());
-    }
-    let resp = conn.send(&fetch_request(&spans)).await?;
-    if resp.error_code != 0 {
-        return Err(KafkaError::Protocol(format!(
-            "Fetch failed: {}",
-            error_name(resp.error_code)
-        )));
-    }
-    let mut answers = HashMap::new();
-    for t in resp.responses {
-        for p in t.partitions {
-            answers.insert((t.topic.0.to_string(), p.partition_index), p);
+    // Some brokers answer with one batch per partition: fetch again from
+    // where the last answer ended, within the bytes per partition.
+    for _ in 0..MAX_ROUNDS {
+        if spans.is_empty() {
+            break;
         }
+        let resp = conn.send(&fetch_request(&spans)).await?;
+        if resp.error_code != 0 {
+            return Err(KafkaError::Protocol(format!(
+                "Fetch failed: {}",
+                error_name(resp.error_code)
+            )));
+        }
+        let mut answers = HashMap::new();
+        for t in resp.responses {
+            for p in t.partitions {
+                answers.insert((t.topic.0.to_string(), p.partition_index), p);
+            }
+        }
+        let mut again = Vec::new();
+        for mut span in spans {
+            let (t, p) = (span.topic.as_str(), span.partition);
+            let Some(answer) = answers.remove(&(t.to_string(), p)) else {
+                out.problems
+                    .push(problem(t, p, "the broker did not answer the fetch for it"));
+                continue;
+            };
+            if answer.error_code != 0 {
+                out.problems
+                    .push(problem(t, p, &error_name(answer.error_code)));
+                continue;
+            }
+            let aborted: Vec<(i64, i64)> = answer
+                .aborted_transactions
+                .unwrap_or_default()
+                .iter()
+                .map(|a| (a.producer_id.0, a.first_offset))
+                .collect();
+            let data = answer.records.unwrap_or_default();
+            let d = decode_partition(t, p, &data, span.next, span.end, &aborted);
+            out.records.extend(d.records);
+            if let Some(m) = d.trouble {
+                out.problems.push(problem(t, p, &m));
+            }
+            span.used += d.used;
+            if d.next >= span.end {
+                continue;
+            }
+            if let Some(size) = d.cut {
+                if span.used + size > PARTITION_BYTES as usize {
+                    out.problems.push(problem(
+                        t,
+                        p,
+                        &format!(
+                            "the records from offset {} on are more than the {} KiB read per partition",
+                            d.next,
+                            PARTITION_BYTES / 1024
+                        ),
+                    ));
+                    continue;
+                }
+            } else if d.next <= span.next {
+                // Nothing more below the end (compaction, markers).
+                continue;
+            }
+            span.next = d.next;
+            again.push(span);
+        }
+        spans = again;
     }
     for span in spans {
-        let (t, p) = (&span.topic, span.partition);
-        let Some(answer) = answers.remove(&(t.clone(), p)) else {
-            out.problems
-                .push(problem(t, p, "the broker did not answer the fetch for it"));
-            continue;
-        };
-        if answer.error_code != 0 {
-            out.problems
-                .push(problem(t, p, &error_name(answer.error_code)));
-            continue;
-        }
-        let aborted: Vec<(i64, i64)> = answer
-            .aborted_transactions
-            .unwrap_or_default()
-            .iter()
-            .map(|a| (a.producer_id.0, a.first_offset))
-            .collect();
-        let data = answer.records.unwrap_or_default();
-        let (records, trouble) = decode_partition(t, p, &data, span.from, span.end, &aborted);
-        out.records.extend(records);
-        if let Some(m) = trouble {
-            out.problems.push(problem(t, p, &m));
-        }
+        out.problems.push(problem(
+            &span.topic,
+            span.partition,
+            &format!(
+                "still short of offset {} after {MAX_ROUNDS} fetches, at offset {}",
+                span.end, span.next
+            ),
+        ));
     }
     Ok(())
 }
@@ -322,8 +370,8 @@ fn fetch_request(spans: &[Span]) -> FetchRequest {
         by_topic.entry(&s.topic).or_default().push(
             FetchPartition::default()
                 .with_partition(s.partition)
-                .with_fetch_offset(s.from)
-                .with_partition_max_bytes(PARTITION_BYTES)
+                .with_fetch_offset(s.next)
+                .with_partition_max_bytes(PARTITION_BYTES - s.used as i32)
                 .with_current_leader_epoch(-1)
                 .with_log_start_offset(-1),
         );
@@ -356,13 +404,28 @@ fn i32_at(b: &[u8], at: usize) -> i32 {
     i32::from_be_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
-/// The data records with `from <= offset < end` in one partition's fetched
-/// bytes (record batches, message format v2), oldest first, and what kept
-/// some from being read: a batch cut off by the fetch size, a codec the
-/// agent does not decode, a corrupt batch. `aborted` is the fetch
-/// response's aborted transactions, (producer id, first offset): their
-/// records are left out, as a `read_committed` consumer leaves them out;
-/// so are control records (transaction markers).
+/// What one partition's fetched bytes hold.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Decoded {
+    /// The data records with `from <= offset < end`, oldest first.
+    pub records: Vec<DeadRecord>,
+    /// What kept some records of the complete batches from being read: a
+    /// codec the agent does not decode, an older message format, a corrupt
+    /// batch.
+    pub trouble: Option<String>,
+    /// Where the next fetch starts: past the last complete batch.
+    pub next: i64,
+    /// Bytes of the complete batches.
+    pub used: usize,
+    /// The full size of a batch the fetch size cut off, after them.
+    pub cut: Option<usize>,
+}
+
+/// Decodes one partition's fetched bytes (record batches, message format
+/// v2) fetched from `from`. `aborted` is the fetch response's aborted
+/// transactions, (producer id, first offset): their records are left out,
+/// as a `read_committed` consumer leaves them out; so are control records
+/// (transaction markers).
 pub fn decode_partition(
     topic: &str,
     partition: i32,
@@ -370,23 +433,26 @@ pub fn decode_partition(
     from: i64,
     end: i64,
     aborted: &[(i64, i64)],
-) -> (Vec<DeadRecord>, Option<String>) {
+) -> Decoded {
     let b = &data[..];
     let mut aborted = aborted.to_vec();
     aborted.sort_by_key(|&(_, first)| first);
     let mut next_aborted = 0;
     let mut aborting: HashSet<i64> = HashSet::new();
-    let mut out = Vec::new();
-    let mut trouble: Option<String> = None;
+    let mut out = Decoded {
+        next: from,
+        ..Decoded::default()
+    };
     let mut pos = 0usize;
     while b.len() - pos >= 12 {
         let base = i64_at(b, pos);
         if base >= end {
+            out.next = out.next.max(end);
             break;
         }
         let len = i32_at(b, pos + 8);
         if len < 0 {
-            trouble = Some(format!(
+            out.trouble = Some(format!(
                 "the record batch at offset {base} has a negative length"
             ));
             break;
@@ -395,28 +461,28 @@ pub fn decode_partition(
         if b.len() - pos < size {
             // The fetch size cut it (the broker sends whole batches
             // otherwise).
-            trouble = Some(format!(
-                "the record batch at offset {base} is larger than the {} KiB read per partition",
-                PARTITION_BYTES / 1024
-            ));
+            out.cut = Some(size);
             break;
         }
         if size < HEADER {
-            trouble = Some(format!("the record batch at offset {base} is too short"));
+            out.trouble = Some(format!("the record batch at offset {base} is too short"));
             break;
         }
-        let magic = b[pos + 16] as i8;
+        pos += size;
+        out.used = pos;
+        let at = pos - size;
+        let last = base + i32_at(b, at + 23) as i64;
+        out.next = out.next.max(last + 1);
+        let magic = b[at + 16] as i8;
         if magic != 2 {
-            trouble = Some(format!(
+            out.trouble = Some(format!(
                 "message format v{magic} at offset {base} is not supported (Kafka 0.11+ record batches only)"
             ));
-            pos += size;
             continue;
         }
-        let attributes = i16::from_be_bytes([b[pos + 21], b[pos + 22]]);
-        let last = base + i32_at(b, pos + 23) as i64;
-        let max_timestamp = i64_at(b, pos + 35);
-        let producer = i64_at(b, pos + 43);
+        let attributes = i16::from_be_bytes([b[at + 21], b[at + 22]]);
+        let max_timestamp = i64_at(b, at + 35);
+        let producer = i64_at(b, at + 43);
         let log_append = attributes & 0x08 != 0;
         let transactional = attributes & 0x10 != 0;
         let control = attributes & 0x20 != 0;
@@ -429,66 +495,60 @@ pub fn decode_partition(
             // A marker ends the producer's transaction: an aborted one's
             // records are behind it.
             aborting.remove(&producer);
-            pos += size;
             continue;
         }
         if (transactional && aborting.contains(&producer)) || last < from {
-            pos += size;
             continue;
         }
         if codec > 4 {
-            trouble = Some(format!(
+            out.trouble = Some(format!(
                 "the record batch at offset {base} uses compression codec {codec}, which inboxwatch does not decode (it decodes {CODECS})"
             ));
-            pos += size;
             continue;
         }
-        let mut batch = data.slice(pos..pos + size);
-        match RecordBatchDecoder::decode(&mut batch) {
-            Ok(set) => {
-                for r in set.records {
-                    if r.control || r.offset < from || r.offset >= end {
-                        continue;
-                    }
-                    let value_len = r.value.as_ref().map(|v| v.len());
-                    let value_prefix = r
-                        .value
-                        .as_ref()
-                        .map(|v| v[..v.len().min(VALUE_PREFIX)].to_vec())
-                        .unwrap_or_default();
-                    out.push(DeadRecord {
-                        topic: topic.to_string(),
-                        partition,
-                        offset: r.offset,
-                        // The broker stamps a LogAppendTime batch as a
-                        // whole, in its header.
-                        timestamp: if log_append {
-                            max_timestamp
-                        } else {
-                            r.timestamp
-                        },
-                        key: r.key.map(|k| k.to_vec()),
-                        headers: r
-                            .headers
-                            .into_iter()
-                            .map(|(k, v)| {
-                                (k.to_string(), v.map(|v| v.to_vec()).unwrap_or_default())
-                            })
-                            .collect(),
-                        value_prefix,
-                        value_len,
-                    });
-                }
-            }
+        let mut batch = data.slice(at..pos);
+        let set = match RecordBatchDecoder::decode(&mut batch) {
+            Ok(set) => set,
             Err(e) => {
-                trouble = Some(format!(
+                out.trouble = Some(format!(
                     "cannot decode the record batch at offset {base}: {e}"
                 ));
+                continue;
             }
+        };
+        for r in set.records {
+            if r.control || r.offset < from || r.offset >= end {
+                continue;
+            }
+            let value_len = r.value.as_ref().map(|v| v.len());
+            let value_prefix = r
+                .value
+                .as_ref()
+                .map(|v| v[..v.len().min(VALUE_PREFIX)].to_vec())
+                .unwrap_or_default();
+            out.records.push(DeadRecord {
+                topic: topic.to_string(),
+                partition,
+                offset: r.offset,
+                // The broker stamps a LogAppendTime batch as a whole, in its
+                // header.
+                timestamp: if log_append {
+                    max_timestamp
+                } else {
+                    r.timestamp
+                },
+                key: r.key.map(|k| k.to_vec()),
+                headers: r
+                    .headers
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v.map(|v| v.to_vec()).unwrap_or_default()))
+                    .collect(),
+                value_prefix,
+                value_len,
+            });
         }
-        pos += size;
     }
-    (out, trouble)
+    out
 }
 
 #[cfg(test)]
@@ -572,7 +632,11 @@ mod tests {
             ));
         }
         let data = buf.freeze();
-        let (rs, trouble) = decode_partition("orders.DLQ", 3, &data, 0, 10, &[]);
+        let Decoded {
+            records: rs,
+            trouble,
+            ..
+        } = decode_partition("orders.DLQ", 3, &data, 0, 10, &[]);
         assert_eq!(trouble, None);
         assert_eq!(offsets(&rs), (0..10).collect::<Vec<_>>());
         for r in &rs {
@@ -611,7 +675,7 @@ mod tests {
             }
         }
         // Only `from..end`, though the batches hold more.
-        let (rs, _) = decode_partition("t", 0, &data, 3, 7, &[]);
+        let Decoded { records: rs, .. } = decode_partition("t", 0, &data, 3, 7, &[]);
         assert_eq!(offsets(&rs), vec![3, 4, 5, 6]);
     }
 
@@ -622,7 +686,11 @@ mod tests {
         let mut tombstone = record(1, Some("gone"), &[]);
         tombstone.value = None;
         let data = batch(&[big, tombstone], Compression::None).freeze();
-        let (rs, trouble) = decode_partition("t", 0, &data, 0, 2, &[]);
+        let Decoded {
+            records: rs,
+            trouble,
+            ..
+        } = decode_partition("t", 0, &data, 0, 2, &[]);
         assert_eq!(trouble, None);
         assert_eq!(rs[0].value_prefix, vec![7u8; VALUE_PREFIX]);
         assert_eq!(rs[0].value_len, Some(1000));
@@ -641,7 +709,11 @@ mod tests {
         buf.extend_from_slice(&bad);
         buf.extend_from_slice(&later);
         let data = buf.freeze();
-        let (rs, trouble) = decode_partition("t", 0, &data, 0, 3, &[]);
+        let Decoded {
+            records: rs,
+            trouble,
+            ..
+        } = decode_partition("t", 0, &data, 0, 3, &[]);
         assert_eq!(offsets(&rs), vec![0, 2]);
         assert_eq!(
             trouble.as_deref(),
@@ -649,19 +721,22 @@ mod tests {
                 "the record batch at offset 1 uses compression codec 6, which inboxwatch does not decode (it decodes none, gzip, snappy, lz4 and zstd)"
             )
         );
-        // Cut by the fetch size: what came before it is still listed.
+        // Cut by the fetch size: what came before it is still listed, and
+        // the next fetch starts at the cut batch.
         let cut = data.slice(..data.len() - 3);
-        let (rs, trouble) = decode_partition("t", 0, &cut, 0, 3, &[]);
-        assert_eq!(offsets(&rs), vec![0]);
-        assert_eq!(
-            trouble.as_deref(),
-            Some("the record batch at offset 2 is larger than the 64 KiB read per partition")
-        );
+        let d = decode_partition("t", 0, &cut, 0, 3, &[]);
+        assert_eq!(offsets(&d.records), vec![0]);
+        assert_eq!((d.next, d.used), (2, good.len() + bad.len()));
+        assert_eq!(d.cut, Some(later.len()));
         // A corrupt batch (its CRC fails).
         let mut corrupt = good.clone();
         let n = corrupt.len();
         corrupt[n - 1] ^= 0xff;
-        let (rs, trouble) = decode_partition("t", 0, &corrupt.freeze(), 0, 1, &[]);
+        let Decoded {
+            records: rs,
+            trouble,
+            ..
+        } = decode_partition("t", 0, &corrupt.freeze(), 0, 1, &[]);
         assert!(rs.is_empty());
         assert!(
             trouble
@@ -696,11 +771,15 @@ mod tests {
         buf.extend_from_slice(&batch(&[marker(4, 8)], Compression::None));
         buf.extend_from_slice(&batch(&[record(5, None, &[])], Compression::None));
         let data = buf.freeze();
-        let (rs, trouble) = decode_partition("t", 0, &data, 0, 6, &[(7, 0)]);
+        let Decoded {
+            records: rs,
+            trouble,
+            ..
+        } = decode_partition("t", 0, &data, 0, 6, &[(7, 0)]);
         assert_eq!(trouble, None);
         assert_eq!(offsets(&rs), vec![3, 5]);
         // Without the abort, producer 7's records count.
-        let (rs, _) = decode_partition("t", 0, &data, 0, 6, &[]);
+        let Decoded { records: rs, .. } = decode_partition("t", 0, &data, 0, 6, &[]);
         assert_eq!(offsets(&rs), vec![0, 1, 3, 5]);
     }
 
@@ -714,7 +793,11 @@ mod tests {
         buf[22] |= 0x08;
         let crc = crc32c::crc32c(&buf[21..]);
         buf[17..21].copy_from_slice(&crc.to_be_bytes());
-        let (got, trouble) = decode_partition("t", 0, &buf.freeze(), 0, 2, &[]);
+        let Decoded {
+            records: got,
+            trouble,
+            ..
+        } = decode_partition("t", 0, &buf.freeze(), 0, 2, &[]);
         assert_eq!(trouble, None);
         assert_eq!(
             got.iter().map(|r| r.timestamp).collect::<Vec<_>>(),
@@ -763,7 +846,7 @@ mod tests {
             ("__connect.errors.exception.message", Some(b"bad json")),
         ];
         let data = batch(&[record(0, None, connect)], Compression::None).freeze();
-        let (rs, _) = decode_partition("t", 0, &data, 0, 1, &[]);
+        let Decoded { records: rs, .. } = decode_partition("t", 0, &data, 0, 1, &[]);
         assert_eq!(rs[0].original_topic().as_deref(), Some("payments"));
         assert_eq!(
             rs[0].exception_class().as_deref(),
