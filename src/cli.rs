@@ -99,15 +99,21 @@ pub enum Command {
         /// The TOML config file.
         #[arg(long, short, required = true)]
         config: Option<PathBuf>,
-        /// Only this source (default: every inbox source).
+        /// Only this source (default: every inbox, outbox and Kafka source).
         #[arg(long)]
         source: Option<String>,
-        /// How far back, e.g. `1h` or `2d`.
+        /// How far back, e.g. `1h` or `2d` (table sources; Kafka sources
+        /// show the latest records of their dead-letter topics, whatever
+        /// their age).
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         since: std::time::Duration,
-        /// At most this many events per source.
+        /// At most this many events (or dead-letter records) per source.
         #[arg(long, default_value_t = 100)]
         limit: usize,
+        /// Kafka sources: at most this many of the latest records of each
+        /// dead-letter topic partition.
+        #[arg(long, default_value_t = 5)]
+        per_partition: usize,
     },
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::sources::SourceSpec;
-use crate::sources::kind::{ERROR_SHOWN, timestamp};
+use crate::sources::kind::{ERROR_SHOWN, VALUE_PREFIX, timestamp};
 use crate::tracing_link::{self as link, to_hex};
 
 /// Why a lookup could not answer.
@@ -42,10 +42,18 @@ fn selected<'a>(
     source: Option<&str>,
 ) -> Result<Vec<&'a SourceSpec>, LookupError> {
     // Lookups read event rows: sources of a kind without them are skipped.
+    selected_by(config, source, SourceSpec::keeps_events)
+}
+
+fn selected_by<'a>(
+    config: &'a Config,
+    source: Option<&str>,
+    searchable: impl Fn(&SourceSpec) -> bool,
+) -> Result<Vec<&'a SourceSpec>, LookupError> {
     let out: Vec<&SourceSpec> = config
         .sources
         .iter()
-        .filter(|s| s.keeps_events())
+        .filter(|s| searchable(s))
         .filter(|s| source.is_none_or(|n| s.name() == n))
         .collect();
     match (out.is_empty(), source) {
@@ -96,18 +104,24 @@ pub async fn trace(
 }
 
 /// `inboxwatch dead-letters`: what was dead-lettered within `since`, as
-/// tab-separated lines, newest first per source.
+/// tab-separated lines, newest first per source; then, when a Kafka source
+/// is among those searched, after an empty line, the latest records of its
+/// dead-letter topics (at most `per_partition` per partition and `limit`
+/// per source, whatever their age), newest first per source.
 pub async fn dead_letters(
     config: &Config,
     source: Option<&str>,
     since: Duration,
     limit: usize,
+    per_partition: usize,
 ) -> Result<String, LookupError> {
-    let sources = selected(config, source)?;
+    let all = selected_by(config, source, |s| {
+        s.keeps_events() || s.reads_dead_letter_topics()
+    })?;
     let mut out = String::from(
         "source\tevent_id\tevent_type\tfirst_received\tdead_lettered\tattempts\ttrace_id\tlast_error\n",
     );
-    for spec in sources {
+    for spec in all.iter().filter(|s| s.keeps_events()) {
         let rows =
             spec.dead_letters(since, limit)
                 .await
@@ -135,9 +149,133 @@ pub async fn dead_letters(
             );
         }
     }
+    let topics: Vec<&&SourceSpec> = all
+        .iter()
+        .filter(|s| s.reads_dead_letter_topics())
+        .collect();
+    if topics.is_empty() {
+        return Ok(out);
+    }
+    out.push_str(
+        "\nsource\ttopic\tpartition\toffset\ttimestamp\tkey\toriginal_topic\texception_class\texception_message\theaders\tvalue_bytes\tvalue\n",
+    );
+    for spec in topics {
+        let found = spec
+            .dead_letter_records(per_partition, limit)
+            .await
+            .map_err(|message| LookupError::Source {
+                source_name: spec.name().to_string(),
+                message,
+            })?;
+        for r in &found.records {
+            let headers: Vec<String> = r
+                .headers
+                .iter()
+                .map(|(k, v)| {
+                    format!(
+                        "{}={}",
+                        escape(k.as_bytes(), HEADER_SHOWN),
+                        escape(v, HEADER_SHOWN)
+                    )
+                })
+                .collect();
+            let text = |v: Option<String>, max: usize| {
+                v.map_or("-".to_string(), |v| escape(v.as_bytes(), max))
+            };
+            let _ = writeln!(
+                out,
+                "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                spec.name(),
+                escape(r.topic.as_bytes(), usize::MAX),
+                r.partition,
+                r.offset,
+                timestamp(r.timestamp.saturating_mul(1000)),
+                r.key
+                    .as_deref()
+                    .map_or("-".to_string(), |k| escape(k, VALUE_PREFIX)),
+                text(r.original_topic(), HEADER_SHOWN),
+                text(r.exception_class(), HEADER_SHOWN),
+                text(r.exception_message(), ERROR_SHOWN),
+                if headers.is_empty() {
+                    "-".to_string()
+                } else {
+                    headers.join(" ")
+                },
+                r.value_len.map_or("-".to_string(), |n| n.to_string()),
+                match r.value_len {
+                    None => "-".to_string(),
+                    Some(n) if n > r.value_prefix.len() => {
+                        format!("{}…", escape(&r.value_prefix, usize::MAX))
+                    }
+                    Some(_) => escape(&r.value_prefix, usize::MAX),
+                },
+            );
+        }
+        for p in &found.problems {
+            let _ = writeln!(
+                out,
+                "{}\t{}\t{}\t-\t-\t-\t-\t-\t-\t-\t-\t(not read: {})",
+                spec.name(),
+                escape(p.topic.as_bytes(), usize::MAX),
+                p.partition,
+                one_line(&p.message)
+            );
+        }
+    }
     Ok(out)
+}
+
+/// Bytes of a header's key or value `dead-letters` shows.
+const HEADER_SHOWN: usize = 64;
+
+/// Bytes as text for a tab-separated line: UTF-8 as it is, a backslash as
+/// `\\`, control characters and bytes that are not UTF-8 as `\xNN`; at
+/// most `max` bytes of the input, `…` after a cut.
+pub fn escape(bytes: &[u8], max: usize) -> String {
+    let cut = bytes.len() > max;
+    let bytes = &bytes[..bytes.len().min(max)];
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                c if c.is_control() => {
+                    let mut buf = [0u8; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        let _ = write!(out, "\\x{b:02x}");
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    if cut {
+        out.push('…');
+    }
+    out
 }
 
 fn one_line(s: &str) -> String {
     s.replace(['\t', '\n', '\r'], " ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_are_shown_as_text_with_the_rest_escaped() {
+        assert_eq!(escape(b"order-17", 256), "order-17");
+        assert_eq!(escape("prix: 12 €".as_bytes(), 256), "prix: 12 €");
+        assert_eq!(
+            escape(b"a\tb\nc\\d\x00\xff\x7f", 256),
+            "a\\x09b\\x0ac\\\\d\\x00\\xff\\x7f"
+        );
+        assert_eq!(escape(b"abcdef", 3), "abc…");
+        // A character cut by the prefix shows as its bytes.
+        assert_eq!(escape("é".as_bytes(), 1), "\\xc3…");
+    }
 }

@@ -184,6 +184,7 @@ fn main() -> ExitCode {
             source,
             since,
             limit,
+            per_partition,
         } => {
             let Some(path) = path else {
                 eprintln!("--config: required");
@@ -199,6 +200,7 @@ fn main() -> ExitCode {
                 source.as_deref(),
                 since,
                 limit,
+                per_partition,
             )))
         }
     }

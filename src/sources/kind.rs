@@ -121,6 +121,23 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<AuditEntry>, String>> + Send {
         async { Ok(Vec::new()) }
     }
+
+    /// Whether `dead-letters` reads dead-letter topics of this source (the
+    /// records themselves, not rows of a table).
+    fn reads_dead_letter_topics(&self) -> bool {
+        false
+    }
+
+    /// The latest records of the source's dead-letter topics: at most
+    /// `per_partition` per partition and `total` in all, newest first, read
+    /// without a consumer group.
+    fn dead_letter_records(
+        &self,
+        _per_partition: usize,
+        _total: usize,
+    ) -> impl Future<Output = Result<DeadRecords, String>> + Send {
+        async { Ok(DeadRecords::default()) }
+    }
 }
 
 /// What `dead-letters replay` / `ignore` do to a dead-lettered event.
@@ -227,6 +244,100 @@ pub struct DeadLetter {
     pub summary: Option<String>,
     /// The class of `last_error` (`[[sources.error_classes]]`).
     pub error_class: Option<String>,
+}
+
+/// Bytes of a dead-letter record's value that [`DeadRecord`] keeps.
+pub const VALUE_PREFIX: usize = 256;
+
+/// One record of a dead-letter topic, as `dead-letters` lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadRecord {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    /// Milliseconds since the epoch: the producer's CreateTime, or the
+    /// broker's LogAppendTime when the topic uses it.
+    pub timestamp: i64,
+    /// `None`: a null key.
+    pub key: Option<Vec<u8>>,
+    /// In the record's order; a null header value is empty. A key the
+    /// record repeats appears once, with its last value.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The first [`VALUE_PREFIX`] bytes of the value.
+    pub value_prefix: Vec<u8>,
+    /// Bytes of the whole value; `None`: a null value (a tombstone).
+    pub value_len: Option<usize>,
+}
+
+/// Headers that name the topic a dead letter came from: Spring Kafka's
+/// `DeadLetterPublishingRecoverer`, then Kafka Connect's error reporter.
+pub const ORIGINAL_TOPIC_HEADERS: &[&str] = &["kafka_dlt-original-topic", "__connect.errors.topic"];
+/// Headers that name the exception's class.
+pub const EXCEPTION_CLASS_HEADERS: &[&str] = &[
+    "kafka_dlt-exception-fqcn",
+    "__connect.errors.exception.class.name",
+];
+/// Headers that hold the exception's message.
+pub const EXCEPTION_MESSAGE_HEADERS: &[&str] = &[
+    "kafka_dlt-exception-message",
+    "__connect.errors.exception.message",
+];
+
+impl DeadRecord {
+    /// The value of header `name` (its last, if repeated).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The first of `names` the record carries, as text (invalid UTF-8
+    /// replaced).
+    fn first_header(&self, names: &[&str]) -> Option<String> {
+        names
+            .iter()
+            .find_map(|n| self.header(n))
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+
+    /// The topic the failed record came from (Spring Kafka's
+    /// `kafka_dlt-original-topic`, Kafka Connect's `__connect.errors.topic`).
+    pub fn original_topic(&self) -> Option<String> {
+        self.first_header(ORIGINAL_TOPIC_HEADERS)
+    }
+
+    /// The class of the exception that dead-lettered it
+    /// (`kafka_dlt-exception-fqcn`, `__connect.errors.exception.class.name`).
+    pub fn exception_class(&self) -> Option<String> {
+        self.first_header(EXCEPTION_CLASS_HEADERS)
+    }
+
+    /// The exception's message (`kafka_dlt-exception-message`,
+    /// `__connect.errors.exception.message`).
+    pub fn exception_message(&self) -> Option<String> {
+        self.first_header(EXCEPTION_MESSAGE_HEADERS)
+    }
+}
+
+/// A partition of a dead-letter topic whose latest records could not be
+/// read (its leader did not answer, a batch used an unknown compression
+/// codec or was larger than the read allows, …); its other partitions are
+/// still listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadPartitionProblem {
+    pub topic: String,
+    pub partition: i32,
+    pub message: String,
+}
+
+/// The latest records of a source's dead-letter topics, newest first, and
+/// the partitions that could not be read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeadRecords {
+    pub records: Vec<DeadRecord>,
+    pub problems: Vec<DeadPartitionProblem>,
 }
 
 /// What a starting source gets from the agent: where to spawn its tasks,

@@ -18,7 +18,8 @@ use toml::de::DeValue;
 
 use crate::checks::Validator;
 use kind::{
-    ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, Finding, Kind, Runtime,
+    ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, DeadRecords, Finding, Kind,
+    Runtime,
 };
 
 /// Declares [`SourceSpec`], one variant per kind, and its methods, each of
@@ -134,6 +135,22 @@ macro_rules! kinds {
                 event_ids: &[String],
             ) -> Result<Vec<AuditEntry>, String> {
                 match self { $(SourceSpec::$variant(s) => s.dead_letter_history(event_ids).await,)+ }
+            }
+
+            /// Whether `dead-letters` reads the source's dead-letter topics.
+            pub fn reads_dead_letter_topics(&self) -> bool {
+                match self { $(SourceSpec::$variant(s) => s.reads_dead_letter_topics(),)+ }
+            }
+
+            /// The latest records of the source's dead-letter topics.
+            pub async fn dead_letter_records(
+                &self,
+                per_partition: usize,
+                total: usize,
+            ) -> Result<DeadRecords, String> {
+                match self {
+                    $(SourceSpec::$variant(s) => s.dead_letter_records(per_partition, total).await,)+
+                }
             }
         }
     };

@@ -173,15 +173,7 @@ impl Broker {
     /// empty partition gives 1), so every record is its own batch and each
     /// send waits for its delivery before the next.
     pub fn producer(&self) -> Producer {
-        let p: FutureProducer = self
-            .client()
-            .set("linger.ms", "0")
-            .set("batch.num.messages", "1")
-            .set("acks", "all")
-            .set("message.timeout.ms", "10000")
-            .create()
-            .expect("producer");
-        Producer { p }
+        producer_for(&self.bootstrap())
     }
 
     /// A consumer in `group`, assigned partitions by hand (it does not join
@@ -209,6 +201,22 @@ impl Drop for Broker {
     }
 }
 
+/// A producer to the brokers at `bootstrap` that sends one record per batch
+/// ([`Broker::producer`]).
+pub fn producer_for(bootstrap: &str) -> Producer {
+    let p: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("broker.address.family", "v4")
+        .set("socket.timeout.ms", "10000")
+        .set("linger.ms", "0")
+        .set("batch.num.messages", "1")
+        .set("acks", "all")
+        .set("message.timeout.ms", "10000")
+        .create()
+        .expect("producer");
+    Producer { p }
+}
+
 pub struct Producer {
     p: FutureProducer,
 }
@@ -228,6 +236,46 @@ impl Producer {
         {
             Ok(d) => d.offset,
             Err((e, _)) => panic!("producing to {topic}/{partition}: {e}"),
+        }
+    }
+}
+
+/// One record to produce, every part chosen by the test.
+pub struct Produced<'a> {
+    pub partition: i32,
+    pub timestamp_ms: i64,
+    pub key: Option<&'a [u8]>,
+    pub headers: &'a [(&'a str, &'a [u8])],
+    pub value: Option<&'a [u8]>,
+}
+
+impl Producer {
+    /// Sends `r` to `topic` (one record per batch); returns its offset.
+    pub async fn send_record(&self, topic: &str, r: &Produced<'_>) -> i64 {
+        let mut headers = rdkafka::message::OwnedHeaders::new();
+        for (k, v) in r.headers {
+            headers = headers.insert(rdkafka::message::Header {
+                key: k,
+                value: Some(*v),
+            });
+        }
+        let mut rec = FutureRecord::<[u8], [u8]>::to(topic)
+            .partition(r.partition)
+            .timestamp(r.timestamp_ms)
+            .headers(headers);
+        if let Some(k) = r.key {
+            rec = rec.key(k);
+        }
+        if let Some(v) = r.value {
+            rec = rec.payload(v);
+        }
+        match self
+            .p
+            .send(rec, Timeout::After(Duration::from_secs(10)))
+            .await
+        {
+            Ok(d) => d.offset,
+            Err((e, _)) => panic!("producing to {topic}/{}: {e}", r.partition),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! A Kafka cluster as a kind of source: its entry, its election (a group of
 //! the agents' own on the watched cluster), its `doctor` checks. It keeps no
-//! event rows, so the lookups skip it.
+//! event rows, so `trace` skips it; `dead-letters` reads the latest records
+//! of its dead-letter topics.
 
 use tracing::info;
 
@@ -8,7 +9,7 @@ use super::config::{KafkaSpec, RawKafka, validate};
 use super::election::KafkaElection;
 use super::{KafkaSource, doctor};
 use crate::checks::Validator;
-use crate::sources::kind::{Finding, Kind, Runtime};
+use crate::sources::kind::{DeadRecords, Finding, Kind, Runtime};
 
 impl Kind for KafkaSpec {
     const KIND: &'static str = "kafka";
@@ -36,5 +37,17 @@ impl Kind for KafkaSpec {
 
     async fn doctor(&self) -> Vec<Finding> {
         doctor::check(self).await
+    }
+
+    fn reads_dead_letter_topics(&self) -> bool {
+        true
+    }
+
+    async fn dead_letter_records(
+        &self,
+        per_partition: usize,
+        total: usize,
+    ) -> Result<DeadRecords, String> {
+        super::dead_letters::dead_letter_records(self, per_partition, total).await
     }
 }

@@ -21,6 +21,7 @@
 
 pub mod client;
 pub mod config;
+pub mod dead_letters;
 mod doctor;
 pub mod election;
 pub mod fetch;
