@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::sources::SourceSpec;
-use crate::sources::kind::{ERROR_SHOWN, VALUE_PREFIX, timestamp};
+use crate::sources::kind::{ERROR_SHOWN, VALUE_PREFIX, bytes_text as escape, timestamp};
 use crate::tracing_link::{self as link, to_hex};
 
 /// Why a lookup could not answer.
@@ -227,36 +227,6 @@ pub async fn dead_letters(
 
 /// Bytes of a header's key or value `dead-letters` shows.
 const HEADER_SHOWN: usize = 64;
-
-/// Bytes as text for a tab-separated line: UTF-8 as it is, a backslash as
-/// `\\`, control characters and bytes that are not UTF-8 as `\xNN`; at
-/// most `max` bytes of the input, `…` after a cut.
-pub fn escape(bytes: &[u8], max: usize) -> String {
-    let cut = bytes.len() > max;
-    let bytes = &bytes[..bytes.len().min(max)];
-    let mut out = String::with_capacity(bytes.len());
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                c if c.is_control() => {
-                    let mut buf = [0u8; 4];
-                    for b in c.encode_utf8(&mut buf).bytes() {
-                        let _ = write!(out, "\\x{b:02x}");
-                    }
-                }
-                c => out.push(c),
-            }
-        }
-        for b in chunk.invalid() {
-            let _ = write!(out, "\\x{b:02x}");
-        }
-    }
-    if cut {
-        out.push('…');
-    }
-    out
-}
 
 fn one_line(s: &str) -> String {
     s.replace(['\t', '\n', '\r'], " ")

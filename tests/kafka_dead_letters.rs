@@ -232,6 +232,57 @@ async fn check_reads(bootstrap: &str, dlq: &str, truth: &Truth) {
         t(9),
     );
     assert_eq!(out.stdout, want);
+
+    // The agent's dead-letter page and API list the same records.
+    let agent = common::Agent::start(&kafka_source_toml("kd", bootstrap, ""));
+    let (code, body) = agent
+        .get("/api/v1/dead-letters?source=kd")
+        .await
+        .expect("GET /api/v1/dead-letters");
+    assert_eq!(code, 200, "{body}");
+    let api: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let listed: Vec<(String, i64, i64, Option<String>, Option<u64>)> = api["kafka_records"]
+        .as_array()
+        .expect("kafka_records")
+        .iter()
+        .map(|r| {
+            (
+                r["topic"].as_str().expect("topic").to_string(),
+                r["partition"].as_i64().expect("partition"),
+                r["offset"].as_i64().expect("offset"),
+                r["key"].as_str().map(str::to_string),
+                r["value_bytes"].as_u64(),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, i64, i64, Option<String>, Option<u64>)> = truth
+        .latest(5, 50)
+        .into_iter()
+        .map(|r| {
+            (
+                r.topic,
+                i64::from(r.partition),
+                r.offset,
+                r.key.map(|k| String::from_utf8(k).expect("UTF-8 keys")),
+                r.value_len.map(|n| n as u64),
+            )
+        })
+        .collect();
+    assert_eq!(listed, expected, "/api/v1/dead-letters kafka_records");
+    assert_eq!(
+        api["kafka_records"][0]["exception_class"].as_str(),
+        Some(SPRING_CLASS)
+    );
+    let (code, page) = agent
+        .get("/dead-letters?source=kd")
+        .await
+        .expect("GET /dead-letters");
+    assert_eq!(code, 200);
+    assert_eq!(
+        page.matches("<tr class=\"dead-record\">").count(),
+        expected.len(),
+        "rows of the page"
+    );
 }
 
 /// Guards the dead-letter records of a Kafka source: the latest records of

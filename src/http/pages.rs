@@ -20,7 +20,7 @@ use super::status::{self, Numbers};
 use crate::coordination::hide_standby;
 use crate::journal::{FIRST_KEPT, Trail};
 use crate::sources::SourceSpec;
-use crate::sources::kind::{AuditEntry, DeadLetter, timestamp};
+use crate::sources::kind::{AuditEntry, DeadLetter, DeadRecord, bytes_text, timestamp};
 use crate::telemetry::snapshot;
 use crate::tracing_link::{self as link, to_hex};
 
@@ -264,7 +264,7 @@ pub fn status_report(state: &AppState) -> StatusReport {
         }
         sources.push(SourceStatus {
             kind: spec.kind(),
-            owner: spec.owner().map(str::to_string),
+            owner: owner(spec),
             state: st,
             error: h.error.clone(),
             leader: !standby,
@@ -654,12 +654,67 @@ fn history_html(history: &[ActionView]) -> String {
     out
 }
 
+/// One record of a Kafka dead-letter topic.
+#[derive(Debug, Serialize)]
+pub struct DeadRecordView {
+    pub source: String,
+    pub owner: Option<String>,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: String,
+    /// As text: UTF-8 as it is, other bytes as `\xNN`; null for a null key.
+    pub key: Option<String>,
+    pub original_topic: Option<String>,
+    pub exception_class: Option<String>,
+    pub exception_message: Option<String>,
+    pub headers: Vec<(String, String)>,
+    /// The first bytes of the value, as text.
+    pub value_prefix: String,
+    /// Bytes of the whole value; null for a tombstone.
+    pub value_bytes: Option<usize>,
+}
+
+/// Records listed per Kafka source, and per partition.
+const RECORDS_SHOWN: usize = 50;
+const RECORDS_PER_PARTITION: usize = 5;
+
+fn record_view(spec: &SourceSpec, r: DeadRecord) -> DeadRecordView {
+    DeadRecordView {
+        source: spec.name().to_string(),
+        owner: owner(spec),
+        original_topic: r.original_topic(),
+        exception_class: r.exception_class(),
+        exception_message: r.exception_message(),
+        timestamp: timestamp(r.timestamp.saturating_mul(1000)),
+        key: r.key.as_deref().map(|k| bytes_text(k, 256)),
+        headers: r
+            .headers
+            .iter()
+            .map(|(k, v)| (bytes_text(k.as_bytes(), 64), bytes_text(v, 256)))
+            .collect(),
+        value_prefix: bytes_text(&r.value_prefix, usize::MAX),
+        value_bytes: r.value_len,
+        topic: r.topic,
+        partition: r.partition,
+        offset: r.offset,
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct DeadLettersReport {
     pub since_seconds: u64,
     pub dead_letters: Vec<DeadLetterView>,
+    /// The latest records of the Kafka sources' dead-letter topics (not
+    /// filtered by `since` or `error_class`).
+    pub kafka_records: Vec<DeadRecordView>,
     /// Sources that could not be read, with why.
     pub errors: Vec<(String, String)>,
+}
+
+/// The source's owner, none when not configured.
+fn owner(spec: &SourceSpec) -> Option<String> {
+    spec.owner().map(str::to_string)
 }
 
 fn trace_link(state: &AppState, trace_id: &str) -> Option<String> {
@@ -683,7 +738,7 @@ fn view(state: &AppState, spec: &SourceSpec, d: DeadLetter) -> DeadLetterView {
     let trace_id = to_hex(&link::trace_id(&d.event_id));
     DeadLetterView {
         source: spec.name().to_string(),
-        owner: spec.owner().map(str::to_string),
+        owner: owner(spec),
         replay_command: command(state, "replay", spec.name(), &d.event_id),
         ignore_command: command(state, "ignore", spec.name(), &d.event_id),
         history: Vec::new(),
@@ -702,20 +757,56 @@ fn view(state: &AppState, spec: &SourceSpec, d: DeadLetter) -> DeadLetterView {
 }
 
 async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLettersReport, String> {
+    let chosen = |s: &&SourceSpec| f.source.as_deref().is_none_or(|n| n == s.name());
     let sources: Vec<&SourceSpec> = state
         .config
         .sources
         .iter()
         .filter(|s| s.keeps_events())
-        .filter(|s| f.source.as_deref().is_none_or(|n| n == s.name()))
+        .filter(chosen)
+        .collect();
+    let topics: Vec<&SourceSpec> = state
+        .config
+        .sources
+        .iter()
+        .filter(|s| s.reads_dead_letter_topics())
+        .filter(chosen)
         .collect();
     if let Some(n) = &f.source
         && sources.is_empty()
+        && topics.is_empty()
     {
-        return Err(format!("source: no inbox source named {n:?}"));
+        return Err(format!("source: no inbox or Kafka source named {n:?}"));
+    }
+    let mut kafka_records = Vec::new();
+    let mut errors = Vec::new();
+    for spec in topics.iter().filter(|_| f.error_class.is_none()) {
+        match tokio::time::timeout(
+            LOOKUP_TIMEOUT,
+            spec.dead_letter_records(RECORDS_PER_PARTITION, RECORDS_SHOWN),
+        )
+        .await
+        {
+            Ok(Ok(read)) => {
+                kafka_records.extend(read.records.into_iter().map(|r| record_view(spec, r)));
+                for p in read.problems {
+                    errors.push((
+                        spec.name().to_string(),
+                        format!(
+                            "{} partition {}: not read: {}",
+                            p.topic, p.partition, p.message
+                        ),
+                    ));
+                }
+            }
+            Ok(Err(e)) => errors.push((spec.name().to_string(), e)),
+            Err(_) => errors.push((
+                spec.name().to_string(),
+                format!("no answer within {}s", LOOKUP_TIMEOUT.as_secs()),
+            )),
+        }
     }
     let mut out = Vec::new();
-    let mut errors = Vec::new();
     for spec in sources {
         match tokio::time::timeout(
             LOOKUP_TIMEOUT,
@@ -749,6 +840,7 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
     Ok(DeadLettersReport {
         since_seconds: f.since.as_secs(),
         dead_letters: out.into_iter().map(|(_, v)| v).collect(),
+        kafka_records,
         errors,
     })
 }
@@ -820,6 +912,46 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
     body.push_str("</table>");
     if report.dead_letters.is_empty() {
         body.push_str("<p class=\"muted\">No dead letters in this window.</p>");
+    }
+    if !report.kafka_records.is_empty() {
+        body.push_str(
+            "<h2>Kafka dead-letter topics</h2><p class=\"muted\">the latest records of each partition, \
+             newest first, read without a consumer group</p><table id=\"dead-records\"><tr><th>source</th>\
+             <th>topic</th><th>partition</th><th>offset</th><th>timestamp</th><th>key</th>\
+             <th>original topic</th><th>exception</th><th>headers</th><th>value (first bytes)</th></tr>",
+        );
+        for r in &report.kafka_records {
+            let o = |v: &Option<String>| v.as_deref().map_or("–".to_string(), escape);
+            let headers = r
+                .headers
+                .iter()
+                .map(|(k, v)| format!("{}: {}", escape(k), escape(v)))
+                .collect::<Vec<_>>()
+                .join("<br>");
+            let _ = write!(
+                body,
+                "<tr class=\"dead-record\"><td>{}</td><td data-field=\"topic\">{}</td><td data-field=\"partition\">{}</td>\
+                 <td data-field=\"offset\">{}</td><td>{}</td><td data-field=\"key\">{}</td><td>{}</td>\
+                 <td>{}{}</td><td>{headers}</td><td><pre data-field=\"value\">{}</pre>{}</td></tr>",
+                escape(&r.source),
+                escape(&r.topic),
+                r.partition,
+                r.offset,
+                escape(&r.timestamp),
+                o(&r.key),
+                o(&r.original_topic),
+                o(&r.exception_class),
+                r.exception_message
+                    .as_deref()
+                    .map_or(String::new(), |m| format!("<br>{}", escape(m))),
+                escape(&r.value_prefix),
+                match r.value_bytes {
+                    Some(n) => format!("<span class=\"muted\">{n} bytes</span>"),
+                    None => "<span class=\"muted\">null (tombstone)</span>".to_string(),
+                },
+            );
+        }
+        body.push_str("</table>");
     }
     page("dead letters", None, &body)
 }

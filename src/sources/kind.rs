@@ -5,6 +5,7 @@
 //! only through [`Kind`], by way of the registry in `sources/mod.rs`.
 
 use std::any::Any;
+use std::fmt::Write as _;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -437,6 +438,36 @@ impl Runtime {
     ) {
         (self.tasks, self.linker, self.owned_outright)
     }
+}
+
+/// Bytes as text for a tab-separated line: UTF-8 as it is, a backslash as
+/// `\\`, control characters and bytes that are not UTF-8 as `\xNN`; at
+/// most `max` bytes of the input, `…` after a cut.
+pub fn bytes_text(bytes: &[u8], max: usize) -> String {
+    let cut = bytes.len() > max;
+    let bytes = &bytes[..bytes.len().min(max)];
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                c if c.is_control() => {
+                    let mut buf = [0u8; 4];
+                    for b in c.encode_utf8(&mut buf).bytes() {
+                        let _ = write!(out, "\\x{b:02x}");
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            let _ = write!(out, "\\x{b:02x}");
+        }
+    }
+    if cut {
+        out.push('…');
+    }
+    out
 }
 
 /// Characters of `last_error` the lookups show.
