@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-use super::config::KafkaSpec;
+use super::config::{KafkaSpec, owner_of};
 use super::fetch::{Committed, Fetched, Group, Partition};
 use super::status::{History, Status};
 use crate::telemetry::catalogue as metric;
@@ -25,6 +25,10 @@ pub struct Settings {
     pub status_window: Duration,
     pub dead_letter_topics: Regex,
     pub retry_topics: Regex,
+    /// The source's owner, for groups no `owners` entry matches ("" without one).
+    pub owner: String,
+    /// `[[sources.owners]]`: group patterns and their owner.
+    pub owners: Vec<(Regex, String)>,
 }
 
 impl Settings {
@@ -35,6 +39,8 @@ impl Settings {
             status_window: spec.status_window,
             dead_letter_topics: spec.dead_letter_topics.clone(),
             retry_topics: spec.retry_topics.clone(),
+            owner: spec.owner.clone().unwrap_or_default(),
+            owners: spec.owners.clone(),
         }
     }
 
@@ -173,6 +179,16 @@ impl Memory {
         wall_ms: i64,
         out: &mut impl FnMut(Sample),
     ) {
+        let mut info = settings.group_labels(name);
+        info.push((
+            "owner",
+            owner_of(&settings.owners, &settings.owner, name).to_string(),
+        ));
+        out(Sample {
+            name: metric::KAFKA_GROUP_INFO,
+            labels: info,
+            value: 1.0,
+        });
         if let Some(n) = group.members {
             out(Sample {
                 name: metric::KAFKA_GROUP_MEMBERS,
@@ -428,6 +444,8 @@ mod tests {
             status_window: WINDOW,
             dead_letter_topics: Regex::new(r"^(?:.*\.DLQ)$").unwrap(),
             retry_topics: Regex::new(r"^(?:.*\.retry\.(?P<tier>[0-9]+[smh]))$").unwrap(),
+            owner: "team-core".into(),
+            owners: vec![(Regex::new("^(?:billing.*)$").unwrap(), "team-payments".into())],
         }
     }
 
