@@ -480,7 +480,11 @@ pub const CLASSED_ERRORS: &[(Option<&str>, &str, bool)] = &[
         "connection",
         true,
     ),
-    (Some("Rate limit exceeded (429) by billing"), "throttled", true),
+    (
+        Some("Rate limit exceeded (429) by billing"),
+        "throttled",
+        true,
+    ),
     (
         Some("HttpError: 503 Service Unavailable from inventory"),
         "server_error",
@@ -506,7 +510,11 @@ pub const CLASSED_ERRORS: &[(Option<&str>, &str, bool)] = &[
         "fraud_check",
         false,
     ),
-    (Some("DeadlockDetected: retry the transaction"), "other", true),
+    (
+        Some("DeadlockDetected: retry the transaction"),
+        "other",
+        true,
+    ),
     (None, "unknown", true),
 ];
 
@@ -650,7 +658,12 @@ pub async fn error_classes_ground_truth(db: &Db, short: &str) {
         ];
         exp.push("inbox_attempt_failures_total", &l, *failures, Tol::Exact);
         exp.push("inbox_dead_letters_total", &l, *dead, Tol::Exact);
-        exp.push("inbox_permanent_error_retries_total", &l, *retries, Tol::Exact);
+        exp.push(
+            "inbox_permanent_error_retries_total",
+            &l,
+            *retries,
+            Tol::Exact,
+        );
     }
     let dead: f64 = truth.values().map(|t| t[1]).sum();
     exp.push(

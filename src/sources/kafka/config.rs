@@ -49,7 +49,11 @@ impl KafkaSpec {
     /// The owner of consumer group `group`: the first `owners` entry whose
     /// pattern matches its whole name, else the source's owner, else "".
     pub fn owner_of(&self, group: &str) -> &str {
-        owner_of(&self.owners, self.owner.as_deref().unwrap_or_default(), group)
+        owner_of(
+            &self.owners,
+            self.owner.as_deref().unwrap_or_default(),
+            group,
+        )
     }
 }
 
@@ -336,7 +340,10 @@ pub(crate) fn validate(
         let pattern = match o.groups.as_deref() {
             Some(g) => regex(v, &format!("{at}.groups"), g),
             None => {
-                v.problem(&format!("{at}.groups"), "required (a regex of group names)".into());
+                v.problem(
+                    &format!("{at}.groups"),
+                    "required (a regex of group names)".into(),
+                );
                 None
             }
         };

@@ -10,7 +10,9 @@ use toml::de::DeValue;
 use super::dialect::Sql;
 use super::errors::{self, ErrorClasses, RawErrorClass};
 use super::rules::{self, Rule, Statuses};
-use crate::checks::{Environment, Unknown, Validator, is_identifier, is_owner, is_table_name, owner_problem};
+use crate::checks::{
+    Environment, Unknown, Validator, is_identifier, is_owner, is_table_name, owner_problem,
+};
 use crate::dsn::Dsn;
 use crate::sources::kind::Read;
 use crate::tracing_link::config::{RawSourceTrace, SourceTrace, validate_source};

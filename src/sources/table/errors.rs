@@ -282,7 +282,11 @@ mod tests {
                 "connection",
                 true,
             ),
-            (Some("connect ECONNREFUSED 10.0.0.7:5432"), "connection", true),
+            (
+                Some("connect ECONNREFUSED 10.0.0.7:5432"),
+                "connection",
+                true,
+            ),
             (Some("write: broken pipe"), "connection", true),
             (Some("HTTP 429 from billing"), "throttled", true),
             (Some("Rate limit exceeded"), "throttled", true),
@@ -291,14 +295,22 @@ mod tests {
             (Some("HTTP 503 from inventory"), "server_error", true),
             (Some("502 Bad Gateway"), "server_error", true),
             (Some("Internal Server Error"), "server_error", true),
-            (Some("ValidationError: amount must be positive"), "invalid", false),
+            (
+                Some("ValidationError: amount must be positive"),
+                "invalid",
+                false,
+            ),
             (Some("400 Bad Request"), "invalid", false),
             (Some("JSON parse error at line 1"), "invalid", false),
             (Some("failed to deserialize OrderPlaced"), "invalid", false),
             (Some("schema mismatch: unknown field"), "invalid", false),
             (Some("HTTP 403 Forbidden"), "permission", false),
             (Some("401 Unauthorized"), "permission", false),
-            (Some("ERROR: permission denied for table ledger"), "permission", false),
+            (
+                Some("ERROR: permission denied for table ledger"),
+                "permission",
+                false,
+            ),
             (Some("AccessDenied: access denied"), "permission", false),
             (
                 Some("duplicate key value violates unique constraint \"orders_pkey\""),
@@ -306,7 +318,11 @@ mod tests {
                 false,
             ),
             (Some("optimistic lock: version conflict"), "conflict", false),
-            (Some("business rule violated: order already shipped"), "conflict", false),
+            (
+                Some("business rule violated: order already shipped"),
+                "conflict",
+                false,
+            ),
             (Some("HTTP 409 Conflict"), "conflict", false),
             (Some("NullPointerException at Handler.java:42"), OTHER, true),
             (Some("order 4295 failed"), OTHER, true),
@@ -332,7 +348,10 @@ mod tests {
         );
     }
 
-    fn check(toml_entries: &[(&str, &str, Option<bool>)], defaults: Option<bool>) -> (ErrorClasses, Vec<String>) {
+    fn check(
+        toml_entries: &[(&str, &str, Option<bool>)],
+        defaults: Option<bool>,
+    ) -> (ErrorClasses, Vec<String>) {
         let raw: Vec<RawErrorClass> = toml_entries
             .iter()
             .map(|(c, p, r)| RawErrorClass {
@@ -354,10 +373,22 @@ mod tests {
 
     #[test]
     fn a_config_can_extend_the_defaults_before_them() {
-        let (classes, problems) = check(&[("fraud", r"fraud[ _]check", Some(false)), ("timeout", "ledger busy", Some(true))], None);
+        let (classes, problems) = check(
+            &[
+                ("fraud", r"fraud[ _]check", Some(false)),
+                ("timeout", "ledger busy", Some(true)),
+            ],
+            None,
+        );
         assert!(problems.is_empty(), "{problems:?}");
-        assert_eq!(classes.classify(Some("Fraud check refused card")), ("fraud", false));
-        assert_eq!(classes.classify(Some("ledger busy, try later")), ("timeout", true));
+        assert_eq!(
+            classes.classify(Some("Fraud check refused card")),
+            ("fraud", false)
+        );
+        assert_eq!(
+            classes.classify(Some("ledger busy, try later")),
+            ("timeout", true)
+        );
         // The defaults still apply after the user's entries.
         assert_eq!(classes.classify(Some("HTTP 403")), ("permission", false));
     }
@@ -402,12 +433,18 @@ mod tests {
             None,
         );
         let text = problems.join("\n");
-        assert!(text.contains("sources[0].error_classes[0].pattern"), "{text}");
+        assert!(
+            text.contains("sources[0].error_classes[0].pattern"),
+            "{text}"
+        );
         assert!(text.contains("not a regular expression"), "{text}");
         assert!(text.contains("sources[0].error_classes[1].class"), "{text}");
         assert!(text.contains("sources[0].error_classes[2].class"), "{text}");
         assert!(text.contains("reserved"), "{text}");
-        assert!(text.contains("sources[0].error_classes[3].pattern"), "{text}");
+        assert!(
+            text.contains("sources[0].error_classes[3].pattern"),
+            "{text}"
+        );
         assert_eq!(problems.len(), 4, "{text}");
     }
 }
