@@ -1,6 +1,7 @@
 //! The settings of inbox and outbox sources: what an entry may say, and
 //! what a table source runs on once every key has been checked.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -255,8 +256,9 @@ pub struct InboxSpec {
     pub rules: Vec<Rule>,
     /// The outcome of a deleted row (`finished_rows = "deleted"`).
     pub deleted_as: Status,
-    /// What kind of failure a `last_error` shows (`error_class` label).
-    pub error_classes: ErrorClasses,
+    /// What kind of failure a `last_error` shows (`error_class` label);
+    /// shared, as every clone of the spec classifies alike.
+    pub error_classes: Arc<ErrorClasses>,
 }
 
 impl InboxSpec {
@@ -750,12 +752,12 @@ pub(crate) fn inbox_spec(
             "applies only with finished_rows = \"deleted\"".into(),
         );
     }
-    let error_classes = errors::validate(
+    let error_classes = Arc::new(errors::validate(
         v,
         key,
         raw.error_classes.as_deref().unwrap_or_default(),
         raw.default_error_classes,
-    );
+    ));
     let columns = columns?;
     table.cursor = settle_cursor(v, key, cursor, columns.updated_at.as_deref());
     Some(InboxSpec {
