@@ -530,6 +530,21 @@ pub fn is_identifier(s: &str) -> bool {
         && s.len() <= 63
 }
 
+/// An `owner`: a short word, as a label value Alertmanager routes on.
+pub fn is_owner(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && s.len() <= 63
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// The message of an `owner` that [`is_owner`] refuses.
+pub fn owner_problem(owner: &str) -> String {
+    format!(
+        "\"{owner}\" is not an owner: a short word of letters, digits, _, - and . (at most 63, starting with a letter or digit), e.g. \"team-payments\""
+    )
+}
+
 /// `table` or `schema.table`, each part an identifier.
 pub fn is_table_name(s: &str) -> bool {
     let parts: Vec<&str> = s.split('.').collect();

@@ -444,6 +444,54 @@ table = "outbox"
     }
 
     #[test]
+    fn owners_and_error_classes_are_read_and_checked_by_key() {
+        let text = format!(
+            "{MINIMAL}owner = \"team-payments\"\ndefault_error_classes = false\n\
+             [[sources.error_classes]]\nclass = \"poison\"\npattern = \"deserializ\"\n\n\
+             [[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"b:9092\"]\nowner = \"team-core\"\n\
+             [[sources.owners]]\ngroups = \"billing-.*\"\nowner = \"team-payments\"\n"
+        );
+        let cfg = check(&text).expect("valid");
+        assert_eq!(cfg.sources[0].owner(), "team-payments");
+        assert_eq!(cfg.sources[0].service(), "orders");
+        let SourceSpec::Inbox(s) = &cfg.sources[0] else {
+            panic!("expected an inbox source")
+        };
+        assert_eq!(
+            s.error_classes.classify(Some("cannot deserialize")),
+            ("poison", false)
+        );
+        assert_eq!(s.error_classes.classify(Some("HTTP 403")), ("other", true));
+        let SourceSpec::Kafka(k) = &cfg.sources[1] else {
+            panic!("expected a kafka source")
+        };
+        assert_eq!(cfg.sources[1].owner(), "team-core");
+        assert_eq!(k.owner_of("billing-eu"), "team-payments");
+        assert_eq!(k.owner_of("eu-billing-eu"), "team-core");
+        // Without an owner: "" (the info series' owner="").
+        assert_eq!(check(MINIMAL).expect("valid").sources[0].owner(), "");
+
+        let bad = format!(
+            "{MINIMAL}owner = \"team payments\"\n[[sources.error_classes]]\nclass = \"x\"\npattern = \"(\"\n\n\
+             [[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"b:9092\"]\nowner = \"\"\n\
+             [[sources.owners]]\ngroups = \"[\"\n"
+        );
+        let err = check(&bad).expect_err("invalid");
+        let keys: Vec<&str> = err.problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            vec![
+                "sources[0].owner",
+                "sources[0].error_classes[0].pattern",
+                "sources[1].owner",
+                "sources[1].owners[0].groups",
+                "sources[1].owners[0].owner",
+            ],
+            "{err}"
+        );
+    }
+
+    #[test]
     fn a_status_word_has_one_meaning() {
         let text =
             format!("{MINIMAL}[sources.statuses]\nsucceeded = [\"done\"]\ndead = [\"done\"]\n");

@@ -259,6 +259,58 @@ fn every_alert_is_unit_tested_firing_and_silent() {
     );
 }
 
+/// Every alert carries `owner`, proven by promtool: in `alerts/tests/` (which
+/// `promtool_unit_tests_pass` runs, and where promtool compares the labels exactly) every
+/// alert fires at least once with an `owner` label, and every expected alert has one, except
+/// in a test that exports a source without an owner (`owner=""`), where its absence is
+/// what is tested.
+#[test]
+fn every_alert_carries_owner_in_the_unit_tests() {
+    let mut owned = BTreeSet::new();
+    let mut problems = Vec::new();
+    for file in repo_files("alerts/tests", &[".test.yml", ".test.yaml"]) {
+        let text = repo_read(&file);
+        for (i, block) in text.split("\n  - interval:").enumerate().skip(1) {
+            let ownerless_source = block.contains("owner=\"\"");
+            let lines: Vec<&str> = block.lines().collect();
+            let mut name = String::new();
+            for (j, line) in lines.iter().enumerate() {
+                let t = line.trim();
+                if let Some(n) = t.strip_prefix("alertname:") {
+                    name = n.trim().to_string();
+                }
+                if t != "- exp_labels:" {
+                    continue;
+                }
+                let owner = lines[j + 1..]
+                    .iter()
+                    .map(|l| l.trim())
+                    .take_while(|l| !l.starts_with("exp_annotations:") && !l.starts_with('-'))
+                    .find_map(|l| l.strip_prefix("owner:"))
+                    .map(str::trim);
+                match owner {
+                    Some(o) if !o.is_empty() => {
+                        owned.insert(name.clone());
+                    }
+                    _ if ownerless_source => {}
+                    _ => problems.push(format!(
+                        "{file}, test {i}: {name} is expected without an owner label"
+                    )),
+                }
+            }
+        }
+    }
+    for rule in all_alert_rules() {
+        if !owned.contains(&rule.name) {
+            problems.push(format!(
+                "{}: no unit test shows it firing with an owner label",
+                rule.name
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 // ---------------------------------------------------------------------------
 // amtool
 
@@ -428,6 +480,70 @@ fn routes_page_dead_letter_spikes_and_criticals_chat_warnings_drop_info() {
     assert!(
         route(&["alertname=SomethingElse", "severity=info"], "oncall").is_err(),
         "amtool --verify.receivers accepted a wrong receiver"
+    );
+}
+
+/// Alerts of a source owned by team-payments go to its own receivers: every alert of the
+/// rule files by its severity (dead-letter spikes always page its on-call); a source without
+/// an owner, a team without a route and the agent's own alerts take the default receivers.
+#[test]
+fn routes_send_each_owners_alerts_to_its_receivers() {
+    let mut cases: Vec<(Vec<String>, &str)> = Vec::new();
+    for rule in all_alert_rules() {
+        let severity = rule.get("severity").unwrap_or_default().to_string();
+        let Some((_, default)) = RECEIVER_BY_SEVERITY.iter().find(|(s, _)| *s == severity) else {
+            continue;
+        };
+        let team = match severity.as_str() {
+            _ if rule.name.ends_with("DeadLetterSpike") => "team-payments-oncall",
+            "critical" => "team-payments-oncall",
+            "warning" => "team-payments-chat",
+            _ => "null",
+        };
+        let default = if rule.name.ends_with("DeadLetterSpike") {
+            "oncall"
+        } else {
+            default
+        };
+        let mut labels = vec![
+            format!("alertname={}", rule.name),
+            format!("severity={severity}"),
+            "source=payments".to_string(),
+        ];
+        if let Some(family) = rule.get("family") {
+            labels.push(format!("family={family}"));
+        }
+        cases.push((labels.clone(), default));
+        for (owner, receiver) in [
+            ("team-payments", team),
+            ("team-without-a-route", default),
+            ("inboxwatch-operators", default),
+        ] {
+            let mut l = labels.clone();
+            l.push(format!("owner={owner}"));
+            cases.push((l, receiver));
+        }
+    }
+    assert!(cases.len() > 40, "too few alerts: {}", cases.len());
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|(labels, receiver)| {
+            let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+            route(&labels, receiver).err()
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+    assert!(
+        route(
+            &[
+                "alertname=InboxDeadLetterSpike",
+                "severity=critical",
+                "owner=team-payments"
+            ],
+            "oncall"
+        )
+        .is_err(),
+        "a team-payments dead-letter spike reached the default on-call"
     );
 }
 

@@ -248,8 +248,10 @@ impl Obs {
                         smp.labels.get("source") == Some(s) || smp.labels.get("cluster") == Some(s);
                     // Besides the leader gauge, a standby shows its own counting-gap
                     // counters (its takeovers; born at 0 so that `increase()` sees
-                    // the first one).
-                    let own_record = smp.name.starts_with("inboxwatch_counting_gap");
+                    // the first one) and the source's info series (its configuration:
+                    // the alert rules join `owner` from it).
+                    let own_record = smp.name.starts_with("inboxwatch_counting_gap")
+                        || smp.name == "inboxwatch_source_info";
                     if smp.name == LEADER || own_record || !of_source {
                         continue;
                     }

@@ -48,6 +48,9 @@ fn coverage_exemption(name: &str) -> Option<&'static str> {
     if name == "inboxwatch_build_info" {
         return Some("an info metric (value always 1); only useful as a version table");
     }
+    if name == "inboxwatch_source_info" || name == "kafka_consumer_group_info" {
+        return Some("an info metric (value always 1): the owner the alert rules join in");
+    }
     if name.starts_with("inboxwatch_objective_") {
         return Some("a configured threshold, drawn next to the metric it bounds where useful");
     }

@@ -73,6 +73,10 @@ const NO_DATA_EXPECTED: &[(&str, &str)] = &[
         "the workload writes no unusable rows, so the counter has no series",
     ),
     (
+        "inbox_permanent_error_retries_total",
+        "the consumer retries only timeouts (a retryable class): no retry on a permanent error, so no series",
+    ),
+    (
         "inboxwatch_poll_errors_total",
         "no poll fails in this scenario, so the counter has no series",
     ),

@@ -5,7 +5,7 @@
 mod common;
 
 use common::Db;
-use common::scenarios::{inbox_ground_truth, outbox_ground_truth};
+use common::scenarios::{error_classes_ground_truth, inbox_ground_truth, outbox_ground_truth};
 
 /// Guards the inbox counting rules on MariaDB: every counter per event type is
 /// exact (no event missed, none counted twice — including rows from transactions that
@@ -27,4 +27,11 @@ async fn mariadb_inbox_metrics_match_ground_truth_of_concurrent_workload() {
 async fn mariadb_outbox_metrics_match_ground_truth_of_concurrent_workload() {
     let db = Db::mysql().await;
     outbox_ground_truth(&db, "my").await;
+}
+
+/// Guards the error classes on MariaDB, as on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_counters_by_error_class_match_the_workload() {
+    let db = Db::mysql().await;
+    error_classes_ground_truth(&db, "mycls").await;
 }

@@ -5,7 +5,7 @@
 mod common;
 
 use common::Db;
-use common::scenarios::{inbox_ground_truth, outbox_ground_truth};
+use common::scenarios::{error_classes_ground_truth, inbox_ground_truth, outbox_ground_truth};
 
 /// Guards the inbox counting rules on PostgreSQL: every counter per event type is
 /// exact (no event missed, none counted twice — including rows from transactions that
@@ -27,4 +27,13 @@ async fn postgres_inbox_metrics_match_ground_truth_of_concurrent_workload() {
 async fn postgres_outbox_metrics_match_ground_truth_of_concurrent_workload() {
     let db = Db::postgres().await;
     outbox_ground_truth(&db, "pg").await;
+}
+
+/// Guards the error classes on PostgreSQL: failed attempts, dead letters and retries
+/// on permanent errors by `error_class` (built-in classes, a source's own, `other` and
+/// `unknown`) equal the workload's truth exactly; the source's info series carries its owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_counters_by_error_class_match_the_workload() {
+    let db = Db::postgres().await;
+    error_classes_ground_truth(&db, "pgcls").await;
 }

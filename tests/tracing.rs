@@ -1057,6 +1057,8 @@ async fn otlp_metrics_push_equals_the_scrape() {
             "",
         ),
         ("inbox_attempt_failures_total", "inbox.attempt.failures", ""),
+        ("inbox_dead_letters_total", "inbox.dead.letters", ""),
+        ("inboxwatch_source_info", "inboxwatch.source.info", ""),
         (
             "inbox_processing_duration_seconds_count",
             "inbox.processing.duration",

@@ -100,9 +100,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// Removes from a Prometheus text rendering every sample of the sources this
-/// agent stands by for, except `inboxwatch_source_leader` and the counting-gap
+/// agent stands by for, except `inboxwatch_source_leader`, the counting-gap
 /// counters (this agent's own record of its takeovers, born at 0 before the
-/// first one so that `increase()` sees it).
+/// first one so that `increase()` sees it) and `inboxwatch_source_info` (the
+/// configuration it runs, which the alert rules join `owner` from).
 pub fn hide_standby(rendered: String, standing_by: &[String]) -> String {
     if standing_by.is_empty() {
         return rendered;
@@ -121,6 +122,7 @@ pub fn hide_standby(rendered: String, standing_by: &[String]) -> String {
     for line in rendered.lines() {
         let hidden = !line.starts_with('#')
             && !line.starts_with(metric::SOURCE_LEADER)
+            && !line.starts_with(metric::SOURCE_INFO)
             && !line.starts_with(metric::COUNTING_GAPS)
             && !line.starts_with(metric::COUNTING_GAP_SECONDS)
             && needles
@@ -275,10 +277,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn standby_sources_are_hidden_except_their_leader_gauge_and_gap_counters() {
+    fn standby_sources_are_hidden_except_their_leader_gauge_gap_counters_and_info() {
         let text = "# HELP a x\n\
                     inbox_backlog_messages{source=\"a\",event_type=\"t\",status=\"pending\"} 1\n\
                     inbox_backlog_messages{source=\"ab\",event_type=\"t\",status=\"pending\"} 2\n\
+                    inboxwatch_source_info{kind=\"inbox\",owner=\"team-a\",service=\"a\",source=\"a\"} 1\n\
                     inboxwatch_source_leader{source=\"a\"} 0\n\
                     inboxwatch_counting_gaps_total{source=\"a\",reason=\"handover\"} 0\n\
                     inboxwatch_poll_errors_total{kind=\"query\",source=\"a\"} 3\n\
@@ -288,6 +291,7 @@ mod tests {
             out,
             "# HELP a x\n\
              inbox_backlog_messages{source=\"ab\",event_type=\"t\",status=\"pending\"} 2\n\
+             inboxwatch_source_info{kind=\"inbox\",owner=\"team-a\",service=\"a\",source=\"a\"} 1\n\
              inboxwatch_source_leader{source=\"a\"} 0\n\
              inboxwatch_counting_gaps_total{source=\"a\",reason=\"handover\"} 0\n\
              inboxwatch_build_info{version=\"1\"} 1\n"

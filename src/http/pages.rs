@@ -714,7 +714,7 @@ pub struct DeadLettersReport {
 
 /// The source's owner, none when not configured.
 fn owner(spec: &SourceSpec) -> Option<String> {
-    spec.owner().map(str::to_string)
+    Some(spec.owner().to_string()).filter(|o| !o.is_empty())
 }
 
 fn trace_link(state: &AppState, trace_id: &str) -> Option<String> {

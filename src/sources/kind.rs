@@ -56,6 +56,15 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
     /// The configured name: the `source` label.
     fn name(&self) -> &str;
 
+    /// The team that owns the source (`owner`), "" when none is configured.
+    fn owner(&self) -> &str;
+
+    /// The `service` label of `inboxwatch_source_info`: the consumer's
+    /// `service_name` (the `service.name` of its spans), else the source name.
+    fn service(&self) -> &str {
+        self.name()
+    }
+
     /// Starts watching: the election that decides whether this agent polls
     /// the source, and the poll loop.
     fn start(self, rt: &mut Runtime) -> anyhow::Result<()>;

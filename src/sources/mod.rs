@@ -17,6 +17,7 @@ use toml::Spanned;
 use toml::de::DeValue;
 
 use crate::checks::Validator;
+use crate::telemetry::catalogue as metric;
 use kind::{
     ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, DeadRecords, Finding, Kind,
     Runtime,
@@ -62,23 +63,38 @@ macro_rules! kinds {
                 out
             }
 
-            /// The team that owns the source (`owner`).
-            pub fn owner(&self) -> Option<&str> {
-                None
-            }
-
-            /// The source's `kind = "…"`.
-            pub fn kind(&self) -> &'static str {
-                match self { $(SourceSpec::$variant(_) => <$spec as Kind>::KIND,)+ }
-            }
-
             /// The configured name (the `source` label).
             pub fn name(&self) -> &str {
                 match self { $(SourceSpec::$variant(s) => s.name(),)+ }
             }
 
-            /// Starts the source's election and poll loop.
+            /// The team that owns the source, "" when none is configured.
+            pub fn owner(&self) -> &str {
+                match self { $(SourceSpec::$variant(s) => s.owner(),)+ }
+            }
+
+            /// The kind's name (`inbox`, `outbox`, `kafka`).
+            pub fn kind(&self) -> &'static str {
+                match self { $(SourceSpec::$variant(_) => <$spec as Kind>::KIND,)+ }
+            }
+
+            /// The `service` label of the source's info series.
+            pub fn service(&self) -> &str {
+                match self { $(SourceSpec::$variant(s) => s.service(),)+ }
+            }
+
+            /// Starts the source's election and poll loop, after exporting
+            /// its info series (every agent exports it, leader or not, so
+            /// that the rules' `group_left(owner)` joins always find it).
             pub fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
+                metrics::gauge!(
+                    metric::SOURCE_INFO,
+                    "source" => self.name().to_string(),
+                    "kind" => self.kind(),
+                    "owner" => self.owner().to_string(),
+                    "service" => self.service().to_string()
+                )
+                .set(1.0);
                 match self { $(SourceSpec::$variant(s) => s.start(rt),)+ }
             }
 

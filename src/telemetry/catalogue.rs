@@ -62,6 +62,8 @@ names! {
     INBOX_DUPLICATES = "inbox_duplicate_deliveries_total";
     INBOX_COMPLETED = "inbox_messages_completed_total";
     INBOX_ATTEMPT_FAILURES = "inbox_attempt_failures_total";
+    INBOX_DEAD_LETTERS = "inbox_dead_letters_total";
+    INBOX_PERMANENT_RETRIES = "inbox_permanent_error_retries_total";
     INBOX_PROCESSING_DURATION = "inbox_processing_duration_seconds";
     INBOX_END_TO_END = "inbox_end_to_end_latency_seconds";
     INBOX_ATTEMPTS = "inbox_delivery_attempts";
@@ -74,6 +76,7 @@ names! {
     OUTBOX_PUBLISHED = "outbox_messages_published_total";
     OUTBOX_PUBLISH_DELAY = "outbox_publish_delay_seconds";
     SOURCE_UP = "inboxwatch_source_up";
+    SOURCE_INFO = "inboxwatch_source_info";
     POLL_DURATION = "inboxwatch_poll_duration_seconds";
     POLL_ERRORS = "inboxwatch_poll_errors_total";
     ROWS_READ = "inboxwatch_rows_read_total";
@@ -94,6 +97,7 @@ names! {
     KAFKA_LAST_COMMIT_AGE = "kafka_consumer_group_last_commit_age_seconds";
     KAFKA_GROUP_STATUS = "kafka_consumer_group_status";
     KAFKA_GROUP_MEMBERS = "kafka_consumer_group_members";
+    KAFKA_GROUP_INFO = "kafka_consumer_group_info";
     KAFKA_DEAD_LETTERS = "kafka_dead_letter_messages_total";
     KAFKA_RETRIES = "kafka_retry_messages_total";
     KAFKA_RECORD_READS = "inboxwatch_kafka_record_reads_total";
@@ -101,6 +105,7 @@ names! {
 
 const SE: &[&str] = &["source", "event_type"];
 const S: &[&str] = &["source"];
+const SEC: &[&str] = &["source", "event_type", "error_class"];
 const CGTP: &[&str] = &["cluster", "group", "topic", "partition"];
 
 const fn def(
@@ -158,8 +163,22 @@ pub static CATALOGUE: &[MetricDef] = &[
         INBOX_ATTEMPT_FAILURES,
         Kind::Counter,
         Some(Unit::Count),
-        SE,
-        "Failed attempts that were retried.",
+        SEC,
+        "Failed attempts that were retried, by the error class of the row's last_error when counted.",
+    ),
+    def(
+        INBOX_DEAD_LETTERS,
+        Kind::Counter,
+        Some(Unit::Count),
+        SEC,
+        "Events dead-lettered, by the error class of their last_error (sums to inbox_messages_completed_total{outcome=\"dead_lettered\"}).",
+    ),
+    def(
+        INBOX_PERMANENT_RETRIES,
+        Kind::Counter,
+        Some(Unit::Count),
+        SEC,
+        "Attempts started after a failure of a non-retryable error class: retries spent on errors no retry fixes.",
     ),
     def(
         INBOX_PROCESSING_DURATION,
@@ -247,6 +266,13 @@ pub static CATALOGUE: &[MetricDef] = &[
         None,
         S,
         "1 when the source's last poll succeeded, 0 when it failed.",
+    ),
+    def(
+        SOURCE_INFO,
+        Kind::Gauge,
+        None,
+        &["source", "kind", "owner", "service"],
+        "Always 1, one per configured source: its kind, owner (\"\" without one) and service, for joins (group_left(owner)).",
     ),
     MetricDef {
         buckets: Some(POLL_BUCKETS),
@@ -397,6 +423,13 @@ pub static CATALOGUE: &[MetricDef] = &[
         Some(Unit::Count),
         &["cluster", "group"],
         "Members of the consumer group, as the group coordinator describes it.",
+    ),
+    def(
+        KAFKA_GROUP_INFO,
+        Kind::Gauge,
+        None,
+        &["cluster", "group", "owner"],
+        "Always 1, one per watched consumer group: its owner ([[sources.owners]], else the source's owner, else \"\"), for joins.",
     ),
     def(
         KAFKA_DEAD_LETTERS,

@@ -466,3 +466,263 @@ pub async fn inbox_table_diff(db: &Db, table: &str, truth: &InboxTruth) -> Vec<S
     }
     out
 }
+
+/// Error texts a workload writes, each with the class the agent must give it under
+/// [`ERROR_CLASSES_TOML`] and the built-in classes, and whether that class is retryable.
+pub const CLASSED_ERRORS: &[(Option<&str>, &str, bool)] = &[
+    (
+        Some("TimeoutError: upstream did not answer within 5s"),
+        "timeout",
+        true,
+    ),
+    (
+        Some("ConnectionResetError: payment gateway reset the connection"),
+        "connection",
+        true,
+    ),
+    (
+        Some("Rate limit exceeded (429) by billing"),
+        "throttled",
+        true,
+    ),
+    (
+        Some("HttpError: 503 Service Unavailable from inventory"),
+        "server_error",
+        true,
+    ),
+    (
+        Some("ValidationError: field `amount` must be positive"),
+        "invalid",
+        false,
+    ),
+    (
+        Some("HTTP 403 Forbidden: missing scope orders:write"),
+        "permission",
+        false,
+    ),
+    (
+        Some("duplicate key value violates unique constraint \"orders_pkey\""),
+        "conflict",
+        false,
+    ),
+    (
+        Some("FraudCheckFailed: card flagged <b>\"4242\"</b>"),
+        "fraud_check",
+        false,
+    ),
+    (
+        Some("DeadlockDetected: retry the transaction"),
+        "other",
+        true,
+    ),
+    (None, "unknown", true),
+];
+
+/// A source's own error class, tried before the built-in ones.
+pub const ERROR_CLASSES_TOML: &str = "owner = \"team-payments\"\n\
+     [[sources.error_classes]]\nclass = \"fraud_check\"\npattern = 'fraud[ _-]?check'\nretryable = false\n";
+
+/// Error classes and owner against the truth: a workload of events that each fail
+/// with one fixed text of [`CLASSED_ERRORS`] (or none) for a known number of attempts
+/// and end succeeded, dead, failed or in processing, written step by step while the
+/// agent polls. `inbox_attempt_failures_total{error_class}`,
+/// `inbox_dead_letters_total{error_class}` and
+/// `inbox_permanent_error_retries_total{error_class}` must equal the counts the
+/// counting rules give for the final rows (each event's text never changes, so the
+/// class of every counted failure is its text's), per event type and class, and no
+/// other series of them may be non-zero; the info series carries the owner.
+pub async fn error_classes_ground_truth(db: &Db, short: &str) {
+    use super::workload::{InboxEvent, Status};
+    let tables = db.fresh_tables(short).await;
+    let source = format!("{short}-classes");
+    let config = format!(
+        "{}{ERROR_CLASSES_TOML}",
+        inbox_source_toml(&source, &db.dsn, &tables.inbox)
+    );
+    let agent = Agent::start(&config);
+    agent.wait_ready(READY_TIMEOUT).await;
+    let clock = Clock::new(db.now_ms().await + 5);
+
+    // Event i: 1 + i mod 4 attempts, final status by i mod 5, text (i / 5) mod 10.
+    const EVENTS: usize = 120;
+    let finals = [
+        Status::Dead,
+        Status::Succeeded,
+        Status::Dead,
+        Status::Failed,
+        Status::Processing,
+    ];
+    let mut events: Vec<(InboxEvent, Vec<Status>, usize)> = (0..EVENTS)
+        .map(|i| {
+            let t = clock.now();
+            let ev = InboxEvent {
+                id: format!("{short}-cls-{i:04}"),
+                event_type: Some(["order.created", "order.paid"][i % 2].to_string()),
+                status: Status::Pending,
+                received_ms: t,
+                started_ms: None,
+                finished_ms: None,
+                attempts: 0,
+                deliveries: 1,
+                last_error: None,
+                traceparent: None,
+                updated_ms: t,
+            };
+            let attempts = 1 + i % 4;
+            let last = finals[i % finals.len()];
+            let mut steps = Vec::new();
+            for a in 1..=attempts {
+                steps.push(Status::Processing);
+                if a < attempts {
+                    steps.push(Status::Failed);
+                    steps.push(Status::Pending);
+                }
+            }
+            match last {
+                Status::Failed => steps.push(Status::Failed),
+                Status::Processing => {}
+                done => steps.push(done),
+            }
+            (ev, steps, (i / finals.len()) % CLASSED_ERRORS.len())
+        })
+        .collect();
+    for (ev, _, _) in &events {
+        let (sql, args) = ev.insert_stmt(db.dialect, &tables.inbox);
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    // Round-robin over the events, one step each, so the agent sees every mix of
+    // intermediate and final rows.
+    let mut step = 0;
+    loop {
+        let mut wrote = false;
+        for (ev, steps, text) in events.iter_mut() {
+            let Some(next) = steps.get(step).copied() else {
+                continue;
+            };
+            let t = clock.now();
+            ev.updated_ms = t;
+            ev.status = next;
+            match next {
+                Status::Processing => {
+                    ev.attempts += 1;
+                    ev.started_ms = Some(t);
+                }
+                Status::Failed | Status::Dead => {
+                    ev.last_error = CLASSED_ERRORS[*text].0.map(str::to_string);
+                    if next == Status::Dead {
+                        ev.finished_ms = Some(t);
+                    }
+                }
+                Status::Succeeded => ev.finished_ms = Some(t),
+                Status::Pending => {}
+            }
+            let (sql, args) = ev.update_stmt(db.dialect, &tables.inbox);
+            db.pool
+                .execute(&sql, &args)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            wrote = true;
+        }
+        if !wrote {
+            break;
+        }
+        step += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // The truth, by the counting rules, from each event's final row.
+    let mut truth: std::collections::BTreeMap<(String, &str), [f64; 3]> = Default::default();
+    for (ev, _, text) in &events {
+        let (_, class, retryable) = CLASSED_ERRORS[*text];
+        let failures = ev.attempt_failures();
+        let retries = match ev.status {
+            Status::Failed | Status::Pending => (failures - 1).max(0),
+            _ => failures,
+        };
+        let t = truth.entry((ev.label(), class)).or_default();
+        t[0] += failures as f64;
+        t[1] += f64::from(u8::from(ev.status == Status::Dead));
+        if !retryable {
+            t[2] += retries as f64;
+        }
+    }
+    let mut exp = Expectations::default();
+    for ((event_type, class), [failures, dead, retries]) in &truth {
+        let l = [
+            ("source", source.as_str()),
+            ("event_type", event_type.as_str()),
+            ("error_class", class),
+        ];
+        exp.push("inbox_attempt_failures_total", &l, *failures, Tol::Exact);
+        exp.push("inbox_dead_letters_total", &l, *dead, Tol::Exact);
+        exp.push(
+            "inbox_permanent_error_retries_total",
+            &l,
+            *retries,
+            Tol::Exact,
+        );
+    }
+    let dead: f64 = truth.values().map(|t| t[1]).sum();
+    exp.push(
+        "inbox_messages_completed_total",
+        &[("source", &source), ("outcome", "dead_lettered")],
+        dead,
+        Tol::Exact,
+    );
+    for name in [
+        "inbox_attempt_failures_total",
+        "inbox_dead_letters_total",
+        "inbox_permanent_error_retries_total",
+    ] {
+        exp.close(name, &[("source", &source)]);
+    }
+    exp.push(
+        "inboxwatch_source_info",
+        &[
+            ("source", &source),
+            ("kind", "inbox"),
+            ("owner", "team-payments"),
+            ("service", &source),
+        ],
+        1.0,
+        Tol::Exact,
+    );
+    let permanent: f64 = truth.values().map(|t| t[2]).sum();
+    eprintln!(
+        "error classes: {} (event type, class) pairs, {dead} dead letters, {permanent} retries on permanent errors",
+        truth.len()
+    );
+    assert!(
+        permanent > 0.0 && dead > 0.0,
+        "HARNESS BUG: the workload has no permanent retry or no dead letter"
+    );
+    let m = wait_for_expectations(&agent, &exp, CONVERGE, "counters by error class").await;
+    // Retryable classes have no permanent-retries series at all.
+    for (_, class, retryable) in CLASSED_ERRORS {
+        if *retryable {
+            assert_eq!(
+                m.get(
+                    "inbox_permanent_error_retries_total",
+                    &[("source", &source), ("error_class", class)]
+                ),
+                None,
+                "a retryable class ({class}) has a permanent-retries series"
+            );
+        }
+    }
+    let stable = stays(Duration::from_secs(5), || async {
+        let d = exp.diff(&agent.try_scrape().await?);
+        if d.is_empty() {
+            Ok(())
+        } else {
+            Err(render_diff(&d))
+        }
+    })
+    .await;
+    if let Err(d) = stable {
+        panic!("counters by class moved after reaching the truth:\n{d}");
+    }
+}

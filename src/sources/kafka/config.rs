@@ -8,7 +8,7 @@ use regex::Regex;
 
 use serde::Deserialize;
 
-use crate::checks::{Validator, expand_env};
+use crate::checks::{Validator, expand_env, is_owner, owner_problem};
 
 /// Default pattern of dead-letter topic names.
 pub const DEFAULT_DEAD_LETTER_TOPICS: &str = r".*(\.DLQ|-dlq|\.dead-letter)$";
@@ -37,8 +37,32 @@ pub struct KafkaSpec {
     pub read_concurrency: usize,
     pub client_id: String,
     pub security: KafkaSecurity,
+    /// The team that owns the source (and the groups no `owners` entry matches).
+    pub owner: Option<String>,
+    /// `[[sources.owners]]`: group name patterns (whole names) and their owner, first match wins.
+    pub owners: Vec<(Regex, String)>,
     /// Where in the config this source is (`sources[2]`), for messages.
     pub key: String,
+}
+
+impl KafkaSpec {
+    /// The owner of consumer group `group`: the first `owners` entry whose
+    /// pattern matches its whole name, else the source's owner, else "".
+    pub fn owner_of(&self, group: &str) -> &str {
+        owner_of(
+            &self.owners,
+            self.owner.as_deref().unwrap_or_default(),
+            group,
+        )
+    }
+}
+
+/// The owner of `group`: the first of `owners` whose pattern matches it, else `default`.
+pub fn owner_of<'a>(owners: &'a [(Regex, String)], default: &'a str, group: &str) -> &'a str {
+    owners
+        .iter()
+        .find(|(r, _)| r.is_match(group))
+        .map_or(default, |(_, o)| o.as_str())
 }
 
 /// Include / exclude regexes, anchored on whole names.
@@ -153,6 +177,19 @@ pub struct RawKafka {
     pub tls: Option<RawTls>,
     /// SASL authentication.
     pub sasl: Option<RawSasl>,
+    /// The team that owns the source (`owner` label of its info series and alerts).
+    pub owner: Option<String>,
+    /// Owners of consumer groups by name pattern, first match wins.
+    pub owners: Option<Vec<RawOwner>>,
+}
+
+/// One `[[sources.owners]]` entry of a Kafka source.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawOwner {
+    /// Regex matched against whole group names.
+    pub groups: Option<String>,
+    /// The owner of the groups it matches.
+    pub owner: Option<String>,
 }
 
 /// `{ include = [...], exclude = [...] }`: regexes matched against whole names.
@@ -290,6 +327,41 @@ pub(crate) fn validate(
     );
     let client_id = s.client_id.clone().unwrap_or_else(|| "inboxwatch".into());
     let security = security(v, key, s);
+    let owner = s.owner.clone().filter(|o| {
+        let ok = is_owner(o);
+        if !ok {
+            v.problem(&format!("{key}.owner"), owner_problem(o));
+        }
+        ok
+    });
+    let mut owners = Vec::new();
+    for (i, o) in s.owners.iter().flatten().enumerate() {
+        let at = format!("{key}.owners[{i}]");
+        let pattern = match o.groups.as_deref() {
+            Some(g) => regex(v, &format!("{at}.groups"), g),
+            None => {
+                v.problem(
+                    &format!("{at}.groups"),
+                    "required (a regex of group names)".into(),
+                );
+                None
+            }
+        };
+        let team = match o.owner.as_deref() {
+            Some(t) if is_owner(t) => Some(t.to_string()),
+            Some(t) => {
+                v.problem(&format!("{at}.owner"), owner_problem(t));
+                None
+            }
+            None => {
+                v.problem(&format!("{at}.owner"), "required".into());
+                None
+            }
+        };
+        if let (Some(p), Some(t)) = (pattern, team) {
+            owners.push((p, t));
+        }
+    }
     let (Some(dead_letter_topics), Some(retry_topics), Some(groups), Some(topics), Some(security)) =
         (dead_letter_topics, retry_topics, groups, topics, security)
     else {
@@ -309,6 +381,8 @@ pub(crate) fn validate(
         read_concurrency,
         client_id,
         security,
+        owner,
+        owners,
         key: key.to_string(),
     })
 }

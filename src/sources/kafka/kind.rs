@@ -23,6 +23,10 @@ impl Kind for KafkaSpec {
         &self.name
     }
 
+    fn owner(&self) -> &str {
+        self.owner.as_deref().unwrap_or_default()
+    }
+
     fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
         info!(source = %self.name, brokers = ?self.brokers, "Watching Kafka cluster.");
         let leader = rt.elect(KafkaElection::for_source(&self));

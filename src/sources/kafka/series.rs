@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 
-use super::config::KafkaSpec;
+use super::config::{KafkaSpec, owner_of};
 use super::fetch::{Committed, Fetched, Group, Partition};
 use super::status::{History, Status};
 use crate::telemetry::catalogue as metric;
@@ -25,6 +25,10 @@ pub struct Settings {
     pub status_window: Duration,
     pub dead_letter_topics: Regex,
     pub retry_topics: Regex,
+    /// The source's owner, for groups no `owners` entry matches ("" without one).
+    pub owner: String,
+    /// `[[sources.owners]]`: group patterns and their owner.
+    pub owners: Vec<(Regex, String)>,
 }
 
 impl Settings {
@@ -35,6 +39,8 @@ impl Settings {
             status_window: spec.status_window,
             dead_letter_topics: spec.dead_letter_topics.clone(),
             retry_topics: spec.retry_topics.clone(),
+            owner: spec.owner.clone().unwrap_or_default(),
+            owners: spec.owners.clone(),
         }
     }
 
@@ -173,6 +179,16 @@ impl Memory {
         wall_ms: i64,
         out: &mut impl FnMut(Sample),
     ) {
+        let mut info = settings.group_labels(name);
+        info.push((
+            "owner",
+            owner_of(&settings.owners, &settings.owner, name).to_string(),
+        ));
+        out(Sample {
+            name: metric::KAFKA_GROUP_INFO,
+            labels: info,
+            value: 1.0,
+        });
         if let Some(n) = group.members {
             out(Sample {
                 name: metric::KAFKA_GROUP_MEMBERS,
@@ -428,6 +444,11 @@ mod tests {
             status_window: WINDOW,
             dead_letter_topics: Regex::new(r"^(?:.*\.DLQ)$").unwrap(),
             retry_topics: Regex::new(r"^(?:.*\.retry\.(?P<tier>[0-9]+[smh]))$").unwrap(),
+            owner: "team-core".into(),
+            owners: vec![(
+                Regex::new("^(?:billing.*)$").unwrap(),
+                "team-payments".into(),
+            )],
         }
     }
 
@@ -712,6 +733,7 @@ mod tests {
         let broken_lags = samples.iter().filter(|s| {
             s.name != metric::KAFKA_GROUP_STATUS
                 && s.name != metric::KAFKA_GROUP_MEMBERS
+                && s.name != metric::KAFKA_GROUP_INFO
                 && s.labels.contains(&("group", "broken".to_string()))
         });
         assert_eq!(broken_lags.count(), 0);
@@ -719,6 +741,52 @@ mod tests {
         assert_eq!(status(&samples, "mixed"), "stall");
         let age = of_group(&samples, metric::KAFKA_LAST_COMMIT_AGE, "mixed");
         assert_eq!(age, Some(11.0));
+    }
+
+    /// Every group, readable or not, has one info series with its owner: the first
+    /// `owners` pattern matching its whole name, else the source's owner.
+    #[test]
+    fn every_group_has_an_info_series_with_its_owner() {
+        let settings = settings(false);
+        let mut memory = Memory::default();
+        let broken = Group {
+            offsets: None,
+            members: Some(0),
+            assigned: HashSet::new(),
+        };
+        let said = said(
+            &[("orders", &[10])],
+            vec![
+                ("billing-eu", group(Some(1), &[("orders", 0, 10)])),
+                ("orders-billing", group(Some(1), &[("orders", 0, 10)])),
+                ("broken", broken),
+            ],
+        );
+        let samples = run(&mut memory, &settings, &said, Instant::now());
+        let mut info: Vec<(String, String, f64)> = samples
+            .iter()
+            .filter(|s| s.name == metric::KAFKA_GROUP_INFO)
+            .map(|s| {
+                let get = |k: &str| {
+                    s.labels
+                        .iter()
+                        .find(|(n, _)| *n == k)
+                        .map(|(_, v)| v.clone())
+                        .unwrap_or_default()
+                };
+                assert_eq!(get("cluster"), "main");
+                (get("group"), get("owner"), s.value)
+            })
+            .collect();
+        info.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            info,
+            [
+                ("billing-eu".to_string(), "team-payments".to_string(), 1.0),
+                ("broken".to_string(), "team-core".to_string(), 1.0),
+                ("orders-billing".to_string(), "team-core".to_string(), 1.0),
+            ]
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The settings of inbox and outbox sources: what an entry may say, and
 //! what a table source runs on once every key has been checked.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -8,8 +9,11 @@ use toml::Spanned;
 use toml::de::DeValue;
 
 use super::dialect::Sql;
+use super::errors::{self, ErrorClasses, RawErrorClass};
 use super::rules::{self, Rule, Statuses};
-use crate::checks::{Environment, Unknown, Validator, is_identifier, is_table_name};
+use crate::checks::{
+    Environment, Unknown, Validator, is_identifier, is_owner, is_table_name, owner_problem,
+};
 use crate::dsn::Dsn;
 use crate::sources::kind::Read;
 use crate::tracing_link::config::{RawSourceTrace, SourceTrace, validate_source};
@@ -69,6 +73,8 @@ pub struct RawTable {
     pub max_count_jump: Option<i64>,
     /// `service.name` of the spans emitted for this consumer.
     pub service_name: Option<String>,
+    /// The team that owns the consumer (`owner` label of `inboxwatch_source_info`, and so of its alerts).
+    pub owner: Option<String>,
     /// Objectives exported as gauges for the alert rules.
     #[serde(default)]
     pub objectives: RawObjectives,
@@ -92,6 +98,11 @@ pub struct RawInbox {
     /// With `finished_rows = "deleted"`: the outcome a deleted row counts
     /// as, `"succeeded"` (default) or `"dead"`.
     pub deleted_as: Option<String>,
+    /// Error classes by pattern on `last_error`: ordered, first match wins,
+    /// tried before the built-in ones.
+    pub error_classes: Option<Vec<RawErrorClass>>,
+    /// `false` drops the built-in error classes, so that `error_classes` replaces them (default true).
+    pub default_error_classes: Option<bool>,
     /// What `inboxwatch dead-letters replay` and `ignore` write with.
     pub dead_letter_actions: Option<RawActions>,
 }
@@ -207,6 +218,8 @@ pub struct TableSpec {
     pub finished_rows: FinishedRows,
     pub deleted_durations: bool,
     pub service_name: Option<String>,
+    /// The team that owns the consumer, checked by [`crate::checks::is_owner`].
+    pub owner: Option<String>,
     /// `[sources.trace]`: how the consumer's spans describe it.
     pub trace: SourceTrace,
     pub objectives: Objectives,
@@ -267,6 +280,9 @@ pub struct InboxSpec {
     pub rules: Vec<Rule>,
     /// The outcome of a deleted row (`finished_rows = "deleted"`).
     pub deleted_as: Status,
+    /// What kind of failure a `last_error` shows (`error_class` label);
+    /// shared, as every clone of the spec classifies alike.
+    pub error_classes: Arc<ErrorClasses>,
     /// `[sources.dead_letter_actions]`, for the `dead-letters replay` and
     /// `ignore` commands only. Boxed: most sources have none.
     pub actions: Option<Box<DeadLetterActions>>,
@@ -666,6 +682,13 @@ pub(crate) fn table_spec(
             .map(|t| v.duration(&format!("{key}.objectives.p95"), Some(t), Duration::ZERO)),
     };
     let trace = validate_source(key, raw.trace.as_ref(), v);
+    let owner = raw.owner.filter(|o| {
+        let ok = is_owner(o);
+        if !ok {
+            v.problem(&format!("{key}.owner"), owner_problem(o));
+        }
+        ok
+    });
     let cursor = match raw.cursor.as_deref() {
         None => None,
         Some("updated_at") => Some(Cursor::UpdatedAt),
@@ -713,6 +736,7 @@ pub(crate) fn table_spec(
         finished_rows,
         deleted_durations: raw.deleted_durations.unwrap_or(false),
         service_name: raw.service_name,
+        owner,
         trace,
         objectives,
         key: key.to_string(),
@@ -779,6 +803,12 @@ pub(crate) fn inbox_spec(
             "applies only with finished_rows = \"deleted\"".into(),
         );
     }
+    let error_classes = Arc::new(errors::validate(
+        v,
+        key,
+        raw.error_classes.as_deref().unwrap_or_default(),
+        raw.default_error_classes,
+    ));
     let columns = columns?;
     table.cursor = settle_cursor(v, key, cursor, columns.updated_at.as_deref());
     let actions = raw.dead_letter_actions.as_ref().and_then(|a| {
@@ -792,6 +822,7 @@ pub(crate) fn inbox_spec(
         rules,
         deleted_as,
         actions,
+        error_classes,
     })
 }
 

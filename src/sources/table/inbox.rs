@@ -12,7 +12,14 @@
 //!   end-to-end and attempts observations, once per event (again only after a
 //!   re-drive takes it back to an unfinished status);
 //! * events that predate the agent are a baseline: their later changes count,
-//!   their history does not.
+//!   their history does not;
+//! * failed attempts, retries and dead letters carry the error class of the
+//!   row's `last_error` when they are counted (the last text seen before, if
+//!   the row shows none; `unknown` when none was ever seen): a dead letter
+//!   +1 in `inbox_dead_letters_total` with its completion; a retry — an
+//!   attempt started after a failed one: in `processing` or finished after
+//!   `f` failures, `f` of them, in `failed` or `pending`, `f − 1` — +1 in
+//!   `inbox_permanent_error_retries_total` when that class is not retryable.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -53,6 +60,9 @@ struct State {
     valid: bool,
     /// The highest attempt whose failed-attempt span was emitted.
     spanned: u32,
+    /// The error class of the last `last_error` seen (an index into the
+    /// source's [`super::errors::ErrorClasses`]).
+    class: u8,
 }
 
 /// [`State`] as the map stores it, every value kept: 48 bytes instead of 64
@@ -69,6 +79,7 @@ struct Remembered {
     spanned: u32,
     status: Status,
     flags: Flags,
+    class: u8,
 }
 
 /// Bits of [`Remembered::flags`].
@@ -92,6 +103,7 @@ impl From<State> for Remembered {
             spanned: s.spanned,
             status: s.status,
             flags,
+            class: s.class,
         }
     }
 }
@@ -109,6 +121,7 @@ impl From<Remembered> for State {
             long_error_at: r.flags.time(LONG_ERROR, r.long_error_at),
             valid: r.flags.get(VALID),
             spanned: r.spanned,
+            class: r.class,
         }
     }
 }
@@ -137,8 +150,10 @@ struct Row {
     attempts: Option<i64>,
     deliveries: Option<i64>,
     error_len: Option<i64>,
-    /// The start of `last_error` (only read when spans are exported).
+    /// The start of `last_error`: its first `ERROR_TEXT_LEN + 1` characters.
     error_text: Option<String>,
+    /// The error class of `error_text`.
+    class: u8,
     traceparent: Option<String>,
     /// When the row last changed: its change cursor, or without one the
     /// poll that read it.
@@ -164,10 +179,17 @@ struct Counts {
     duplicates: u64,
     succeeded: u64,
     dead: u64,
-    failures: u64,
     processing: Vec<f64>,
     end_to_end: Vec<f64>,
     attempts: Vec<f64>,
+}
+
+/// Sums of one poll for one `event_type` label and one error class.
+#[derive(Debug, Default, Clone, Copy)]
+struct ClassCounts {
+    failures: u64,
+    dead: u64,
+    permanent_retries: u64,
 }
 
 /// The inbox part of a table source.
@@ -177,6 +199,10 @@ pub struct Inbox {
     labels: LabelCap,
     start: i64,
     counts: HashMap<usize, Counts>,
+    /// This poll's sums by (`event_type` label, error class).
+    by_class: HashMap<(usize, u8), ClassCounts>,
+    /// (label, class) pairs whose series exist (created at 0).
+    class_series: HashSet<(usize, u8)>,
     rejections: Rejections,
     reported: HashSet<usize>,
     /// Labels whose counter series exist (created at 0).
@@ -202,6 +228,8 @@ impl Inbox {
             labels,
             start: i64::MIN,
             counts: HashMap::new(),
+            by_class: HashMap::new(),
+            class_series: HashSet::new(),
             rejections: Rejections::default(),
             reported: HashSet::new(),
             series: HashSet::new(),
@@ -233,7 +261,9 @@ impl Inbox {
             traceparent: get(row, 10, "traceparent")?,
             updated: get::<Option<i64>>(row, 11, "updated_at")?.unwrap_or(NO_CURSOR),
             version: 0,
+            class: 0,
         };
+        row.class = self.spec.error_classes.index(row.error_text.as_deref());
         if self.spec.table.cursor == Cursor::None {
             row.updated = self.poll_now;
             row.version = version_of(&row);
@@ -287,20 +317,31 @@ impl Inbox {
         }
     }
 
-    fn complete(&mut self, label: usize, row: &Row, status: Status, now: Instant) {
+    fn complete(&mut self, label: usize, row: &Row, class: u8, status: Status, now: Instant) {
         let attempts = row.attempts.map_or(1.0, |a| a.max(1) as f64);
         let times = Times {
             received: row.received,
             started: row.started,
             end: row.finished,
         };
-        self.completion(label, status, attempts, times, now);
+        self.completion(label, status, class, attempts, times, now);
     }
 
     /// Counts one completion and its observations: the attempts, and when
     /// its end is known the end-to-end latency and the processing time.
-    fn completion(&mut self, label: usize, status: Status, attempts: f64, t: Times, now: Instant) {
+    fn completion(
+        &mut self,
+        label: usize,
+        status: Status,
+        class: u8,
+        attempts: f64,
+        t: Times,
+        now: Instant,
+    ) {
         let window = self.spec.table.quantile_window;
+        if status == Status::Dead {
+            self.by_class.entry((label, class)).or_default().dead += 1;
+        }
         let counts = self.counts.entry(label).or_default();
         if status == Status::Dead {
             counts.dead += 1;
@@ -359,6 +400,7 @@ impl Inbox {
                     long_error_at,
                     valid: false,
                     spanned: 0,
+                    class: row.class,
                 },
             };
             self.states.insert(key, state);
@@ -366,6 +408,12 @@ impl Inbox {
         }
         let status = status.expect("check() rejects unknown statuses");
         let received = row.received.expect("check() rejects a NULL received_at");
+        // A row that shows no error keeps the class of the last one seen.
+        let unknown = self.spec.error_classes.unknown();
+        let class = match existing {
+            Some(s) if row.class == unknown => s.class,
+            _ => row.class,
+        };
         let deliveries = row
             .deliveries
             .map_or(1, |d| u32::try_from(d.max(1)).unwrap_or(u32::MAX));
@@ -380,7 +428,7 @@ impl Inbox {
                 let counted =
                     !baseline && terminal && row.finished.is_some_and(|f| f >= self.start);
                 if counted {
-                    self.complete(label, &row, status, now);
+                    self.complete(label, &row, class, status, now);
                 }
                 let zero = State {
                     updated: row.updated,
@@ -393,6 +441,7 @@ impl Inbox {
                     long_error_at,
                     valid: true,
                     spanned: 0,
+                    class,
                 };
                 let failures = self.failures_shown(status, row.attempts, &zero);
                 // Spans are idempotent (derived ids), so unlike counters they
@@ -437,6 +486,7 @@ impl Inbox {
                     long_error_at,
                     valid: true,
                     spanned: 0,
+                    class,
                 }
             }
         };
@@ -474,10 +524,19 @@ impl Inbox {
                     added
                 };
             }
-            counts.failures += u64::from(failures - prev.failures);
+            let retries = retries_shown(status, failures)
+                .saturating_sub(retries_shown(prev.status, prev.failures));
+            let permanent = !self.spec.error_classes.get(class).retryable;
+            if failures > prev.failures || (permanent && retries > 0) {
+                let c = self.by_class.entry((label, class)).or_default();
+                c.failures += u64::from(failures - prev.failures);
+                if permanent {
+                    c.permanent_retries += u64::from(retries);
+                }
+            }
         }
         let completed = if terminal && !prev.completed {
-            self.complete(label, &row, status, now);
+            self.complete(label, &row, class, status, now);
             true
         } else {
             terminal && prev.completed
@@ -502,6 +561,7 @@ impl Inbox {
                 long_error_at,
                 valid: true,
                 spanned,
+                class,
             },
         );
     }
@@ -595,7 +655,6 @@ impl Inbox {
                     metric::INBOX_RECEIVED,
                     metric::INBOX_DELIVERIES,
                     metric::INBOX_DUPLICATES,
-                    metric::INBOX_ATTEMPT_FAILURES,
                 ] {
                     if deliveries || !is_delivery_series(name) {
                         metrics::counter!(name, &l).increment(0);
@@ -618,7 +677,6 @@ impl Inbox {
                 inc(metric::INBOX_DELIVERIES, c.deliveries);
                 inc(metric::INBOX_DUPLICATES, c.duplicates);
             }
-            inc(metric::INBOX_ATTEMPT_FAILURES, c.failures);
             for (outcome, n) in [("succeeded", c.succeeded), ("dead_lettered", c.dead)] {
                 if n > 0 {
                     metrics::counter!(metric::INBOX_COMPLETED, "source" => source.clone(), "event_type" => et.clone(), "outcome" => outcome)
@@ -636,9 +694,45 @@ impl Inbox {
                 }
             }
         }
+        self.record_classes(&source);
         self.rejections.flush(&source);
         if let Some(sink) = self.spans.as_mut() {
             sink.flush();
+        }
+    }
+
+    /// The series by error class. A (label, class) pair first shows at 0
+    /// and its amounts one poll later, like the series by label alone;
+    /// retries on permanent errors exist only for the non-retryable classes.
+    fn record_classes(&mut self, source: &str) {
+        let by_class: Vec<((usize, u8), ClassCounts)> = self.by_class.drain().collect();
+        for ((label, class), c) in by_class {
+            let error_class = self.spec.error_classes.get(class);
+            let permanent = !error_class.retryable;
+            let l = [
+                ("source", source.to_string()),
+                ("event_type", self.labels.value(label).to_string()),
+                ("error_class", error_class.name.clone()),
+            ];
+            let mut series = vec![
+                (metric::INBOX_ATTEMPT_FAILURES, c.failures),
+                (metric::INBOX_DEAD_LETTERS, c.dead),
+            ];
+            if permanent {
+                series.push((metric::INBOX_PERMANENT_RETRIES, c.permanent_retries));
+            }
+            if self.class_series.insert((label, class)) {
+                for (name, _) in &series {
+                    metrics::counter!(*name, &l).increment(0);
+                }
+                self.by_class.insert((label, class), c);
+                continue;
+            }
+            for (name, n) in series {
+                if n > 0 {
+                    metrics::counter!(name, &l).increment(n);
+                }
+            }
         }
     }
 
@@ -723,13 +817,10 @@ impl TableKind for Inbox {
             ),
             (
                 "last_error",
-                if self.spans.is_some() {
-                    opt(&c.last_error, &|e| {
-                        sql.text(&sql.prefix(e, link::ERROR_TEXT_LEN + 1))
-                    })
-                } else {
-                    "NULL".to_string()
-                },
+                // Read whenever mapped: it gives the error class.
+                opt(&c.last_error, &|e| {
+                    sql.text(&sql.prefix(e, link::ERROR_TEXT_LEN + 1))
+                }),
             ),
             (
                 "traceparent",
@@ -810,6 +901,7 @@ impl TableKind for Inbox {
             self.completion(
                 last.label(),
                 self.spec.deleted_as,
+                prev.class,
                 attempts,
                 times,
                 Instant::now(),
@@ -948,6 +1040,16 @@ impl TableKind for Inbox {
 }
 
 /// The series that only a deliveries column can give.
+/// Attempts a row shows were started after a failed one, given the failed
+/// attempts it shows: each failure was retried, except the last one while the
+/// row waits (failed, or back in pending) for its next attempt.
+fn retries_shown(status: Status, failures: u32) -> u32 {
+    match status {
+        Status::Failed | Status::Pending => failures.saturating_sub(1),
+        Status::Processing | Status::Succeeded | Status::Dead => failures,
+    }
+}
+
 fn is_delivery_series(name: &str) -> bool {
     name == metric::INBOX_DELIVERIES || name == metric::INBOX_DUPLICATES
 }
@@ -1040,6 +1142,7 @@ mod tests {
                             long_error_at,
                             valid,
                             spanned: 7,
+                            class: 9,
                         };
                         let r = Remembered::from(s);
                         assert_eq!(State::from(r), s);
@@ -1071,6 +1174,7 @@ mod tests {
                 long_error_at: None,
                 valid: false,
                 spanned: 0,
+                class: 0,
             },
         );
         let back = t.get(1).copied().map(State::from).expect("remembered");

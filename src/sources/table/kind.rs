@@ -72,6 +72,14 @@ macro_rules! table_kind {
                 &self.table.name
             }
 
+            fn owner(&self) -> &str {
+                self.table.owner.as_deref().unwrap_or_default()
+            }
+
+            fn service(&self) -> &str {
+                self.table.service_name.as_deref().unwrap_or(&self.table.name)
+            }
+
             fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
                 let (leader, sink, pool) = prepare(&self.table, rt)?;
                 let name = self.table.name.clone();

@@ -17,6 +17,7 @@ mod capabilities;
 pub mod config;
 pub mod dialect;
 mod doctor;
+pub mod errors;
 pub mod inbox;
 mod kind;
 pub mod lock;
