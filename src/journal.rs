@@ -200,7 +200,15 @@ impl Journal {
             trail.received = received;
         }
         let from = missed.start.max(trail.last_number() + 1);
-        for number in from..missed.end {
+        // Far more missed attempts than are kept: only the ones that would
+        // stay are pushed, the rest counted.
+        let count = missed.end.saturating_sub(from) as usize;
+        let skip = count.saturating_sub(ATTEMPTS) as u32;
+        trail.elided += skip;
+        let keep_first = (from..missed.end).take(FIRST_KEPT.min(count));
+        let rest =
+            (from + FIRST_KEPT as u32 + skip).max(from + FIRST_KEPT.min(count) as u32)..missed.end;
+        for number in keep_first.chain(rest) {
             trail.push(Attempt {
                 number,
                 observed: false,
@@ -290,6 +298,22 @@ mod tests {
             .map(|a| a.outcome)
             .collect();
         assert_eq!(outcomes, vec![Outcome::Failed, Outcome::Succeeded]);
+    }
+
+    #[test]
+    fn a_huge_jump_in_attempts_is_counted_not_pushed() {
+        let j = Journal::default();
+        let s: Arc<str> = Arc::from("orders");
+        j.record(&s, "e", None, None, 1..1_000_000, failed(1_000_000, "x"));
+        let t = j.trail("orders", "e").unwrap();
+        assert_eq!(t.attempts.len(), ATTEMPTS);
+        assert_eq!(
+            t.attempts.len() as u32 + t.elided,
+            1_000_000,
+            "every attempt is kept or counted"
+        );
+        assert_eq!(t.attempts[0].number, 1);
+        assert_eq!(t.attempts.last().unwrap().number, 1_000_000);
     }
 
     #[test]

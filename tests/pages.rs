@@ -759,3 +759,176 @@ fn the_journal_stays_bounded_under_100k_failing_events() {
         "the journal grew the process by {grown} KiB"
     );
 }
+
+/// One step of an event's life as the consumer writes it.
+async fn step(db: &Db, table: &str, id: &str, status: &str, attempts: i32, error: &str) {
+    let finished = if status == "dead" { "now()" } else { "NULL" };
+    db.pool
+        .execute(
+            &format!(
+                "UPDATE {table} SET status = $1, attempts = $2, last_error = $3, \
+                 started_at = now() - interval '50 milliseconds', finished_at = {finished}, \
+                 updated_at = now() WHERE event_id = $4"
+            ),
+            &[
+                common::V::text(status),
+                common::V::Int(attempts),
+                common::V::text(error),
+                common::V::text(id),
+            ],
+        )
+        .await
+        .expect("update the row");
+}
+
+/// What `/api/v1/events/{id}` says of the event's attempts: (number,
+/// observed, outcome, error class).
+async fn trajectory(agent: &Agent, id: &str) -> Vec<(u64, bool, String, Option<String>)> {
+    let (code, body) = agent
+        .get(&format!("/api/v1/events/{}", percent(id)))
+        .await
+        .expect("GET /api/v1/events");
+    if code != 200 {
+        return Vec::new();
+    }
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    v["trajectories"][0]["attempts"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| {
+                    (
+                        x["number"].as_u64().expect("number"),
+                        x["observed"].as_bool().expect("observed"),
+                        x["outcome"].as_str().expect("outcome").to_string(),
+                        x["error_class"].as_str().map(str::to_string),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The retry trajectory of one event: each attempt the agent saw, with its
+/// error class; the attempt that started and failed between two polls is
+/// "not observed"; the dead letter's class filters the dead-letter page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_event_page_shows_the_retry_trajectory_the_agent_saw() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("traj").await;
+    let t = &tables.inbox;
+    let config = format!(
+        "[[sources]]\nname = \"traj-pg\"\nkind = \"inbox\"\ndsn = {dsn}\ntable = {table}\n\
+         poll_interval = \"300ms\"\noverlap = \"10s\"\ntimeout = \"2s\"\n{}",
+        common::scenarios::INBOX_COLUMNS,
+        dsn = toml_str(&db.dsn),
+        table = toml_str(t),
+    );
+    let agent = Agent::start(&config);
+    agent.wait_ready(READY_TIMEOUT).await;
+    let id = "traj-1";
+    let now = db.now_ms().await;
+    let mut e = event(id, Status::Failed, now);
+    e.last_error = Some("TimeoutError: ledger did not answer in 2s".into());
+    let (sql, args) = e.insert_stmt(db.dialect, t);
+    db.pool.execute(&sql, &args).await.expect("insert");
+
+    let wait_for = |want: Vec<(u64, bool, &'static str, Option<&'static str>)>| {
+        let agent = &agent;
+        async move {
+            let want: Vec<(u64, bool, String, Option<String>)> = want
+                .into_iter()
+                .map(|(n, o, out, c)| (n, o, out.to_string(), c.map(str::to_string)))
+                .collect();
+            wait_until(Duration::from_secs(30), || {
+                let want = want.clone();
+                async move {
+                    let got = trajectory(agent, id).await;
+                    if got == want {
+                        Ok(())
+                    } else {
+                        Err(format!("trajectory {got:?}, want {want:?}"))
+                    }
+                }
+            })
+            .await
+            .expect("the trajectory the agent saw");
+        }
+    };
+    wait_for(vec![(1, true, "failed", Some("timeout"))]).await;
+    // Attempt 2 starts and fails between two polls; attempt 3 fails with a 503.
+    step(
+        &db,
+        t,
+        id,
+        "failed",
+        3,
+        "HttpError: 503 Service Unavailable from ledger",
+    )
+    .await;
+    wait_for(vec![
+        (1, true, "failed", Some("timeout")),
+        (2, false, "failed", None),
+        (3, true, "failed", Some("server_error")),
+    ])
+    .await;
+    // Attempt 4 is dead-lettered with a permanent error.
+    step(
+        &db,
+        t,
+        id,
+        "dead",
+        4,
+        "ValidationError: amount must be positive",
+    )
+    .await;
+    wait_for(vec![
+        (1, true, "failed", Some("timeout")),
+        (2, false, "failed", None),
+        (3, true, "failed", Some("server_error")),
+        (4, true, "dead_lettered", Some("invalid")),
+    ])
+    .await;
+
+    // The page, in the browser: one row per attempt, the missed one marked.
+    let page = dom(agent.port, &format!("/events/{id}"));
+    let rows: Vec<(String, String)> =
+        Regex::new(r#"<tr class="attempt" data-observed="(true|false)"><td>(\d+)</td>"#)
+            .unwrap()
+            .captures_iter(&page)
+            .map(|c| (c[2].to_string(), c[1].to_string()))
+            .collect();
+    assert_eq!(
+        rows,
+        [("1", "true"), ("2", "false"), ("3", "true"), ("4", "true")]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .to_vec()
+    );
+    assert!(page.contains("not observed"), "{page}");
+    screenshot(
+        agent.port,
+        &format!("/events/{id}"),
+        "event-trajectory-postgres",
+    );
+
+    // The dead letter carries its class, and the class filters the list.
+    let (_, body) = agent
+        .get("/api/v1/dead-letters?since=1h&error_class=invalid")
+        .await
+        .expect("GET");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let listed: Vec<&str> = v["dead_letters"]
+        .as_array()
+        .expect("dead_letters")
+        .iter()
+        .map(|d| d["event_id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(listed, vec![id]);
+    let (_, body) = agent
+        .get("/api/v1/dead-letters?since=1h&error_class=timeout")
+        .await
+        .expect("GET");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["dead_letters"].as_array().map(Vec::len), Some(0));
+    db.cleanup().await;
+}

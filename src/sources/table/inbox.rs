@@ -22,6 +22,7 @@
 //!   `inbox_permanent_error_retries_total` when that class is not retryable.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::any::AnyRow;
@@ -31,6 +32,7 @@ use super::config::{Cursor, InboxSpec, Status};
 use super::dialect::{OUT_OF_RANGE, Sql};
 use super::state::{Entry, Flags, Tracked};
 use super::{MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
+use crate::journal::{Attempt as JournalAttempt, Journal, Outcome};
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::labels::LabelCap;
 use crate::telemetry::sketch::WindowedSketch;
@@ -214,6 +216,8 @@ pub struct Inbox {
     overlap: i64,
     /// The database's time at the start of the current poll.
     poll_now: i64,
+    /// Where failing events' attempts are noted, and the source's name.
+    journal: Option<(Journal, Arc<str>)>,
 }
 
 impl Inbox {
@@ -235,6 +239,7 @@ impl Inbox {
             series: HashSet::new(),
             sketches: HashMap::new(),
             spans: None,
+            journal: None,
             overlap,
             poll_now: i64::MIN,
         }
@@ -244,6 +249,86 @@ impl Inbox {
     pub fn with_spans(mut self, sink: Option<SpanSink>) -> Self {
         self.spans = sink;
         self
+    }
+
+    /// Notes the attempts of failing events in `journal` (`/events/{id}`).
+    pub fn with_journal(mut self, journal: Journal) -> Self {
+        self.journal = Some((journal, Arc::from(self.spec.table.name.as_str())));
+        self
+    }
+
+    /// Notes in the journal what this change of a row shows of its
+    /// attempts: `before` failed attempts were counted, now `failures` are;
+    /// `finished` when it reached a final status with this change.
+    fn note_attempts(
+        &self,
+        row: &Row,
+        status: Status,
+        class: u8,
+        before: u32,
+        failures: u32,
+        finished: bool,
+    ) {
+        let Some((journal, source)) = &self.journal else {
+            return;
+        };
+        let class_of = || {
+            Some(Arc::<str>::from(
+                self.spec.error_classes.get(class).name.as_str(),
+            ))
+        };
+        let error = || {
+            row.error_text
+                .as_deref()
+                .map(|e| link::truncate(e, crate::journal::ERROR_KEPT))
+        };
+        let note = |missed: std::ops::Range<u32>, attempt: JournalAttempt| {
+            journal.record(
+                source,
+                &row.event_id,
+                row.event_type.as_deref(),
+                row.received,
+                missed,
+                attempt,
+            )
+        };
+        if finished {
+            let number = failures.saturating_add(1);
+            let dead = status == Status::Dead;
+            note(
+                before + 1..number,
+                JournalAttempt {
+                    number,
+                    observed: true,
+                    started: row.started,
+                    ended: row.finished.or(Some(row.updated)),
+                    outcome: if dead {
+                        Outcome::DeadLettered
+                    } else {
+                        Outcome::Succeeded
+                    },
+                    error_class: if dead { class_of() } else { None },
+                    error: if dead { error() } else { None },
+                },
+            );
+        } else if failures > before {
+            // In `failed` or back in `pending`, the row shows its failed
+            // attempt; in `processing`, the next one has started and the
+            // failure was not seen (its error still shows).
+            let shown = matches!(status, Status::Failed | Status::Pending);
+            note(
+                before + 1..failures,
+                JournalAttempt {
+                    number: failures,
+                    observed: shown,
+                    started: if shown { row.started } else { None },
+                    ended: if shown { Some(row.updated) } else { None },
+                    outcome: Outcome::Failed,
+                    error_class: class_of(),
+                    error: error(),
+                },
+            );
+        }
     }
 
     fn decode(&self, row: &AnyRow) -> Result<Row, String> {
@@ -541,6 +626,16 @@ impl Inbox {
         } else {
             terminal && prev.completed
         };
+        if !baseline && !implausible {
+            self.note_attempts(
+                &row,
+                status,
+                class,
+                prev.failures,
+                failures,
+                terminal && !prev.completed,
+            );
+        }
         let newly_failed = status == Status::Failed;
         let spanned = if self.spans.is_some() {
             let emit = (terminal && !prev.completed) || newly_failed;

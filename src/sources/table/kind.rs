@@ -83,9 +83,12 @@ macro_rules! table_kind {
             fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
                 let (leader, sink, pool) = prepare(&self.table, rt)?;
                 let name = self.table.name.clone();
+                let journal = rt.journal.clone();
                 let make = move || {
-                    TableSource::new(self.table.clone(), $poll::new(self.clone()).with_spans(sink.clone()))
-                        .with_pool(pool.clone())
+                    let poll = $poll::new(self.clone())
+                        .with_spans(sink.clone())
+                        .with_journal(journal.clone());
+                    TableSource::new(self.table.clone(), poll).with_pool(pool.clone())
                 };
                 rt.spawn_loop(&name, make, leader);
                 Ok(())

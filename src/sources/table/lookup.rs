@@ -348,16 +348,22 @@ async fn dead_rows(
     tx.rollback().await.map_err(|e| e.to_string())?;
     rows.iter()
         .map(|row| {
+            let last_error: Option<String> = get(row, 5, "last_error")?;
             Ok(DeadLetter {
                 event_id: get::<Option<String>>(row, 0, "event_id")?.unwrap_or_default(),
                 event_type: get(row, 1, "event_type")?,
                 received: get(row, 2, "received_at")?,
                 dead_at: get(row, 3, "finished_at")?,
                 attempts: get(row, 4, "attempts")?,
-                last_error: get(row, 5, "last_error")?,
+                error_class: Some(
+                    s.error_classes
+                        .classify(last_error.as_deref())
+                        .0
+                        .to_string(),
+                ),
+                last_error,
                 business_key: get(row, 6, "business_key")?,
                 summary: get(row, 7, "summary")?,
-                error_class: None,
             })
         })
         .collect()

@@ -133,6 +133,11 @@ impl Outbox {
         self
     }
 
+    /// An outbox has no attempts to note: the journal is not used.
+    pub fn with_journal(self, _journal: crate::journal::Journal) -> Self {
+        self
+    }
+
     fn emit(&mut self, p: &Publish<'_>, traceparent: Option<&str>, count_rejects: bool) {
         let Some(sink) = self.spans.as_mut() else {
             return;
