@@ -235,6 +235,7 @@ async fn check_reads(bootstrap: &str, dlq: &str, truth: &Truth) {
 
     // The agent's dead-letter page and API list the same records.
     let agent = common::Agent::start(&kafka_source_toml("kd", bootstrap, ""));
+    agent.wait_ready(common::READY_TIMEOUT).await;
     let (code, body) = agent
         .get("/api/v1/dead-letters?source=kd")
         .await
@@ -313,6 +314,61 @@ async fn latest_dead_letter_records_are_read_exactly_and_without_a_group() {
     // Nothing of the reads stays on the broker: no group was created.
     let after = groups(&broker).await;
     assert_eq!(after, before, "groups before and after the reads");
+
+    // The status page lists the cluster's groups with the lag /metrics has.
+    let agent = common::Agent::start(&kafka_source_toml(
+        "kd",
+        &broker.bootstrap(),
+        "owner = \"team-payments\"\n",
+    ));
+    agent.wait_ready(common::READY_TIMEOUT).await;
+    let lag = |m: &common::Metrics| {
+        m.get(
+            "kafka_consumer_group_lag_messages",
+            &[("cluster", "kd"), ("group", "payments-consumer")],
+        )
+    };
+    common::wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        lag(&m)
+            .map(|_| ())
+            .ok_or("no lag of payments-consumer yet".to_string())
+    })
+    .await
+    .expect("the agent exports the group's lag");
+    let m = agent.scrape().await;
+    let (code, body) = agent
+        .get("/api/v1/status")
+        .await
+        .expect("GET /api/v1/status");
+    assert_eq!(code, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let source = &v["sources"][0];
+    assert_eq!(source["name"], "kd");
+    assert_eq!(source["kind"], "kafka");
+    assert_eq!(source["owner"], "team-payments");
+    let group = source["numbers"]["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .find(|g| g["group"] == "payments-consumer")
+        .expect("the group on the status page")
+        .clone();
+    let status = m
+        .series(
+            "kafka_consumer_group_status",
+            &[("cluster", "kd"), ("group", "payments-consumer")],
+        )
+        .find(|s| s.value == 1.0)
+        .and_then(|s| s.labels.get("status").cloned());
+    assert_eq!(
+        (
+            group["lag_messages"].as_f64(),
+            group["status"].as_str().map(str::to_string)
+        ),
+        (lag(&m), status),
+        "the group's lag and status on the page and in /metrics"
+    );
 }
 
 /// The same reads against librdkafka's mock cluster.

@@ -37,6 +37,7 @@ overlap = "5s"
 stuck_after = "{stuck}s"
 quantile_window = "5m"
 service_name = "demo-consumer"
+owner = "team-orders"
 
 [sources.columns]
 event_id = "event_id"
