@@ -154,6 +154,9 @@ fn rfc3339(ms: i64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms as u64)).to_string()
 }
 
+/// A record as the API lists it: topic, partition, offset, key, value bytes.
+type Listed = (String, i64, i64, Option<String>, Option<u64>);
+
 /// Reads the records through the library and the command, and compares
 /// them with `truth`.
 async fn check_reads(bootstrap: &str, dlq: &str, truth: &Truth) {
@@ -242,7 +245,7 @@ async fn check_reads(bootstrap: &str, dlq: &str, truth: &Truth) {
         .expect("GET /api/v1/dead-letters");
     assert_eq!(code, 200, "{body}");
     let api: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-    let listed: Vec<(String, i64, i64, Option<String>, Option<u64>)> = api["kafka_records"]
+    let listed: Vec<Listed> = api["kafka_records"]
         .as_array()
         .expect("kafka_records")
         .iter()
@@ -256,7 +259,7 @@ async fn check_reads(bootstrap: &str, dlq: &str, truth: &Truth) {
             )
         })
         .collect();
-    let expected: Vec<(String, i64, i64, Option<String>, Option<u64>)> = truth
+    let expected: Vec<Listed> = truth
         .latest(5, 50)
         .into_iter()
         .map(|r| {
