@@ -526,6 +526,39 @@ table = "outbox"
         }
     }
 
+    #[test]
+    fn pages_and_trace_url() {
+        let source =
+            "[[sources]]\nname = \"a\"\nkind = \"inbox\"\ntable = \"t\"\ndsn = \"sqlite://x.db\"\n";
+        let cfg = parse_str(source).expect("valid");
+        assert!(cfg.pages, "pages are on by default");
+        assert_eq!(cfg.trace_url, None);
+        let cfg = parse_str(&format!(
+            "[server]\npages = false\ntrace_url = \"https://jaeger.example/trace/{{trace_id}}\"\n{source}"
+        ))
+        .expect("valid");
+        assert!(!cfg.pages);
+        assert_eq!(
+            cfg.trace_url.as_deref(),
+            Some("https://jaeger.example/trace/{trace_id}")
+        );
+        for bad in ["https://jaeger.example/trace/", "ftp://x/{trace_id}"] {
+            let err = parse_str(&format!("[server]\ntrace_url = \"{bad}\"\n{source}"))
+                .expect_err("invalid");
+            assert_eq!(
+                err.problems
+                    .iter()
+                    .map(|p| (p.key.as_str(), p.message.as_str()))
+                    .collect::<Vec<_>>(),
+                vec![(
+                    "server.trace_url",
+                    format!("{bad:?} must be an http:// or https:// URL with {{trace_id}} in it")
+                        .as_str()
+                )]
+            );
+        }
+    }
+
     /// Guards what panic and `expect` messages are made of: a config's `Debug`
     /// and `Display` forms carry no piece of a password, whatever it holds
     /// (before issue 16, `postgres:u:pw@h` was accepted and printed raw).

@@ -29,7 +29,6 @@ use bytes::Bytes;
 use kafka_protocol::messages::{
     BrokerId, FetchRequest, ListOffsetsRequest, MetadataRequest, TopicName,
     fetch_request::{FetchPartition, FetchTopic},
-    list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic},
 };
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::RecordBatchDecoder;
@@ -326,27 +325,7 @@ async fn offsets(
     timestamp: i64,
     isolation: i8,
 ) -> Result<HashMap<(String, i32), Result<i64, String>>, KafkaError> {
-    let req = ListOffsetsRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_isolation_level(isolation)
-        .with_topics(
-            topics
-                .iter()
-                .map(|(t, ps)| {
-                    ListOffsetsTopic::default()
-                        .with_name(TopicName(StrBytes::from_string(t.clone())))
-                        .with_partitions(
-                            ps.iter()
-                                .map(|p| {
-                                    ListOffsetsPartition::default()
-                                        .with_partition_index(*p)
-                                        .with_timestamp(timestamp)
-                                })
-                                .collect(),
-                        )
-                })
-                .collect(),
-        );
+    let req = super::fetch::list_offsets(topics, timestamp).with_isolation_level(isolation);
     let resp = conn.send(&req).await?;
     let mut out = HashMap::new();
     for t in resp.topics {

@@ -573,7 +573,12 @@ fn committed<'a>(
         .collect()
 }
 
-fn list_offsets(topics: &BTreeMap<Arc<str>, Vec<i32>>, timestamp: i64) -> ListOffsetsRequest {
+/// A ListOffsets request for every partition of `topics` at `timestamp`
+/// (-1: the latest offset, -2: the earliest).
+pub(super) fn list_offsets<K: AsRef<str>>(
+    topics: &BTreeMap<K, Vec<i32>>,
+    timestamp: i64,
+) -> ListOffsetsRequest {
     ListOffsetsRequest::default()
         .with_replica_id(BrokerId(-1))
         .with_topics(
@@ -581,7 +586,7 @@ fn list_offsets(topics: &BTreeMap<Arc<str>, Vec<i32>>, timestamp: i64) -> ListOf
                 .iter()
                 .map(|(t, ps)| {
                     ListOffsetsTopic::default()
-                        .with_name(TopicName(StrBytes::from_string(t.to_string())))
+                        .with_name(TopicName(StrBytes::from_string(t.as_ref().to_string())))
                         .with_partitions(
                             ps.iter()
                                 .map(|p| {
