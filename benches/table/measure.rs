@@ -520,7 +520,8 @@ pub fn counter_diff(m: &Metrics, truth: &Truth, no_cursor: bool) -> Vec<String> 
                 c.dead,
             ),
         ] {
-            let got = m.get(name, &l(extra)).unwrap_or(0.0);
+            // Summed over the labels the truth does not split by (`error_class`).
+            let got = m.sum(name, &l(extra));
             let bound = no_cursor
                 && matches!(
                     name,
