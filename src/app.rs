@@ -109,7 +109,8 @@ impl Agent {
             stopping: cancel.clone(),
             config: config.clone(),
             journal,
-            history: http::status::History::default(),
+            history: http::status::History::started_now(),
+            lookups: Arc::new(tokio::sync::Semaphore::new(http::pages::LOOKUPS_AT_ONCE)),
         };
         let mut tasks = tasks;
         if config.pages {

@@ -661,6 +661,48 @@ async fn the_demo_has_a_status_page_that_matches_its_metrics() {
         "the demo's dead letters are listed"
     );
     screenshot(agent.port, "/dead-letters", "dead-letters-demo");
+
+    // The ignore command the page prints runs as it is, and its audit row
+    // shows on the page.
+    let (_, body) = agent.get("/api/v1/dead-letters").await.expect("GET");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let first = &v["dead_letters"][0];
+    let id = first["event_id"].as_str().expect("an event id").to_string();
+    let command = first["ignore_command"]
+        .as_str()
+        .expect("the ignore command");
+    let rest = command
+        .strip_prefix("inboxwatch ")
+        .expect("the command starts with inboxwatch")
+        .replace("'…'", "'a drill'");
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("\"$BIN\" {rest} --yes"))
+        .env("BIN", common::BIN)
+        .env("USER", "demo-operator")
+        .output()
+        .expect("sh runs");
+    assert!(
+        out.status.success(),
+        "{command}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_, body) = agent
+        .get(&format!("/api/v1/events/{}", percent(&id)))
+        .await
+        .expect("GET the event");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let action = &v["actions"][0][1][0];
+    assert_eq!(
+        (
+            action["action"].as_str(),
+            action["operator"].as_str(),
+            action["reason"].as_str()
+        ),
+        (Some("ignore"), Some("demo-operator"), Some("a drill")),
+        "{body}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -890,6 +932,65 @@ async fn postgres_event_page_shows_the_retry_trajectory_the_agent_saw() {
     ])
     .await;
 
+    // A replay that resets the attempts, then one more failure: counted
+    // anew, and the trajectory goes on.
+    let failures = |m: &Metrics| m.sum("inbox_attempt_failures_total", &[("source", "traj-pg")]);
+    let before = failures(&agent.scrape().await);
+    step(
+        &db,
+        t,
+        id,
+        "pending",
+        0,
+        "ValidationError: amount must be positive",
+    )
+    .await;
+    step(
+        &db,
+        t,
+        id,
+        "failed",
+        1,
+        "TimeoutError: ledger did not answer in 2s",
+    )
+    .await;
+    wait_for(vec![
+        (1, true, "failed", Some("timeout")),
+        (2, false, "failed", None),
+        (3, true, "failed", Some("server_error")),
+        (4, true, "dead_lettered", Some("invalid")),
+        (1, true, "failed", Some("timeout")),
+    ])
+    .await;
+    wait_until(Duration::from_secs(30), || async {
+        let now = failures(&agent.try_scrape().await?);
+        if now == before + 1.0 {
+            Ok(())
+        } else {
+            Err(format!("failed attempts {now}, want {}", before + 1.0))
+        }
+    })
+    .await
+    .expect("the failure after a replay that reset the attempts is counted");
+    step(
+        &db,
+        t,
+        id,
+        "dead",
+        2,
+        "ValidationError: amount must be positive",
+    )
+    .await;
+    wait_for(vec![
+        (1, true, "failed", Some("timeout")),
+        (2, false, "failed", None),
+        (3, true, "failed", Some("server_error")),
+        (4, true, "dead_lettered", Some("invalid")),
+        (1, true, "failed", Some("timeout")),
+        (2, true, "dead_lettered", Some("invalid")),
+    ])
+    .await;
+
     // The page, in the browser: one row per attempt, the missed one marked.
     let page = dom(agent.port, &format!("/events/{id}"));
     let rows: Vec<(String, String)> =
@@ -900,9 +1001,16 @@ async fn postgres_event_page_shows_the_retry_trajectory_the_agent_saw() {
             .collect();
     assert_eq!(
         rows,
-        [("1", "true"), ("2", "false"), ("3", "true"), ("4", "true")]
-            .map(|(a, b)| (a.to_string(), b.to_string()))
-            .to_vec()
+        [
+            ("1", "true"),
+            ("2", "false"),
+            ("3", "true"),
+            ("4", "true"),
+            ("1", "true"),
+            ("2", "true")
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .to_vec()
     );
     assert!(page.contains("not observed"), "{page}");
     screenshot(
@@ -930,5 +1038,41 @@ async fn postgres_event_page_shows_the_retry_trajectory_the_agent_saw() {
         .expect("GET");
     let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(v["dead_letters"].as_array().map(Vec::len), Some(0));
+
+    // 250 newer dead letters of another class: the list is cut at 200 and
+    // says so, and the class filter still finds the older one.
+    db.pool
+        .raw(&format!(
+            "INSERT INTO {t} (event_id, event_type, status, received_at, started_at, finished_at, \
+             attempts, deliveries, last_error, updated_at) \
+             SELECT 'bulk-' || g, 'orders.paid', 'dead', now(), now(), now() + interval '1 second', \
+             3, 1, 'TimeoutError: bulk', now() + interval '1 second' FROM generate_series(1, 250) g"
+        ))
+        .await
+        .expect("insert 250 dead letters");
+    let (_, body) = agent
+        .get("/api/v1/dead-letters?since=1h")
+        .await
+        .expect("GET");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(v["dead_letters"].as_array().map(Vec::len), Some(200));
+    assert_eq!(v["cut"], serde_json::json!(["traj-pg"]));
+    let (_, body) = agent
+        .get("/api/v1/dead-letters?since=1h&error_class=invalid")
+        .await
+        .expect("GET");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let listed: Vec<&str> = v["dead_letters"]
+        .as_array()
+        .expect("dead_letters")
+        .iter()
+        .map(|d| d["event_id"].as_str().expect("id"))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![id],
+        "the class filter looks past the newest 200"
+    );
+    assert_eq!(v["cut"], serde_json::json!([]));
     db.cleanup().await;
 }

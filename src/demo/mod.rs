@@ -57,6 +57,11 @@ summary = "summary"
 [sources.objectives]
 oldest_age = "30s"
 p95 = "1s"
+
+# `inboxwatch dead-letters replay / ignore` (the commands the dead-letter
+# page prints) write with this DSN; the agent never opens it.
+[sources.dead_letter_actions]
+dsn = "sqlite://{db}"
 "#,
         db = db.display(),
         stuck = STUCK_AFTER.as_secs(),
@@ -99,8 +104,19 @@ async fn run_in(db: &std::path::Path, listen: SocketAddr, rate: f64) -> anyhow::
     };
     let consumer = tokio::spawn(simulate::run(pool.clone(), sim, cancel.clone()));
 
-    let cfg = config::parse_str(&demo_config(db, listen))
+    // The config is a file beside the database, so that the replay and
+    // ignore commands the pages print can be run as they are.
+    let path = db.with_file_name("inboxwatch.toml");
+    std::fs::write(&path, demo_config(db, listen))
+        .with_context(|| format!("writing {}", path.display()))?;
+    let cfg = config::load(&path)
         .map_err(|e| anyhow::anyhow!("the demo's own config is invalid: {e}"))?;
+    for ddl in cfg.sources.iter().filter_map(|s| s.audit_ddl()) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(ddl))
+            .execute(&pool)
+            .await
+            .context("creating the demo's dead-letter audit table")?;
+    }
     let handle = app::install_recorder()?;
     let agent = Agent::start(cfg, handle).await?;
     println!(

@@ -50,6 +50,8 @@ pub struct AppState {
     pub journal: crate::journal::Journal,
     /// The last hour of the status page's numbers.
     pub history: status::History,
+    /// Turns to read the databases for the pages ([`pages::LOOKUPS_AT_ONCE`]).
+    pub lookups: Arc<Semaphore>,
 }
 
 /// The router of the agent's HTTP endpoints.

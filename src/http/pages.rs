@@ -26,6 +26,13 @@ use crate::tracing_link::{self as link, to_hex};
 
 /// Dead letters listed per source at most.
 const DEAD_LETTERS_SHOWN: usize = 200;
+/// Rows read per source when `?error_class=` filters them (the class is
+/// worked out from the text, so the filter cannot be a query's).
+const DEAD_LETTERS_SCANNED: usize = 2_000;
+/// Lookups the pages run against the databases at once, across requests;
+/// a request that finds them all busy waits this long, then gets 503.
+pub const LOOKUPS_AT_ONCE: usize = 2;
+const LOOKUP_QUEUE: Duration = Duration::from_secs(5);
 /// How long the dead-letter and event pages wait for a source.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How far back `/dead-letters` looks without `?since=`.
@@ -254,6 +261,7 @@ pub fn status_report(state: &AppState) -> StatusReport {
         if let Some(n) = &mut n {
             if let Some(total) = n.dead_letters_total {
                 n.dead_letters_recent = Some(state.history.dead_letters_recent(&name, total));
+                n.dead_letters_recent_seconds = Some(state.history.recent_window().as_secs());
             }
             for (k, v) in state.history.series(&name, n) {
                 history.insert(
@@ -467,27 +475,32 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
         hit,
         h.get("duplicate_ratio"),
     );
-    let retries = n
-        .retry_distribution
-        .iter()
-        .filter(|b| b.events > 0.0)
-        .map(|b| {
-            let label = if b.le == "+Inf" {
-                "more".to_string()
-            } else {
-                format!("≤{}", escape(&b.le))
-            };
-            format!(
+    // Each bucket by the attempts it holds: "3", "4–5", "more than 20".
+    let mut below = 0.0_f64;
+    let mut retries = Vec::new();
+    for b in &n.retry_distribution {
+        let upper: f64 = b.le.parse().unwrap_or(f64::INFINITY);
+        let from = below.floor() + 1.0;
+        let label = if upper.is_infinite() {
+            format!("more than {}", number(below))
+        } else if upper.floor() <= from {
+            number(upper)
+        } else {
+            format!("{}–{}", number(from), number(upper.floor()))
+        };
+        below = upper;
+        if b.events > 0.0 {
+            retries.push(format!(
                 "{label}: {}",
                 val(&format!("attempts_le_{}", b.le), b.events)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join(", ");
+            ));
+        }
+    }
+    let retries = retries.join(", ");
     row(
         &mut body,
         "retry_distribution",
-        "completed events by attempts",
+        "completed events by attempts they took",
         if retries.is_empty() {
             "–".into()
         } else {
@@ -502,13 +515,25 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
         opt_val("attempt_failures_total", n.attempt_failures_total),
         None,
     );
+    let window = n
+        .dead_letters_recent_seconds
+        .unwrap_or(status::RECENT.as_secs());
+    let title = if window >= status::RECENT.as_secs() {
+        "dead letters, last 15 min".to_string()
+    } else {
+        format!(
+            "dead letters since the agent started ({} min ago)",
+            window / 60
+        )
+    };
     row(
         &mut body,
         "dead_letters_recent",
-        "dead letters, last 15 min",
+        &title,
         format!(
-            "<a href=\"/dead-letters?source={}\">{}</a>",
+            "<a href=\"/dead-letters?source={}&amp;since={}s\">{}</a>",
             url_part(&s.name),
+            window.max(1),
             opt_val("dead_letters_recent", n.dead_letters_recent)
         ),
         h.get("dead_letters"),
@@ -574,6 +599,8 @@ pub struct DeadLetterView {
     pub trace_url: Option<String>,
     pub replay_command: String,
     pub ignore_command: String,
+    /// The source has `[sources.dead_letter_actions]`: the commands can run.
+    pub actions_configured: bool,
     /// The replays and ignores recorded for it, oldest first.
     pub history: Vec<ActionView>,
 }
@@ -705,6 +732,9 @@ fn record_view(spec: &SourceSpec, r: DeadRecord) -> DeadRecordView {
 pub struct DeadLettersReport {
     pub since_seconds: u64,
     pub dead_letters: Vec<DeadLetterView>,
+    /// Sources with more dead letters in the window than the list holds
+    /// (it holds the newest 200 per source; narrow `?since=`).
+    pub cut: Vec<String>,
     /// The latest records of the Kafka sources' dead-letter topics (not
     /// filtered by `since` or `error_class`).
     pub kafka_records: Vec<DeadRecordView>,
@@ -741,6 +771,7 @@ fn view(state: &AppState, spec: &SourceSpec, d: DeadLetter) -> DeadLetterView {
         owner: owner(spec),
         replay_command: command(state, "replay", spec.name(), &d.event_id),
         ignore_command: command(state, "ignore", spec.name(), &d.event_id),
+        actions_configured: spec.audit_ddl().is_some(),
         history: Vec::new(),
         trace_url: trace_link(state, &trace_id),
         trace_id,
@@ -807,18 +838,24 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
         }
     }
     let mut out = Vec::new();
+    let mut cut = Vec::new();
+    let scan = if f.error_class.is_some() {
+        DEAD_LETTERS_SCANNED
+    } else {
+        DEAD_LETTERS_SHOWN
+    };
     for spec in sources {
-        match tokio::time::timeout(
-            LOOKUP_TIMEOUT,
-            spec.dead_letters(f.since, DEAD_LETTERS_SHOWN),
-        )
-        .await
-        {
+        match tokio::time::timeout(LOOKUP_TIMEOUT, spec.dead_letters(f.since, scan)).await {
             Ok(Ok(rows)) => {
-                let rows: Vec<DeadLetter> = rows
+                let read = rows.len();
+                let mut rows: Vec<DeadLetter> = rows
                     .into_iter()
                     .filter(|d| f.error_class.is_none() || d.error_class == f.error_class)
                     .collect();
+                if read >= scan || rows.len() > DEAD_LETTERS_SHOWN {
+                    rows.truncate(DEAD_LETTERS_SHOWN);
+                    cut.push(spec.name().to_string());
+                }
                 let ids: Vec<String> = rows.iter().map(|d| d.event_id.clone()).collect();
                 let mut history = histories(spec, &ids, &mut errors).await;
                 for d in rows {
@@ -840,9 +877,28 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
     Ok(DeadLettersReport {
         since_seconds: f.since.as_secs(),
         dead_letters: out.into_iter().map(|(_, v)| v).collect(),
+        cut,
         kafka_records,
         errors,
     })
+}
+
+/// A turn to read the databases: at most [`LOOKUPS_AT_ONCE`] page requests
+/// do at once, so that open tabs or a script polling the API during an
+/// incident cannot pile connections onto a struggling database.
+async fn lookup_slot(state: &AppState) -> Result<tokio::sync::OwnedSemaphorePermit, Response> {
+    match tokio::time::timeout(LOOKUP_QUEUE, state.lookups.clone().acquire_owned()).await {
+        Ok(Ok(permit)) => Ok(permit),
+        _ => Err((
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            format!(
+                "the agent is already reading the databases for {LOOKUPS_AT_ONCE} other page requests; \
+                 retry in a few seconds\n"
+            ),
+        )
+            .into_response()),
+    }
 }
 
 fn bad_request(message: &str) -> Response {
@@ -853,6 +909,10 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
     let f = match filters(&uri) {
         Ok(f) => f,
         Err(e) => return bad_request(&e),
+    };
+    let _slot = match lookup_slot(&state).await {
+        Ok(s) => s,
+        Err(r) => return r,
     };
     let report = match dead_letters_report(&state, &f).await {
         Ok(r) => r,
@@ -875,6 +935,14 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
             escape(e)
         );
     }
+    for source in &report.cut {
+        let _ = write!(
+            body,
+            "<p class=\"over\" data-field=\"cut\">source {}: more dead letters than shown; \
+             these are the newest {DEAD_LETTERS_SHOWN} (narrow <code>?since=</code>)</p>",
+            escape(source)
+        );
+    }
     body.push_str(
         "<table id=\"dead-letters\"><tr><th>source</th><th>event id</th><th>event type</th>\
          <th>business key</th><th>summary</th><th>first received</th><th>dead-lettered</th>\
@@ -891,8 +959,7 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
             "<tr class=\"dead-letter\"><td>{}</td><td data-field=\"event_id\"><a href=\"/events/{}\">{}</a></td>\
              <td>{}</td><td data-field=\"business_key\">{}</td><td data-field=\"summary\">{}</td><td>{}</td><td>{}</td>\
              <td data-field=\"attempts\">{}</td><td data-field=\"error_class\">{}</td><td><pre data-field=\"last_error\">{}</pre></td>\
-             <td data-field=\"trace_id\">{trace}</td><td>{}<details><summary>commands</summary>\
-             <code>{}</code><br><code>{}</code></details></td></tr>",
+             <td data-field=\"trace_id\">{trace}</td><td>{}{}</td></tr>",
             escape(&d.source),
             url_part(&d.event_id),
             escape(&d.event_id),
@@ -905,8 +972,17 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
             o(&d.error_class),
             o(&d.last_error),
             history_html(&d.history),
-            escape(&d.replay_command),
-            escape(&d.ignore_command),
+            if d.actions_configured {
+                format!(
+                    "<details><summary>commands</summary><code>{}</code><br><code>{}</code></details>",
+                    escape(&d.replay_command),
+                    escape(&d.ignore_command)
+                )
+            } else {
+                "<span class=\"muted\">replay and ignore need \
+                 <code>[sources.dead_letter_actions]</code></span>"
+                    .to_string()
+            },
         );
     }
     body.push_str("</table>");
@@ -960,6 +1036,10 @@ pub async fn api_dead_letters(State(state): State<AppState>, uri: Uri) -> Respon
     let f = match filters(&uri) {
         Ok(f) => f,
         Err(e) => return bad_request(&e),
+    };
+    let _slot = match lookup_slot(&state).await {
+        Ok(s) => s,
+        Err(r) => return r,
     };
     match dead_letters_report(&state, &f).await {
         Ok(r) => json(&r),
@@ -1067,6 +1147,10 @@ async fn event_report(state: &AppState, event_id: &str) -> EventReport {
 }
 
 pub async fn event_page(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let _slot = match lookup_slot(&state).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     let r = event_report(&state, &id).await;
     let mut body = format!(
         "<h1>Event <code data-field=\"event_id\">{}</code></h1>",
@@ -1131,11 +1215,15 @@ pub async fn event_page(State(state): State<AppState>, Path(id): Path<String>) -
                 );
             }
             if !a.observed {
+                let o = |v: &Option<String>| v.as_deref().map_or("–".to_string(), escape);
                 let _ = write!(
                     body,
-                    "<tr class=\"attempt\" data-observed=\"false\"><td>{}</td><td colspan=\"5\" class=\"muted\">\
-                     not observed (it started and failed between two polls)</td></tr>",
-                    a.number
+                    "<tr class=\"attempt\" data-observed=\"false\"><td>{}</td><td colspan=\"3\" class=\"muted\">\
+                     not observed (it started and failed between two polls)</td>\
+                     <td data-field=\"error_class\">{}</td><td><pre>{}</pre></td></tr>",
+                    a.number,
+                    o(&a.error_class),
+                    o(&a.error),
                 );
                 continue;
             }
@@ -1165,6 +1253,10 @@ pub async fn event_page(State(state): State<AppState>, Path(id): Path<String>) -
 }
 
 pub async fn api_event(State(state): State<AppState>, Path(id): Path<String>) -> Response {
+    let _slot = match lookup_slot(&state).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
     let r = event_report(&state, &id).await;
     let status = if r.trace.is_none() && r.trajectories.is_empty() {
         StatusCode::NOT_FOUND

@@ -124,6 +124,8 @@ pub struct Numbers {
     pub dead_letters_total: Option<f64>,
     /// Dead letters within the last 15 minutes (since the agent started, if later).
     pub dead_letters_recent: Option<f64>,
+    /// The window of `dead_letters_recent`: 900, or the agent's age in seconds if less.
+    pub dead_letters_recent_seconds: Option<u64>,
     pub published_total: Option<f64>,
     /// Kafka: the groups of the cluster.
     pub groups: Vec<Group>,
@@ -305,6 +307,8 @@ impl Point {
 #[derive(Debug, Default, Clone)]
 pub struct History {
     inner: Arc<Mutex<HashMap<String, VecDeque<Point>>>>,
+    /// When the agent started (seconds since the epoch; 0: long ago).
+    started: u64,
 }
 
 fn now_secs() -> u64 {
@@ -314,6 +318,20 @@ fn now_secs() -> u64 {
 }
 
 impl History {
+    /// An empty history of an agent starting now.
+    pub fn started_now() -> History {
+        History {
+            started: now_secs(),
+            ..History::default()
+        }
+    }
+
+    /// The window "dead letters lately" covers: [`RECENT`], or the agent's
+    /// age if it is younger (its counters start at 0).
+    pub fn recent_window(&self) -> Duration {
+        Duration::from_secs(now_secs().saturating_sub(self.started)).min(RECENT)
+    }
+
     /// Adds one sample of every source.
     pub fn record(&self, numbers: &HashMap<String, Numbers>) {
         self.record_at(now_secs(), numbers);

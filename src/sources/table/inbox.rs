@@ -7,7 +7,8 @@
 //! * later increments of `deliveries` are duplicate deliveries;
 //! * failed attempts: a row in `failed` (or back in `pending`) after `a`
 //!   attempts has had `a` of them; in `processing` or finished, `a − 1`; the
-//!   counter follows the largest value seen and never goes back;
+//!   counter follows the largest value seen and never goes back, except that
+//!   a re-drive that resets the attempts counts the new ones from 0;
 //! * reaching succeeded or dead counts one completion with its processing,
 //!   end-to-end and attempts observations, once per event (again only after a
 //!   re-drive takes it back to an unfinished status);
@@ -576,6 +577,17 @@ impl Inbox {
             }
         };
 
+        // A re-drive (a finished event back in an unfinished status) may
+        // start its attempts again from 0 (`reset_attempts`): a row that
+        // shows fewer failures than were counted has had its attempts reset,
+        // and its failures are counted anew from 0.
+        let mut prev = prev;
+        if prev.completed
+            && !terminal
+            && self.failures_shown(status, row.attempts, &prev) < prev.failures
+        {
+            prev.failures = 0;
+        }
         let failures = self
             .failures_shown(status, row.attempts, &prev)
             .max(prev.failures);
