@@ -1038,6 +1038,19 @@ async fn postgres_event_page_shows_the_retry_trajectory_the_agent_saw() {
         .expect("GET");
     let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(v["dead_letters"].as_array().map(Vec::len), Some(0));
+    // A class no source has is a bad request naming the classes there are.
+    let (code, body) = agent
+        .get("/api/v1/dead-letters?error_class=bogus")
+        .await
+        .expect("GET");
+    assert_eq!(
+        (code, body.trim()),
+        (
+            400,
+            "error_class: \"bogus\" is not a class of these sources; their classes: \
+             conflict, connection, invalid, other, permission, server_error, throttled, timeout, unknown"
+        )
+    );
 
     // 250 newer dead letters of another class: the list is cut at 200 and
     // says so, and the class filter still finds the older one.

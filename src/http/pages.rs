@@ -809,6 +809,17 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
     {
         return Err(format!("source: no inbox or Kafka source named {n:?}"));
     }
+    if let Some(class) = &f.error_class {
+        let mut known: Vec<String> = sources.iter().flat_map(|s| s.error_classes()).collect();
+        known.sort();
+        known.dedup();
+        if !known.contains(class) {
+            return Err(format!(
+                "error_class: {class:?} is not a class of these sources; their classes: {}",
+                known.join(", ")
+            ));
+        }
+    }
     let mut kafka_records = Vec::new();
     let mut errors = Vec::new();
     for spec in topics.iter().filter(|_| f.error_class.is_none()) {

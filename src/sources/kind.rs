@@ -82,6 +82,11 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
         false
     }
 
+    /// The error classes the source's dead letters can have (`error_class`).
+    fn error_classes(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// What the source knows of one event, as `trace` prints it; `None`
     /// when it has no row of that event.
     fn trace_event(

@@ -118,6 +118,11 @@ macro_rules! kinds {
                 match self { $(SourceSpec::$variant(s) => s.keeps_events(),)+ }
             }
 
+            /// The error classes the source's dead letters can have.
+            pub fn error_classes(&self) -> Vec<String> {
+                match self { $(SourceSpec::$variant(s) => s.error_classes(),)+ }
+            }
+
             /// What the source knows of one event.
             pub async fn trace_event(&self, event_id: &str) -> Result<Option<String>, String> {
                 match self { $(SourceSpec::$variant(s) => s.trace_event(event_id).await,)+ }

@@ -127,6 +127,10 @@ table_kind! {
         lookup::dead_letters(self, since, limit).await
     }
 
+    fn error_classes(&self) -> Vec<String> {
+        self.error_classes.all().iter().map(|c| c.name.clone()).collect()
+    }
+
     fn audit_ddl(&self) -> Option<String> {
         self.actions
             .as_ref()
