@@ -500,9 +500,13 @@ mod tests {
             to_hex(&trace_id("evt-1")),
             "7b409f932d2c88e97f0c17676c8420d3"
         );
+        // The documented recipe (docs/traces.md), computed outside Rust:
+        // python3 -c 'import hashlib,struct; h=hashlib.sha256()
+        //   [h.update(struct.pack(">Q",len(p))+p) for p in (b"process",b"svc",b"evt-1")]
+        //   h.update(struct.pack(">I",1)); print(h.hexdigest()[:16])'
         assert_eq!(
-            span_id("process", "svc", "evt-1", 1),
-            span_id("process", "svc", "evt-1", 1)
+            to_hex(&span_id("process", "svc", "evt-1", 1)),
+            "df28d61ba51a43b5"
         );
         assert_ne!(
             span_id("process", "svc", "evt-1", 1),
