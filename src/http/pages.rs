@@ -764,14 +764,21 @@ fn command(state: &AppState, action: &str, source: &str, event_id: &str) -> Stri
     )
 }
 
-fn view(state: &AppState, spec: &SourceSpec, d: DeadLetter) -> DeadLetterView {
+/// One dead letter as listed; `actions_configured`: the source has
+/// `[sources.dead_letter_actions]` (asked once per source).
+fn view(
+    state: &AppState,
+    spec: &SourceSpec,
+    actions_configured: bool,
+    d: DeadLetter,
+) -> DeadLetterView {
     let trace_id = to_hex(&link::trace_id(&d.event_id));
     DeadLetterView {
         source: spec.name().to_string(),
         owner: owner(spec),
         replay_command: command(state, "replay", spec.name(), &d.event_id),
         ignore_command: command(state, "ignore", spec.name(), &d.event_id),
-        actions_configured: spec.audit_ddl().is_some(),
+        actions_configured,
         history: Vec::new(),
         trace_url: trace_link(state, &trace_id),
         trace_id,
@@ -869,9 +876,10 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
                 }
                 let ids: Vec<String> = rows.iter().map(|d| d.event_id.clone()).collect();
                 let mut history = histories(spec, &ids, &mut errors).await;
+                let configured = spec.audit_ddl().is_some();
                 for d in rows {
                     let at = d.dead_at;
-                    let mut v = view(state, spec, d);
+                    let mut v = view(state, spec, configured, d);
                     v.history = history.remove(&v.event_id).unwrap_or_default();
                     out.push((at, v));
                 }
@@ -916,18 +924,24 @@ fn bad_request(message: &str) -> Response {
     (StatusCode::BAD_REQUEST, format!("{message}\n")).into_response()
 }
 
+/// What `/dead-letters` and `/api/v1/dead-letters` answer: the filters of
+/// `uri` checked, a lookup turn taken, the tables read.
+async fn dead_letters_for(
+    state: &AppState,
+    uri: &Uri,
+) -> Result<(Filters, DeadLettersReport), Response> {
+    let f = filters(uri).map_err(|e| bad_request(&e))?;
+    let _slot = lookup_slot(state).await?;
+    let report = dead_letters_report(state, &f)
+        .await
+        .map_err(|e| bad_request(&e))?;
+    Ok((f, report))
+}
+
 pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Response {
-    let f = match filters(&uri) {
-        Ok(f) => f,
-        Err(e) => return bad_request(&e),
-    };
-    let _slot = match lookup_slot(&state).await {
-        Ok(s) => s,
+    let (f, report) = match dead_letters_for(&state, &uri).await {
+        Ok(found) => found,
         Err(r) => return r,
-    };
-    let report = match dead_letters_report(&state, &f).await {
-        Ok(r) => r,
-        Err(e) => return bad_request(&e),
     };
     let mut body = String::from("<h1>Dead letters</h1>");
     let _ = write!(
@@ -1044,17 +1058,9 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
 }
 
 pub async fn api_dead_letters(State(state): State<AppState>, uri: Uri) -> Response {
-    let f = match filters(&uri) {
-        Ok(f) => f,
-        Err(e) => return bad_request(&e),
-    };
-    let _slot = match lookup_slot(&state).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    match dead_letters_report(&state, &f).await {
-        Ok(r) => json(&r),
-        Err(e) => bad_request(&e),
+    match dead_letters_for(&state, &uri).await {
+        Ok((_, r)) => json(&r),
+        Err(r) => r,
     }
 }
 
@@ -1157,12 +1163,24 @@ async fn event_report(state: &AppState, event_id: &str) -> EventReport {
     }
 }
 
+/// What `/events/{id}` and `/api/v1/events/{id}` answer, after a lookup
+/// turn, with 404 when neither a table nor the journal knows the event.
+async fn event_for(state: &AppState, id: &str) -> Result<(StatusCode, EventReport), Response> {
+    let _slot = lookup_slot(state).await?;
+    let r = event_report(state, id).await;
+    let status = if r.trace.is_none() && r.trajectories.is_empty() {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, r))
+}
+
 pub async fn event_page(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    let _slot = match lookup_slot(&state).await {
-        Ok(s) => s,
+    let (status, r) = match event_for(&state, &id).await {
+        Ok(found) => found,
         Err(r) => return r,
     };
-    let r = event_report(&state, &id).await;
     let mut body = format!(
         "<h1>Event <code data-field=\"event_id\">{}</code></h1>",
         escape(&r.event_id)
@@ -1253,26 +1271,15 @@ pub async fn event_page(State(state): State<AppState>, Path(id): Path<String>) -
         }
         body.push_str("</table>");
     }
-    let status = if r.trace.is_none() && r.trajectories.is_empty() {
-        StatusCode::NOT_FOUND
-    } else {
-        StatusCode::OK
-    };
     let mut resp = page("event", None, &body);
     *resp.status_mut() = status;
     resp
 }
 
 pub async fn api_event(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    let _slot = match lookup_slot(&state).await {
-        Ok(s) => s,
+    let (status, r) = match event_for(&state, &id).await {
+        Ok(found) => found,
         Err(r) => return r,
-    };
-    let r = event_report(&state, &id).await;
-    let status = if r.trace.is_none() && r.trajectories.is_empty() {
-        StatusCode::NOT_FOUND
-    } else {
-        StatusCode::OK
     };
     let mut resp = json(&r);
     *resp.status_mut() = status;

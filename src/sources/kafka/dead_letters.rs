@@ -27,10 +27,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::messages::{
-    BrokerId, FetchRequest, ListOffsetsRequest, MetadataRequest, TopicName,
-    fetch_request::{FetchPartition, FetchTopic},
+    FetchRequest, ListOffsetsRequest, MetadataRequest, fetch_request::FetchPartition,
 };
-use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::RecordBatchDecoder;
 
 use super::client::{Connection, Connector, KafkaError, error_name};
@@ -355,25 +353,8 @@ fn fetch_request(spans: &[Span]) -> FetchRequest {
                 .with_log_start_offset(-1),
         );
     }
-    FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(0)
-        .with_min_bytes(1)
-        .with_max_bytes(RESPONSE_BYTES)
-        .with_isolation_level(READ_COMMITTED)
-        // No fetch session: the broker keeps nothing of this read.
-        .with_session_id(0)
-        .with_session_epoch(-1)
-        .with_topics(
-            by_topic
-                .into_iter()
-                .map(|(t, ps)| {
-                    FetchTopic::default()
-                        .with_topic(TopicName(StrBytes::from_string(t.to_string())))
-                        .with_partitions(ps)
-                })
-                .collect(),
-        )
+    // No fetch session: the broker keeps nothing of this read.
+    super::fetch::fetch_topics(by_topic, RESPONSE_BYTES, READ_COMMITTED)
 }
 
 fn i64_at(b: &[u8], at: usize) -> i64 {
@@ -534,6 +515,7 @@ pub fn decode_partition(
 mod tests {
     use super::*;
     use bytes::BytesMut;
+    use kafka_protocol::protocol::StrBytes;
     use kafka_protocol::records::{
         Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
     };

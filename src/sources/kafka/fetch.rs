@@ -618,12 +618,23 @@ fn fetch_request(reads: &[Read]) -> FetchRequest {
                     .with_log_start_offset(-1),
             );
     }
+    fetch_topics(by_topic, total.max(READ_BYTES), 0)
+}
+
+/// A Fetch of `by_topic`'s partitions that does not wait, keeps no fetch
+/// session on the broker and reads at `isolation` (0: uncommitted, 1:
+/// committed), at most `max_bytes` in all.
+pub(super) fn fetch_topics<K: AsRef<str>>(
+    by_topic: BTreeMap<K, Vec<FetchPartition>>,
+    max_bytes: i32,
+    isolation: i8,
+) -> FetchRequest {
     FetchRequest::default()
         .with_replica_id(BrokerId(-1))
         .with_max_wait_ms(0)
         .with_min_bytes(1)
-        .with_max_bytes(total.max(READ_BYTES))
-        .with_isolation_level(0)
+        .with_max_bytes(max_bytes)
+        .with_isolation_level(isolation)
         .with_session_id(0)
         .with_session_epoch(-1)
         .with_topics(
@@ -631,7 +642,7 @@ fn fetch_request(reads: &[Read]) -> FetchRequest {
                 .into_iter()
                 .map(|(t, ps)| {
                     FetchTopic::default()
-                        .with_topic(TopicName(StrBytes::from_string(t.to_string())))
+                        .with_topic(TopicName(StrBytes::from_string(t.as_ref().to_string())))
                         .with_partitions(ps)
                 })
                 .collect(),
