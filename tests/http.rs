@@ -354,11 +354,11 @@ async fn probes_say_starting_ready_and_shutting_down() {
     let termed = agent.sigterm();
     let mut seen = None;
     while termed.elapsed() < Duration::from_secs(6) && agent.exited().is_none() {
-        if let Ok((code, body)) = agent.get("/readyz").await {
-            if code != 200 {
-                seen = Some((code, body));
-                break;
-            }
+        if let Ok((code, body)) = agent.get("/readyz").await
+            && code != 200
+        {
+            seen = Some((code, body));
+            break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
