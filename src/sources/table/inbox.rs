@@ -510,9 +510,13 @@ impl Inbox {
             Some(s) => s,
             None if baseline || !self.states.is_new(received) => {
                 // An event older than the agent's memory: its row is the baseline.
-                // Only a completion that happened since the start is counted.
-                let counted =
-                    !baseline && terminal && row.finished.is_some_and(|f| f >= self.start);
+                // Only a completion that happened since the start is counted,
+                // and not one of an event counted and forgotten since.
+                let counted = !baseline
+                    && terminal
+                    && row
+                        .finished
+                        .is_some_and(|f| f >= self.start && !self.states.may_have_counted(f));
                 if counted {
                     self.complete(label, &row, class, status, now);
                 }
