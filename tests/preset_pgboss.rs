@@ -1,7 +1,7 @@
 //! The `pg-boss` preset against pg-boss itself (issue 17): pg-boss 10.4.2, pinned in
 //! `tests/libraries/package-lock.json` (installed by `scripts/test.sh` with `npm ci`),
 //! creates its own tables with its own migrations in a fresh schema, the agent starts on
-//! those empty tables with the preset's settings, and `tests/libraries/pg-boss.mjs` runs
+//! those empty tables with `preset = "pg-boss"` (only the table's schema overridden), and `tests/libraries/pg-boss.mjs` runs
 //! the standard workload through pg-boss's API — successes, failures retried until they
 //! succeed, failures for good copied into a dead-letter queue, re-sent ids that pg-boss
 //! drops — and prints pg-boss's own counts. The table is first checked against those
@@ -17,40 +17,10 @@ use std::collections::BTreeMap;
 
 use common::checks::{Expectations, Tol};
 use common::library::*;
-use common::scenarios::POLL;
 use common::{Agent, Db, READY_TIMEOUT};
 
 const SCRIPT: &str = "pg-boss.mjs";
 const SOURCE: &str = "pgboss";
-
-/// One `[[sources]]` entry with the preset's settings, on `schema.job`, and the knobs of
-/// every correctness test (as [`preset_source`] writes them).
-fn pgboss_config(dsn: &str, schema: &str) -> String {
-    let preset: toml::Table =
-        toml::from_str(include_str!("../presets/pg-boss.toml")).expect("the preset is TOML");
-    let mut entry = preset["source"]
-        .as_table()
-        .expect("the preset has a [source] table")
-        .clone();
-    let knobs = [
-        ("name", SOURCE.to_string()),
-        ("dsn", dsn.to_string()),
-        ("table", format!("{schema}.job")),
-        ("poll_interval", format!("{}ms", POLL.as_millis())),
-        ("overlap", "10s".to_string()),
-        ("timeout", "2s".to_string()),
-    ];
-    for (k, v) in knobs {
-        entry.insert(k.to_string(), toml::Value::String(v));
-    }
-    entry.insert("event_type_limit".to_string(), toml::Value::Integer(50));
-    let mut doc = toml::Table::new();
-    doc.insert(
-        "sources".to_string(),
-        toml::Value::Array(vec![toml::Value::Table(entry)]),
-    );
-    toml::to_string(&doc).expect("a config")
-}
 
 /// Guards the `pg-boss` preset on pg-boss 10.4.2's own `job` table (partitioned by
 /// queue), written by its own migrations, send(), work(), fail() — which deletes and
@@ -67,7 +37,8 @@ async fn pgboss_preset_matches_the_librarys_counts() {
     let schema = fresh_schema(&db, "pgboss").await;
     node(SCRIPT, &db.dsn, &schema, "setup", &[]).await;
 
-    let agent = Agent::start(&pgboss_config(&db.dsn, &schema));
+    let table = format!("{schema}.job");
+    let agent = Agent::start(&preset_source("pg-boss", SOURCE, &db.dsn, Some(&table)));
     agent.wait_ready(READY_TIMEOUT).await;
 
     let out = node(
@@ -126,7 +97,7 @@ async fn pgboss_preset_matches_the_librarys_counts() {
 
     // The table agrees with pg-boss's counts: (queue, state, retry_count) -> jobs, every
     // row of the parent table over its partitions (a harness check, before /metrics).
-    let job = format!("{schema}.job");
+    let job = &table;
     let table: BTreeMap<(String, String, i64), f64> = rows(
         &db,
         &format!(
