@@ -20,7 +20,7 @@
 //    ones always throw;
 //    after its third attempt the library marks a doomed job `failed` and copies it as a
 //    new job into the dead-letter queue, whose worker completes it.
-// 4. When getQueueSize reports nothing queued or active in any queue, reads every job
+// 4. When pg-boss reports nothing queued or active in any queue, reads every job
 //    back with getJobById (state, retryCount) and prints ONE JSON object on stdout with
 //    the library's own counts, then exits 0. Errors or a run over the deadline exit 1.
 //
@@ -32,7 +32,7 @@ import { randomUUID } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { parseArgs } from 'node:util';
-import PgBoss from 'pg-boss';
+
 
 const { values: opt } = parseArgs({
   options: {
@@ -44,10 +44,13 @@ const { values: opt } = parseArgs({
     dups: { type: 'string', default: '40' },
     'deadline-ms': { type: 'string', default: '55000' },
     phase: { type: 'string', default: 'all' },
+    // The npm name it is installed under: pg-boss (10.x) or pg-boss-12 (12.x, Node >= 22).
+    package: { type: 'string', default: 'pg-boss' },
   },
 });
-if (!opt.db || !opt.schema || !/^[a-z_][a-z0-9_]*$/.test(opt.schema) || !['all', 'setup', 'run'].includes(opt.phase)) {
-  console.error('usage: --db <postgres url> --schema <lower-case identifier> [--phase all|setup|run] [--ok N --flaky N --doomed N --dups N]');
+if (!opt.db || !opt.schema || !/^[a-z_][a-z0-9_]*$/.test(opt.schema) || !['all', 'setup', 'run'].includes(opt.phase)
+  || !['pg-boss', 'pg-boss-12'].includes(opt.package)) {
+  console.error('usage: --db <postgres url> --schema <lower-case identifier> [--phase all|setup|run] [--package pg-boss|pg-boss-12] [--ok N --flaky N --doomed N --dups N]');
   process.exit(2);
 }
 const n = (k) => {
@@ -69,6 +72,8 @@ const DEAD = 'dead_letters';
 const WORKERS = 10; // per queue
 const VERBOSE = !!process.env.PGBOSS_VERBOSE;
 
+const lib = await import(opt.package);
+const PgBoss = lib.PgBoss ?? lib.default; // 12.x: a named export; 10.x: the default one
 const version = (pkg) =>
   JSON.parse(readFileSync(new URL(`./node_modules/${pkg}/package.json`, import.meta.url), 'utf8')).version;
 
@@ -124,6 +129,24 @@ for (const j of spread(jobs, DUPS)) {
   else resendNew[j.queue]++;
 }
 
+// Jobs of `queue` in one of `states` as the library reports them: getQueueSize on 10.x
+// (states before `completed` / before `active`); 12.x has no getQueueSize, and its
+// getQueueStats are counted by its monitor, later: there, getJobById of every job sent.
+const ids = (queue) => (queue === DEAD ? deadIds : jobs.filter((j) => j.queue === queue).map((j) => j.id));
+const inStates = async (queue, before) => {
+  if (typeof b.getQueueSize === 'function') return b.getQueueSize(queue, { before });
+  const order = ['created', 'retry', 'active', 'completed'];
+  const states = order.slice(0, order.indexOf(before));
+  let k = 0;
+  for (const id of ids(queue)) {
+    const job = await b.getJobById(queue, id);
+    if (job && states.includes(job.state)) k++;
+  }
+  return k;
+};
+const open = (queue) => inStates(queue, 'completed');
+const queued = (queue) => inStates(queue, 'active');
+
 // 3. The workers. pg-boss hands a batch (here of one) to the handler; a throw fails it.
 const invocations = new Map(); // job id -> handler calls
 const seen = perQueue(() => ({ ok: 0, threw: 0 }));
@@ -154,11 +177,14 @@ for (const q of [...QUEUES, DEAD]) {
 // queued (created, retry) or active in any queue: complete() and fail() have landed.
 const handled = () => QUEUES.reduce((a, q) => a + seen[q].ok, 0) + deadIds.length;
 for (;;) {
-  let open = 0;
-  for (const q of [...QUEUES, DEAD]) open += await b.getQueueSize(q, { before: 'completed' });
-  if (open === 0 && handled() === OK + FLAKY + DOOMED && seen[DEAD].ok === DOOMED) break;
+  let unfinished = -1; // not asked until the handlers saw every job
+  if (handled() === OK + FLAKY + DOOMED && seen[DEAD].ok === DOOMED) {
+    unfinished = 0;
+    for (const q of [...QUEUES, DEAD]) unfinished += await open(q);
+    if (unfinished === 0) break;
+  }
   if (Date.now() > DEADLINE) {
-    fail(`not settled in time: ${open} open jobs, ${handled()} handled of ${TOTAL}`);
+    fail(`not settled in time: ${unfinished} open jobs, ${handled()} handled of ${TOTAL}`);
   }
   await sleep(200);
 }
@@ -184,9 +210,9 @@ const read = async (queue, ids) => {
     attempts: { completed: {}, failed: {} },
     // retryCount as getJobById reports it, by final state
     retry_count: { completed: {}, failed: {} },
-    // getQueueSize at the end: created + retry (the default), and up to active
-    queue_size: await b.getQueueSize(queue),
-    queue_size_before_completed: await b.getQueueSize(queue, { before: 'completed' }),
+    // At the end: jobs waiting (created, retry) and not finished (also active)
+    queue_size: await queued(queue),
+    queue_size_before_completed: await open(queue),
   };
   for (const id of ids) {
     const job = await b.getJobById(queue, id);
@@ -212,7 +238,7 @@ await b.stop({ graceful: true, wait: true });
 process.stdout.write(
   `${JSON.stringify({
     library: 'pg-boss',
-    version: version('pg-boss'),
+    version: version(opt.package),
     schema: SCHEMA,
     workload: { ok: OK, flaky: FLAKY, doomed: DOOMED, dups: DUPS, retry_limit: RETRY_LIMIT, flaky_failures: FLAKY_FAILURES, dead_letter_queue: DEAD },
     queues: report,
