@@ -920,7 +920,7 @@ impl TableKind for Inbox {
             ("received_at", sql.micros(&sql.ident(&c.received_at))),
             ("started_at", opt(&c.started_at, &|e| sql.micros(e))),
             ("finished_at", opt(&c.finished_at, &|e| sql.micros(e))),
-            ("attempts", opt(&c.attempts, &|e| sql.int(e))),
+            ("attempts", self.spec.attempts_select(sql)),
             ("deliveries", opt(&c.deliveries, &|e| sql.int(e))),
             (
                 "last_error",
