@@ -747,3 +747,94 @@ fn bad_security_settings_are_config_errors_naming_the_key() {
     ));
     assert_eq!(code, 0, "a valid SASL_SSL source: {out}");
 }
+
+/// Guards `inboxwatch doctor` on a Kafka source (issue 18): against a broker with one
+/// topic of 3 partitions, one group lagging on two of them (records at its committed
+/// offsets to read for lag seconds) and one caught up, it prints the source, the
+/// broker's negotiated API versions and one full cycle that read exactly the 2 records
+/// at the lagging group's committed offsets, and exits 0; with no broker listening it
+/// prints an error naming the broker and exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_checks_a_kafka_source_with_one_real_cycle() {
+    let broker = Broker::start().await;
+    let topic = unique_name("doctor", "d");
+    broker.create_topic(&topic, 3).await;
+    let producer = broker.producer();
+    for p in 0..3 {
+        for _ in 0..4 {
+            producer.send(&topic, p, now_ms()).await;
+        }
+    }
+    let lagging = broker.committer("lagging");
+    lagging.commit(&topic, 0, 1);
+    lagging.commit(&topic, 1, 3);
+    lagging.commit(&topic, 2, 4);
+    let done = broker.committer("done");
+    for p in 0..3 {
+        done.commit(&topic, p, 4);
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let run = |toml: String| {
+        let path = dir.path().join("doctor.toml");
+        std::fs::write(&path, toml).expect("write the config");
+        Cmd::new(["doctor", "--config"])
+            .arg(&path)
+            .timeout(Duration::from_secs(60))
+            .output()
+    };
+    let out = run(kafka_source_toml("kd", &broker.bootstrap(), ""));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some(format!("source \"kd\" (kafka, brokers {}):", broker.bootstrap()).as_str()),
+        "{}",
+        out.stdout
+    );
+    let versions = lines.get(1).copied().unwrap_or_default();
+    let prefix = format!("  ok:      {}: Metadata v", broker.bootstrap());
+    assert!(
+        versions.starts_with(&prefix)
+            && [
+                "ListOffsets v",
+                "ListGroups v",
+                "DescribeGroups v",
+                "OffsetFetch v",
+                "Fetch v"
+            ]
+            .iter()
+            .all(|api| versions.contains(api)),
+        "the API versions line: {versions:?}\n{}",
+        out.stdout
+    );
+    let cycle = lines
+        .iter()
+        .find(|l| l.contains("one cycle in "))
+        .unwrap_or_else(|| panic!("no cycle line:\n{}", out.stdout));
+    assert!(
+        cycle.starts_with("  ok:      one cycle in ")
+            && cycle.ends_with(" series, 2 records read for lag seconds"),
+        "the cycle line: {cycle:?}"
+    );
+    assert!(
+        !out.stdout.contains("error:"),
+        "no check fails on a healthy broker:\n{}",
+        out.stdout
+    );
+
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let out = run(kafka_source_toml("kd", &format!("127.0.0.1:{closed}"), ""));
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let error = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("  error:   "))
+        .unwrap_or_else(|| panic!("no error line:\n{}", out.stdout));
+    assert!(
+        error.contains(&format!("127.0.0.1:{closed}")),
+        "the error names the broker: {error}"
+    );
+}
