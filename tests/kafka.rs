@@ -235,6 +235,19 @@ async fn lag_in_messages_and_exact_seconds_per_partition_and_topic() {
         groups,
         ["audit", "billing"].iter().map(|s| s.to_string()).collect()
     );
+    // The record-read cache: the two partitions with a lag (billing/0, audit/2) had
+    // their record at the committed offset read once; with no offset moving, no
+    // later cycle reads it again (the poll interval is 500 ms: 6 cycles).
+    let reads = |m: &Metrics| m.sum("inboxwatch_kafka_record_reads_total", &[("source", "kp")]);
+    let first = reads(&agent.scrape().await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = reads(&agent.scrape().await);
+    assert_eq!(
+        (first, later),
+        (2.0, 2.0),
+        "records read for lag seconds: one per lagging partition, never again while \
+         its committed offset stays"
+    );
 }
 
 /// ok → stop when the consumer stops committing while records keep coming
@@ -371,8 +384,9 @@ async fn group_status_follows_a_consumer_that_stops_resumes_and_rewinds() {
 }
 
 /// Records produced to dead-letter and retry topics after the agent started
-/// are counted exactly, retry topics by tier; records that were there before
-/// and records of ordinary topics are not.
+/// are counted exactly, retry topics by tier, and so are those of a dead-letter
+/// topic created after the start; records that were there before and records of
+/// ordinary topics are not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dead_letter_and_retry_topics_are_counted_per_topic_and_tier() {
     let broker = Broker::start().await;
@@ -391,6 +405,14 @@ async fn dead_letter_and_retry_topics_are_counted_per_topic_and_tier() {
     }
     let agent = Agent::start(&kafka_source_toml("kd", &broker.bootstrap(), ""));
     agent.wait_ready(READY_TIMEOUT).await;
+    // A dead-letter topic created after the agent started: everything in it came
+    // after the start, so all of it counts (produced before the agent next reads
+    // the topic list).
+    let late = "payments.DLQ";
+    broker.create_topic(late, 1).await;
+    for _ in 0..3 {
+        producer.send(late, 0, now_ms()).await;
+    }
     // After the agent's first cycle.
     let want = [(dlq, 7), (dlq2, 2), (r10, 3), (r5m, 5), (plain, 4)];
     for (t, n) in want {
@@ -415,6 +437,13 @@ async fn dead_letter_and_retry_topics_are_counted_per_topic_and_tier() {
                     &[("cluster", "kd"), ("topic", dlq2)],
                 ),
                 2.0,
+            ),
+            (
+                got(
+                    "kafka_dead_letter_messages_total",
+                    &[("cluster", "kd"), ("topic", late)],
+                ),
+                3.0,
             ),
             (
                 got(
