@@ -867,3 +867,120 @@ async fn doctor_checks_a_kafka_source_with_one_real_cycle() {
         "the error names the broker: {error}"
     );
 }
+
+/// Guards the group statuses `warn` and `stall` end to end, and that a group's status
+/// is its worst partition's (issue 18): a group with a live member on a topic of two
+/// partitions, partition 1 always caught up (ok on its own). First the member commits
+/// on partition 0 while records arrive faster than it commits (lag rising, offsets
+/// moving): `warn`; then it stops committing with records still arriving and the
+/// member still there: `stall` (a consumer alive but not advancing), never `stop`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_live_member_falling_behind_warns_then_stalls_and_the_worst_partition_wins() {
+    let broker = Broker::start().await;
+    let topic = unique_name("stall", "s");
+    broker.create_topic(&topic, 2).await;
+    let producer = broker.producer();
+    let member = broker.member("slow", &topic);
+    wait_until(Duration::from_secs(30), || {
+        let n = member.assigned();
+        async move {
+            if n == 2 {
+                Ok(())
+            } else {
+                Err(format!("{n} partitions assigned"))
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "the member never got both partitions: {e}\n{}",
+            broker.log()
+        )
+    });
+    let mut next0 = 0;
+    for _ in 0..3 {
+        next0 = producer.send(&topic, 0, now_ms()).await + 1;
+    }
+    let next1 = producer.send(&topic, 1, now_ms()).await + 1;
+    member.commit(&topic, 0, next0 - 1);
+    member.commit(&topic, 1, next1);
+
+    let agent = Agent::start(&kafka_source_toml("kw", &broker.bootstrap(), ""));
+    agent.wait_ready(READY_TIMEOUT).await;
+    let members = |m: &Metrics| {
+        m.get(
+            "kafka_consumer_group_members",
+            &[("cluster", "kw"), ("group", "slow")],
+        )
+    };
+
+    // Falling behind: 3 records a round, 1 committed.
+    let mut committed0 = next0 - 1;
+    let behind = Instant::now();
+    let mut seen_warn = None;
+    while behind.elapsed() < Duration::from_secs(12) {
+        for _ in 0..3 {
+            producer.send(&topic, 0, now_ms()).await;
+        }
+        committed0 += 1;
+        member.commit(&topic, 0, committed0);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let m = agent.scrape().await;
+        let s = status_of(&m, "kw", "slow").unwrap_or_default();
+        assert!(
+            s == "ok" || s == "warn",
+            "a member committing while it falls behind is ok, then warn; got {s}"
+        );
+        if s == "warn" {
+            assert_eq!(members(&m), Some(1.0), "the group has its member");
+            seen_warn = Some(behind.elapsed());
+            break;
+        }
+    }
+    let warned = seen_warn.expect("the group never went to warn while its lag rose");
+    eprintln!("warn {warned:?} after the member began falling behind");
+
+    // Not advancing at all, the member still there: stall.
+    let stopped = Instant::now();
+    let mut seen_stall = None;
+    while stopped.elapsed() < Duration::from_secs(12) {
+        producer.send(&topic, 0, now_ms()).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let m = agent.scrape().await;
+        let s = status_of(&m, "kw", "slow").unwrap_or_default();
+        assert!(
+            ["ok", "warn", "stall"].contains(&s.as_str()),
+            "a live member that stopped committing is never {s}"
+        );
+        if s == "stall" {
+            assert_eq!(
+                members(&m),
+                Some(1.0),
+                "stall is judged with the member there"
+            );
+            assert_eq!(
+                m.get(
+                    LAG,
+                    &[
+                        ("cluster", "kw"),
+                        ("group", "slow"),
+                        ("topic", topic.as_str()),
+                        ("partition", "1")
+                    ]
+                ),
+                Some(0.0),
+                "partition 1 is caught up: the group's status is partition 0's"
+            );
+            seen_stall = Some(stopped.elapsed());
+            break;
+        }
+    }
+    let stalled = seen_stall.expect("the group never went to stall");
+    eprintln!("stall {stalled:?} after the last commit (window 4 s)");
+    assert!(
+        stalled >= Duration::from_millis(3400),
+        "stall came {stalled:?} after the last commit, before one window (4 s)"
+    );
+    drop(member);
+}
