@@ -1449,7 +1449,8 @@ const KAFKA_SOURCE: &str = "main-kafka";
 /// leader's session ends, the rejoin still names the dead member leader, in
 /// the same generation), so a kill -9 handover cannot be shown on it. The mock
 /// has no ListGroups, so the owner's polls fail (`inboxwatch_source_up 0`):
-/// this test is about ownership only; the Kafka tests cover the polling.
+/// this test is about ownership only; the next one shows, on tansu, an owner
+/// that polls, standbys that hide, and the handover counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_agents_one_owner_of_a_kafka_source() {
     let t0 = Instant::now();
@@ -1531,5 +1532,126 @@ async fn three_agents_one_owner_of_a_kafka_source() {
             .filter(|r| r.owners[0].len() > 1)
             .count();
         assert_eq!(gaps, 0, "rounds with two owners");
+    }
+}
+
+/// Guards the Kafka election where the owner really polls (issue 18): three agents
+/// on tansu with a watched group lagging by a known amount. The owner exports the
+/// group's lag exactly (up 1); the two others export nothing of the source but
+/// its leader gauge (0), info and gap counters (checked on every 200 ms scrape);
+/// SIGTERM the owner (it leaves the election group) → another agent owns it,
+/// exports the same lag, and counts its takeover in
+/// `inboxwatch_counting_gaps_total{reason="handover"}` (1), the agents that never
+/// took over showing 0. (A kill -9 handover is shown on librdkafka's mock cluster
+/// above: tansu 0.6.0's coordinator keeps naming a dead leader.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_agents_on_tansu_the_kafka_owner_exports_and_the_others_hide() {
+    let t0 = Instant::now();
+    let broker = kafka_support::Broker::start().await;
+    let topic = common::unique_name("elect", "e");
+    broker.create_topic(&topic, 1).await;
+    let producer = broker.producer();
+    for _ in 0..5 {
+        producer.send(&topic, 0, kafka_support::now_ms()).await;
+    }
+    broker.committer("watched").commit(&topic, 0, 2);
+    let config = kafka_support::kafka_source_toml(KAFKA_SOURCE, &broker.bootstrap(), "");
+    let sources = [KAFKA_SOURCE];
+    let mut cluster = Cluster::start(&config, 3);
+    let obs = Obs::new(t0, &sources, &cluster.ports());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = spawn_sampler(obs.clone(), stop.clone());
+    cluster.wait_ready(READY_TIMEOUT).await;
+    let lag_of = |m: &Metrics| {
+        m.get(
+            "kafka_consumer_group_lag_messages",
+            &[
+                ("cluster", KAFKA_SOURCE),
+                ("group", "watched"),
+                ("partition", "0"),
+            ],
+        )
+    };
+    let obs_ref = &obs;
+    let exporting = |not: Vec<usize>| async move {
+        wait_until(Duration::from_secs(30), || {
+            let not = not.clone();
+            async move {
+                let o = lock(obs_ref);
+                let owners = o.owners_now(0);
+                match owners.as_slice() {
+                    [a] if !not.contains(a) => {
+                        let m = o.latest(*a).ok_or("no scrape")?;
+                        let up = m.get(UP, &[("source", KAFKA_SOURCE)]);
+                        match (up, lag_of(m)) {
+                            (Some(1.0), Some(3.0)) => Ok(*a),
+                            other => Err(format!("owner {a}: (up, lag) {other:?}")),
+                        }
+                    }
+                    other => Err(format!("owners {other:?}: {}", o.timeline(0))),
+                }
+            }
+        })
+        .await
+    };
+    let first = exporting(vec![])
+        .await
+        .unwrap_or_else(|e| panic!("no owner exports the group's lag: {e}"));
+    eprintln!("agent {first} owns {KAFKA_SOURCE} and exports lag 3");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let termed = cluster.agents[first].sigterm();
+    let second = exporting(vec![first])
+        .await
+        .unwrap_or_else(|e| panic!("nobody exports after SIGTERM of agent {first}: {e}"));
+    eprintln!(
+        "after SIGTERM of agent {first}: agent {second} exports lag 3, {:?} later",
+        termed.elapsed()
+    );
+    let exit = wait_until(Duration::from_secs(25), || {
+        let st = cluster.agents[first].exited();
+        async move { st.ok_or_else(|| "still running".to_string()) }
+    })
+    .await
+    .expect("the SIGTERMed agent exits");
+    assert!(exit.success(), "the SIGTERMed agent exited with {exit}");
+    lock(&obs).agents[first].gone = true;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::SeqCst);
+    sampler.await.expect("the sampler panicked");
+
+    let o = lock(&obs);
+    eprintln!(
+        "{} scrape rounds; owners: {}",
+        o.rounds.len(),
+        o.timeline(0)
+    );
+    assert_eq!(
+        o.violation_count,
+        0,
+        "ownership violations (two owners, or a standby exporting the source):\n  {}",
+        o.violations.join("\n  ")
+    );
+    assert!(
+        o.contending.is_empty(),
+        "a standby reported the reachable cluster down: {:?}",
+        o.contending
+    );
+    for (a, v) in o.agents.iter().enumerate() {
+        if a == first {
+            continue;
+        }
+        let gaps = v.latest.as_ref().and_then(|m| {
+            m.get(
+                "inboxwatch_counting_gaps_total",
+                &[("source", KAFKA_SOURCE), ("reason", "handover")],
+            )
+        });
+        let want = if a == second { 1.0 } else { 0.0 };
+        assert_eq!(
+            gaps,
+            Some(want),
+            "agent {a}'s handover gaps (agent {second} took over)"
+        );
     }
 }
