@@ -78,18 +78,23 @@ impl Sql {
         }
     }
 
-    /// The first `n` characters of a text expression.
+    /// The first `n` characters of a text expression. On PostgreSQL the
+    /// expression is cast to text first, so that a `json`/`jsonb` column
+    /// (apalis keeps its `last_result` as jsonb) reads as its text.
     pub fn prefix(&self, expr: &str, n: usize) -> String {
         match self.dialect {
-            Dialect::Postgres | Dialect::MySql => format!("LEFT({expr}, {n})"),
+            Dialect::Postgres => format!("LEFT(CAST({expr} AS TEXT), {n})"),
+            Dialect::MySql => format!("LEFT({expr}, {n})"),
             Dialect::Sqlite => format!("SUBSTR({expr}, 1, {n})"),
         }
     }
 
-    /// Length in characters of a text expression.
+    /// Length in characters of a text expression (on PostgreSQL of its text,
+    /// as in [`Sql::prefix`]).
     pub fn char_length(&self, expr: &str) -> String {
         match self.dialect {
-            Dialect::Postgres | Dialect::MySql => format!("CHAR_LENGTH({expr})"),
+            Dialect::Postgres => format!("CHAR_LENGTH(CAST({expr} AS TEXT))"),
+            Dialect::MySql => format!("CHAR_LENGTH({expr})"),
             Dialect::Sqlite => format!("LENGTH({expr})"),
         }
     }
@@ -363,6 +368,17 @@ mod tests {
         );
         assert_eq!(sqlite_time(951_782_400_000_000), "2000-02-29 00:00:00.000");
         assert_eq!(sqlite_time(-1_000), "1969-12-31 23:59:59.999");
+    }
+
+    /// Guards a `last_error` kept as JSON (apalis's jsonb `last_result`):
+    /// PostgreSQL has no `LEFT` or `CHAR_LENGTH` of jsonb, so both read its text.
+    #[test]
+    fn error_text_is_read_as_text_on_postgres() {
+        let pg = Sql {
+            dialect: Dialect::Postgres,
+        };
+        assert_eq!(pg.prefix("\"e\"", 5), "LEFT(CAST(\"e\" AS TEXT), 5)");
+        assert_eq!(pg.char_length("\"e\""), "CHAR_LENGTH(CAST(\"e\" AS TEXT))");
     }
 
     #[test]
