@@ -52,6 +52,19 @@ impl Expectations {
         });
     }
 
+    /// Like [`Expectations::push`], replacing what was expected of the same series
+    /// (a helper's default, say no processing durations where a table has them).
+    pub fn replace(&mut self, name: &str, labels: &[(&str, &str)], value: f64, tol: Tol) {
+        self.items.retain(|e| {
+            e.name != name
+                || e.labels.len() != labels.len()
+                || !labels
+                    .iter()
+                    .all(|(k, v)| e.labels.iter().any(|(ek, ev)| ek == k && ev == v))
+        });
+        self.push(name, labels, value, tol);
+    }
+
     /// No series of `name` within `scope` may be non-zero unless expected.
     pub fn close(&mut self, name: &str, scope: &[(&str, &str)]) {
         self.closed.push((
