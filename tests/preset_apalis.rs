@@ -297,3 +297,14 @@ async fn apalis_matches_the_librarys_counts(flavor: Flavor, server: Db) {
 async fn apalis_postgres_matches_the_librarys_counts() {
     apalis_matches_the_librarys_counts(POSTGRES, Db::postgres().await).await;
 }
+
+/// Guards the `apalis-mysql` preset: apalis-mysql 1.0.0-rc.8's own migrations (with
+/// MariaDB's collation), pushes and workers on MariaDB; per job_type, received =
+/// pushed, succeeded = Done, dead-lettered = Killed (apalis-mysql's word for a last
+/// attempt that failed), failed attempts and the attempts histogram as apalis's
+/// fetch_by_id reports them, durations (whole seconds) from lock_at and run_at to
+/// done_at; re-pushed idempotency keys leave no trace; nothing is rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn apalis_mysql_matches_the_librarys_counts() {
+    apalis_matches_the_librarys_counts(MYSQL, Db::mysql().await).await;
+}
