@@ -37,8 +37,7 @@ impl Args {
             dups: 40,
         };
         let argv: Vec<String> = std::env::args().skip(1).collect();
-        let mut it = argv.chunks(2);
-        while let Some(pair) = it.next() {
+        for pair in argv.chunks(2) {
             let [key, value] = pair else {
                 panic!("usage: --db DSN --phase setup|run [--ok N --flaky N --doomed N --dups N]")
             };

@@ -81,7 +81,7 @@ async fn run(args: &Args, pool: &MySqlPool) -> Report {
     for job in &jobs {
         let id = TaskId::new(ulid::Ulid::new());
         let task = TaskBuilder::new(job.args())
-            .with_task_id(id.clone())
+            .with_task_id(id)
             .with_idempotency_key(&job.key)
             .max_attempts(MAX_ATTEMPTS as u32)
             .build();
