@@ -635,6 +635,45 @@ fn target(db: &Db, table: &str) -> Target {
 
 /// Waits until the last round shows exactly one owner of every source in `sis`,
 /// none of them in `not`; returns them.
+/// Waits (up to 15 s: the owners may still be settling) until every agent not in
+/// `gone` answers /readyz 200 with `{source}: up` for the sources it owns in the
+/// latest scrape round and `{source}: standby (another agent owns it)` for the others.
+async fn check_readyz_roles(cluster: &Cluster, obs: &Shared, sources: &[&str], gone: &[usize]) {
+    let res = wait_until(Duration::from_secs(15), || async {
+        let owners: Vec<Vec<usize>> = {
+            let o = lock(obs);
+            (0..sources.len()).map(|si| o.owners_now(si)).collect()
+        };
+        for (a, agent) in cluster.agents.iter().enumerate() {
+            if gone.contains(&a) {
+                continue;
+            }
+            let (code, body) = agent.get("/readyz").await?;
+            if code != 200 {
+                return Err(format!("agent {a} /readyz {code}: {body}"));
+            }
+            for (si, s) in sources.iter().enumerate() {
+                let want = if owners[si] == [a] {
+                    format!("{s}: up")
+                } else {
+                    format!("{s}: standby (another agent owns it)")
+                };
+                if !body.lines().any(|l| l == want) {
+                    return Err(format!(
+                        "agent {a} /readyz lacks the line {want:?} (owners of {s}: {:?}): {body}",
+                        owners[si]
+                    ));
+                }
+            }
+        }
+        Ok(())
+    })
+    .await;
+    if let Err(e) = res {
+        panic!("/readyz does not tell owners from standbys: {e}");
+    }
+}
+
 async fn wait_for_owners(
     obs: &Shared,
     sis: &[usize],
@@ -714,6 +753,10 @@ async fn three_agents_one_owner_per_source_with_failover() {
         first[1],
         cluster.started.elapsed()
     );
+    // Every agent's /readyz says what it is for each source: the owner "up", the
+    // other two "standby (another agent owns it)" — never "down": every database is
+    // reachable from every agent.
+    check_readyz_roles(&cluster, &obs, &sources, &[]).await;
 
     // ~32 s of traffic on each table: 2 writers, one new event each every 40 ms.
     // No late-commit batches here: a transaction stamped seconds before it commits
@@ -901,17 +944,19 @@ async fn three_agents_one_owner_per_source_with_failover() {
         for (si, s) in sources.iter().enumerate() {
             eprintln!("owners of {s}: {}", o.timeline(si));
         }
-        if !o.contending.is_empty() {
-            eprintln!(
-                "non-owners showing {UP} 0 (could not reach the database to contest the lock), rounds: {:?}",
-                o.contending
-            );
-        }
         for (i, a) in cluster.agents.iter().enumerate() {
             eprintln!("agent {i} lock log:\n  {}", lock_log(a).join("\n  "));
         }
 
         let mut problems: Vec<String> = Vec::new();
+        // Every database is reachable from every agent: a standby reporting a
+        // source down (`up 0`) is wrong.
+        if !o.contending.is_empty() {
+            problems.push(format!(
+                "standbys exported {UP} 0 for a reachable database, (agent, source) -> rounds: {:?}",
+                o.contending
+            ));
+        }
         if o.violation_count > 0 {
             problems.push(format!(
                 "{} ownership violations in the scrapes:\n  {}",
@@ -1033,6 +1078,8 @@ async fn unreachable_source_does_not_block_other_elections() {
         .unwrap_or_else(|e| panic!("{OK_SOURCE} has no single owner: {e}"))[0];
     let took = cluster.started.elapsed();
     eprintln!("agent {owner} owns {OK_SOURCE} {took:?} after the spawn");
+    // The other agent stands by for the reachable source (it does not call it down).
+    check_readyz_roles(&cluster, &obs, &[OK_SOURCE], &[]).await;
     assert!(
         took <= Duration::from_secs(15),
         "{OK_SOURCE} got its owner only {took:?} after the agents started"
@@ -1114,6 +1161,17 @@ async fn unreachable_source_does_not_block_other_elections() {
         }
         eprintln!("non-owners showing {UP} 0, rounds: {:?}", o.contending);
         let mut problems = Vec::new();
+        // Only the unreachable source may show `up 0` on a non-owner.
+        let wrong: Vec<_> = o
+            .contending
+            .iter()
+            .filter(|((_, s), _)| s != DEAD_SOURCE)
+            .collect();
+        if !wrong.is_empty() {
+            problems.push(format!(
+                "a standby exported {UP} 0 for the reachable source, (agent, source) -> rounds: {wrong:?}"
+            ));
+        }
         if o.violation_count > 0 {
             problems.push(format!(
                 "{} ownership violations in the scrapes:\n  {}",

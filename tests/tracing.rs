@@ -1,47 +1,26 @@
 //! Linked spans against a real PostgreSQL: a generated workload on an inbox and
 //! an outbox table, the real agent exporting over OTLP, and an OTLP receiver in
 //! the test (gRPC and HTTP/protobuf, `opentelemetry-proto` types). Every span
-//! is compared with the generator's ground truth.
+//! is compared with the generator's ground truth; the expected trace and span ids
+//! and sampling decisions are worked out outside the agent's code
+//! (`common::ids`: Python on the documented recipe, the OpenTelemetry SDK's sampler).
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use common::ids::{sampled, span_of, trace_of};
 use common::otlp::{Got, Receiver, hex};
 use common::scenarios::{inbox_source_toml, outbox_source_toml};
 use common::workload::{
     Clock, InboxEvent, InboxTruth, InboxWorkload, OutboxTruth, OutboxWorkload, Status, Target,
 };
 use common::{Agent, Db, READY_TIMEOUT, toml_str, wait_until};
-use sha2::{Digest, Sha256};
 
 const CONVERGE: Duration = Duration::from_secs(60);
 const CONSUMER: &str = "orders-consumer";
 const PRODUCER: &str = "orders-api";
-
-/// The trace id the contract derives from an event id: SHA-256 prefix.
-fn trace_of(event_id: &str) -> String {
-    hex(&Sha256::digest(event_id.as_bytes())[..16])
-}
-
-/// The span id of (kind, service, event id, attempt), as documented.
-fn span_of(kind: &str, service: &str, event_id: &str, attempt: u32) -> String {
-    let mut h = Sha256::new();
-    for part in [kind.as_bytes(), service.as_bytes(), event_id.as_bytes()] {
-        h.update((part.len() as u64).to_be_bytes());
-        h.update(part);
-    }
-    h.update(attempt.to_be_bytes());
-    hex(&h.finalize()[..8])
-}
-
-/// The documented sampling decision for successful, fast events.
-fn sampled(event_id: &str, ratio: f64) -> bool {
-    let d = Sha256::digest(event_id.as_bytes());
-    let low = u64::from_be_bytes(d[8..16].try_into().expect("8 bytes"));
-    (low >> 1) < (ratio * (1u64 << 63) as f64) as u64
-}
 
 fn error_class(text: &str) -> String {
     text.split(':').next().unwrap_or("").trim().to_string()
