@@ -32,6 +32,11 @@ const PRESETS: &[(&str, &str)] = &[
         "graphile-worker",
         include_str!("../presets/graphile-worker.toml"),
     ),
+    (
+        "apalis-postgres",
+        include_str!("../presets/apalis-postgres.toml"),
+    ),
+    ("apalis-mysql", include_str!("../presets/apalis-mysql.toml")),
 ];
 
 /// How a preset was proven.

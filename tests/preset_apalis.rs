@@ -3,7 +3,7 @@
 //! in `tests/libraries/apalis/*/Cargo.lock` and built by `scripts/test.sh`, create their
 //! tables with their own migrations in a database of the test's own (apalis's SQL names
 //! its schema, `apalis`, or uses the connection's database), the agent starts on the
-//! empty tables with the preset's settings, and a workload runs through apalis's own
+//! empty tables on the preset (`preset = "apalis-postgres"`), and a workload runs through apalis's own
 //! API — 140 jobs that succeed, 40 that fail twice then succeed, 20 that always fail
 //! (max_attempts 3), 40 pushes of an existing idempotency key, over two job types —
 //! and prints what apalis's `wait_for` reported for every job. The tables are checked
@@ -33,7 +33,7 @@ struct Flavor {
     /// `postgres` or `mysql`: the workload's project directory.
     crate_dir: &'static str,
     preset: &'static str,
-    /// The preset's table, in the test's own database.
+    /// The preset's table (the test's own database holds it under that name).
     table: &'static str,
     source: &'static str,
 }
@@ -76,40 +76,6 @@ impl Flavor {
         let what = format!("apalis-{}-workload --phase {phase}", self.crate_dir);
         run_workload(&what, &mut cmd).await
     }
-
-    /// The agent's config: the preset's `[source]` table, written out as a plain
-    /// `[[sources]]` entry with the knobs of every correctness test (those of
-    /// [`preset_source`]), so the file under test is the preset itself.
-    fn config(&self, dsn: &str) -> String {
-        let preset: toml::Table =
-            toml::from_str(&common::repo_read(&format!("presets/{}.toml", self.preset)))
-                .unwrap_or_else(|e| panic!("presets/{}.toml: {e}", self.preset));
-        let mut source = preset["source"]
-            .as_table()
-            .expect("a preset has a [source] table")
-            .clone();
-        assert_eq!(
-            source["table"].as_str(),
-            Some(self.table),
-            "the preset's table"
-        );
-        for (key, value) in [
-            ("name", self.source),
-            ("dsn", dsn),
-            ("poll_interval", "300ms"),
-            ("overlap", "10s"),
-            ("timeout", "2s"),
-        ] {
-            source.insert(key.into(), toml::Value::String(value.into()));
-        }
-        source.insert("event_type_limit".into(), toml::Value::Integer(50));
-        let mut root = toml::Table::new();
-        root.insert(
-            "sources".into(),
-            toml::Value::Array(vec![toml::Value::Table(source)]),
-        );
-        toml::to_string(&root).expect("a config serialises")
-    }
 }
 
 /// Waits until the database's clock is in a later whole second than it was once the
@@ -142,7 +108,8 @@ async fn apalis_matches_the_librarys_counts(flavor: Flavor, server: Db) {
     let (database, db) = fresh_database(&server, "apalis").await;
     flavor.workload(&db.dsn, "setup", &[]).await;
 
-    let agent = Agent::start(&flavor.config(&db.dsn));
+    // The preset as a user writes it: its own table, in the test's own database.
+    let agent = Agent::start(&preset_source(flavor.preset, flavor.source, &db.dsn, None));
     agent.wait_ready(READY_TIMEOUT).await;
     next_second(&db).await;
 
