@@ -24,7 +24,10 @@ use common::agent::try_scrape;
 use common::checks::{Expectations, render_diff};
 use common::scenarios::{CONVERGE, POLL, inbox_source_toml};
 use common::workload::{Clock, InboxEvent, InboxTruth, InboxWorkload, Target, seed_from_env};
-use common::{Agent, Db, Metrics, READY_TIMEOUT, series_name, url_with_hostport, wait_until};
+use common::{
+    Agent, Db, Metrics, Proxy, READY_TIMEOUT, series_name, url_hostport, url_with_hostport,
+    wait_until,
+};
 
 const LEADER: &str = "inboxwatch_source_leader";
 const UP: &str = "inboxwatch_source_up";
@@ -71,6 +74,29 @@ impl Cluster {
         let started = Instant::now();
         let agents = (0..n)
             .map(|i| {
+                Agent::run_file(&config)
+                    .dir(dir.path())
+                    .name(&format!("agent{i}"))
+                    .start()
+            })
+            .collect();
+        Cluster {
+            agents,
+            started,
+            dir,
+        }
+    }
+
+    /// One agent per config (agent `i` reads `configs[i]`), all started at once.
+    fn start_each(configs: &[String]) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir for the agents");
+        let started = Instant::now();
+        let agents = configs
+            .iter()
+            .enumerate()
+            .map(|(i, toml)| {
+                let config = dir.path().join(format!("agent{i}.toml"));
+                std::fs::write(&config, toml).expect("write an agent's config");
                 Agent::run_file(&config)
                     .dir(dir.path())
                     .name(&format!("agent{i}"))
@@ -1037,6 +1063,199 @@ async fn three_agents_one_owner_per_source_with_failover() {
     drop(cluster);
     pg.cleanup().await;
     my.cleanup().await;
+}
+
+const CUT_SOURCE: &str = "cut-off-pg";
+
+/// Guards "an owner cut off from its database (not killed: its packets dropped)
+/// stops exporting as soon as it cannot renew its lock, before the server's timeout
+/// lets another agent take over, and nothing is counted twice" (docs/deployment.md):
+/// two agents on one PostgreSQL source, each through its own TCP proxy; once the
+/// owner has counted part of a workload, its proxy drops every packet. The scrapes
+/// must never show two owners, the old owner must be seen owning for the last time
+/// before the new one is seen owning, only the cut-off agent may show `up 0`, and
+/// the counters summed over both owners are never above the ground truth, with what
+/// is missing explained by the handover window. When the database comes back, the
+/// cut-off agent stands by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owner_cut_off_from_its_database_stops_before_another_takes_over() {
+    let t0 = Instant::now();
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("cutoff").await;
+    let proxies = [
+        Proxy::start(&url_hostport(&db.dsn)).await,
+        Proxy::start(&url_hostport(&db.dsn)).await,
+    ];
+    let configs: Vec<String> = proxies
+        .iter()
+        .map(|p| {
+            let dsn = url_with_hostport(&db.dsn, &format!("127.0.0.1:{}", p.port));
+            inbox_source_toml(CUT_SOURCE, &dsn, &tables.inbox)
+        })
+        .collect();
+    let sources = [CUT_SOURCE];
+    let mut cluster = Cluster::start_each(&configs);
+    let obs = Obs::new(t0, &sources, &cluster.ports());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = spawn_sampler(obs.clone(), stop.clone());
+    cluster.wait_ready(READY_TIMEOUT).await;
+    let owner = wait_for_owners(&obs, &[0], &[], Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("{CUT_SOURCE} has no single owner: {e}"))[0];
+    let other = 1 - owner;
+
+    // ~48 s of traffic: the takeover comes about 20 s after the cut, and half of the
+    // events arrive after it, for the new owner to count exactly.
+    let workload = InboxWorkload {
+        events: 2400,
+        workers: 2,
+        create_every_ms: 40,
+        late_batches: 0,
+        late_by_ms: 0,
+        seed: seed_from_env(),
+    };
+    let clock = Clock::new(db.now_ms().await + 5);
+    let gen_time = GenTime::of(&clock);
+    let run = {
+        let (w, t) = (workload.clone(), target(&db, &tables.inbox));
+        tokio::spawn(async move { w.run(&t, clock).await })
+    };
+    let obs_ref = &obs;
+    wait_until(Duration::from_secs(30), || async move {
+        let n = lock(obs_ref)
+            .latest(owner)
+            .map(|m| m.sum(RECEIVED, &[("source", CUT_SOURCE)]))
+            .unwrap_or(0.0);
+        if n >= 100.0 {
+            Ok(())
+        } else {
+            Err(format!("agent {owner} has counted {n} received"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the owner did not count the workload: {e}"));
+    proxies[owner].blackhole();
+    let cut_at = Instant::now();
+    eprintln!(
+        "{}: agent {owner}'s packets to the database are dropped from now on",
+        lock(&obs).at(cut_at)
+    );
+    let (new_owner, seen) = wait_until(Duration::from_secs(60), || async move {
+        let o = lock(obs_ref);
+        o.owner_since(0, cut_at, &[owner])
+            .ok_or_else(|| format!("timeline: {}", o.timeline(0)))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("nobody took {CUT_SOURCE} over within 60 s of the cut: {e}"));
+    assert_eq!(new_owner, other);
+    eprintln!(
+        "HANDOVER after the cut: agent {other} owns {CUT_SOURCE} {:?} after the cut",
+        seen - cut_at
+    );
+    let truth = tokio::time::timeout(Duration::from_secs(180), run)
+        .await
+        .expect("the workload did not finish within 180 s")
+        .expect("the workload panicked");
+    eprintln!("ground truth: {}", truth.summary());
+    let base = lock(&obs).value(other, POLLS, CUT_SOURCE).unwrap_or(0.0);
+    wait_until(CONVERGE, || async move {
+        let p = lock(obs_ref).value(other, POLLS, CUT_SOURCE).unwrap_or(0.0);
+        if p >= base + 4.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "agent {other} polled {p} times, waiting for {}",
+                base + 4.0
+            ))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the new owner does not poll: {e}"));
+
+    // The database comes back for the cut-off agent: it stands by.
+    proxies[owner].cut();
+    proxies[owner].restore();
+    check_readyz_roles(&cluster, &obs, &sources, &[]).await;
+    stop.store(true, Ordering::SeqCst);
+    sampler.await.expect("the sampler panicked");
+
+    let problems = {
+        let o = lock(&obs);
+        eprintln!("{} scrape rounds; {}", o.rounds.len(), o.errors());
+        eprintln!("owners of {CUT_SOURCE}: {}", o.timeline(0));
+        let mut problems = Vec::new();
+        if o.violation_count > 0 {
+            problems.push(format!(
+                "{} ownership violations in the scrapes:\n  {}",
+                o.violation_count,
+                o.violations.join("\n  ")
+            ));
+        }
+        let wrong: Vec<_> = o.contending.keys().filter(|(a, _)| *a != owner).collect();
+        if !wrong.is_empty() {
+            problems.push(format!(
+                "only the cut-off agent may show {UP} 0, also: {wrong:?}"
+            ));
+        }
+        let hs = o.handovers(0);
+        if hs.len() != 1 {
+            problems.push(format!("expected one handover, saw {}", hs.len()));
+        }
+        for h in &hs {
+            eprintln!(
+                "agent {} last seen owning at {}, agent {} first seen owning at {} (nobody owning for {:?})",
+                h.from,
+                o.at(h.last_old),
+                h.to,
+                o.at(h.first_new),
+                h.first_new.saturating_duration_since(h.last_old)
+            );
+            if h.first_new <= h.last_old {
+                problems.push(format!(
+                    "agent {} was seen owning at {} after agent {} was seen owning at {}",
+                    h.from,
+                    o.at(h.last_old),
+                    h.to,
+                    o.at(h.first_new)
+                ));
+            }
+        }
+        // The old owner counts nothing from the cut on, although it is seen owning
+        // until its lock renewal times out: the window opens at the cut.
+        let cut_ms = gen_time.ms(cut_at);
+        let windows = windows_of(&hs, gen_time).map(|ws| {
+            ws.into_iter()
+                .map(|w| Window {
+                    lower: w.lower.min(cut_ms - POLL.as_millis() as i64 - MARGIN_MS),
+                    core: (w.core.0.min(cut_ms), w.core.1),
+                    ..w
+                })
+                .collect::<Vec<_>>()
+        });
+        match windows {
+            Ok(windows) => {
+                let leading: Vec<(usize, Metrics)> = o
+                    .agents
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(a, v)| {
+                        v.last_leading.get(CUT_SOURCE).map(|(_, m)| (a, m.clone()))
+                    })
+                    .collect();
+                let (p, report) = check_across_owners(CUT_SOURCE, &truth, &windows, &leading);
+                eprint!("{report}");
+                problems.extend(p);
+            }
+            Err(e) => problems.push(e),
+        }
+        problems
+    };
+    if !problems.is_empty() {
+        panic!("{} problems:\n{}", problems.len(), render_diff(&problems));
+    }
+    drop(cluster);
+    drop(proxies);
+    db.cleanup().await;
 }
 
 const OK_SOURCE: &str = "reachable-pg";

@@ -224,7 +224,7 @@ async fn apalis_matches_the_librarys_counts(flavor: Flavor, server: Db) {
         // processing time and its time from run_at.
         let (processing, end_to_end) = durations.get(ty).copied().unwrap_or_default();
         let tol = Tol::Abs(0.001 * finished + 1e-6);
-        x.replace(
+        x.set(
             "inbox_processing_duration_seconds_count",
             &l,
             finished,

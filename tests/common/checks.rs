@@ -52,15 +52,18 @@ impl Expectations {
         });
     }
 
-    /// Like [`Expectations::push`], replacing what was expected of the same series
-    /// (a helper's default, say no processing durations where a table has them).
-    pub fn replace(&mut self, name: &str, labels: &[(&str, &str)], value: f64, tol: Tol) {
+    /// Like [`Expectations::push`], replacing what was expected of the same
+    /// name and labels before (a shared helper's default for a column a test
+    /// does have).
+    pub fn set(&mut self, name: &str, labels: &[(&str, &str)], value: f64, tol: Tol) {
         self.items.retain(|e| {
             e.name != name
                 || e.labels.len() != labels.len()
-                || !labels
+                || !e
+                    .labels
                     .iter()
-                    .all(|(k, v)| e.labels.iter().any(|(ek, ev)| ek == k && ev == v))
+                    .zip(labels)
+                    .all(|((k, v), (k2, v2))| k == k2 && v == v2)
         });
         self.push(name, labels, value, tol);
     }

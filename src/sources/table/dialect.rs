@@ -79,8 +79,9 @@ impl Sql {
     }
 
     /// The first `n` characters of a text expression. On PostgreSQL the
-    /// expression is cast to text first, so that a `json`/`jsonb` column
-    /// (apalis keeps its `last_result` as jsonb) reads as its text.
+    /// expression is cast to text first, so that a `json` / `jsonb` column
+    /// (pg-boss keeps its errors in one) reads as its text; MariaDB and
+    /// SQLite take JSON as text already.
     pub fn prefix(&self, expr: &str, n: usize) -> String {
         match self.dialect {
             Dialect::Postgres => format!("LEFT(CAST({expr} AS TEXT), {n})"),
@@ -89,8 +90,8 @@ impl Sql {
         }
     }
 
-    /// Length in characters of a text expression (on PostgreSQL of its text,
-    /// as in [`Sql::prefix`]).
+    /// Length in characters of a text expression (of its text on
+    /// PostgreSQL, as [`Sql::prefix`]).
     pub fn char_length(&self, expr: &str) -> String {
         match self.dialect {
             Dialect::Postgres => format!("CHAR_LENGTH(CAST({expr} AS TEXT))"),
@@ -370,17 +371,6 @@ mod tests {
         assert_eq!(sqlite_time(-1_000), "1969-12-31 23:59:59.999");
     }
 
-    /// Guards a `last_error` kept as JSON (apalis's jsonb `last_result`):
-    /// PostgreSQL has no `LEFT` or `CHAR_LENGTH` of jsonb, so both read its text.
-    #[test]
-    fn error_text_is_read_as_text_on_postgres() {
-        let pg = Sql {
-            dialect: Dialect::Postgres,
-        };
-        assert_eq!(pg.prefix("\"e\"", 5), "LEFT(CAST(\"e\" AS TEXT), 5)");
-        assert_eq!(pg.char_length("\"e\""), "CHAR_LENGTH(CAST(\"e\" AS TEXT))");
-    }
-
     #[test]
     fn literals_escape_quotes() {
         let pg = Sql {
@@ -392,5 +382,21 @@ mod tests {
         };
         assert_eq!(my.literal("a\\'b"), "'a\\\\''b'");
         assert_eq!(my.table("s.t"), "`s`.`t`");
+    }
+
+    /// A PostgreSQL `json` / `jsonb` error column is read as its text.
+    #[test]
+    fn postgres_reads_error_text_of_any_column_type() {
+        let pg = Sql {
+            dialect: Dialect::Postgres,
+        };
+        assert_eq!(
+            pg.prefix("\"output\"", 9),
+            "LEFT(CAST(\"output\" AS TEXT), 9)"
+        );
+        assert_eq!(
+            pg.char_length("\"output\""),
+            "CHAR_LENGTH(CAST(\"output\" AS TEXT))"
+        );
     }
 }
