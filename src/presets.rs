@@ -33,6 +33,11 @@ const PRESETS: &[(&str, &str)] = &[
         include_str!("../presets/graphile-worker.toml"),
     ),
     ("pg-boss", include_str!("../presets/pg-boss.toml")),
+    (
+        "apalis-postgres",
+        include_str!("../presets/apalis-postgres.toml"),
+    ),
+    ("apalis-mysql", include_str!("../presets/apalis-mysql.toml")),
 ];
 
 /// How a preset was proven.
