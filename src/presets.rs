@@ -32,6 +32,11 @@ const PRESETS: &[(&str, &str)] = &[
         "graphile-worker",
         include_str!("../presets/graphile-worker.toml"),
     ),
+    (
+        "procrastinate",
+        include_str!("../presets/procrastinate.toml"),
+    ),
+    ("pgqueuer", include_str!("../presets/pgqueuer.toml")),
 ];
 
 /// How a preset was proven.
