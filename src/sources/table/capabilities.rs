@@ -161,7 +161,7 @@ pub fn inbox(s: &InboxSpec) -> Vec<Capability> {
     });
     out.push(Capability {
         metric: metric::INBOX_STUCK,
-        how: if c.started_at.is_some() {
+        how: if c.started_at.is_some() || events {
             How::Exact
         } else {
             How::Zero("no started_at column".into())
