@@ -541,4 +541,45 @@ mod tests {
             .expect("valid");
         assert_eq!(spec.table, "procrastinate_events");
     }
+
+    #[test]
+    fn mistakes_are_named_by_their_key() {
+        let problems = |raw: Option<&RawEvents>, with_events: bool| {
+            let env = |_: &str| None;
+            let mut v = Validator::new("", crate::checks::Environment::Process, &env);
+            events_spec(&mut v, "sources[0]", raw, with_events, "jobs");
+            v.into_problems()
+                .into_iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            problems(None, true),
+            [
+                "sources[0].events: required with cursor = \"events\": the log table the counters come from"
+            ]
+        );
+        let raw = RawEvents {
+            table: Some("log".into()),
+            id: Some("id".into()),
+            event_id: Some("job id".into()),
+            at: Some("at".into()),
+            received: Some(vec!["queued".into()]),
+            started: Some(vec!["queued".into()]),
+            succeeded: Some(vec!["done".into()]),
+            ..RawEvents::default()
+        };
+        assert_eq!(
+            problems(Some(&raw), false),
+            ["sources[0].events: applies only with cursor = \"events\""]
+        );
+        assert_eq!(
+            problems(Some(&raw), true),
+            [
+                "sources[0].events.event_id: \"job id\" is not a column name (letters, digits, _ and $)",
+                "sources[0].events.kind: required",
+                "sources[0].events.started: \"queued\" is also listed under sources[0].events.received: a kind has one meaning",
+            ]
+        );
+    }
 }
