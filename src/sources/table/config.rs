@@ -846,6 +846,18 @@ pub(crate) fn inbox_spec(
         raw.default_error_classes,
     ));
     let events = events_spec(v, key, raw.events.as_ref(), with_events, &table.table);
+    if with_events
+        && raw
+            .columns
+            .deliveries
+            .as_deref()
+            .is_some_and(|d| !d.is_empty())
+    {
+        v.problem(
+            &format!("{key}.columns.deliveries"),
+            "not read with cursor = \"events\": the log shows no redelivery".into(),
+        );
+    }
     let columns = columns?;
     table.cursor = settle_cursor(v, key, cursor, columns.updated_at.as_deref());
     table.events = events.map(|e| {
