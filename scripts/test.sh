@@ -62,8 +62,9 @@ if [ ! -x "$TANSU" ]; then
 fi
 export TANSU
 
-# Node.js and the npm packages of tests/libraries.rs: real pg-transactional-outbox and
-# graphile-worker writing their own tables, at the exact versions of
+# Node.js and the npm packages of tests/libraries.rs and tests/preset_pgboss.rs: real
+# pg-transactional-outbox, graphile-worker and pg-boss writing their own tables, at the
+# exact versions of
 # tests/libraries/package-lock.json (npm ci; again when the lock file changes).
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   echo "Installing nodejs and npm (Debian packages)..."

@@ -808,6 +808,76 @@ table = "outbox"
         assert_eq!(orders.table.trace.messaging_system, "kafka");
     }
 
+    /// `attempts_offset` turns a retry count into attempts made, once a row
+    /// has started (pg-boss's `retry_count` is 0 through the first attempt);
+    /// it needs both columns, a small non-negative value and an inbox.
+    #[test]
+    fn attempts_offset_reads_a_retry_count_as_attempts() {
+        use crate::dsn::Dialect;
+        use crate::sources::table::dialect::Sql;
+        let inbox = |extra: &str, columns: &str| {
+            format!(
+                "[[sources]]\nname = \"jobs\"\nkind = \"inbox\"\ndsn = \"sqlite://x\"\n\
+                 table = \"job\"\n{extra}\n[sources.columns]\n{columns}\n"
+            )
+        };
+        let both = "attempts = \"retry_count\"\nstarted_at = \"started_on\"";
+        let pg = Sql {
+            dialect: Dialect::Postgres,
+        };
+        let cfg = check(&inbox("attempts_offset = 1", both)).expect("valid");
+        let SourceSpec::Inbox(s) = &cfg.sources[0] else {
+            panic!("an inbox source")
+        };
+        assert_eq!(s.attempts_offset, 1);
+        assert_eq!(
+            s.attempts_select(&pg),
+            "CAST(CASE WHEN \"started_on\" IS NULL THEN \"retry_count\" \
+             ELSE \"retry_count\" + 1 END AS BIGINT)"
+        );
+        let cfg = check(&inbox("", both)).expect("valid");
+        let SourceSpec::Inbox(s) = &cfg.sources[0] else {
+            panic!("an inbox source")
+        };
+        assert_eq!(s.attempts_offset, 0);
+        assert_eq!(s.attempts_select(&pg), "CAST(\"retry_count\" AS BIGINT)");
+
+        for (extra, columns, says) in [
+            ("attempts_offset = -1", both, "not between 0 and 10"),
+            ("attempts_offset = 11", both, "not between 0 and 10"),
+            (
+                "attempts_offset = 1",
+                "attempts = \"retry_count\"",
+                "needs columns.attempts and columns.started_at",
+            ),
+            (
+                "attempts_offset = 1",
+                "started_at = \"started_on\"",
+                "needs columns.attempts and columns.started_at",
+            ),
+        ] {
+            let err = check(&inbox(extra, columns)).expect_err(extra);
+            let p = err
+                .problems
+                .iter()
+                .find(|p| p.key == "sources[0].attempts_offset")
+                .unwrap_or_else(|| panic!("{extra} / {columns}: {:?}", err.problems));
+            assert!(p.message.contains(says), "{extra}: {}", p.message);
+        }
+        let err = check(
+            "[[sources]]\nname = \"o\"\nkind = \"outbox\"\ndsn = \"sqlite://x\"\n\
+             table = \"outbox\"\nattempts_offset = 1\n",
+        )
+        .expect_err("an outbox has no attempts");
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.key == "sources[0].attempts_offset"),
+            "{:?}",
+            err.problems
+        );
+    }
+
     /// Kafka sources: defaults, and keys of the other kinds refused by name.
     #[test]
     fn kafka_sources_get_defaults_and_refuse_table_keys() {

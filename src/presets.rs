@@ -32,6 +32,7 @@ const PRESETS: &[(&str, &str)] = &[
         "graphile-worker",
         include_str!("../presets/graphile-worker.toml"),
     ),
+    ("pg-boss", include_str!("../presets/pg-boss.toml")),
     (
         "procrastinate",
         include_str!("../presets/procrastinate.toml"),

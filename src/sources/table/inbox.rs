@@ -518,9 +518,13 @@ impl Inbox {
             Some(s) => s,
             None if baseline || !self.states.is_new(received) => {
                 // An event older than the agent's memory: its row is the baseline.
-                // Only a completion that happened since the start is counted.
-                let counted =
-                    !baseline && terminal && row.finished.is_some_and(|f| f >= self.start);
+                // Only a completion that happened since the start is counted,
+                // and not one of an event counted and forgotten since.
+                let counted = !baseline
+                    && terminal
+                    && row
+                        .finished
+                        .is_some_and(|f| f >= self.start && !self.states.may_have_counted(f));
                 if counted {
                     self.complete(label, &row, class, status, now);
                 }
@@ -929,7 +933,7 @@ impl TableKind for Inbox {
                     .map_or("NULL".to_string(), |e| sql.micros(&e)),
             ),
             ("finished_at", opt(&c.finished_at, &|e| sql.micros(e))),
-            ("attempts", opt(&c.attempts, &|e| sql.int(e))),
+            ("attempts", self.spec.attempts_select(sql)),
             ("deliveries", opt(&c.deliveries, &|e| sql.int(e))),
             (
                 "last_error",
