@@ -88,6 +88,25 @@ for crate in postgres mysql; do
     --target-dir tests/libraries/apalis/target
 done
 
+# procrastinate and pgqueuer (PyPI) for tests/preset_python.rs: a venv at the exact
+# versions of tests/libraries/python/requirements.txt (again when that file changes;
+# about 20 s on a fresh machine).
+PYREQ=tests/libraries/python/requirements.txt
+PYVENV=tests/libraries/python/.venv
+if ! cmp -s "$PYREQ" "$PYVENV/requirements.installed"; then
+  if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    echo "Installing python3-venv (Debian package)..."
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+  fi
+  echo "Installing the Python packages of tests/libraries/python (pip, into $PYVENV)..."
+  rm -rf "$PYVENV"
+  python3 -m venv "$PYVENV"
+  "$PYVENV/bin/pip" install --quiet --disable-pip-version-check -r "$PYREQ"
+  cp "$PYREQ" "$PYVENV/requirements.installed"
+fi
+
 if ! command -v cargo-nextest >/dev/null 2>&1; then
   cargo install cargo-nextest --locked
 fi

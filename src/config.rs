@@ -552,7 +552,9 @@ received_at = "run_at"
         // A bad override is the entry's problem, at its key.
         assert_eq!(
             problems("preset = \"graphile-worker\"\ncursor = \"sometimes\"\n"),
-            ["sources[0].cursor: \"sometimes\" is not a cursor mode: \"updated_at\" or \"none\""]
+            [
+                "sources[0].cursor: \"sometimes\" is not a cursor mode: \"updated_at\", \"none\" or \"events\""
+            ]
         );
         assert_eq!(
             problems("preset = \"graphile-worker\"\n[sources.columns]\nevent_idd = \"id\"\n"),

@@ -38,6 +38,11 @@ const PRESETS: &[(&str, &str)] = &[
         include_str!("../presets/apalis-postgres.toml"),
     ),
     ("apalis-mysql", include_str!("../presets/apalis-mysql.toml")),
+    (
+        "procrastinate",
+        include_str!("../presets/procrastinate.toml"),
+    ),
+    ("pgqueuer", include_str!("../presets/pgqueuer.toml")),
 ];
 
 /// How a preset was proven.

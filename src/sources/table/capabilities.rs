@@ -45,8 +45,11 @@ const UNSEEN_DELETED: &str =
 pub fn inbox(s: &InboxSpec) -> Vec<Capability> {
     let c = &s.columns;
     let t = &s.table;
-    let deleted = t.finished_rows == FinishedRows::Deleted;
-    let cursor = t.cursor == Cursor::UpdatedAt;
+    // An events log sees every change, deleted rows' too.
+    let deleted = t.finished_rows == FinishedRows::Deleted && t.cursor != Cursor::Events;
+    let cursor = t.cursor != Cursor::None;
+    // An events log gives every attempt's start and every end.
+    let events = t.cursor == Cursor::Events;
     let lower_if_deleted = || {
         if deleted {
             How::Bounded(format!("a lower bound: {UNSEEN_DELETED}"))
@@ -65,6 +68,7 @@ pub fn inbox(s: &InboxSpec) -> Vec<Capability> {
         },
     ];
     let failures = match (&c.attempts, cursor) {
+        _ if events => How::Exact,
         (Some(_), _) => How::Exact,
         (None, true) => How::Bounded(
             "a lower bound: without an attempts column only moves into failed are counted, \
@@ -119,9 +123,9 @@ pub fn inbox(s: &InboxSpec) -> Vec<Capability> {
     };
     // A deleted row gives an end (the poll that noticed it) only when its
     // durations are observed.
-    let ends = c.finished_at.is_some() || (deleted && t.deleted_durations);
+    let ends = c.finished_at.is_some() || (deleted && t.deleted_durations) || events;
     let processing = timed(&[
-        ("started_at", c.started_at.is_some()),
+        ("started_at", c.started_at.is_some() || events),
         ("finished_at", ends),
     ]);
     out.push(Capability {
@@ -157,7 +161,7 @@ pub fn inbox(s: &InboxSpec) -> Vec<Capability> {
     });
     out.push(Capability {
         metric: metric::INBOX_STUCK,
-        how: if c.started_at.is_some() {
+        how: if c.started_at.is_some() || events {
             How::Exact
         } else {
             How::Zero("no started_at column".into())

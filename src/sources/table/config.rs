@@ -10,6 +10,7 @@ use toml::de::DeValue;
 
 use super::dialect::Sql;
 use super::errors::{self, ErrorClasses, RawErrorClass};
+use super::events::{EventsSpec, RawEvents, events_spec};
 use super::rules::{self, Rule, Statuses};
 use crate::checks::{
     Environment, Unknown, Validator, is_identifier, is_owner, is_table_name, owner_problem,
@@ -57,7 +58,9 @@ pub struct RawTable {
     pub batch_size: Option<i64>,
     /// How changes are found: `"updated_at"` tails the column bumped on
     /// every change; `"none"` follows watermarks on the arrival and finish
-    /// times and re-reads the unfinished rows on every poll. Default:
+    /// times and re-reads the unfinished rows on every poll; `"events"`
+    /// (inbox) tails an append-only log of status changes by its id
+    /// (`[sources.events]`) and re-reads the unfinished rows for the gauges. Default:
     /// `"updated_at"` when `columns.updated_at` is mapped, else `"none"`.
     pub cursor: Option<String>,
     /// `"kept"` (default): finished rows stay in the table; `"deleted"`: the
@@ -108,6 +111,9 @@ pub struct RawInbox {
     pub default_error_classes: Option<bool>,
     /// What `inboxwatch dead-letters replay` and `ignore` write with.
     pub dead_letter_actions: Option<RawActions>,
+    /// With `cursor = "events"`: the append-only log of status changes the
+    /// counters come from.
+    pub events: Option<RawEvents>,
 }
 
 /// `[sources.dead_letter_actions]`: the write-capable connection of the
@@ -218,6 +224,8 @@ pub struct TableSpec {
     pub max_count_jump: u64,
     /// How changes are found (resolved from `cursor` and the column map).
     pub cursor: Cursor,
+    /// `[sources.events]`, with `cursor = "events"`.
+    pub events: Option<Arc<EventsSpec>>,
     pub finished_rows: FinishedRows,
     pub deleted_durations: bool,
     pub service_name: Option<String>,
@@ -238,6 +246,9 @@ pub enum Cursor {
     /// Watermarks on the arrival and finish times, and the unfinished rows
     /// re-read on every poll.
     None,
+    /// An append-only log of status changes tailed by its id
+    /// ([`super::events`]); the unfinished rows re-read for the gauges.
+    Events,
 }
 
 impl Cursor {
@@ -245,6 +256,7 @@ impl Cursor {
         match self {
             Cursor::UpdatedAt => "updated_at",
             Cursor::None => "none",
+            Cursor::Events => "events",
         }
     }
 }
@@ -261,7 +273,7 @@ impl TableSpec {
     /// that left them): without a change cursor, or when finished rows are
     /// deleted, that is the only way to see their changes.
     pub fn rereads_unfinished(&self) -> bool {
-        self.cursor == Cursor::None || self.finished_rows == FinishedRows::Deleted
+        self.cursor != Cursor::UpdatedAt || self.finished_rows == FinishedRows::Deleted
     }
 }
 
@@ -338,6 +350,25 @@ impl InboxSpec {
         }
     }
 
+    /// The expression a row's arrival time is read from: `received_at`, or
+    /// with an events log and no such column, the first arrival in the log.
+    pub fn received_sql(&self, sql: &Sql) -> String {
+        match &self.table.events {
+            Some(e) if self.columns.received_at.is_empty() => e.first_sql(sql, &self.table.table),
+            _ => sql.ident(&self.columns.received_at),
+        }
+    }
+
+    /// The expression a row's start is read from: `started_at`, or with an
+    /// events log and no such column, the last start in the log.
+    pub fn started_sql(&self, sql: &Sql) -> Option<String> {
+        match (&self.columns.started_at, &self.table.events) {
+            (Some(c), _) => Some(sql.ident(c)),
+            (None, Some(e)) => Some(e.last_start_sql(sql, &self.table.table)),
+            (None, None) => None,
+        }
+    }
+
     /// The expression every query reads a row's attempts from (`NULL`
     /// without an attempts column): the column, plus `attempts_offset` once
     /// the row has started, so that a column counting retries reads as the
@@ -391,6 +422,8 @@ pub struct InboxColumns {
     pub event_type: Option<String>,
     /// `None` when the status comes from `status_rules` only.
     pub status: Option<String>,
+    /// Empty with `cursor = "events"` when the arrival time comes from the
+    /// log (see [`InboxSpec::received_sql`]).
     pub received_at: String,
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
@@ -406,10 +439,10 @@ pub struct InboxColumns {
 impl InboxColumns {
     /// Every mapped column with the meaning it has, for schema checks.
     pub fn mapped(&self) -> Vec<(&'static str, &str)> {
-        let mut out = vec![
-            ("event_id", self.event_id.as_str()),
-            ("received_at", self.received_at.as_str()),
-        ];
+        let mut out = vec![("event_id", self.event_id.as_str())];
+        if !self.received_at.is_empty() {
+            out.push(("received_at", self.received_at.as_str()));
+        }
         let optional = [
             ("status", &self.status),
             ("updated_at", &self.updated_at),
@@ -723,10 +756,11 @@ pub(crate) fn table_spec(
         None => None,
         Some("updated_at") => Some(Cursor::UpdatedAt),
         Some("none") => Some(Cursor::None),
+        Some("events") => Some(Cursor::Events),
         Some(other) => {
             v.problem(
                 &format!("{key}.cursor"),
-                format!("\"{other}\" is not a cursor mode: \"updated_at\" or \"none\""),
+                format!("\"{other}\" is not a cursor mode: \"updated_at\", \"none\" or \"events\""),
             );
             None
         }
@@ -763,6 +797,7 @@ pub(crate) fn table_spec(
         batch_size,
         max_count_jump,
         cursor: Cursor::None,
+        events: None,
         finished_rows,
         deleted_durations: raw.deleted_durations.unwrap_or(false),
         service_name: raw.service_name,
@@ -814,7 +849,8 @@ pub(crate) fn inbox_spec(
     // Rules stand in for a status column even when one of them is wrong:
     // that one is the problem to name, not the missing column.
     let has_rules = raw.status_rules.as_ref().is_some_and(|r| !r.is_empty());
-    let columns = inbox_columns(v, key, &raw.columns, has_rules);
+    let with_events = cursor == Some(Cursor::Events);
+    let columns = inbox_columns(v, key, &raw.columns, has_rules, with_events);
     let statuses = statuses(v, key, raw.statuses.as_ref());
     let deleted_as = match raw.deleted_as.as_deref() {
         None | Some("succeeded") => Status::Succeeded,
@@ -839,6 +875,19 @@ pub(crate) fn inbox_spec(
         raw.error_classes.as_deref().unwrap_or_default(),
         raw.default_error_classes,
     ));
+    let events = events_spec(v, key, raw.events.as_ref(), with_events, &table.table);
+    if with_events
+        && raw
+            .columns
+            .deliveries
+            .as_deref()
+            .is_some_and(|d| !d.is_empty())
+    {
+        v.problem(
+            &format!("{key}.columns.deliveries"),
+            "not read with cursor = \"events\": the log shows no redelivery".into(),
+        );
+    }
     let columns = columns?;
     let attempts_offset = raw.attempts_offset.unwrap_or(0);
     if let Some(offset) = raw.attempts_offset {
@@ -859,6 +908,13 @@ pub(crate) fn inbox_spec(
         }
     }
     table.cursor = settle_cursor(v, key, cursor, columns.updated_at.as_deref());
+    table.events = events.map(|e| {
+        Arc::new(EventsSpec {
+            jobs_event_id: columns.event_id.clone(),
+            jobs_event_type: columns.event_type.clone(),
+            ..e
+        })
+    });
     let actions = raw.dead_letter_actions.as_ref().and_then(|a| {
         dead_letter_actions(v, key, a, &table, &columns, &statuses, !rules.is_empty())
     });
@@ -977,6 +1033,12 @@ pub(crate) fn outbox_spec(
     key: &str,
     v: &mut Validator<'_>,
 ) -> Option<OutboxSpec> {
+    if cursor == Some(Cursor::Events) {
+        v.problem(
+            &format!("{key}.cursor"),
+            "\"events\" applies to inbox sources only".into(),
+        );
+    }
     let columns = outbox_columns(v, key, &raw.columns)?;
     table.cursor = settle_cursor(v, key, cursor, columns.updated_at.as_deref());
     Some(OutboxSpec { table, columns })
@@ -1105,6 +1167,7 @@ fn inbox_columns(
     key: &str,
     c: &RawInboxColumns,
     has_rules: bool,
+    with_events: bool,
 ) -> Option<InboxColumns> {
     let before = v.count();
     let cols = InboxColumns {
@@ -1112,7 +1175,9 @@ fn inbox_columns(
         event_type: column(v, key, "event_type", &c.event_type, false),
         // Rules can stand in for a status column.
         status: column(v, key, "status", &c.status, !has_rules),
-        received_at: column(v, key, "received_at", &c.received_at, true).unwrap_or_default(),
+        // With an events log, the arrival time can come from the log.
+        received_at: column(v, key, "received_at", &c.received_at, !with_events)
+            .unwrap_or_default(),
         started_at: column(v, key, "started_at", &c.started_at, false),
         finished_at: column(v, key, "finished_at", &c.finished_at, false),
         attempts: column(v, key, "attempts", &c.attempts, false),

@@ -171,7 +171,11 @@ fn index_for(what: &str, spec: Shape<'_>, sql: &Sql) -> String {
     }
     match spec {
         Shape::Inbox(s) => {
-            let received = sql.ident(&s.columns.received_at);
+            // With the arrival time in an events log, the rows by id.
+            let received = match s.columns.received_at.as_str() {
+                "" => sql.ident(&s.columns.event_id),
+                column => sql.ident(column),
+            };
             let name = format!("{base}_unfinished");
             match s.words_only() {
                 Some(status) if sql.dialect == Dialect::MySql => create_index(
@@ -243,6 +247,11 @@ async fn describe_mode<K: TableKind>(
     let table = spec.table();
     let mut out = Vec::new();
     let mode = match (table.cursor, table.finished_rows) {
+        (Cursor::Events, _) => format!(
+            "cursor = \"events\": each poll reads the events of {} added since the last one \
+             (re-reading the overlap window's), and re-reads every unfinished row for the gauges",
+            table.events.as_ref().map_or("the log", |e| e.table.as_str())
+        ),
         (Cursor::UpdatedAt, FinishedRows::Kept) => {
             "cursor = \"updated_at\": each poll reads the rows changed since the last one".to_string()
         }

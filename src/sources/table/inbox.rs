@@ -164,6 +164,9 @@ struct Row {
     /// Which version of the row this is, so a rejected version is counted
     /// once: the change cursor, or without one a hash of the values read.
     version: i64,
+    /// Whether `status` names a meaning (an event of `cursor = "events"`)
+    /// rather than a status word of the table.
+    meaning: bool,
 }
 
 /// The times a completion's durations are observed from; none without an end.
@@ -348,6 +351,7 @@ impl Inbox {
             updated: get::<Option<i64>>(row, 11, "updated_at")?.unwrap_or(NO_CURSOR),
             version: 0,
             class: 0,
+            meaning: false,
         };
         row.class = self.spec.error_classes.index(row.error_text.as_deref());
         if self.spec.table.cursor == Cursor::None {
@@ -460,7 +464,11 @@ impl Inbox {
             }
             long_error_at = Some(row.version);
         }
-        let status = self.spec.meaning_of(&row.status);
+        let status = if row.meaning {
+            Status::from_name(&row.status)
+        } else {
+            self.spec.meaning_of(&row.status)
+        };
         if let Some(reason) = self.check(&row, status) {
             let seen = existing.and_then(|s| s.rejected_at) == Some(row.version);
             if !seen && !baseline {
@@ -909,14 +917,19 @@ impl TableKind for Inbox {
         };
         let updated_at = match self.spec.table.cursor {
             Cursor::UpdatedAt => opt(&c.updated_at, &|e| sql.micros(e)),
-            Cursor::None => "NULL".to_string(),
+            Cursor::None | Cursor::Events => "NULL".to_string(),
         };
         vec![
             ("event_id", sql.text(&sql.ident(&c.event_id))),
             ("event_type", opt(&c.event_type, &|e| sql.text(e))),
             ("status", self.spec.status_select(sql)),
-            ("received_at", sql.micros(&sql.ident(&c.received_at))),
-            ("started_at", opt(&c.started_at, &|e| sql.micros(e))),
+            ("received_at", sql.micros(&self.spec.received_sql(sql))),
+            (
+                "started_at",
+                self.spec
+                    .started_sql(sql)
+                    .map_or("NULL".to_string(), |e| sql.micros(&e)),
+            ),
             ("finished_at", opt(&c.finished_at, &|e| sql.micros(e))),
             ("attempts", self.spec.attempts_select(sql)),
             ("deliveries", opt(&c.deliveries, &|e| sql.int(e))),
@@ -947,6 +960,8 @@ impl TableKind for Inbox {
         let c = &self.spec.columns;
         match (self.spec.table.cursor, &c.updated_at) {
             (Cursor::UpdatedAt, Some(u)) => vec![(u.clone(), 11)],
+            // The events log is the cursor (see `events`).
+            (Cursor::Events, _) => Vec::new(),
             _ => {
                 let mut out = vec![(c.received_at.clone(), 3)];
                 if let Some(f) = &c.finished_at {
@@ -988,6 +1003,13 @@ impl TableKind for Inbox {
     fn observe(&mut self, row: &AnyRow, baseline: bool) -> Result<(), String> {
         let row = self.decode(row)?;
         self.take(row, baseline);
+        Ok(())
+    }
+
+    fn observe_event(&mut self, row: &AnyRow) -> Result<(), String> {
+        let mut row = self.decode(row)?;
+        row.meaning = true;
+        self.take(row, false);
         Ok(())
     }
 
@@ -1038,10 +1060,12 @@ impl TableKind for Inbox {
         let table = sql.table(&self.spec.table.table);
         let et = c.event_type.as_deref().map(|e| sql.ident(e));
         let et_select = et.as_deref().map_or("NULL".to_string(), |e| sql.text(e));
-        let started = |processing: &str| match &c.started_at {
+        let started_sql = self.spec.started_sql(sql);
+        let received = self.spec.received_sql(sql);
+        let started = |processing: &str| match &started_sql {
             Some(started) => format!(
                 "CASE WHEN {processing} AND {} BETWEEN {} AND {} THEN 1 ELSE 0 END",
-                sql.micros(&sql.ident(started)),
+                sql.micros(started),
                 OUT_OF_RANGE + 1,
                 stuck_before - 1,
             ),
@@ -1060,7 +1084,7 @@ impl TableKind for Inbox {
                 format!(
                     "SELECT {}, {et_select}, COUNT(*), {}, {} FROM {table} WHERE {status} IN {} GROUP BY {group}",
                     sql.text(&status),
-                    sql.min_micros(&sql.ident(&c.received_at)),
+                    sql.min_micros(&received),
                     sql.int(&format!("SUM({})", stuck)),
                     sql.in_list(&self.spec.statuses.unfinished_words()),
                 )
@@ -1074,7 +1098,7 @@ impl TableKind for Inbox {
                 let group = if et.is_some() { "1, 2" } else { "1" };
                 format!(
                     "SELECT {meaning}, {et_select}, COUNT(*), {}, {} FROM {table} WHERE {} GROUP BY {group}",
-                    sql.min_micros(&sql.ident(&c.received_at)),
+                    sql.min_micros(&received),
                     sql.int(&format!("SUM({})", stuck)),
                     self.unfinished_filter(sql),
                 )
@@ -1243,6 +1267,7 @@ mod tests {
             event_id: "job".into(),
             event_type: None,
             status: String::new(),
+            meaning: false,
             received: Some(100),
             started: Some(started),
             finished: Some(finished),

@@ -99,7 +99,7 @@ async fn inbox_event(
         "SELECT {}, {}, {}, {}, {}, {}, {}, {}, {}, {} FROM {} WHERE {} = {}",
         opt_col(sql, &c.event_type, |e| sql.text(e)),
         s.status_select(&sql),
-        sql.micros(&sql.ident(&c.received_at)),
+        sql.micros(&s.received_sql(&sql)),
         opt_col(sql, &c.started_at, |e| sql.micros(e)),
         opt_col(sql, &c.finished_at, |e| sql.micros(e)),
         s.attempts_select(&sql),
@@ -320,12 +320,12 @@ async fn dead_rows(
         filter.push_str(&format!("{} AND ", sql.after(&sql.ident(t), i + 1)));
     }
     filter.push_str(&dead);
-    let order = sql.ident(dead_at.unwrap_or(&c.received_at));
+    let order = dead_at.map_or_else(|| s.received_sql(&sql), |d| sql.ident(d));
     let query = format!(
         "SELECT {}, {}, {}, {}, {}, {}, {}, {} FROM {} WHERE {filter} ORDER BY {order} DESC, {} {}",
         sql.text(&sql.ident(&c.event_id)),
         opt_col(sql, &c.event_type, |e| sql.text(e)),
-        sql.micros(&sql.ident(&c.received_at)),
+        sql.micros(&s.received_sql(&sql)),
         dead_at.map_or("NULL".to_string(), |d| sql.micros(&sql.ident(d))),
         s.attempts_select(&sql),
         opt_col(sql, &c.last_error, |e| sql

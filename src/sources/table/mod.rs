@@ -18,6 +18,7 @@ pub mod config;
 pub mod dialect;
 mod doctor;
 pub mod errors;
+pub mod events;
 pub mod inbox;
 mod kind;
 pub mod lock;
@@ -136,6 +137,9 @@ pub trait TableKind: Send + 'static {
     /// A tail or seed row's event key and, if the row is unfinished, what the
     /// gauges need of it.
     fn unfinished(&mut self, row: &AnyRow) -> Result<(u64, Option<Unfinished>), String>;
+    /// `cursor = "events"`: takes one event of the log, read as a version of
+    /// its job's row whose status is a meaning's name ([`events`]).
+    fn observe_event(&mut self, row: &AnyRow) -> Result<(), String>;
     /// A row last seen unfinished (`last`) is gone from the table: counted
     /// as finished if `deleted` (`finished_rows = "deleted"`), else only
     /// forgotten as unfinished. `noticed`: the poll's database time.
@@ -186,6 +190,8 @@ pub struct TableSource<K: TableKind> {
     nulls: NullScan,
     /// Re-reading the unfinished rows on every poll: which were read.
     unfinished: Reread,
+    /// `cursor = "events"`: the tail of the events log.
+    events: Option<events::EventsTail>,
 }
 
 /// The scan for rows with a NULL change cursor, a page per sweep: each such
@@ -235,6 +241,10 @@ impl<K: TableKind> TableSource<K> {
             dialect: spec.dsn.dialect(),
         };
         let cursors = kind.cursors().len();
+        let events = spec.events.clone().map(|spec| events::EventsTail {
+            spec,
+            window: events::IdWindow::default(),
+        });
         TableSource {
             backlog: Backlog::new(spec.max_tracked_events),
             spec,
@@ -253,6 +263,7 @@ impl<K: TableKind> TableSource<K> {
             cheap_reconciles: 0,
             nulls: NullScan::default(),
             unfinished: Reread::default(),
+            events,
         }
     }
 
@@ -377,6 +388,14 @@ impl<K: TableKind> TableSource<K> {
             .into_iter()
             .map(|(col, _)| (format!("tail on {col}"), self.tail_query(&col), true))
             .collect();
+        if let Some(tail) = &self.events {
+            out.push((
+                format!("tail of {}", tail.spec.table),
+                tail.spec
+                    .tail_query(&self.sql, &self.spec.table, self.spec.batch_size),
+                true,
+            ));
+        }
         let seed = self.seed_query();
         if self.spec.rereads_unfinished() {
             out.push(("unfinished rows".into(), seed, false));
@@ -480,6 +499,7 @@ impl<K: TableKind> TableSource<K> {
         for (i, (column, at)) in self.kind.cursors().into_iter().enumerate() {
             rows_read += self.tail(&mut tx, i, &column, at, &window).await?;
         }
+        rows_read += self.tail_events(&mut tx, &window).await?;
         self.started = true;
         self.poll_xmin = Some(snapshot_xmin);
         if sweep {
@@ -488,7 +508,7 @@ impl<K: TableKind> TableSource<K> {
                 rows_read += self.scan_nulls(&mut tx).await?;
             }
         }
-        if rereads && !baseline {
+        if rereads && !baseline && self.events.is_none() {
             rows_read += self.look_up_gone(&mut tx, db_now).await?;
         }
         let gauges = if rereads {
@@ -518,7 +538,9 @@ impl<K: TableKind> TableSource<K> {
         baseline: bool,
     ) -> Result<u64, SourceError> {
         let seed = self.seed_query();
-        let track = self.spec.rereads_unfinished();
+        // With an events log the rows give the gauges only: the log counts.
+        let events = self.events.is_some();
+        let track = self.spec.rereads_unfinished() && !events;
         self.unfinished.pass += 1;
         let pass = self.unfinished.pass;
         let mut rows = sqlx::query(sqlx::AssertSqlSafe(seed)).fetch(&mut *conn);
@@ -526,9 +548,11 @@ impl<K: TableKind> TableSource<K> {
         self.backlog.clear();
         while let Some(row) = rows.try_next().await.map_err(query_error)? {
             n += 1;
-            self.kind
-                .observe(&row, baseline)
-                .map_err(SourceError::Schema)?;
+            if !events {
+                self.kind
+                    .observe(&row, baseline)
+                    .map_err(SourceError::Schema)?;
+            }
             let (key, unfinished) = self.kind.unfinished(&row).map_err(SourceError::Schema)?;
             self.backlog.update(key, unfinished);
             if let Some(last) = unfinished.filter(|_| track) {

@@ -211,6 +211,10 @@ impl TableKind for Outbox {
         self.poll_now = db_now;
     }
 
+    fn observe_event(&mut self, _row: &AnyRow) -> Result<(), String> {
+        Err("cursor = \"events\" applies to inbox sources only".into())
+    }
+
     fn gone(&mut self, key: u64, last: &Unfinished, noticed: i64, deleted: bool) {
         let Some(prev) = self.states.get(key).copied().map(State::from) else {
             return;
