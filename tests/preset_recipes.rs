@@ -88,6 +88,8 @@ struct Recipe {
     model: Model,
     /// Attempts before the library gives up.
     max_attempts: u32,
+    /// Attempts made back to back, with no poll in between (1: the agent sees each).
+    burst: u32,
     enqueue: &'static [&'static str],
     /// A re-send of an existing key that the library rejects (empty: the library has
     /// no such check, and a re-send is a new event; the plan sends none).
@@ -114,6 +116,7 @@ const OBAN: Recipe = Recipe {
     table: "oban_jobs",
     model: Model::Row,
     max_attempts: 3,
+    burst: 1,
     enqueue: &[
         "INSERT INTO oban_jobs (state, queue, worker, args, meta, tags, errors, attempt, \
          max_attempts, priority, inserted_at, scheduled_at) VALUES ('available', 'default', \
@@ -166,6 +169,7 @@ const RIVER: Recipe = Recipe {
     table: "river_job",
     model: Model::Row,
     max_attempts: 3,
+    burst: 1,
     enqueue: &[RIVER_INSERT],
     resend: &[RIVER_INSERT],
     claim: &[
@@ -216,6 +220,7 @@ const GOOD_JOB: Recipe = Recipe {
     table: "good_jobs",
     model: Model::Row,
     max_attempts: 3,
+    burst: 1,
     enqueue: &[
         "INSERT INTO good_jobs (id, active_job_id, job_class, queue_name, priority, \
          serialized_params, concurrency_key, created_at, scheduled_at, updated_at) VALUES ('{key}', \
@@ -280,6 +285,7 @@ const SPRING_MODULITH: Recipe = Recipe {
     table: "event_publication",
     model: Model::FailedStays,
     max_attempts: 3,
+    burst: 1,
     enqueue: &[
         "INSERT INTO event_publication (ID, EVENT_TYPE, LISTENER_ID, PUBLICATION_DATE, \
          SERIALIZED_EVENT, STATUS, COMPLETION_ATTEMPTS, LAST_RESUBMISSION_DATE) VALUES ('{key}', \
@@ -320,6 +326,7 @@ const SOLID_QUEUE: Recipe = Recipe {
     table: "solid_queue_jobs",
     model: Model::RowPerAttempt,
     max_attempts: 3,
+    burst: 1,
     enqueue: &[
         "INSERT INTO solid_queue_jobs (queue_name, class_name, arguments, priority, active_job_id, \
          scheduled_at, created_at, updated_at) VALUES ('default', '{type}', \
@@ -368,6 +375,46 @@ const SOLID_QUEUE: Recipe = Recipe {
          THEN 'pending' ELSE 'other' END, '0', CAST(count(*) AS text) \
          FROM solid_queue_jobs j GROUP BY 1, 2, 3",
 };
+
+/// .NET CAP 10.0.1, src/DotNetCore.CAP.PostgreSql/IDataStorage.PostgreSql.cs and
+/// src/DotNetCore.CAP/Internal/ISubscribeExector.Default.cs: `StoreReceivedMessageAsync`
+/// (a row per delivery: a snowflake Id, Retries 0, Scheduled, Added = DateTime.Now),
+/// nothing written when an attempt starts, `SetFailedState` (Retries + 1, the exception
+/// in Content's headers, Failed) and `SetSuccessfulState` (Succeeded). Retries stop at
+/// FailedRetryCount (50): the first three attempts run back to back, the retry
+/// processor's (a SELECT of Failed rows under 50 Retries) every minute after; several
+/// attempts fall between two polls. A redelivered message is a new row, not a rejected
+/// key: the plan sends none.
+const CAP: Recipe = Recipe {
+    preset: "cap-received",
+    ddl: include_str!("presets/cap.sql"),
+    table: "received",
+    model: Model::Row,
+    max_attempts: 50,
+    burst: 10,
+    enqueue: &[
+        "INSERT INTO received (\"Id\",\"Version\",\"Name\",\"Group\",\"Content\",\"Retries\",\"Added\",\"ExpiresAt\",\"StatusName\") \
+         VALUES({num},'v1','{type}','billing.v1', \
+         '{\"Headers\":{\"cap-msg-id\":\"{key}\",\"cap-msg-name\":\"{type}\",\"cap-msg-group\":\"billing.v1\"},\"Value\":{}}', \
+         0,LOCALTIMESTAMP,NULL,'Scheduled') RETURNING CAST(\"Id\" AS text)",
+    ],
+    resend: &[],
+    claim: &[],
+    retry_later: &[CAP_FAILED],
+    requeue: &[],
+    complete: &[
+        "UPDATE received SET \"Content\"='{\"Headers\":{\"cap-msg-id\":\"{key}\",\"cap-msg-name\":\"{type}\",\"cap-msg-group\":\"billing.v1\"},\"Value\":{}}', \
+         \"Retries\"={failed},\"ExpiresAt\"=LOCALTIMESTAMP + interval '86400 seconds',\"StatusName\"='Succeeded' WHERE \"Id\"={id}",
+    ],
+    give_up: &[CAP_FAILED],
+    harness: "SELECT \"Name\", CASE WHEN \"StatusName\" = 'Succeeded' THEN 'succeeded' \
+         WHEN \"StatusName\" = 'Failed' AND \"Retries\" >= 50 THEN 'dead' ELSE \"StatusName\" END, \
+         CAST(CASE WHEN \"StatusName\" = 'Succeeded' THEN \"Retries\" + 1 ELSE \"Retries\" END AS text), \
+         CAST(count(*) AS text) FROM received GROUP BY 1, 2, 3",
+};
+
+const CAP_FAILED: &str = "UPDATE received SET \"Content\"='{\"Headers\":{\"cap-msg-id\":\"{key}\",\"cap-msg-name\":\"{type}\",\"cap-msg-group\":\"billing.v1\",\"cap-exception\":\"{error}\"},\"Value\":{}}', \
+     \"Retries\"={n},\"ExpiresAt\"=\"Added\" + interval '1296000 seconds',\"StatusName\"='Failed' WHERE \"Id\"={id}";
 
 impl Recipe {
     fn statements(&self, step: Step) -> &'static [&'static str] {
@@ -504,9 +551,10 @@ fn rows_of(model: Model, e: &Event) -> Vec<RowEnd> {
     }
 }
 
-/// The steps of one event, round by round: enqueue; then per attempt a claim round and
-/// an outcome round (the re-send goes with the first claim, the scheduler's requeue
-/// with the later ones).
+/// The steps of one event, round by round: enqueue; then per burst of attempts a claim
+/// round (the re-send goes with the first claim, the scheduler's requeue with the later
+/// ones) and a round with the outcome of each attempt of the burst (and the claims of
+/// all but its first).
 fn rounds_of(r: &Recipe, e: &Event) -> Vec<Vec<Step>> {
     let mut out = vec![vec![Step::Enqueue]];
     let attempts = if e.given_up {
@@ -514,17 +562,8 @@ fn rounds_of(r: &Recipe, e: &Event) -> Vec<Vec<Step>> {
     } else {
         e.failures + 1
     };
-    for n in 1..=attempts {
-        let mut claim = Vec::new();
-        if n == 1 && e.resent && !r.resend.is_empty() {
-            claim.push(Step::Resend);
-        }
-        if n > 1 {
-            claim.push(Step::Requeue);
-        }
-        claim.push(Step::Claim);
-        out.push(claim);
-        let outcome = if n <= e.failures {
+    let outcome = |n: u32| {
+        if n <= e.failures {
             if n == attempts && e.given_up {
                 Step::GiveUp
             } else {
@@ -532,8 +571,26 @@ fn rounds_of(r: &Recipe, e: &Event) -> Vec<Vec<Step>> {
             }
         } else {
             Step::Complete
-        };
-        out.push(vec![outcome]);
+        }
+    };
+    let mut first = 1;
+    while first <= attempts {
+        let last = (first + r.burst - 1).min(attempts);
+        let mut claim = Vec::new();
+        if first == 1 && e.resent && !r.resend.is_empty() {
+            claim.push(Step::Resend);
+        }
+        if first > 1 {
+            claim.push(Step::Requeue);
+        }
+        claim.push(Step::Claim);
+        out.push(claim);
+        let mut outcomes = vec![outcome(first)];
+        for n in first + 1..=last {
+            outcomes.extend([Step::Requeue, Step::Claim, outcome(n)]);
+        }
+        out.push(outcomes);
+        first = last + 1;
     }
     out
 }
@@ -554,7 +611,12 @@ fn fill(sql: &str, r: &Recipe, e: &Event, c: &Cursor) -> String {
         .replace("{prev}", &c.prev)
         .replace("{key}", &e.key())
         .replace("{type}", e.ty)
+        .replace(
+            "{num}",
+            &(7_130_000_000_000_000_i64 + e.index as i64).to_string(),
+        )
         .replace("{n}", &c.attempt.to_string())
+        .replace("{failed}", &c.attempt.saturating_sub(1).to_string())
         .replace("{max}", &r.max_attempts.to_string())
         .replace("{error}", e.error)
 }
@@ -993,6 +1055,13 @@ async fn good_job_preset_matches_the_plan() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn spring_modulith_preset_matches_the_plan() {
     prove(&SPRING_MODULITH).await;
+}
+
+/// Guards the `cap-received` preset (a column of failed attempts, `attempts_count =
+/// "failed"`; dead at Retries 50 by a rule) against CAP 10.0.1's PostgreSQL storage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cap_received_preset_matches_the_plan() {
+    prove(&CAP).await;
 }
 
 /// Guards the `solid-queue-jobs` preset against solid_queue 1.5.0's schema: a row per
