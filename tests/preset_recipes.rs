@@ -45,12 +45,17 @@ const SEED: u64 = 17;
 const EVENTS: usize = 240;
 /// The job types (the `event_type` label).
 const TYPES: [&str; 3] = ["Billing.ChargeCard", "Mailer.Welcome", "Reports.Nightly"];
-/// Error texts of failed attempts, one per built-in class the engine knows.
-const ERRORS: [&str; 4] = [
-    "Timeout: upstream timed out after 5000 ms",
-    "ECONNREFUSED: connection refused by ledger",
-    "invalid payload: missing field amount",
-    "RuntimeError: card declined",
+/// Error texts of failed attempts, with the built-in class each falls in and whether
+/// that class is retryable (docs/configuration.md, "Error classes").
+const ERRORS: [(&str, &str, bool); 4] = [
+    ("Timeout: upstream timed out after 5000 ms", "timeout", true),
+    (
+        "ECONNREFUSED: connection refused by ledger",
+        "connection",
+        true,
+    ),
+    ("invalid payload: missing field amount", "invalid", false),
+    ("RuntimeError: card declined", "other", true),
 ];
 
 // ---------------------------------------------------------------------------------
@@ -453,7 +458,8 @@ struct Event {
     failures: u32,
     given_up: bool,
     resent: bool,
-    error: &'static str,
+    /// The text, class and retryability of every failure of this event.
+    error: (&'static str, &'static str, bool),
 }
 
 impl Event {
@@ -518,6 +524,8 @@ struct RowEnd {
     fate: Fate,
     attempts: Option<u32>,
     failures: u32,
+    /// The class of its failures and whether that class is retryable.
+    class: (&'static str, bool),
 }
 
 /// The rows one event leaves, by the library's model.
@@ -537,6 +545,7 @@ fn rows_of(model: Model, e: &Event) -> Vec<RowEnd> {
             attempts: Some(attempts),
             // A dead row's last attempt is its dead-lettering, not a retried failure.
             failures: attempts - 1,
+            class: (e.error.1, e.error.2),
         }],
         Model::FailedStays => vec![RowEnd {
             fate: if e.given_up {
@@ -546,6 +555,7 @@ fn rows_of(model: Model, e: &Event) -> Vec<RowEnd> {
             },
             attempts: Some(attempts),
             failures: if e.given_up { attempts } else { attempts - 1 },
+            class: (e.error.1, e.error.2),
         }],
         Model::RowPerAttempt => (1..=attempts)
             .map(|a| RowEnd {
@@ -556,6 +566,7 @@ fn rows_of(model: Model, e: &Event) -> Vec<RowEnd> {
                 },
                 attempts: None,
                 failures: 0,
+                class: (e.error.1, e.error.2),
             })
             .collect(),
     }
@@ -628,7 +639,7 @@ fn fill(sql: &str, r: &Recipe, e: &Event, c: &Cursor) -> String {
         .replace("{n}", &c.attempt.to_string())
         .replace("{failed}", &c.attempt.saturating_sub(1).to_string())
         .replace("{max}", &r.max_attempts.to_string())
-        .replace("{error}", e.error)
+        .replace("{error}", e.error.0)
 }
 
 /// A connection pool whose sessions have `schema` as search_path: the library's
@@ -852,6 +863,7 @@ fn expectations(
     source: &str,
     ends: &BTreeMap<&'static str, Vec<RowEnd>>,
     durations: &BTreeMap<String, [(f64, f64); 2]>,
+    classes: bool,
 ) -> Expectations {
     let mut x = Expectations::default();
     let mut backlog = 0.0;
@@ -889,6 +901,34 @@ fn expectations(
             f64::from(failures),
             Tol::Exact,
         );
+        if classes {
+            // With last_error mapped: dead letters by the class of their error, and the
+            // retries spent after a failure no retry can fix. (Failures by class are
+            // not compared: good_job saves a retried job in two writes, the re-enqueue
+            // before the error, and a poll between them counts that failure as
+            // `unknown`; their total is compared above.)
+            let mut dead: BTreeMap<&str, f64> = BTreeMap::new();
+            let mut permanent = 0.0;
+            for e in rows {
+                if e.fate == Fate::Dead {
+                    *dead.entry(e.class.0).or_default() += 1.0;
+                }
+                if !e.class.1 && matches!(e.fate, Fate::Succeeded | Fate::Dead) {
+                    permanent += f64::from(e.failures);
+                }
+            }
+            for (class, n) in dead {
+                let mut lc = l.to_vec();
+                lc.push(("error_class", class));
+                x.push("inbox_dead_letters_total", &lc, n, Tol::Exact);
+            }
+            x.push(
+                "inbox_permanent_error_retries_total",
+                &l,
+                permanent,
+                Tol::Exact,
+            );
+        }
         let completed: Vec<f64> = rows
             .iter()
             .filter(|e| matches!(e.fate, Fate::Succeeded | Fate::Dead))
@@ -945,6 +985,10 @@ fn expectations(
         .chain(["inbox_backlog_messages", "inbox_stuck_messages"])
     {
         x.close(name, &s);
+    }
+    if classes {
+        x.close("inbox_dead_letters_total", &s);
+        x.close("inbox_permanent_error_retries_total", &s);
     }
     x
 }
@@ -1025,7 +1069,12 @@ async fn prove(r: &Recipe) {
     );
 
     let durations = durations(&pool, r.table, &columns).await;
-    let x = expectations(source, &ends, &durations);
+    let x = expectations(
+        source,
+        &ends,
+        &durations,
+        columns.contains_key("last_error"),
+    );
     converge(
         &agent,
         &x,
