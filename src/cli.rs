@@ -78,6 +78,12 @@ pub enum Command {
     },
     /// Print the metric reference (every metric the agent exports) as Markdown.
     Metrics,
+    /// List the presets (real libraries' table shapes, `preset = "NAME"`), or
+    /// print one preset's settings and what it measures.
+    Presets {
+        /// One preset: what it measures, what it cannot, and its settings.
+        name: Option<String>,
+    },
     /// Look up one event: its timeline, its trace id and its producer's trace id (read-only).
     Trace {
         /// The event id (idempotency key).

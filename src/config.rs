@@ -20,6 +20,7 @@ pub use crate::checks::{
     ConfigError, Environment, PLACEHOLDER, Problem, is_identifier, is_table_name,
 };
 use crate::checks::{Document, Validator, keys_at};
+use crate::presets;
 use crate::sources::SourceSpec;
 use crate::tracing_link::config::{RawTracing, TracingConfig};
 
@@ -75,6 +76,8 @@ pub struct Config {
     pub trace_url: Option<String>,
     /// The file it was read from (the pages print commands that name it).
     pub path: Option<String>,
+    /// The sources written on a preset, with their effective settings.
+    pub presets: Vec<presets::PresetUse>,
 }
 
 /// What one client may hold on the listener (`[server]` keys).
@@ -207,7 +210,7 @@ fn read(text: &str, v: &mut Validator<'_>) -> Option<Config> {
         }
         ok
     });
-    let sources = read_sources(v, sources);
+    let (sources, presets) = read_sources(v, sources);
     let tracing: Option<RawTracing> = tracing.and_then(|t| section(v, "tracing", Some(t)));
     let tracing = crate::tracing_link::config::validate(tracing.as_ref(), v);
     Some(Config {
@@ -220,6 +223,7 @@ fn read(text: &str, v: &mut Validator<'_>) -> Option<Config> {
         pages: server.pages.unwrap_or(true),
         trace_url,
         path: None,
+        presets,
     })
 }
 
@@ -239,7 +243,10 @@ fn section<T: serde::de::DeserializeOwned + Default>(
 }
 
 /// Every `[[sources]]` entry, each read by its kind.
-fn read_sources(v: &mut Validator<'_>, value: Option<Spanned<DeValue<'_>>>) -> Vec<SourceSpec> {
+fn read_sources(
+    v: &mut Validator<'_>,
+    value: Option<Spanned<DeValue<'_>>>,
+) -> (Vec<SourceSpec>, Vec<presets::PresetUse>) {
     let entries = match value.map(|s| (s.span(), s.into_inner())) {
         Some((_, DeValue::Array(entries))) if !entries.is_empty() => entries,
         Some((_, DeValue::Array(_))) | None => {
@@ -247,7 +254,7 @@ fn read_sources(v: &mut Validator<'_>, value: Option<Spanned<DeValue<'_>>>) -> V
                 "sources",
                 "at least one [[sources]] entry is required".into(),
             );
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
         Some((_, other)) => {
             v.problem(
@@ -257,10 +264,11 @@ fn read_sources(v: &mut Validator<'_>, value: Option<Spanned<DeValue<'_>>>) -> V
                     other.type_str()
                 ),
             );
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
     };
     let mut names = HashSet::new();
+    let mut used = Vec::new();
     let mut sources = Vec::new();
     for (i, entry) in entries.into_iter().enumerate() {
         let key = format!("sources[{i}]");
@@ -269,6 +277,10 @@ fn read_sources(v: &mut Validator<'_>, value: Option<Spanned<DeValue<'_>>>) -> V
             v.problem(&key, "must be a table ([[sources]])".into());
             continue;
         };
+        let preset_span = table
+            .keys()
+            .find(|k| k.get_ref() == "preset")
+            .map(|k| k.span());
         let mut take_string = |field: &str, v: &mut Validator<'_>| -> Option<String> {
             let found = table.keys().find(|k| k.get_ref() == field)?.clone();
             let value = table.remove(&found)?;
@@ -284,7 +296,42 @@ fn read_sources(v: &mut Validator<'_>, value: Option<Spanned<DeValue<'_>>>) -> V
             }
         };
         let name = take_string("name", v);
-        let kind = take_string("kind", v);
+        let preset = take_string("preset", v);
+        let mut kind = take_string("kind", v);
+        let mut preset_use = None;
+        if let (Some(preset), Some(span)) = (preset, preset_span) {
+            match presets::find(&preset) {
+                None => {
+                    v.problem(
+                        &format!("{key}.preset"),
+                        format!(
+                            "unknown preset \"{preset}\" (expected one of {}; `inboxwatch presets` lists them)",
+                            presets::names().join(", ")
+                        ),
+                    );
+                    continue;
+                }
+                Some(p) => {
+                    if let Some(k) = kind.as_deref().filter(|k| *k != p.kind()) {
+                        v.problem(
+                            &format!("{key}.kind"),
+                            format!(
+                                "\"{k}\" does not fit preset \"{}\", which watches an {} table (leave `kind` out)",
+                                p.name,
+                                p.kind()
+                            ),
+                        );
+                        continue;
+                    }
+                    let overridden = presets::merge_into(&mut table, &p, span);
+                    kind = Some(p.kind().to_string());
+                    preset_use = Some((p.name, overridden, presets::to_table(&table)));
+                    if let Some(k) = table.keys().find(|k| k.get_ref() == "kind").cloned() {
+                        table.remove(&k);
+                    }
+                }
+            }
+        }
         if let Some(name) = &name
             && !names.insert(name.clone())
         {
@@ -303,8 +350,21 @@ fn read_sources(v: &mut Validator<'_>, value: Option<Spanned<DeValue<'_>>>) -> V
             continue;
         };
         let entry = Spanned::new(span, DeValue::Table(table));
+        let source_name = name.clone();
         match SourceSpec::check(&kind, &key, name, entry, v) {
-            Some(Some(spec)) => sources.push(spec),
+            Some(Some(spec)) => {
+                if let Some((preset, overridden, effective)) = preset_use {
+                    used.push(presets::PresetUse {
+                        source: source_name,
+                        preset,
+                        overridden,
+                        effective: effective
+                            .map(|t| presets::render_source(&t))
+                            .unwrap_or_default(),
+                    });
+                }
+                sources.push(spec)
+            }
             Some(None) => {}
             None => v.problem(
                 &format!("{key}.kind"),
@@ -312,7 +372,7 @@ fn read_sources(v: &mut Validator<'_>, value: Option<Spanned<DeValue<'_>>>) -> V
             ),
         }
     }
-    sources
+    (sources, used)
 }
 
 /// The source's name: it ends up in log lines, label values and `/readyz` lines.
@@ -456,6 +516,101 @@ table = "inbox"
                     "sources[0].attempts_count",
                     "applies only with columns.attempts"
                 ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_preset_fills_what_the_entry_does_not_write_and_the_entry_wins() {
+        let cfg = check(
+            r#"
+[[sources]]
+name = "jobs"
+preset = "graphile-worker"
+dsn = "postgres://u:${PW}@db/app"
+table = "app_worker.jobs"
+owner = "team-a"
+
+[sources.columns]
+last_error = ""
+received_at = "run_at"
+"#,
+        )
+        .expect("valid");
+        let SourceSpec::Inbox(s) = &cfg.sources[0] else {
+            panic!("the preset makes an inbox source")
+        };
+        // The entry's own keys win, one column at a time.
+        assert_eq!(s.table.table, "app_worker.jobs");
+        assert_eq!(s.columns.received_at, "run_at");
+        assert_eq!(s.columns.last_error, None);
+        // The preset's other keys are there.
+        assert_eq!(s.columns.event_id, "id");
+        assert_eq!(s.columns.event_type.as_deref(), Some("task_identifier"));
+        assert_eq!(s.columns.attempts.as_deref(), Some("attempts"));
+        assert_eq!(s.rules.len(), 4);
+        assert_eq!(
+            s.table.finished_rows,
+            crate::sources::table::config::FinishedRows::Deleted
+        );
+        assert_eq!(s.deleted_as, Status::Succeeded);
+        assert_eq!(s.table.cursor, crate::sources::table::config::Cursor::None);
+        assert_eq!(s.table.owner.as_deref(), Some("team-a"));
+        let used = &cfg.presets[0];
+        assert_eq!(
+            (used.source.as_str(), used.preset),
+            ("jobs", "graphile-worker")
+        );
+        assert_eq!(
+            used.overridden,
+            ["columns.last_error", "columns.received_at", "table"]
+        );
+        assert!(used.effective.contains("table = \"app_worker.jobs\""));
+        assert!(used.effective.contains("finished_rows = \"deleted\""));
+        assert!(!used.effective.contains("s3cret") && !used.effective.contains("dsn"));
+    }
+
+    #[test]
+    fn a_preset_is_checked_like_the_entry_and_named_in_problems() {
+        let head = "[[sources]]\nname = \"j\"\ndsn = \"postgres://u@db/app\"\n";
+        let problems = |extra: &str| -> Vec<String> {
+            match check(&format!("{head}{extra}")) {
+                Ok(_) => Vec::new(),
+                Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+            }
+        };
+        assert_eq!(
+            problems("preset = \"graphile\"\n"),
+            [format!(
+                "sources[0].preset: unknown preset \"graphile\" (expected one of {}; \
+                 `inboxwatch presets` lists them)",
+                crate::presets::names().join(", ")
+            )]
+        );
+        assert_eq!(
+            problems("preset = \"graphile-worker\"\nkind = \"outbox\"\n"),
+            [
+                "sources[0].kind: \"outbox\" does not fit preset \"graphile-worker\", which \
+              watches an inbox table (leave `kind` out)"
+            ]
+        );
+        // The entry's kind may repeat the preset's.
+        assert_eq!(
+            problems("preset = \"graphile-worker\"\nkind = \"inbox\"\n"),
+            Vec::<String>::new()
+        );
+        // A bad override is the entry's problem, at its key.
+        assert_eq!(
+            problems("preset = \"graphile-worker\"\ncursor = \"sometimes\"\n"),
+            ["sources[0].cursor: \"sometimes\" is not a cursor mode: \"updated_at\" or \"none\""]
+        );
+        assert_eq!(
+            problems("preset = \"graphile-worker\"\n[sources.columns]\nevent_idd = \"id\"\n"),
+            [
+                "sources[0].columns.event_idd: unknown key, expected one of `event_id`, \
+              `event_type`, `status`, `received_at`, `started_at`, `finished_at`, `attempts`, \
+              `deliveries`, `last_error`, `traceparent`, `updated_at`, `business_key`, \
+              `summary` (line 6)"
             ]
         );
     }
@@ -699,6 +854,76 @@ table = "outbox"
             panic!("the first source is an inbox")
         };
         assert_eq!(orders.table.trace.messaging_system, "kafka");
+    }
+
+    /// `attempts_offset` turns a retry count into attempts made, once a row
+    /// has started (pg-boss's `retry_count` is 0 through the first attempt);
+    /// it needs both columns, a small non-negative value and an inbox.
+    #[test]
+    fn attempts_offset_reads_a_retry_count_as_attempts() {
+        use crate::dsn::Dialect;
+        use crate::sources::table::dialect::Sql;
+        let inbox = |extra: &str, columns: &str| {
+            format!(
+                "[[sources]]\nname = \"jobs\"\nkind = \"inbox\"\ndsn = \"sqlite://x\"\n\
+                 table = \"job\"\n{extra}\n[sources.columns]\n{columns}\n"
+            )
+        };
+        let both = "attempts = \"retry_count\"\nstarted_at = \"started_on\"";
+        let pg = Sql {
+            dialect: Dialect::Postgres,
+        };
+        let cfg = check(&inbox("attempts_offset = 1", both)).expect("valid");
+        let SourceSpec::Inbox(s) = &cfg.sources[0] else {
+            panic!("an inbox source")
+        };
+        assert_eq!(s.attempts_offset, 1);
+        assert_eq!(
+            s.attempts_select(&pg),
+            "CAST(CASE WHEN \"started_on\" IS NULL THEN \"retry_count\" \
+             ELSE \"retry_count\" + 1 END AS BIGINT)"
+        );
+        let cfg = check(&inbox("", both)).expect("valid");
+        let SourceSpec::Inbox(s) = &cfg.sources[0] else {
+            panic!("an inbox source")
+        };
+        assert_eq!(s.attempts_offset, 0);
+        assert_eq!(s.attempts_select(&pg), "CAST(\"retry_count\" AS BIGINT)");
+
+        for (extra, columns, says) in [
+            ("attempts_offset = -1", both, "not between 0 and 10"),
+            ("attempts_offset = 11", both, "not between 0 and 10"),
+            (
+                "attempts_offset = 1",
+                "attempts = \"retry_count\"",
+                "needs columns.attempts and columns.started_at",
+            ),
+            (
+                "attempts_offset = 1",
+                "started_at = \"started_on\"",
+                "needs columns.attempts and columns.started_at",
+            ),
+        ] {
+            let err = check(&inbox(extra, columns)).expect_err(extra);
+            let p = err
+                .problems
+                .iter()
+                .find(|p| p.key == "sources[0].attempts_offset")
+                .unwrap_or_else(|| panic!("{extra} / {columns}: {:?}", err.problems));
+            assert!(p.message.contains(says), "{extra}: {}", p.message);
+        }
+        let err = check(
+            "[[sources]]\nname = \"o\"\nkind = \"outbox\"\ndsn = \"sqlite://x\"\n\
+             table = \"outbox\"\nattempts_offset = 1\n",
+        )
+        .expect_err("an outbox has no attempts");
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.key == "sources[0].attempts_offset"),
+            "{:?}",
+            err.problems
+        );
     }
 
     /// Kafka sources: defaults, and keys of the other kinds refused by name.

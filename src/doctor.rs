@@ -12,6 +12,12 @@ pub async fn run(config: &Config) -> anyhow::Result<bool> {
     let mut healthy = true;
     for spec in &config.sources {
         println!("source \"{}\" ({}):", spec.name(), spec.describe());
+        if let Some(used) = config.presets.iter().find(|u| u.source == spec.name()) {
+            println!("  {}; effective settings:", used.headline());
+            for line in used.effective.lines() {
+                println!("    {line}");
+            }
+        }
         let findings = spec.doctor().await;
         healthy &= findings.iter().all(|f| matches!(f, Finding::Ok(_)));
         print_findings(findings);

@@ -8,7 +8,7 @@ use inboxwatch::cli::{Cli, Command, DeadLetterCommand};
 use inboxwatch::config::{self, is_table_name};
 use inboxwatch::sources::kind::{Action, ActionRequest};
 use inboxwatch::sources::table::schema;
-use inboxwatch::{actions, app, demo, doctor, lookup, telemetry};
+use inboxwatch::{actions, app, demo, doctor, lookup, presets, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -24,6 +24,12 @@ fn main() -> ExitCode {
         ) {
             Ok(cfg) => {
                 println!("config OK: {} sources", cfg.sources.len());
+                for used in &cfg.presets {
+                    println!();
+                    println!("# source \"{}\": {}", used.source, used.headline());
+                    println!("# effective settings (name and DSN left out):");
+                    print!("{}", used.effective);
+                }
                 ExitCode::SUCCESS
             }
             Err(e) => config_failure(&e),
@@ -96,6 +102,23 @@ fn main() -> ExitCode {
             finish(runtime().block_on(app::run(cfg)))
         }
         Command::Demo { listen, rate } => finish(runtime().block_on(demo::run(listen, rate))),
+        Command::Presets { name: None } => {
+            print!("{}", presets::listing());
+            ExitCode::SUCCESS
+        }
+        Command::Presets { name: Some(name) } => match presets::find(&name) {
+            Some(p) => {
+                print!("{}", presets::detail(&p));
+                ExitCode::SUCCESS
+            }
+            None => {
+                eprintln!(
+                    "unknown preset \"{name}\" (expected one of {})",
+                    presets::names().join(", ")
+                );
+                ExitCode::from(2)
+            }
+        },
         Command::Doctor { config: path } => {
             let cfg = match config::load(&path) {
                 Ok(c) => c,

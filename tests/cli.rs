@@ -1427,3 +1427,96 @@ async fn schema_config_prints_the_indexes_that_rules_and_watermarks_need() {
     );
     assert_eq!(after.code, Some(0), "{}", after.describe());
 }
+
+// ---------------------------------------------------------------------------
+// Presets
+
+/// `inboxwatch presets` lists exactly the files under `presets/` (a file nobody
+/// registered, or a listed preset without a file, fails); `presets NAME` prints
+/// settings that are a valid `[[sources]]` entry once a name and a DSN are added, and
+/// `check-config` on an entry with only `preset`, `name` and `dsn` shows exactly those
+/// settings as its effective settings, with no DSN or password in them.
+#[test]
+fn presets_list_every_file_and_print_settings_check_config_accepts_back() {
+    let files: BTreeSet<String> = std::fs::read_dir(common::repo_path("presets"))
+        .expect("the presets directory")
+        .map(|e| e.expect("a directory entry").file_name())
+        .filter_map(|n| n.to_str()?.strip_suffix(".toml").map(str::to_string))
+        .collect();
+    let list = run_cli(&["presets"]);
+    assert_eq!(list.code, Some(0), "{}", list.describe());
+    let listed: BTreeSet<String> = list
+        .stdout
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect();
+    assert_eq!(
+        listed, files,
+        "`inboxwatch presets` vs the files under presets/"
+    );
+    for name in &files {
+        let shown = run_cli(&["presets", name]);
+        assert_eq!(shown.code, Some(0), "{}", shown.describe());
+        let settings: String = shown
+            .stdout
+            .lines()
+            .skip_while(|l| l.starts_with('#'))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(
+            settings.starts_with("[[sources]]\n"),
+            "presets {name}: no settings block\n{}",
+            shown.stdout
+        );
+        let written = settings.replacen(
+            "[[sources]]\n",
+            &format!("[[sources]]\nname = \"a\"\ndsn = {}\n", q(SECRET_DSN)),
+            1,
+        );
+        assert_config_ok_with(&check_config(&written), 1);
+        let out = check_config(&format!(
+            "[[sources]]\nname = \"a\"\npreset = {}\ndsn = {}\n",
+            q(name),
+            q(SECRET_DSN)
+        ));
+        assert_eq!(out.code, Some(0), "{}", out.describe());
+        assert_no_secret("check-config on a preset", &out.stdout);
+        let effective: String = out
+            .stdout
+            .lines()
+            .skip_while(|l| !l.starts_with("[[sources]]"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert_eq!(
+            effective, settings,
+            "check-config's effective settings of preset {name} vs `presets {name}`"
+        );
+        assert!(
+            out.stdout
+                .contains(&format!("# source \"a\": preset {name} (")),
+            "{}",
+            out.stdout
+        );
+    }
+    let unknown = run_cli(&["presets", "no-such-library"]);
+    assert_eq!(unknown.code, Some(2), "{}", unknown.describe());
+    assert!(
+        unknown
+            .stderr
+            .starts_with("unknown preset \"no-such-library\" (expected one of "),
+        "{}",
+        unknown.describe()
+    );
+}
+
+/// `config OK: N sources` first, whatever follows (the effective settings of presets).
+fn assert_config_ok_with(out: &Outcome, sources: usize) {
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    assert_eq!(
+        out.stdout.lines().next(),
+        Some(format!("config OK: {sources} sources").as_str()),
+        "{}",
+        out.describe()
+    );
+}

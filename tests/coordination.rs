@@ -24,7 +24,10 @@ use common::agent::try_scrape;
 use common::checks::{Expectations, render_diff};
 use common::scenarios::{CONVERGE, POLL, inbox_source_toml};
 use common::workload::{Clock, InboxEvent, InboxTruth, InboxWorkload, Target, seed_from_env};
-use common::{Agent, Db, Metrics, READY_TIMEOUT, series_name, url_with_hostport, wait_until};
+use common::{
+    Agent, Db, Metrics, Proxy, READY_TIMEOUT, series_name, url_hostport, url_with_hostport,
+    wait_until,
+};
 
 const LEADER: &str = "inboxwatch_source_leader";
 const UP: &str = "inboxwatch_source_up";
@@ -71,6 +74,29 @@ impl Cluster {
         let started = Instant::now();
         let agents = (0..n)
             .map(|i| {
+                Agent::run_file(&config)
+                    .dir(dir.path())
+                    .name(&format!("agent{i}"))
+                    .start()
+            })
+            .collect();
+        Cluster {
+            agents,
+            started,
+            dir,
+        }
+    }
+
+    /// One agent per config (agent `i` reads `configs[i]`), all started at once.
+    fn start_each(configs: &[String]) -> Cluster {
+        let dir = tempfile::tempdir().expect("temp dir for the agents");
+        let started = Instant::now();
+        let agents = configs
+            .iter()
+            .enumerate()
+            .map(|(i, toml)| {
+                let config = dir.path().join(format!("agent{i}.toml"));
+                std::fs::write(&config, toml).expect("write an agent's config");
                 Agent::run_file(&config)
                     .dir(dir.path())
                     .name(&format!("agent{i}"))
@@ -635,6 +661,45 @@ fn target(db: &Db, table: &str) -> Target {
 
 /// Waits until the last round shows exactly one owner of every source in `sis`,
 /// none of them in `not`; returns them.
+/// Waits (up to 15 s: the owners may still be settling) until every agent not in
+/// `gone` answers /readyz 200 with `{source}: up` for the sources it owns in the
+/// latest scrape round and `{source}: standby (another agent owns it)` for the others.
+async fn check_readyz_roles(cluster: &Cluster, obs: &Shared, sources: &[&str], gone: &[usize]) {
+    let res = wait_until(Duration::from_secs(15), || async {
+        let owners: Vec<Vec<usize>> = {
+            let o = lock(obs);
+            (0..sources.len()).map(|si| o.owners_now(si)).collect()
+        };
+        for (a, agent) in cluster.agents.iter().enumerate() {
+            if gone.contains(&a) {
+                continue;
+            }
+            let (code, body) = agent.get("/readyz").await?;
+            if code != 200 {
+                return Err(format!("agent {a} /readyz {code}: {body}"));
+            }
+            for (si, s) in sources.iter().enumerate() {
+                let want = if owners[si] == [a] {
+                    format!("{s}: up")
+                } else {
+                    format!("{s}: standby (another agent owns it)")
+                };
+                if !body.lines().any(|l| l == want) {
+                    return Err(format!(
+                        "agent {a} /readyz lacks the line {want:?} (owners of {s}: {:?}): {body}",
+                        owners[si]
+                    ));
+                }
+            }
+        }
+        Ok(())
+    })
+    .await;
+    if let Err(e) = res {
+        panic!("/readyz does not tell owners from standbys: {e}");
+    }
+}
+
 async fn wait_for_owners(
     obs: &Shared,
     sis: &[usize],
@@ -714,6 +779,10 @@ async fn three_agents_one_owner_per_source_with_failover() {
         first[1],
         cluster.started.elapsed()
     );
+    // Every agent's /readyz says what it is for each source: the owner "up", the
+    // other two "standby (another agent owns it)" — never "down": every database is
+    // reachable from every agent.
+    check_readyz_roles(&cluster, &obs, &sources, &[]).await;
 
     // ~32 s of traffic on each table: 2 writers, one new event each every 40 ms.
     // No late-commit batches here: a transaction stamped seconds before it commits
@@ -901,17 +970,19 @@ async fn three_agents_one_owner_per_source_with_failover() {
         for (si, s) in sources.iter().enumerate() {
             eprintln!("owners of {s}: {}", o.timeline(si));
         }
-        if !o.contending.is_empty() {
-            eprintln!(
-                "non-owners showing {UP} 0 (could not reach the database to contest the lock), rounds: {:?}",
-                o.contending
-            );
-        }
         for (i, a) in cluster.agents.iter().enumerate() {
             eprintln!("agent {i} lock log:\n  {}", lock_log(a).join("\n  "));
         }
 
         let mut problems: Vec<String> = Vec::new();
+        // Every database is reachable from every agent: a standby reporting a
+        // source down (`up 0`) is wrong.
+        if !o.contending.is_empty() {
+            problems.push(format!(
+                "standbys exported {UP} 0 for a reachable database, (agent, source) -> rounds: {:?}",
+                o.contending
+            ));
+        }
         if o.violation_count > 0 {
             problems.push(format!(
                 "{} ownership violations in the scrapes:\n  {}",
@@ -994,6 +1065,199 @@ async fn three_agents_one_owner_per_source_with_failover() {
     my.cleanup().await;
 }
 
+const CUT_SOURCE: &str = "cut-off-pg";
+
+/// Guards "an owner cut off from its database (not killed: its packets dropped)
+/// stops exporting as soon as it cannot renew its lock, before the server's timeout
+/// lets another agent take over, and nothing is counted twice" (docs/deployment.md):
+/// two agents on one PostgreSQL source, each through its own TCP proxy; once the
+/// owner has counted part of a workload, its proxy drops every packet. The scrapes
+/// must never show two owners, the old owner must be seen owning for the last time
+/// before the new one is seen owning, only the cut-off agent may show `up 0`, and
+/// the counters summed over both owners are never above the ground truth, with what
+/// is missing explained by the handover window. When the database comes back, the
+/// cut-off agent stands by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_owner_cut_off_from_its_database_stops_before_another_takes_over() {
+    let t0 = Instant::now();
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("cutoff").await;
+    let proxies = [
+        Proxy::start(&url_hostport(&db.dsn)).await,
+        Proxy::start(&url_hostport(&db.dsn)).await,
+    ];
+    let configs: Vec<String> = proxies
+        .iter()
+        .map(|p| {
+            let dsn = url_with_hostport(&db.dsn, &format!("127.0.0.1:{}", p.port));
+            inbox_source_toml(CUT_SOURCE, &dsn, &tables.inbox)
+        })
+        .collect();
+    let sources = [CUT_SOURCE];
+    let mut cluster = Cluster::start_each(&configs);
+    let obs = Obs::new(t0, &sources, &cluster.ports());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = spawn_sampler(obs.clone(), stop.clone());
+    cluster.wait_ready(READY_TIMEOUT).await;
+    let owner = wait_for_owners(&obs, &[0], &[], Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("{CUT_SOURCE} has no single owner: {e}"))[0];
+    let other = 1 - owner;
+
+    // ~48 s of traffic: the takeover comes about 20 s after the cut, and half of the
+    // events arrive after it, for the new owner to count exactly.
+    let workload = InboxWorkload {
+        events: 2400,
+        workers: 2,
+        create_every_ms: 40,
+        late_batches: 0,
+        late_by_ms: 0,
+        seed: seed_from_env(),
+    };
+    let clock = Clock::new(db.now_ms().await + 5);
+    let gen_time = GenTime::of(&clock);
+    let run = {
+        let (w, t) = (workload.clone(), target(&db, &tables.inbox));
+        tokio::spawn(async move { w.run(&t, clock).await })
+    };
+    let obs_ref = &obs;
+    wait_until(Duration::from_secs(30), || async move {
+        let n = lock(obs_ref)
+            .latest(owner)
+            .map(|m| m.sum(RECEIVED, &[("source", CUT_SOURCE)]))
+            .unwrap_or(0.0);
+        if n >= 100.0 {
+            Ok(())
+        } else {
+            Err(format!("agent {owner} has counted {n} received"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the owner did not count the workload: {e}"));
+    proxies[owner].blackhole();
+    let cut_at = Instant::now();
+    eprintln!(
+        "{}: agent {owner}'s packets to the database are dropped from now on",
+        lock(&obs).at(cut_at)
+    );
+    let (new_owner, seen) = wait_until(Duration::from_secs(60), || async move {
+        let o = lock(obs_ref);
+        o.owner_since(0, cut_at, &[owner])
+            .ok_or_else(|| format!("timeline: {}", o.timeline(0)))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("nobody took {CUT_SOURCE} over within 60 s of the cut: {e}"));
+    assert_eq!(new_owner, other);
+    eprintln!(
+        "HANDOVER after the cut: agent {other} owns {CUT_SOURCE} {:?} after the cut",
+        seen - cut_at
+    );
+    let truth = tokio::time::timeout(Duration::from_secs(180), run)
+        .await
+        .expect("the workload did not finish within 180 s")
+        .expect("the workload panicked");
+    eprintln!("ground truth: {}", truth.summary());
+    let base = lock(&obs).value(other, POLLS, CUT_SOURCE).unwrap_or(0.0);
+    wait_until(CONVERGE, || async move {
+        let p = lock(obs_ref).value(other, POLLS, CUT_SOURCE).unwrap_or(0.0);
+        if p >= base + 4.0 {
+            Ok(())
+        } else {
+            Err(format!(
+                "agent {other} polled {p} times, waiting for {}",
+                base + 4.0
+            ))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the new owner does not poll: {e}"));
+
+    // The database comes back for the cut-off agent: it stands by.
+    proxies[owner].cut();
+    proxies[owner].restore();
+    check_readyz_roles(&cluster, &obs, &sources, &[]).await;
+    stop.store(true, Ordering::SeqCst);
+    sampler.await.expect("the sampler panicked");
+
+    let problems = {
+        let o = lock(&obs);
+        eprintln!("{} scrape rounds; {}", o.rounds.len(), o.errors());
+        eprintln!("owners of {CUT_SOURCE}: {}", o.timeline(0));
+        let mut problems = Vec::new();
+        if o.violation_count > 0 {
+            problems.push(format!(
+                "{} ownership violations in the scrapes:\n  {}",
+                o.violation_count,
+                o.violations.join("\n  ")
+            ));
+        }
+        let wrong: Vec<_> = o.contending.keys().filter(|(a, _)| *a != owner).collect();
+        if !wrong.is_empty() {
+            problems.push(format!(
+                "only the cut-off agent may show {UP} 0, also: {wrong:?}"
+            ));
+        }
+        let hs = o.handovers(0);
+        if hs.len() != 1 {
+            problems.push(format!("expected one handover, saw {}", hs.len()));
+        }
+        for h in &hs {
+            eprintln!(
+                "agent {} last seen owning at {}, agent {} first seen owning at {} (nobody owning for {:?})",
+                h.from,
+                o.at(h.last_old),
+                h.to,
+                o.at(h.first_new),
+                h.first_new.saturating_duration_since(h.last_old)
+            );
+            if h.first_new <= h.last_old {
+                problems.push(format!(
+                    "agent {} was seen owning at {} after agent {} was seen owning at {}",
+                    h.from,
+                    o.at(h.last_old),
+                    h.to,
+                    o.at(h.first_new)
+                ));
+            }
+        }
+        // The old owner counts nothing from the cut on, although it is seen owning
+        // until its lock renewal times out: the window opens at the cut.
+        let cut_ms = gen_time.ms(cut_at);
+        let windows = windows_of(&hs, gen_time).map(|ws| {
+            ws.into_iter()
+                .map(|w| Window {
+                    lower: w.lower.min(cut_ms - POLL.as_millis() as i64 - MARGIN_MS),
+                    core: (w.core.0.min(cut_ms), w.core.1),
+                    ..w
+                })
+                .collect::<Vec<_>>()
+        });
+        match windows {
+            Ok(windows) => {
+                let leading: Vec<(usize, Metrics)> = o
+                    .agents
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(a, v)| {
+                        v.last_leading.get(CUT_SOURCE).map(|(_, m)| (a, m.clone()))
+                    })
+                    .collect();
+                let (p, report) = check_across_owners(CUT_SOURCE, &truth, &windows, &leading);
+                eprint!("{report}");
+                problems.extend(p);
+            }
+            Err(e) => problems.push(e),
+        }
+        problems
+    };
+    if !problems.is_empty() {
+        panic!("{} problems:\n{}", problems.len(), render_diff(&problems));
+    }
+    drop(cluster);
+    drop(proxies);
+    db.cleanup().await;
+}
+
 const OK_SOURCE: &str = "reachable-pg";
 const DEAD_SOURCE: &str = "unreachable-pg";
 
@@ -1033,6 +1297,8 @@ async fn unreachable_source_does_not_block_other_elections() {
         .unwrap_or_else(|e| panic!("{OK_SOURCE} has no single owner: {e}"))[0];
     let took = cluster.started.elapsed();
     eprintln!("agent {owner} owns {OK_SOURCE} {took:?} after the spawn");
+    // The other agent stands by for the reachable source (it does not call it down).
+    check_readyz_roles(&cluster, &obs, &[OK_SOURCE], &[]).await;
     assert!(
         took <= Duration::from_secs(15),
         "{OK_SOURCE} got its owner only {took:?} after the agents started"
@@ -1114,6 +1380,17 @@ async fn unreachable_source_does_not_block_other_elections() {
         }
         eprintln!("non-owners showing {UP} 0, rounds: {:?}", o.contending);
         let mut problems = Vec::new();
+        // Only the unreachable source may show `up 0` on a non-owner.
+        let wrong: Vec<_> = o
+            .contending
+            .iter()
+            .filter(|((_, s), _)| s != DEAD_SOURCE)
+            .collect();
+        if !wrong.is_empty() {
+            problems.push(format!(
+                "a standby exported {UP} 0 for the reachable source, (agent, source) -> rounds: {wrong:?}"
+            ));
+        }
         if o.violation_count > 0 {
             problems.push(format!(
                 "{} ownership violations in the scrapes:\n  {}",
@@ -1172,7 +1449,8 @@ const KAFKA_SOURCE: &str = "main-kafka";
 /// leader's session ends, the rejoin still names the dead member leader, in
 /// the same generation), so a kill -9 handover cannot be shown on it. The mock
 /// has no ListGroups, so the owner's polls fail (`inboxwatch_source_up 0`):
-/// this test is about ownership only; the Kafka tests cover the polling.
+/// this test is about ownership only; the next one shows, on tansu, an owner
+/// that polls, standbys that hide, and the handover counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_agents_one_owner_of_a_kafka_source() {
     let t0 = Instant::now();
@@ -1254,5 +1532,126 @@ async fn three_agents_one_owner_of_a_kafka_source() {
             .filter(|r| r.owners[0].len() > 1)
             .count();
         assert_eq!(gaps, 0, "rounds with two owners");
+    }
+}
+
+/// Guards the Kafka election where the owner really polls (issue 18): three agents
+/// on tansu with a watched group lagging by a known amount. The owner exports the
+/// group's lag exactly (up 1); the two others export nothing of the source but
+/// its leader gauge (0), info and gap counters (checked on every 200 ms scrape);
+/// SIGTERM the owner (it leaves the election group) → another agent owns it,
+/// exports the same lag, and counts its takeover in
+/// `inboxwatch_counting_gaps_total{reason="handover"}` (1), the agents that never
+/// took over showing 0. (A kill -9 handover is shown on librdkafka's mock cluster
+/// above: tansu 0.6.0's coordinator keeps naming a dead leader.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_agents_on_tansu_the_kafka_owner_exports_and_the_others_hide() {
+    let t0 = Instant::now();
+    let broker = kafka_support::Broker::start().await;
+    let topic = common::unique_name("elect", "e");
+    broker.create_topic(&topic, 1).await;
+    let producer = broker.producer();
+    for _ in 0..5 {
+        producer.send(&topic, 0, kafka_support::now_ms()).await;
+    }
+    broker.committer("watched").commit(&topic, 0, 2);
+    let config = kafka_support::kafka_source_toml(KAFKA_SOURCE, &broker.bootstrap(), "");
+    let sources = [KAFKA_SOURCE];
+    let mut cluster = Cluster::start(&config, 3);
+    let obs = Obs::new(t0, &sources, &cluster.ports());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = spawn_sampler(obs.clone(), stop.clone());
+    cluster.wait_ready(READY_TIMEOUT).await;
+    let lag_of = |m: &Metrics| {
+        m.get(
+            "kafka_consumer_group_lag_messages",
+            &[
+                ("cluster", KAFKA_SOURCE),
+                ("group", "watched"),
+                ("partition", "0"),
+            ],
+        )
+    };
+    let obs_ref = &obs;
+    let exporting = |not: Vec<usize>| async move {
+        wait_until(Duration::from_secs(30), || {
+            let not = not.clone();
+            async move {
+                let o = lock(obs_ref);
+                let owners = o.owners_now(0);
+                match owners.as_slice() {
+                    [a] if !not.contains(a) => {
+                        let m = o.latest(*a).ok_or("no scrape")?;
+                        let up = m.get(UP, &[("source", KAFKA_SOURCE)]);
+                        match (up, lag_of(m)) {
+                            (Some(1.0), Some(3.0)) => Ok(*a),
+                            other => Err(format!("owner {a}: (up, lag) {other:?}")),
+                        }
+                    }
+                    other => Err(format!("owners {other:?}: {}", o.timeline(0))),
+                }
+            }
+        })
+        .await
+    };
+    let first = exporting(vec![])
+        .await
+        .unwrap_or_else(|e| panic!("no owner exports the group's lag: {e}"));
+    eprintln!("agent {first} owns {KAFKA_SOURCE} and exports lag 3");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let termed = cluster.agents[first].sigterm();
+    let second = exporting(vec![first])
+        .await
+        .unwrap_or_else(|e| panic!("nobody exports after SIGTERM of agent {first}: {e}"));
+    eprintln!(
+        "after SIGTERM of agent {first}: agent {second} exports lag 3, {:?} later",
+        termed.elapsed()
+    );
+    let exit = wait_until(Duration::from_secs(25), || {
+        let st = cluster.agents[first].exited();
+        async move { st.ok_or_else(|| "still running".to_string()) }
+    })
+    .await
+    .expect("the SIGTERMed agent exits");
+    assert!(exit.success(), "the SIGTERMed agent exited with {exit}");
+    lock(&obs).agents[first].gone = true;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::SeqCst);
+    sampler.await.expect("the sampler panicked");
+
+    let o = lock(&obs);
+    eprintln!(
+        "{} scrape rounds; owners: {}",
+        o.rounds.len(),
+        o.timeline(0)
+    );
+    assert_eq!(
+        o.violation_count,
+        0,
+        "ownership violations (two owners, or a standby exporting the source):\n  {}",
+        o.violations.join("\n  ")
+    );
+    assert!(
+        o.contending.is_empty(),
+        "a standby reported the reachable cluster down: {:?}",
+        o.contending
+    );
+    for (a, v) in o.agents.iter().enumerate() {
+        if a == first {
+            continue;
+        }
+        let gaps = v.latest.as_ref().and_then(|m| {
+            m.get(
+                "inboxwatch_counting_gaps_total",
+                &[("source", KAFKA_SOURCE), ("reason", "handover")],
+            )
+        });
+        let want = if a == second { 1.0 } else { 0.0 };
+        assert_eq!(
+            gaps,
+            Some(want),
+            "agent {a}'s handover gaps (agent {second} took over)"
+        );
     }
 }

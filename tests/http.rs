@@ -4,7 +4,7 @@
 //! number of connections served at once — while `/metrics`, `/healthz` and
 //! `/readyz` keep answering and shutdown still drains the listener.
 //!
-//! An SQLite source, so no database service is needed. Timings are measured and
+//! An SQLite source (PostgreSQL behind a proxy for the probes). Timings are measured and
 //! printed (`--no-capture` shows them); the assertions only use generous deadlines.
 
 mod common;
@@ -12,7 +12,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::scenarios::inbox_source_toml;
-use common::{Agent, Db};
+use common::{Agent, Db, wait_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -293,5 +293,91 @@ async fn shutdown_is_not_held_by_idle_or_half_sent_connections() {
         "shutdown was not clean:\n{stderr}"
     );
     drop((keepalive, half_sent));
+    db.cleanup().await;
+}
+
+/// Guards the probes a Kubernetes kubelet reads (issue 18): `/healthz` answers 200
+/// `ok` whatever the sources do; `/readyz` answers 503 naming the source `starting`
+/// while its first poll cannot finish (its database behind a proxy that drops every
+/// packet), 200 `up` once it has polled, and 503 `shutting down` after SIGTERM while
+/// the source still releases its lock (the database silent again); the agent then
+/// exits within its grace period. PostgreSQL through `common::Proxy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_say_starting_ready_and_shutting_down() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("probes").await;
+    let proxy = common::Proxy::start(&common::url_hostport(&db.dsn)).await;
+    proxy.blackhole();
+    let dsn = common::url_with_hostport(&db.dsn, &format!("127.0.0.1:{}", proxy.port));
+    let mut source = inbox_source_toml("probes", &dsn, &tables.inbox);
+    // Long enough that the first poll is still waiting while the test looks.
+    source = source.replace("timeout = \"2s\"", "timeout = \"20s\"");
+    let config = format!("[server]\nshutdown_grace = \"8s\"\n{source}");
+    let agent = Agent::start(&config);
+
+    // Starting: alive, not ready, for as long as the database stays silent.
+    let alive = wait_until(Duration::from_secs(30), || async {
+        agent.get("/healthz").await
+    })
+    .await
+    .expect("/healthz answers once the agent listens");
+    assert_eq!(alive, (200, "ok\n".to_string()));
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(3) {
+        let (code, body) = agent.get("/readyz").await.expect("GET /readyz");
+        assert_eq!(
+            (code, body.as_str()),
+            (503, "probes: starting\n"),
+            "/readyz before the first poll could finish"
+        );
+        let (code, _) = agent.get("/healthz").await.expect("GET /healthz");
+        assert_eq!(code, 200, "/healthz while starting");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The database answers again (the silent connections are closed first, as a
+    // TCP timeout would): ready and up.
+    proxy.cut();
+    proxy.restore();
+    wait_until(Duration::from_secs(60), || async {
+        match agent.get("/readyz").await? {
+            (200, body) if body == "probes: up\n" => Ok(()),
+            (code, body) => Err(format!("{code}: {body}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("/readyz never said 200 `probes: up`: {e}"));
+
+    // Shutting down: the database silent, so releasing the lock waits; meanwhile the
+    // agent says it is not ready, and says why.
+    proxy.blackhole();
+    let termed = agent.sigterm();
+    let mut seen = None;
+    while termed.elapsed() < Duration::from_secs(6) && agent.exited().is_none() {
+        if let Ok((code, body)) = agent.get("/readyz").await
+            && code != 200
+        {
+            seen = Some((code, body));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (code, body) = seen.expect("/readyz answered 503 at least once after SIGTERM");
+    assert_eq!(code, 503, "/readyz after SIGTERM: {body}");
+    assert!(
+        body.starts_with("shutting down\n"),
+        "/readyz after SIGTERM does not say it is shutting down: {body:?}"
+    );
+    let (code, _) = agent
+        .get("/healthz")
+        .await
+        .expect("GET /healthz while stopping");
+    assert_eq!(code, 200, "/healthz while stopping");
+    let exit = agent
+        .terminate(Duration::from_secs(20))
+        .expect("the agent exits within 20 s of SIGTERM");
+    eprintln!("exited {:?} after SIGTERM with {exit}", termed.elapsed());
+    assert!(exit.success(), "exit status after SIGTERM: {exit}");
+    drop(proxy);
     db.cleanup().await;
 }

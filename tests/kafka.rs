@@ -235,6 +235,19 @@ async fn lag_in_messages_and_exact_seconds_per_partition_and_topic() {
         groups,
         ["audit", "billing"].iter().map(|s| s.to_string()).collect()
     );
+    // The record-read cache: the two partitions with a lag (billing/0, audit/2) had
+    // their record at the committed offset read once; with no offset moving, no
+    // later cycle reads it again (the poll interval is 500 ms: 6 cycles).
+    let reads = |m: &Metrics| m.sum("inboxwatch_kafka_record_reads_total", &[("source", "kp")]);
+    let first = reads(&agent.scrape().await);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = reads(&agent.scrape().await);
+    assert_eq!(
+        (first, later),
+        (2.0, 2.0),
+        "records read for lag seconds: one per lagging partition, never again while \
+         its committed offset stays"
+    );
 }
 
 /// ok → stop when the consumer stops committing while records keep coming
@@ -274,12 +287,12 @@ async fn group_status_follows_a_consumer_that_stops_resumes_and_rewinds() {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let m = agent.scrape().await;
         idle_statuses.push(status_of(&m, "ks", "idle-group"));
-        if let Some(s) = status_of(&m, "ks", "worker") {
-            assert_eq!(
-                s, "ok",
-                "a consumer one record behind with moving offsets is ok"
-            );
-        }
+        assert_eq!(
+            status_of(&m, "ks", "worker").as_deref(),
+            Some("ok"),
+            "a consumer one record behind with moving offsets is ok (and, the agent being \
+             ready, has a status)"
+        );
     }
     // Phase 2: it stops committing; records keep arriving.
     let stopped = Instant::now();
@@ -304,14 +317,24 @@ async fn group_status_follows_a_consumer_that_stops_resumes_and_rewinds() {
         after >= window - Duration::from_millis(600),
         "stop came {after:?} after the last commit, before one window ({window:?})"
     );
+    // The last commit was made just before `stopped` (a phase-1 loop lasts 250 ms
+    // and more); the agent sees it at its next poll (every 500 ms) and reports the age
+    // at its latest poll: between the time since it and that minus a poll and the
+    // phase-1 loop, with 0.5 s for the scrape.
+    let before = stopped.elapsed().as_secs_f64();
     let m = agent.scrape().await;
+    let after = stopped.elapsed().as_secs_f64();
     let age = m
         .get(
             "kafka_consumer_group_last_commit_age_seconds",
             &[("cluster", "ks"), ("group", "worker")],
         )
-        .unwrap();
-    assert!(age >= 3.0, "last commit age {age}");
+        .expect("the group has a last commit age");
+    assert!(
+        (before - 1.0 - 0.5..=after + 1.0).contains(&age),
+        "last commit age {age} s, the last commit was made {before:.2}..{after:.2} s (plus up \
+         to one phase-1 loop) before the scrape"
+    );
     assert_eq!(
         m.get(
             "kafka_consumer_group_members",
@@ -361,8 +384,9 @@ async fn group_status_follows_a_consumer_that_stops_resumes_and_rewinds() {
 }
 
 /// Records produced to dead-letter and retry topics after the agent started
-/// are counted exactly, retry topics by tier; records that were there before
-/// and records of ordinary topics are not.
+/// are counted exactly, retry topics by tier, and so are those of a dead-letter
+/// topic created after the start; records that were there before and records of
+/// ordinary topics are not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dead_letter_and_retry_topics_are_counted_per_topic_and_tier() {
     let broker = Broker::start().await;
@@ -381,6 +405,14 @@ async fn dead_letter_and_retry_topics_are_counted_per_topic_and_tier() {
     }
     let agent = Agent::start(&kafka_source_toml("kd", &broker.bootstrap(), ""));
     agent.wait_ready(READY_TIMEOUT).await;
+    // A dead-letter topic created after the agent started: everything in it came
+    // after the start, so all of it counts (produced before the agent next reads
+    // the topic list).
+    let late = "payments.DLQ";
+    broker.create_topic(late, 1).await;
+    for _ in 0..3 {
+        producer.send(late, 0, now_ms()).await;
+    }
     // After the agent's first cycle.
     let want = [(dlq, 7), (dlq2, 2), (r10, 3), (r5m, 5), (plain, 4)];
     for (t, n) in want {
@@ -405,6 +437,13 @@ async fn dead_letter_and_retry_topics_are_counted_per_topic_and_tier() {
                     &[("cluster", "kd"), ("topic", dlq2)],
                 ),
                 2.0,
+            ),
+            (
+                got(
+                    "kafka_dead_letter_messages_total",
+                    &[("cluster", "kd"), ("topic", late)],
+                ),
+                3.0,
             ),
             (
                 got(
@@ -736,4 +775,212 @@ fn bad_security_settings_are_config_errors_naming_the_key() {
         "{base}[sources.sasl]\nmechanism = \"SCRAM-SHA-512\"\nusername = \"u\"\npassword = \"p\"\n[sources.tls]\n"
     ));
     assert_eq!(code, 0, "a valid SASL_SSL source: {out}");
+}
+
+/// Guards `inboxwatch doctor` on a Kafka source (issue 18): against a broker with one
+/// topic of 3 partitions, one group lagging on two of them (records at its committed
+/// offsets to read for lag seconds) and one caught up, it prints the source, the
+/// broker's negotiated API versions and one full cycle that read exactly the 2 records
+/// at the lagging group's committed offsets, and exits 0; with no broker listening it
+/// prints an error naming the broker and exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doctor_checks_a_kafka_source_with_one_real_cycle() {
+    let broker = Broker::start().await;
+    let topic = unique_name("doctor", "d");
+    broker.create_topic(&topic, 3).await;
+    let producer = broker.producer();
+    for p in 0..3 {
+        for _ in 0..4 {
+            producer.send(&topic, p, now_ms()).await;
+        }
+    }
+    let lagging = broker.committer("lagging");
+    lagging.commit(&topic, 0, 1);
+    lagging.commit(&topic, 1, 3);
+    lagging.commit(&topic, 2, 4);
+    let done = broker.committer("done");
+    for p in 0..3 {
+        done.commit(&topic, p, 4);
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let run = |toml: String| {
+        let path = dir.path().join("doctor.toml");
+        std::fs::write(&path, toml).expect("write the config");
+        Cmd::new(["doctor", "--config"])
+            .arg(&path)
+            .timeout(Duration::from_secs(60))
+            .output()
+    };
+    let out = run(kafka_source_toml("kd", &broker.bootstrap(), ""));
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some(format!("source \"kd\" (kafka, brokers {}):", broker.bootstrap()).as_str()),
+        "{}",
+        out.stdout
+    );
+    let versions = lines.get(1).copied().unwrap_or_default();
+    let prefix = format!("  ok:      {}: Metadata v", broker.bootstrap());
+    assert!(
+        versions.starts_with(&prefix)
+            && [
+                "ListOffsets v",
+                "ListGroups v",
+                "DescribeGroups v",
+                "OffsetFetch v",
+                "Fetch v"
+            ]
+            .iter()
+            .all(|api| versions.contains(api)),
+        "the API versions line: {versions:?}\n{}",
+        out.stdout
+    );
+    let cycle = lines
+        .iter()
+        .find(|l| l.contains("one cycle in "))
+        .unwrap_or_else(|| panic!("no cycle line:\n{}", out.stdout));
+    assert!(
+        cycle.starts_with("  ok:      one cycle in ")
+            && cycle.ends_with(" series, 2 records read for lag seconds"),
+        "the cycle line: {cycle:?}"
+    );
+    assert!(
+        !out.stdout.contains("error:"),
+        "no check fails on a healthy broker:\n{}",
+        out.stdout
+    );
+
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let out = run(kafka_source_toml("kd", &format!("127.0.0.1:{closed}"), ""));
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    let error = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("  error:   "))
+        .unwrap_or_else(|| panic!("no error line:\n{}", out.stdout));
+    assert!(
+        error.contains(&format!("127.0.0.1:{closed}")),
+        "the error names the broker: {error}"
+    );
+}
+
+/// Guards the group statuses `warn` and `stall` end to end, and that a group's status
+/// is its worst partition's (issue 18): a group with a live member on a topic of two
+/// partitions, partition 1 always caught up (ok on its own). First the member commits
+/// on partition 0 while records arrive faster than it commits (lag rising, offsets
+/// moving): `warn`; then it stops committing with records still arriving and the
+/// member still there: `stall` (a consumer alive but not advancing), never `stop`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_live_member_falling_behind_warns_then_stalls_and_the_worst_partition_wins() {
+    let broker = Broker::start().await;
+    let topic = unique_name("stall", "s");
+    broker.create_topic(&topic, 2).await;
+    let producer = broker.producer();
+    let member = broker.member("slow", &topic);
+    wait_until(Duration::from_secs(30), || {
+        let n = member.assigned();
+        async move {
+            if n == 2 {
+                Ok(())
+            } else {
+                Err(format!("{n} partitions assigned"))
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "the member never got both partitions: {e}\n{}",
+            broker.log()
+        )
+    });
+    let mut next0 = 0;
+    for _ in 0..3 {
+        next0 = producer.send(&topic, 0, now_ms()).await + 1;
+    }
+    let next1 = producer.send(&topic, 1, now_ms()).await + 1;
+    member.commit(&topic, 0, next0 - 1);
+    member.commit(&topic, 1, next1);
+
+    let agent = Agent::start(&kafka_source_toml("kw", &broker.bootstrap(), ""));
+    agent.wait_ready(READY_TIMEOUT).await;
+    let members = |m: &Metrics| {
+        m.get(
+            "kafka_consumer_group_members",
+            &[("cluster", "kw"), ("group", "slow")],
+        )
+    };
+
+    // Falling behind: 3 records a round, 1 committed.
+    let mut committed0 = next0 - 1;
+    let behind = Instant::now();
+    let mut seen_warn = None;
+    while behind.elapsed() < Duration::from_secs(12) {
+        for _ in 0..3 {
+            producer.send(&topic, 0, now_ms()).await;
+        }
+        committed0 += 1;
+        member.commit(&topic, 0, committed0);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let m = agent.scrape().await;
+        let s = status_of(&m, "kw", "slow").unwrap_or_default();
+        assert!(
+            s == "ok" || s == "warn",
+            "a member committing while it falls behind is ok, then warn; got {s}"
+        );
+        if s == "warn" {
+            assert_eq!(members(&m), Some(1.0), "the group has its member");
+            seen_warn = Some(behind.elapsed());
+            break;
+        }
+    }
+    let warned = seen_warn.expect("the group never went to warn while its lag rose");
+    eprintln!("warn {warned:?} after the member began falling behind");
+
+    // Not advancing at all, the member still there: stall.
+    let stopped = Instant::now();
+    let mut seen_stall = None;
+    while stopped.elapsed() < Duration::from_secs(12) {
+        producer.send(&topic, 0, now_ms()).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let m = agent.scrape().await;
+        let s = status_of(&m, "kw", "slow").unwrap_or_default();
+        assert!(
+            ["ok", "warn", "stall"].contains(&s.as_str()),
+            "a live member that stopped committing is never {s}"
+        );
+        if s == "stall" {
+            assert_eq!(
+                members(&m),
+                Some(1.0),
+                "stall is judged with the member there"
+            );
+            assert_eq!(
+                m.get(
+                    LAG,
+                    &[
+                        ("cluster", "kw"),
+                        ("group", "slow"),
+                        ("topic", topic.as_str()),
+                        ("partition", "1")
+                    ]
+                ),
+                Some(0.0),
+                "partition 1 is caught up: the group's status is partition 0's"
+            );
+            seen_stall = Some(stopped.elapsed());
+            break;
+        }
+    }
+    let stalled = seen_stall.expect("the group never went to stall");
+    eprintln!("stall {stalled:?} after the last commit (window 4 s)");
+    assert!(
+        stalled >= Duration::from_millis(3400),
+        "stall came {stalled:?} after the last commit, before one window (4 s)"
+    );
+    drop(member);
 }

@@ -25,63 +25,26 @@ use common::{Agent, Db, READY_TIMEOUT};
 // pg-transactional-outbox
 // ---------------------------------------------------------------------------------
 
-/// The agent's config for pg-transactional-outbox's `inbox` and `outbox` tables: no
-/// status column (status from rules on its own columns), no started_at, no deliveries,
-/// no updated_at (so no cursor).
+/// The agent's config for pg-transactional-outbox's `inbox` and `outbox` tables: the
+/// library's two presets (no status column: status from rules on its own columns; no
+/// started_at, no deliveries, no updated_at, so no cursor), on the test's schema.
 fn pto_config(dsn: &str, schema: &str) -> String {
-    let mut t = source_head("inbox", "pto-inbox", dsn, &format!("{schema}.inbox"));
-    t.push_str(
-        r#"cursor = "none"
-
-[sources.columns]
-event_id = "id"
-event_type = "message_type"
-received_at = "created_at"
-finished_at = "processed_at"
-attempts = "finished_attempts"
-
-[[sources.status_rules]]
-meaning = "dead"
-when = "abandoned_at IS NOT NULL"
-
-[[sources.status_rules]]
-meaning = "succeeded"
-when = "processed_at IS NOT NULL"
-
-[[sources.status_rules]]
-meaning = "failed"
-when = "finished_attempts > 0"
-
-[[sources.status_rules]]
-meaning = "processing"
-when = "locked_until > now() AND started_attempts > finished_attempts"
-
-[[sources.status_rules]]
-meaning = "pending"
-when = "true"
-
-"#,
+    let mut t = preset_source(
+        "pg-transactional-outbox-inbox",
+        "pto-inbox",
+        dsn,
+        Some(&format!("{schema}.inbox")),
     );
-    t.push_str(&source_head(
-        "outbox",
+    t.push_str(&preset_source(
+        "pg-transactional-outbox-outbox",
         "pto-outbox",
         dsn,
-        &format!("{schema}.outbox"),
+        Some(&format!("{schema}.outbox")),
     ));
-    t.push_str(
-        r#"cursor = "none"
-
-[sources.columns]
-event_id = "id"
-event_type = "message_type"
-created_at = "created_at"
-published_at = "processed_at"
-"#,
-    );
     t
 }
 
-/// Guards watching pg-transactional-outbox 0.5.7's own `inbox` and `outbox` tables
+/// Guards the pg-transactional-outbox presets, watching pg-transactional-outbox 0.5.7's own `inbox` and `outbox` tables
 /// (no status column: status from rules; no updated_at: cursor-less tailing), written
 /// by its own storage and polling listeners: received, completed by outcome, attempt
 /// failures, the attempts histogram and the end-to-end count equal the library's
@@ -320,46 +283,21 @@ async fn pg_transactional_outbox_tables_match_the_librarys_counts() {
 // graphile-worker
 // ---------------------------------------------------------------------------------
 
-/// The agent's config for graphile-worker's jobs, through its `jobs` view (the
-/// table holds a task id; the view joins the task identifier, the event type):
-/// successes are DELETED, permanently failed jobs stay with attempts =
-/// max_attempts; status from rules. A view has no `xmin`: the agent reads it
-/// without the filter that skips rows an earlier poll read.
+/// The agent's config for graphile-worker's jobs: the library's preset, on the test's
+/// schema. It reads the `jobs` view (the table holds a task id; the view joins the task
+/// identifier, the event type): successes are DELETED, permanently failed jobs stay
+/// with attempts = max_attempts; status from rules. A view has no `xmin`: the agent
+/// reads it without the filter that skips rows an earlier poll read.
 fn graphile_config(dsn: &str, schema: &str) -> String {
-    let mut t = source_head("inbox", "gw-jobs", dsn, &format!("{schema}.jobs"));
-    t.push_str(
-        r#"cursor = "none"
-finished_rows = "deleted"
-deleted_as = "succeeded"
-
-[sources.columns]
-event_id = "id"
-event_type = "task_identifier"
-received_at = "created_at"
-attempts = "attempts"
-last_error = "last_error"
-
-[[sources.status_rules]]
-meaning = "dead"
-when = "attempts >= max_attempts AND locked_at IS NULL"
-
-[[sources.status_rules]]
-meaning = "processing"
-when = "locked_at IS NOT NULL"
-
-[[sources.status_rules]]
-meaning = "failed"
-when = "attempts > 0"
-
-[[sources.status_rules]]
-meaning = "pending"
-when = "true"
-"#,
-    );
-    t
+    preset_source(
+        "graphile-worker",
+        "gw-jobs",
+        dsn,
+        Some(&format!("{schema}.jobs")),
+    )
 }
 
-/// Guards watching graphile-worker 0.17.3's own jobs table, written by its own
+/// Guards the graphile-worker preset, watching graphile-worker 0.17.3's own jobs table, written by its own
 /// migrations, addJob and worker pool, where a success DELETES the row: received,
 /// succeeded (counted by disappearance), dead-lettered (attempts reach max_attempts),
 /// attempt failures and the attempts histogram equal the library's job events;

@@ -4,27 +4,13 @@
 
 mod common;
 
-use common::otlp::hex;
+use common::ids::trace_of;
 use common::workload::{InboxEvent, OutboxEvent, Status, Target};
 use common::{Cmd, Db, toml_str};
-use sha2::{Digest, Sha256};
 
-fn trace_of(event_id: &str) -> String {
-    hex(&Sha256::digest(event_id.as_bytes())[..16])
-}
-
+/// The span id of an attempt of `process`, worked out outside the agent's code.
 fn span_of(service: &str, event_id: &str, attempt: u32) -> String {
-    let mut h = Sha256::new();
-    for part in [
-        b"process".as_slice(),
-        service.as_bytes(),
-        event_id.as_bytes(),
-    ] {
-        h.update((part.len() as u64).to_be_bytes());
-        h.update(part);
-    }
-    h.update(attempt.to_be_bytes());
-    hex(&h.finalize()[..8])
+    common::ids::span_of("process", service, event_id, attempt)
 }
 
 /// RFC 3339 with milliseconds, UTC.

@@ -32,9 +32,8 @@ use std::time::{Duration, Instant};
 
 use common::checks::{Expectations, Tol};
 use common::library::{
-    ABSENT_WITHOUT_DELIVERIES, STABLE, converge, drop_schema, fresh_schema, num,
+    ABSENT_WITHOUT_DELIVERIES, STABLE, converge, drop_schema, fresh_schema, num, preset_source,
 };
-use common::scenarios::POLL;
 use common::workload::{ATTEMPT_BUCKETS, INBOX_EXACT_NAMES};
 use common::{Agent, Db, READY_TIMEOUT, repo_path, wait_until};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -753,16 +752,8 @@ async fn drive(r: &Recipe, pool: &PgPool, events: &[Event], agent: &Agent, sourc
 // The preset as a [[sources]] entry
 // ---------------------------------------------------------------------------------
 
-/// The preset file's `[source]` as one `[[sources]]` entry named `name` on `dsn`, its
-/// table in `schema`, with the knobs of every correctness test (poll every [`POLL`],
-/// overlap 10 s). Also returns the preset's column map.
-fn preset_entry(
-    preset: &str,
-    name: &str,
-    dsn: &str,
-    schema: &str,
-    table: &str,
-) -> (String, toml::Table) {
+/// The preset's column map, from its file (the agent reads the same file, embedded).
+fn preset_columns(preset: &str) -> toml::Table {
     let path = repo_path(&format!("presets/{preset}.toml"));
     let text =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
@@ -774,39 +765,11 @@ fn preset_entry(
         Some("schema-tested"),
         "{preset}: a preset proven by this test is \"schema-tested\""
     );
-    let mut source = file
-        .get("source")
-        .and_then(|s| s.as_table())
-        .unwrap_or_else(|| panic!("{preset}: no [source] table"))
-        .clone();
-    let columns = source
-        .get("columns")
+    file.get("source")
+        .and_then(|s| s.get("columns"))
         .and_then(|c| c.as_table())
         .cloned()
-        .unwrap_or_default();
-    let knobs = [
-        ("name", name.to_string()),
-        ("dsn", dsn.to_string()),
-        ("table", format!("{schema}.{table}")),
-        ("poll_interval", format!("{}ms", POLL.as_millis())),
-        ("overlap", "10s".to_string()),
-        ("timeout", "2s".to_string()),
-        ("stuck_after", "10m".to_string()),
-        ("quantile_window", "5m".to_string()),
-    ];
-    for (k, v) in knobs {
-        source.insert(k.to_string(), toml::Value::String(v));
-    }
-    source.insert("event_type_limit".into(), toml::Value::Integer(50));
-    let mut doc = toml::Table::new();
-    doc.insert(
-        "sources".into(),
-        toml::Value::Array(vec![toml::Value::Table(source)]),
-    );
-    (
-        toml::to_string(&doc).expect("a TOML table serialises"),
-        columns,
-    )
+        .unwrap_or_default()
 }
 
 // ---------------------------------------------------------------------------------
@@ -1012,8 +975,9 @@ async fn prove(r: &Recipe) {
     }
 
     let source = r.preset;
-    let (config, columns) = preset_entry(r.preset, source, &db.dsn, &schema, r.table);
-    let agent = Agent::start(&config);
+    let columns = preset_columns(r.preset);
+    let table = format!("{schema}.{}", r.table);
+    let agent = Agent::start(&preset_source(r.preset, source, &db.dsn, Some(&table)));
     agent.wait_ready(READY_TIMEOUT).await;
 
     let events = plan(r.max_attempts);

@@ -82,6 +82,12 @@ impl Leadership {
         lock(&self.led).len()
     }
 
+    /// The sources nobody can be seen to own from here (their database does not
+    /// answer this agent): reported down, their other series stale.
+    pub fn contending(&self) -> Vec<String> {
+        lock(&self.contending).iter().cloned().collect()
+    }
+
     /// The registered sources another agent owns (or may own: not yet contested).
     pub fn standing_by(&self) -> Vec<String> {
         let led = lock(&self.led).clone();
@@ -103,31 +109,45 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// agent stands by for, except `inboxwatch_source_leader`, the counting-gap
 /// counters (this agent's own record of its takeovers, born at 0 before the
 /// first one so that `increase()` sees it) and `inboxwatch_source_info` (the
-/// configuration it runs, which the alert rules join `owner` from).
-pub fn hide_standby(rendered: String, standing_by: &[String]) -> String {
-    if standing_by.is_empty() {
+/// configuration it runs, which the alert rules join `owner` from). The
+/// sources it cannot reach to contend for (`contending`) are hidden the same
+/// way but keep `inboxwatch_source_up` (0: it says they are down from here):
+/// what this agent counted while it owned one is stale once it lost the lock,
+/// and another agent may count it now.
+pub fn hide_standby(rendered: String, standing_by: &[String], contending: &[String]) -> String {
+    if standing_by.is_empty() && contending.is_empty() {
         return rendered;
     }
-    let needles: Vec<(String, String)> = standing_by
-        .iter()
-        .map(|s| {
-            let v = s
-                .replace('\\', "\\\\")
-                .replace('"', "\\\"")
-                .replace('\n', "\\n");
-            (format!("{{source=\"{v}\""), format!(",source=\"{v}\""))
-        })
-        .collect();
+    let needles = |sources: &[String]| -> Vec<(String, String)> {
+        sources
+            .iter()
+            .map(|s| {
+                let v = s
+                    .replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n");
+                (format!("{{source=\"{v}\""), format!(",source=\"{v}\""))
+            })
+            .collect()
+    };
+    let (standing_by, contending) = (needles(standing_by), needles(contending));
+    let of = |line: &str, needles: &[(String, String)]| {
+        needles
+            .iter()
+            .any(|(a, b)| line.contains(a.as_str()) || line.contains(b.as_str()))
+    };
     let mut out = String::with_capacity(rendered.len());
     for line in rendered.lines() {
-        let hidden = !line.starts_with('#')
-            && !line.starts_with(metric::SOURCE_LEADER)
-            && !line.starts_with(metric::SOURCE_INFO)
-            && !line.starts_with(metric::COUNTING_GAPS)
-            && !line.starts_with(metric::COUNTING_GAP_SECONDS)
-            && needles
-                .iter()
-                .any(|(a, b)| line.contains(a.as_str()) || line.contains(b.as_str()));
+        let kept_anyway = line.starts_with('#')
+            || line.starts_with(metric::SOURCE_LEADER)
+            || line.starts_with(metric::SOURCE_INFO)
+            || line.starts_with(metric::COUNTING_GAPS)
+            || line.starts_with(metric::COUNTING_GAP_SECONDS);
+        let hidden = !kept_anyway
+            && (of(line, &standing_by)
+                || (!line.starts_with(&format!("{} ", metric::SOURCE_UP))
+                    && !line.starts_with(&format!("{}{{", metric::SOURCE_UP))
+                    && of(line, &contending)));
         if !hidden {
             out.push_str(line);
             out.push('\n');
@@ -286,7 +306,7 @@ mod tests {
                     inboxwatch_counting_gaps_total{source=\"a\",reason=\"handover\"} 0\n\
                     inboxwatch_poll_errors_total{kind=\"query\",source=\"a\"} 3\n\
                     inboxwatch_build_info{version=\"1\"} 1\n";
-        let out = hide_standby(text.to_string(), &["a".to_string()]);
+        let out = hide_standby(text.to_string(), &["a".to_string()], &[]);
         assert_eq!(
             out,
             "# HELP a x\n\
@@ -295,6 +315,26 @@ mod tests {
              inboxwatch_source_leader{source=\"a\"} 0\n\
              inboxwatch_counting_gaps_total{source=\"a\",reason=\"handover\"} 0\n\
              inboxwatch_build_info{version=\"1\"} 1\n"
+        );
+    }
+
+    #[test]
+    fn sources_out_of_reach_keep_only_up_leader_gap_counters_and_info() {
+        let text = "inbox_messages_received_total{event_type=\"t\",source=\"a\"} 7\n\
+                    inboxwatch_source_up{source=\"a\"} 0\n\
+                    inboxwatch_source_up{source=\"b\"} 1\n\
+                    inboxwatch_source_leader{source=\"a\"} 0\n\
+                    inboxwatch_source_info{kind=\"inbox\",owner=\"\",service=\"a\",source=\"a\"} 1\n\
+                    inboxwatch_counting_gaps_total{source=\"a\",reason=\"handover\"} 1\n\
+                    inboxwatch_poll_errors_total{kind=\"timeout\",source=\"a\"} 3\n";
+        let out = hide_standby(text.to_string(), &[], &["a".to_string()]);
+        assert_eq!(
+            out,
+            "inboxwatch_source_up{source=\"a\"} 0\n\
+             inboxwatch_source_up{source=\"b\"} 1\n\
+             inboxwatch_source_leader{source=\"a\"} 0\n\
+             inboxwatch_source_info{kind=\"inbox\",owner=\"\",service=\"a\",source=\"a\"} 1\n\
+             inboxwatch_counting_gaps_total{source=\"a\",reason=\"handover\"} 1\n"
         );
     }
 }

@@ -231,8 +231,9 @@ pub struct StatusReport {
 /// sources another agent owns.
 pub fn exposition(state: &AppState) -> String {
     let standing_by = state.leadership.standing_by();
-    let mut text = hide_standby(state.metrics.render(), &standing_by);
-    snapshot::render(&mut text, &standing_by);
+    let contending = state.leadership.contending();
+    let mut text = hide_standby(state.metrics.render(), &standing_by, &contending);
+    snapshot::render(&mut text, &[standing_by, contending].concat());
     text
 }
 

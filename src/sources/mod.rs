@@ -204,6 +204,9 @@ fn check<K: Kind>(
         let mut expected = K::keys_at(u.parent());
         if u.path.len() == 1 {
             expected.splice(0..0, ["name", "kind"]);
+            if K::KIND != "kafka" {
+                expected.insert(2, "preset");
+            }
         }
         v.unknown_key(
             u,

@@ -52,6 +52,22 @@ impl Expectations {
         });
     }
 
+    /// Like [`Expectations::push`], replacing what was expected of the same
+    /// name and labels before (a shared helper's default for a column a test
+    /// does have).
+    pub fn set(&mut self, name: &str, labels: &[(&str, &str)], value: f64, tol: Tol) {
+        self.items.retain(|e| {
+            e.name != name
+                || e.labels.len() != labels.len()
+                || !e
+                    .labels
+                    .iter()
+                    .zip(labels)
+                    .all(|((k, v), (k2, v2))| k == k2 && v == v2)
+        });
+        self.push(name, labels, value, tol);
+    }
+
     /// No series of `name` within `scope` may be non-zero unless expected.
     pub fn close(&mut self, name: &str, scope: &[(&str, &str)]) {
         self.closed.push((

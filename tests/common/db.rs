@@ -43,6 +43,17 @@ pub fn url_with_hostport(url: &str, hostport: &str) -> String {
     format!("{scheme}://{userinfo}{hostport}{tail}")
 }
 
+/// The same URL with another database (its path; a query string is kept).
+pub fn url_with_database(url: &str, database: &str) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a database URL has a scheme");
+    let (authority, tail) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, ""),
+    };
+    let query = tail.find('?').map_or("", |i| &tail[i..]);
+    format!("{scheme}://{authority}/{database}{query}")
+}
+
 /// The same URL with other credentials.
 pub fn url_with_user(url: &str, user: &str, password: &str) -> String {
     let (scheme, rest) = url.split_once("://").expect("a database URL has a scheme");
@@ -345,7 +356,11 @@ pub struct Db {
 
 impl Db {
     pub async fn postgres() -> Db {
-        let dsn = pg_url();
+        Self::postgres_at(pg_url()).await
+    }
+
+    /// A pool on another PostgreSQL database than `INBOXWATCH_TEST_PG`'s.
+    pub async fn postgres_at(dsn: String) -> Db {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(Duration::from_secs(30))
@@ -356,7 +371,11 @@ impl Db {
     }
 
     pub async fn mysql() -> Db {
-        let dsn = mysql_url();
+        Self::mysql_at(mysql_url()).await
+    }
+
+    /// A pool on another MariaDB database than `INBOXWATCH_TEST_MYSQL`'s.
+    pub async fn mysql_at(dsn: String) -> Db {
         let pool = sqlx::mysql::MySqlPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(Duration::from_secs(30))

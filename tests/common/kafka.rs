@@ -190,6 +190,38 @@ impl Broker {
         Committer { c }
     }
 
+    /// A consumer that joins `group` as a member (subscribed to `topic`: the
+    /// coordinator assigns it the partitions) and never commits by itself; a
+    /// background thread polls it so that it stays a member until dropped.
+    pub fn member(&self, group: &str, topic: &str) -> Member {
+        let c: BaseConsumer = self
+            .client()
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("session.timeout.ms", "6000")
+            .create()
+            .expect("consumer");
+        c.subscribe(&[topic]).expect("subscribe");
+        let c = std::sync::Arc::new(c);
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let thread = {
+            let (c, stop) = (c.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    // Records are not needed, only the membership.
+                    let _ = c.poll(Duration::from_millis(100));
+                }
+            })
+        };
+        Member {
+            c,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
@@ -313,6 +345,37 @@ impl Committer {
         tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
             .expect("tpl");
         self.c.commit(&tpl, CommitMode::Sync).expect("commit");
+    }
+}
+
+/// A group member (see [`Broker::member`]).
+pub struct Member {
+    c: std::sync::Arc<BaseConsumer>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Member {
+    /// Whether the coordinator has assigned it partitions yet.
+    pub fn assigned(&self) -> usize {
+        self.c.assignment().map(|a| a.count()).unwrap_or(0)
+    }
+
+    /// Commits `offset` for the partition (as the member).
+    pub fn commit(&self, topic: &str, partition: i32, offset: i64) {
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(topic, partition, Offset::Offset(offset))
+            .expect("tpl");
+        self.c.commit(&tpl, CommitMode::Sync).expect("commit");
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::checks::{Expectations, Tol, render_diff};
+use super::db::{Dialect, url_with_database};
 use super::process::Proc;
 use super::scenarios::{CONVERGE, POLL};
 use super::workload::{ATTEMPT_BUCKETS, INBOX_EXACT_NAMES};
@@ -162,6 +163,37 @@ pub async fn drop_schema(db: &Db, schema: &str) {
         .await
     {
         eprintln!("cleanup: drop schema {schema}: {e}");
+    }
+}
+
+/// A fresh database on `db`'s server, for a library whose SQL names its own schema
+/// (apalis's `apalis.jobs`) or uses the connection's database (apalis-mysql's
+/// `jobs`): its name and a pool on it. [`drop_database`] drops it at the test's end
+/// (a failed test leaves it for inspection: its name is printed).
+pub async fn fresh_database(db: &Db, short: &str) -> (String, Db) {
+    let name = unique_name("lib", short).to_lowercase();
+    db.pool
+        .raw(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap_or_else(|e| panic!("create database {name}: {e}"));
+    eprintln!("database {name}");
+    let dsn = url_with_database(&db.dsn, &name);
+    let fresh = match db.dialect {
+        Dialect::Postgres => Db::postgres_at(dsn).await,
+        Dialect::Mysql => Db::mysql_at(dsn).await,
+        Dialect::Sqlite => panic!("SQLite has no databases to create"),
+    };
+    (name, fresh)
+}
+
+/// Drops a database of [`fresh_database`], closing what is still connected to it.
+pub async fn drop_database(db: &Db, name: &str) {
+    let sql = match db.dialect {
+        Dialect::Postgres => format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+        _ => format!("DROP DATABASE IF EXISTS {name}"),
+    };
+    if let Err(e) = db.pool.raw(&sql).await {
+        eprintln!("cleanup: drop database {name}: {e}");
     }
 }
 

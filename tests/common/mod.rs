@@ -24,6 +24,7 @@ pub mod checks;
 pub mod db;
 pub mod grafana;
 pub mod http;
+pub mod ids;
 pub mod library;
 pub mod metrics;
 pub mod otlp;

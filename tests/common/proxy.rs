@@ -1,6 +1,8 @@
 //! A TCP proxy in front of a database, to take the database away from the agent and
 //! give it back: `cut()` closes every open connection and refuses new ones,
-//! `restore()` lets connections through again.
+//! `blackhole()` keeps every connection open but relays nothing any more (as if the
+//! packets were dropped: nothing answers, nothing is refused), `restore()` lets new
+//! connections through again.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,6 +13,8 @@ use tokio::task::JoinHandle;
 
 struct State {
     refusing: AtomicBool,
+    /// `true` from `blackhole()` to `restore()`: nothing is relayed.
+    dropping: watch::Sender<bool>,
     /// Bumped by every `cut()`; each relayed connection watches it.
     epoch: watch::Sender<u64>,
     accepted: AtomicU64,
@@ -32,8 +36,10 @@ impl Proxy {
             .expect("bind the proxy listener");
         let port = listener.local_addr().expect("proxy local_addr").port();
         let (epoch, _) = watch::channel(0u64);
+        let (dropping, _) = watch::channel(false);
         let state = Arc::new(State {
             refusing: AtomicBool::new(false),
+            dropping,
             epoch,
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -55,13 +61,23 @@ impl Proxy {
                 }
                 st.accepted.fetch_add(1, Ordering::Relaxed);
                 let upstream = upstream.clone();
+                let mut dropping = st.dropping.subscribe();
                 tokio::spawn(async move {
+                    // Blackholed: held open, never relayed, until a cut.
+                    if *dropping.borrow_and_update() {
+                        let _ = cut.changed().await;
+                        return;
+                    }
                     let Ok(mut outbound) = TcpStream::connect(&upstream).await else {
                         return;
                     };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = cut.changed() => {}
+                    let held = tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => false,
+                        _ = cut.changed() => false,
+                        _ = dropping.wait_for(|d| *d) => true,
+                    };
+                    if held {
+                        let _ = cut.changed().await;
                     }
                     // Both sockets are dropped here, closing the connection.
                 });
@@ -76,9 +92,17 @@ impl Proxy {
         self.state.epoch.send_modify(|e| *e += 1);
     }
 
-    /// Lets new connections through again.
+    /// Lets new connections through again (connections held by `blackhole()` stay
+    /// silent until the next `cut()`).
     pub fn restore(&self) {
         self.state.refusing.store(false, Ordering::SeqCst);
+        self.state.dropping.send_replace(false);
+    }
+
+    /// Relays nothing from now on, on open and new connections alike, and closes
+    /// nothing: every read on the other side waits (its own timeouts decide).
+    pub fn blackhole(&self) {
+        self.state.dropping.send_replace(true);
     }
 
     /// (connections relayed, connections refused) so far.

@@ -316,7 +316,7 @@ fn kind_of(ty: &str) -> Option<Kind> {
 
 /// The optional meanings a table could map and which of its columns look
 /// like each (by name and type), as suggestions. `present`: (column, type).
-pub fn suggestions(spec: Shape<'_>, present: &[(String, String)]) -> Vec<String> {
+pub(crate) fn suggestions(spec: Shape<'_>, present: &[(String, String)]) -> Vec<String> {
     let (mapped, optional): (Vec<&str>, &[&str]) = match spec {
         Shape::Inbox(s) => (
             s.columns.mapped().into_iter().map(|(_, c)| c).collect(),

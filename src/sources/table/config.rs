@@ -102,6 +102,9 @@ pub struct RawInbox {
     /// current one included) or `"failed"` ones (a consumer that bumps it
     /// only when an attempt fails, as .NET CAP's `Retries`).
     pub attempts_count: Option<String>,
+    /// Added to `attempts` on rows whose `started_at` is set: 1 for a column
+    /// that counts retries, not attempts (default 0).
+    pub attempts_offset: Option<i64>,
     /// Error classes by pattern on `last_error`: ordered, first match wins,
     /// tried before the built-in ones.
     pub error_classes: Option<Vec<RawErrorClass>>,
@@ -286,6 +289,9 @@ pub struct InboxSpec {
     pub deleted_as: Status,
     /// What `columns.attempts` counts.
     pub attempts_count: AttemptsCount,
+    /// Added to `attempts` on rows that have a `started_at` (0: the column
+    /// counts attempts; 1: it counts retries, as pg-boss's `retry_count`).
+    pub attempts_offset: i64,
     /// What kind of failure a `last_error` shows (`error_class` label);
     /// shared, as every clone of the spec classifies alike.
     pub error_classes: Arc<ErrorClasses>,
@@ -317,6 +323,10 @@ impl AttemptsCount {
         }
     }
 }
+
+/// The largest `attempts_offset`: 1 is the case in the wild (a retry count);
+/// a larger one is more likely a mistake than a table.
+const MAX_ATTEMPTS_OFFSET: i64 = 10;
 
 /// The default `audit_table`.
 pub const AUDIT_TABLE: &str = "inboxwatch_dead_letter_actions";
@@ -355,6 +365,26 @@ impl InboxSpec {
         match self.words_only() {
             Some(column) => sql.text(&sql.ident(column)),
             None => self.status_sql().meaning_sql(sql),
+        }
+    }
+
+    /// The expression every query reads a row's attempts from (`NULL`
+    /// without an attempts column): the column, plus `attempts_offset` once
+    /// the row has started, so that a column counting retries reads as the
+    /// attempts made so far (0 before the first one starts).
+    pub fn attempts_select(&self, sql: &Sql) -> String {
+        let c = &self.columns;
+        let Some(attempts) = c.attempts.as_deref() else {
+            return "NULL".to_string();
+        };
+        let attempts = sql.ident(attempts);
+        match c.started_at.as_deref() {
+            Some(started) if self.attempts_offset != 0 => sql.int(&format!(
+                "CASE WHEN {} IS NULL THEN {attempts} ELSE {attempts} + {} END",
+                sql.ident(started),
+                self.attempts_offset
+            )),
+            _ => sql.int(&attempts),
         }
     }
 
@@ -857,6 +887,24 @@ pub(crate) fn inbox_spec(
         raw.default_error_classes,
     ));
     let columns = columns?;
+    let attempts_offset = raw.attempts_offset.unwrap_or(0);
+    if let Some(offset) = raw.attempts_offset {
+        let at = format!("{key}.attempts_offset");
+        if !(0..=MAX_ATTEMPTS_OFFSET).contains(&offset) {
+            v.problem(
+                &at,
+                format!("{offset} is not between 0 and {MAX_ATTEMPTS_OFFSET}"),
+            );
+        }
+        if columns.attempts.is_none() || columns.started_at.is_none() {
+            v.problem(
+                &at,
+                "needs columns.attempts and columns.started_at: the offset is added to \
+                 the attempts of rows that have started"
+                    .into(),
+            );
+        }
+    }
     table.cursor = settle_cursor(v, key, cursor, columns.updated_at.as_deref());
     let actions = raw.dead_letter_actions.as_ref().and_then(|a| {
         dead_letter_actions(v, key, a, &table, &columns, &statuses, !rules.is_empty())
@@ -869,6 +917,7 @@ pub(crate) fn inbox_spec(
         rules,
         deleted_as,
         attempts_count,
+        attempts_offset,
         actions,
         error_classes,
     })

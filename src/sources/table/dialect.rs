@@ -78,18 +78,24 @@ impl Sql {
         }
     }
 
-    /// The first `n` characters of a text expression.
+    /// The first `n` characters of a text expression. On PostgreSQL the
+    /// expression is cast to text first, so that a `json` / `jsonb` column
+    /// (pg-boss keeps its errors in one) reads as its text; MariaDB and
+    /// SQLite take JSON as text already.
     pub fn prefix(&self, expr: &str, n: usize) -> String {
         match self.dialect {
-            Dialect::Postgres | Dialect::MySql => format!("LEFT({expr}, {n})"),
+            Dialect::Postgres => format!("LEFT(CAST({expr} AS TEXT), {n})"),
+            Dialect::MySql => format!("LEFT({expr}, {n})"),
             Dialect::Sqlite => format!("SUBSTR({expr}, 1, {n})"),
         }
     }
 
-    /// Length in characters of a text expression.
+    /// Length in characters of a text expression (of its text on
+    /// PostgreSQL, as [`Sql::prefix`]).
     pub fn char_length(&self, expr: &str) -> String {
         match self.dialect {
-            Dialect::Postgres | Dialect::MySql => format!("CHAR_LENGTH({expr})"),
+            Dialect::Postgres => format!("CHAR_LENGTH(CAST({expr} AS TEXT))"),
+            Dialect::MySql => format!("CHAR_LENGTH({expr})"),
             Dialect::Sqlite => format!("LENGTH({expr})"),
         }
     }
@@ -376,5 +382,21 @@ mod tests {
         };
         assert_eq!(my.literal("a\\'b"), "'a\\\\''b'");
         assert_eq!(my.table("s.t"), "`s`.`t`");
+    }
+
+    /// A PostgreSQL `json` / `jsonb` error column is read as its text.
+    #[test]
+    fn postgres_reads_error_text_of_any_column_type() {
+        let pg = Sql {
+            dialect: Dialect::Postgres,
+        };
+        assert_eq!(
+            pg.prefix("\"output\"", 9),
+            "LEFT(CAST(\"output\" AS TEXT), 9)"
+        );
+        assert_eq!(
+            pg.char_length("\"output\""),
+            "CHAR_LENGTH(CAST(\"output\" AS TEXT))"
+        );
     }
 }

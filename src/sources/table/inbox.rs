@@ -375,16 +375,14 @@ impl Inbox {
         if row.attempts.is_some_and(|a| a < 0) || row.deliveries.is_some_and(|d| d < 0) {
             return Some(Reject::ImplausibleCount);
         }
-        if status.is_none() {
+        let Some(status) = status else {
             return Some(Reject::UnknownStatus);
-        }
+        };
         // A final row without a finished time is counted, without durations.
         let Some(received) = row.received else {
             return Some(Reject::NullTime);
         };
-        if let Some(fin) = row.finished
-            && (row.started.is_some_and(|s| fin < s) || fin < received)
-        {
+        if finish_before_start(row, status, received) {
             return Some(Reject::FinishBeforeStart);
         }
         None
@@ -514,9 +512,13 @@ impl Inbox {
             Some(s) => s,
             None if baseline || !self.states.is_new(received) => {
                 // An event older than the agent's memory: its row is the baseline.
-                // Only a completion that happened since the start is counted.
-                let counted =
-                    !baseline && terminal && row.finished.is_some_and(|f| f >= self.start);
+                // Only a completion that happened since the start is counted,
+                // and not one of an event counted and forgotten since.
+                let counted = !baseline
+                    && terminal
+                    && row
+                        .finished
+                        .is_some_and(|f| f >= self.start && !self.states.may_have_counted(f));
                 if counted {
                     self.complete(label, &row, class, status, now);
                 }
@@ -920,7 +922,7 @@ impl TableKind for Inbox {
             ("received_at", sql.micros(&sql.ident(&c.received_at))),
             ("started_at", opt(&c.started_at, &|e| sql.micros(e))),
             ("finished_at", opt(&c.finished_at, &|e| sql.micros(e))),
-            ("attempts", opt(&c.attempts, &|e| sql.int(e))),
+            ("attempts", self.spec.attempts_select(sql)),
             ("deliveries", opt(&c.deliveries, &|e| sql.int(e))),
             (
                 "last_error",
@@ -1221,9 +1223,55 @@ pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
+/// Whether a final row finished before it started or was received. Only a
+/// final row's finished time is its finish: a job queue keeps the previous
+/// attempt's finish time while the job waits for and runs its next attempt
+/// (apalis's `done_at` stays while the retry's `lock_at` is newer).
+fn finish_before_start(row: &Row, status: Status, received: i64) -> bool {
+    status.is_terminal()
+        && row
+            .finished
+            .is_some_and(|fin| row.started.is_some_and(|s| fin < s) || fin < received)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Guards apalis's retried jobs: while a job waits for or runs its next
+    /// attempt its row keeps the previous attempt's `done_at`, older than the
+    /// new `lock_at`; only a final row with such times is rejected.
+    #[test]
+    fn only_a_final_row_can_finish_before_it_started() {
+        let row = |started: i64, finished: i64| Row {
+            event_id: "job".into(),
+            event_type: None,
+            status: String::new(),
+            received: Some(100),
+            started: Some(started),
+            finished: Some(finished),
+            attempts: Some(1),
+            deliveries: None,
+            error_len: None,
+            error_text: None,
+            class: 0,
+            traceparent: None,
+            updated: 0,
+            version: 0,
+        };
+        let retried = row(300, 200);
+        for status in [Status::Pending, Status::Processing, Status::Failed] {
+            assert!(!finish_before_start(&retried, status, 100), "{status:?}");
+        }
+        for status in [Status::Succeeded, Status::Dead] {
+            assert!(finish_before_start(&retried, status, 100), "{status:?}");
+            assert!(!finish_before_start(&row(200, 300), status, 100));
+            assert!(
+                finish_before_start(&row(50, 60), status, 100),
+                "before received"
+            );
+        }
+    }
 
     /// Guards the map's memory figures (docs/performance.md, "Memory").
     #[test]

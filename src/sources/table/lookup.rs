@@ -102,7 +102,7 @@ async fn inbox_event(
         sql.micros(&sql.ident(&c.received_at)),
         opt_col(sql, &c.started_at, |e| sql.micros(e)),
         opt_col(sql, &c.finished_at, |e| sql.micros(e)),
-        opt_col(sql, &c.attempts, |e| sql.int(e)),
+        s.attempts_select(&sql),
         opt_col(sql, &c.deliveries, |e| sql.int(e)),
         opt_col(sql, &c.last_error, |e| sql
             .text(&sql.prefix(e, ERROR_SHOWN + 1))),
@@ -327,7 +327,7 @@ async fn dead_rows(
         opt_col(sql, &c.event_type, |e| sql.text(e)),
         sql.micros(&sql.ident(&c.received_at)),
         dead_at.map_or("NULL".to_string(), |d| sql.micros(&sql.ident(d))),
-        opt_col(sql, &c.attempts, |e| sql.int(e)),
+        s.attempts_select(&sql),
         opt_col(sql, &c.last_error, |e| sql
             .text(&sql.prefix(e, ERROR_SHOWN + 1))),
         opt_col(sql, &c.business_key, |e| sql.text(e)),

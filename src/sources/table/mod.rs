@@ -13,7 +13,7 @@
 
 mod actions;
 pub mod backlog;
-mod capabilities;
+pub mod capabilities;
 pub mod config;
 pub mod dialect;
 mod doctor;

@@ -300,7 +300,7 @@ impl TableKind for Outbox {
             // First seen: a new row starts unpublished; an older one counts
             // only if it was published since the agent started.
             None if self.states.is_new(created) => false,
-            None => published.is_none_or(|p| p < self.start),
+            None => published.is_none_or(|p| p < self.start || self.states.may_have_counted(p)),
         };
         if let Some(p) = published
             && !was_published

@@ -66,6 +66,9 @@ pub struct Tracked<V> {
     /// First-seen rows born before this are older than the agent's memory and
     /// are taken as a baseline rather than counted as new.
     floor: i64,
+    /// Finished events were forgotten only if they had not changed since
+    /// before this: a row finished at or after it cannot be one of them.
+    forgotten_until: i64,
     cap: usize,
     last_eviction: Option<Instant>,
 }
@@ -76,6 +79,7 @@ impl<V: Entry> Tracked<V> {
         Tracked {
             map: HashMap::new(),
             floor: i64::MIN,
+            forgotten_until: i64::MIN,
             cap,
             last_eviction: None,
         }
@@ -90,6 +94,14 @@ impl<V: Entry> Tracked<V> {
     /// never known (and not one it has forgotten).
     pub fn is_new(&self, born_at: i64) -> bool {
         born_at >= self.floor
+    }
+
+    /// Whether a first-seen, finished row whose event is not new may be one
+    /// the agent knew, counted and forgot: finished before the latest change
+    /// time that let a finished event be forgotten (events are forgotten by
+    /// the time of their last change, which is never before their finish).
+    pub fn may_have_counted(&self, finished_at: i64) -> bool {
+        finished_at < self.forgotten_until
     }
 
     pub fn get(&self, key: u64) -> Option<&V> {
@@ -126,10 +138,12 @@ impl<V: Entry> Tracked<V> {
     /// event.
     pub fn evict(&mut self, horizon: i64) {
         let mut floor = self.floor;
+        let mut forgotten_until = self.forgotten_until;
         self.map.retain(|_, v| {
             let keep = !(v.finished() && v.updated_at() < horizon);
             if !keep {
                 floor = floor.max(v.born_at().saturating_add(1));
+                forgotten_until = forgotten_until.max(horizon);
             }
             keep
         });
@@ -144,11 +158,15 @@ impl<V: Entry> Tracked<V> {
                 let keep = v.updated_at() >= cut;
                 if !keep {
                     floor = floor.max(v.born_at().saturating_add(1));
+                    if v.finished() {
+                        forgotten_until = forgotten_until.max(cut);
+                    }
                 }
                 keep
             });
         }
         self.floor = floor;
+        self.forgotten_until = forgotten_until;
     }
 }
 
@@ -227,6 +245,28 @@ mod tests {
         assert!(t.get(3).is_some(), "recent events stay");
         assert!(!t.is_new(5), "a forgotten event is not new when seen again");
         assert!(t.is_new(6));
+        // Event 1 (finished, last changed at 10 < 20) was forgotten: a row finished
+        // before 20 may be it, one finished at 20 or later cannot.
+        assert!(t.may_have_counted(19));
+        assert!(!t.may_have_counted(20));
+    }
+
+    #[test]
+    fn forgetting_only_unfinished_events_leaves_every_finish_countable() {
+        let mut t: Tracked<E> = Tracked::new(10);
+        t.start(0);
+        for k in 0..20 {
+            t.insert(
+                k,
+                E {
+                    updated: k as i64,
+                    born: k as i64,
+                    done: false,
+                },
+            );
+        }
+        t.evict(100);
+        assert!(!t.may_have_counted(0), "no finished event was forgotten");
     }
 
     #[test]
