@@ -470,6 +470,56 @@ table = "inbox"
         assert_eq!(cfg.http, HttpLimits::default());
     }
 
+    /// Guards `attempts_count`: a column of failed attempts (.NET CAP's `Retries`) is
+    /// read as attempts started by adding the attempt under way or the one that
+    /// succeeded; a bad word, or the key without an attempts column, is named.
+    #[test]
+    fn attempts_count_is_read_and_checked_by_key() {
+        use crate::sources::table::config::AttemptsCount;
+        let SourceSpec::Inbox(s) = &check(MINIMAL).expect("valid").sources[0] else {
+            panic!("expected an inbox source")
+        };
+        assert_eq!(s.attempts_count, AttemptsCount::Started);
+        let text = format!(
+            "{MINIMAL}attempts_count = \"failed\"\n[sources.columns]\nattempts = \"Retries\"\n"
+        );
+        let SourceSpec::Inbox(s) = &check(&text).expect("valid").sources[0] else {
+            panic!("expected an inbox source")
+        };
+        assert_eq!(s.attempts_count, AttemptsCount::Failed);
+        let failed = AttemptsCount::Failed;
+        assert_eq!(failed.started(0, Some(Status::Pending)), 0);
+        assert_eq!(failed.started(2, Some(Status::Failed)), 2);
+        assert_eq!(failed.started(2, Some(Status::Processing)), 3);
+        assert_eq!(failed.started(2, Some(Status::Succeeded)), 3);
+        assert_eq!(failed.started(50, Some(Status::Dead)), 50);
+        assert_eq!(failed.started(1, None), 1);
+        assert_eq!(
+            AttemptsCount::Started.started(2, Some(Status::Succeeded)),
+            2
+        );
+
+        let err = check(&format!("{MINIMAL}attempts_count = \"retries\"\n")).expect_err("invalid");
+        let problems: Vec<(&str, &str)> = err
+            .problems
+            .iter()
+            .map(|p| (p.key.as_str(), p.message.as_str()))
+            .collect();
+        assert_eq!(
+            problems,
+            vec![
+                (
+                    "sources[0].attempts_count",
+                    "\"retries\" is not one of \"started\", \"failed\""
+                ),
+                (
+                    "sources[0].attempts_count",
+                    "applies only with columns.attempts"
+                ),
+            ]
+        );
+    }
+
     #[test]
     fn a_preset_fills_what_the_entry_does_not_write_and_the_entry_wins() {
         let cfg = check(

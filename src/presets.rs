@@ -43,6 +43,18 @@ const PRESETS: &[(&str, &str)] = &[
         include_str!("../presets/procrastinate.toml"),
     ),
     ("pgqueuer", include_str!("../presets/pgqueuer.toml")),
+    ("oban", include_str!("../presets/oban.toml")),
+    ("river", include_str!("../presets/river.toml")),
+    ("good-job", include_str!("../presets/good-job.toml")),
+    (
+        "spring-modulith",
+        include_str!("../presets/spring-modulith.toml"),
+    ),
+    (
+        "solid-queue-jobs",
+        include_str!("../presets/solid-queue-jobs.toml"),
+    ),
+    ("cap-received", include_str!("../presets/cap-received.toml")),
 ];
 
 /// How a preset was proven.

@@ -101,6 +101,10 @@ pub struct RawInbox {
     /// With `finished_rows = "deleted"`: the outcome a deleted row counts
     /// as, `"succeeded"` (default) or `"dead"`.
     pub deleted_as: Option<String>,
+    /// What `columns.attempts` counts: `"started"` attempts (default: the
+    /// current one included) or `"failed"` ones (a consumer that bumps it
+    /// only when an attempt fails, as .NET CAP's `Retries`).
+    pub attempts_count: Option<String>,
     /// Added to `attempts` on rows whose `started_at` is set: 1 for a column
     /// that counts retries, not attempts (default 0).
     pub attempts_offset: Option<i64>,
@@ -295,6 +299,8 @@ pub struct InboxSpec {
     pub rules: Vec<Rule>,
     /// The outcome of a deleted row (`finished_rows = "deleted"`).
     pub deleted_as: Status,
+    /// What `columns.attempts` counts.
+    pub attempts_count: AttemptsCount,
     /// Added to `attempts` on rows that have a `started_at` (0: the column
     /// counts attempts; 1: it counts retries, as pg-boss's `retry_count`).
     pub attempts_offset: i64,
@@ -304,6 +310,30 @@ pub struct InboxSpec {
     /// `[sources.dead_letter_actions]`, for the `dead-letters replay` and
     /// `ignore` commands only. Boxed: most sources have none.
     pub actions: Option<Box<DeadLetterActions>>,
+}
+
+/// What an `attempts` column counts (`attempts_count`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptsCount {
+    /// Attempts started, the current one included (the counting rules' own sense).
+    Started,
+    /// Failed attempts only: bumped when an attempt fails, never when one starts.
+    Failed,
+}
+
+impl AttemptsCount {
+    /// The attempts started that a row in `status` showing `value` has had: a
+    /// count of failed attempts misses the attempt under way (`processing`) or
+    /// the one that succeeded; a row waiting for its next attempt, or given up
+    /// after its last failure, has started as many as failed.
+    pub fn started(self, value: i64, status: Option<Status>) -> i64 {
+        match (self, status) {
+            (AttemptsCount::Failed, Some(Status::Processing | Status::Succeeded)) => {
+                value.saturating_add(1)
+            }
+            _ => value,
+        }
+    }
 }
 
 /// The largest `attempts_offset`: 1 is the case in the wild (a retry count);
@@ -869,6 +899,23 @@ pub(crate) fn inbox_spec(
             "applies only with finished_rows = \"deleted\"".into(),
         );
     }
+    let attempts_count = match raw.attempts_count.as_deref() {
+        None | Some("started") => AttemptsCount::Started,
+        Some("failed") => AttemptsCount::Failed,
+        Some(other) => {
+            v.problem(
+                &format!("{key}.attempts_count"),
+                format!("\"{other}\" is not one of \"started\", \"failed\""),
+            );
+            AttemptsCount::Started
+        }
+    };
+    if raw.attempts_count.is_some() && raw.columns.attempts.as_deref().unwrap_or("").is_empty() {
+        v.problem(
+            &format!("{key}.attempts_count"),
+            "applies only with columns.attempts".into(),
+        );
+    }
     let error_classes = Arc::new(errors::validate(
         v,
         key,
@@ -925,6 +972,7 @@ pub(crate) fn inbox_spec(
         statuses,
         rules,
         deleted_as,
+        attempts_count,
         attempts_offset,
         actions,
         error_classes,

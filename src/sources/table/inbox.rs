@@ -354,6 +354,10 @@ impl Inbox {
             meaning: false,
         };
         row.class = self.spec.error_classes.index(row.error_text.as_deref());
+        let count = self.spec.attempts_count;
+        row.attempts = row
+            .attempts
+            .map(|a| count.started(a, self.spec.meaning_of(&row.status)));
         if self.spec.table.cursor == Cursor::None {
             row.updated = self.poll_now;
             row.version = version_of(&row);
