@@ -11,6 +11,8 @@ COPY Cargo.toml Cargo.lock ./
 # every target's file before it builds any (tests/image.rs checks this stage).
 COPY src ./src
 COPY benches ./benches
+# The presets are compiled into the binary (include_str!).
+COPY presets ./presets
 RUN cargo build --release --locked --bin inboxwatch
 
 FROM debian:bookworm-slim

@@ -20,7 +20,7 @@ pub use crate::checks::{
     ConfigError, Environment, PLACEHOLDER, Problem, is_identifier, is_table_name,
 };
 use crate::checks::{Document, Validator, keys_at};
-use crate::presets;
+pub mod presets;
 use crate::sources::SourceSpec;
 use crate::tracing_link::config::{RawTracing, TracingConfig};
 
@@ -584,7 +584,7 @@ received_at = "run_at"
             [format!(
                 "sources[0].preset: unknown preset \"graphile\" (expected one of {}; \
                  `inboxwatch presets` lists them)",
-                crate::presets::names().join(", ")
+                presets::names().join(", ")
             )]
         );
         assert_eq!(

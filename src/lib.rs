@@ -15,7 +15,6 @@ pub mod health;
 pub mod http;
 pub mod journal;
 pub mod lookup;
-pub mod presets;
 pub mod sources;
 pub mod telemetry;
 pub mod tracing_link;

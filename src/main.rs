@@ -5,10 +5,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use inboxwatch::cli::{Cli, Command, DeadLetterCommand};
+use inboxwatch::config::presets;
 use inboxwatch::config::{self, is_table_name};
 use inboxwatch::sources::kind::{Action, ActionRequest};
 use inboxwatch::sources::table::schema;
-use inboxwatch::{actions, app, demo, doctor, lookup, presets, telemetry};
+use inboxwatch::{actions, app, demo, doctor, lookup, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

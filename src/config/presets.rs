@@ -22,39 +22,45 @@ use crate::sources::table::capabilities::{self, Capability, How};
 const PRESETS: &[(&str, &str)] = &[
     (
         "pg-transactional-outbox-inbox",
-        include_str!("../presets/pg-transactional-outbox-inbox.toml"),
+        include_str!("../../presets/pg-transactional-outbox-inbox.toml"),
     ),
     (
         "pg-transactional-outbox-outbox",
-        include_str!("../presets/pg-transactional-outbox-outbox.toml"),
+        include_str!("../../presets/pg-transactional-outbox-outbox.toml"),
     ),
     (
         "graphile-worker",
-        include_str!("../presets/graphile-worker.toml"),
+        include_str!("../../presets/graphile-worker.toml"),
     ),
-    ("pg-boss", include_str!("../presets/pg-boss.toml")),
+    ("pg-boss", include_str!("../../presets/pg-boss.toml")),
     (
         "apalis-postgres",
-        include_str!("../presets/apalis-postgres.toml"),
+        include_str!("../../presets/apalis-postgres.toml"),
     ),
-    ("apalis-mysql", include_str!("../presets/apalis-mysql.toml")),
+    (
+        "apalis-mysql",
+        include_str!("../../presets/apalis-mysql.toml"),
+    ),
     (
         "procrastinate",
-        include_str!("../presets/procrastinate.toml"),
+        include_str!("../../presets/procrastinate.toml"),
     ),
-    ("pgqueuer", include_str!("../presets/pgqueuer.toml")),
-    ("oban", include_str!("../presets/oban.toml")),
-    ("river", include_str!("../presets/river.toml")),
-    ("good-job", include_str!("../presets/good-job.toml")),
+    ("pgqueuer", include_str!("../../presets/pgqueuer.toml")),
+    ("oban", include_str!("../../presets/oban.toml")),
+    ("river", include_str!("../../presets/river.toml")),
+    ("good-job", include_str!("../../presets/good-job.toml")),
     (
         "spring-modulith",
-        include_str!("../presets/spring-modulith.toml"),
+        include_str!("../../presets/spring-modulith.toml"),
     ),
     (
         "solid-queue-jobs",
-        include_str!("../presets/solid-queue-jobs.toml"),
+        include_str!("../../presets/solid-queue-jobs.toml"),
     ),
-    ("cap-received", include_str!("../presets/cap-received.toml")),
+    (
+        "cap-received",
+        include_str!("../../presets/cap-received.toml"),
+    ),
 ];
 
 /// How a preset was proven.
@@ -325,7 +331,7 @@ pub fn capabilities(p: &Preset) -> Vec<Capability> {
         "[[sources]]\nname = \"x\"\npreset = \"{}\"\ndsn = \"{scheme}\"\n",
         p.name
     );
-    let cfg = crate::config::parse_str(&text)
+    let cfg = super::parse_str(&text)
         .unwrap_or_else(|e| panic!("preset {} is not a valid source: {e}", p.name));
     match &cfg.sources[0] {
         SourceSpec::Inbox(s) => capabilities::inbox(s),
