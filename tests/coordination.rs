@@ -312,6 +312,26 @@ impl Obs {
         self.rounds.push(Round { start, end, owners });
     }
 
+    /// Every agent's last scrape while it owned `source`.
+    fn leading(&self, source: &str) -> Vec<(usize, Metrics)> {
+        self.agents
+            .iter()
+            .enumerate()
+            .filter_map(|(a, v)| v.last_leading.get(source).map(|(_, m)| (a, m.clone())))
+            .collect()
+    }
+
+    /// The ownership violations seen, as one problem (none when there were none).
+    fn violations_problem(&self) -> Option<String> {
+        (self.violation_count > 0).then(|| {
+            format!(
+                "{} ownership violations in the scrapes:\n  {}",
+                self.violation_count,
+                self.violations.join("\n  ")
+            )
+        })
+    }
+
     fn latest(&self, a: usize) -> Option<&Metrics> {
         self.agents[a].latest.as_ref()
     }
@@ -983,13 +1003,7 @@ async fn three_agents_one_owner_per_source_with_failover() {
                 o.contending
             ));
         }
-        if o.violation_count > 0 {
-            problems.push(format!(
-                "{} ownership violations in the scrapes:\n  {}",
-                o.violation_count,
-                o.violations.join("\n  ")
-            ));
-        }
+        problems.extend(o.violations_problem());
         if !exit.success() {
             problems.push(format!(
                 "agent {stopped} exited with {exit} after SIGTERM (expected a clean exit)"
@@ -1030,12 +1044,7 @@ async fn three_agents_one_owner_per_source_with_failover() {
                     continue;
                 }
             };
-            let leading: Vec<(usize, Metrics)> = o
-                .agents
-                .iter()
-                .enumerate()
-                .filter_map(|(a, v)| v.last_leading.get(source).map(|(_, m)| (a, m.clone())))
-                .collect();
+            let leading = o.leading(source);
             let (p, report) = check_across_owners(source, truth, &windows, &leading);
             eprint!("{report}");
             let received = truth.events.len() as f64;
@@ -1184,13 +1193,7 @@ async fn an_owner_cut_off_from_its_database_stops_before_another_takes_over() {
         eprintln!("{} scrape rounds; {}", o.rounds.len(), o.errors());
         eprintln!("owners of {CUT_SOURCE}: {}", o.timeline(0));
         let mut problems = Vec::new();
-        if o.violation_count > 0 {
-            problems.push(format!(
-                "{} ownership violations in the scrapes:\n  {}",
-                o.violation_count,
-                o.violations.join("\n  ")
-            ));
-        }
+        problems.extend(o.violations_problem());
         let wrong: Vec<_> = o.contending.keys().filter(|(a, _)| *a != owner).collect();
         if !wrong.is_empty() {
             problems.push(format!(
@@ -1234,14 +1237,7 @@ async fn an_owner_cut_off_from_its_database_stops_before_another_takes_over() {
         });
         match windows {
             Ok(windows) => {
-                let leading: Vec<(usize, Metrics)> = o
-                    .agents
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(a, v)| {
-                        v.last_leading.get(CUT_SOURCE).map(|(_, m)| (a, m.clone()))
-                    })
-                    .collect();
+                let leading = o.leading(CUT_SOURCE);
                 let (p, report) = check_across_owners(CUT_SOURCE, &truth, &windows, &leading);
                 eprint!("{report}");
                 problems.extend(p);
@@ -1391,13 +1387,7 @@ async fn unreachable_source_does_not_block_other_elections() {
                 "a standby exported {UP} 0 for the reachable source, (agent, source) -> rounds: {wrong:?}"
             ));
         }
-        if o.violation_count > 0 {
-            problems.push(format!(
-                "{} ownership violations in the scrapes:\n  {}",
-                o.violation_count,
-                o.violations.join("\n  ")
-            ));
-        }
+        problems.extend(o.violations_problem());
         let handovers = o.handovers(ok_si);
         if !handovers.is_empty() {
             problems.push(format!(

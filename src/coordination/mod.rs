@@ -143,11 +143,10 @@ pub fn hide_standby(rendered: String, standing_by: &[String], contending: &[Stri
             || line.starts_with(metric::SOURCE_INFO)
             || line.starts_with(metric::COUNTING_GAPS)
             || line.starts_with(metric::COUNTING_GAP_SECONDS);
-        let hidden = !kept_anyway
-            && (of(line, &standing_by)
-                || (!line.starts_with(&format!("{} ", metric::SOURCE_UP))
-                    && !line.starts_with(&format!("{}{{", metric::SOURCE_UP))
-                    && of(line, &contending)));
+        let is_up = line
+            .strip_prefix(metric::SOURCE_UP)
+            .is_some_and(|rest| rest.starts_with([' ', '{']));
+        let hidden = !kept_anyway && (of(line, &standing_by) || (!is_up && of(line, &contending)));
         if !hidden {
             out.push_str(line);
             out.push('\n');

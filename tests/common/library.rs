@@ -358,26 +358,6 @@ pub async fn converge(agent: &Agent, exp: &Expectations, absent: &[(&str, &[&str
 // The agent's config
 // ---------------------------------------------------------------------------------
 
-/// The head of one `[[sources]]` block with the knobs of every correctness test (poll
-/// every [`POLL`], overlap 10 s) and no column map: each test writes its own, for the
-/// library's columns.
-pub fn source_head(kind: &str, name: &str, dsn: &str, table: &str) -> String {
-    let inbox_only = if kind == "inbox" {
-        "stuck_after = \"10m\"\nquantile_window = \"5m\"\n"
-    } else {
-        ""
-    };
-    format!(
-        "[[sources]]\nname = {}\nkind = {}\ndsn = {}\ntable = {}\npoll_interval = \"{}ms\"\n\
-         overlap = \"10s\"\nevent_type_limit = 50\ntimeout = \"2s\"\n{inbox_only}",
-        toml_str(name),
-        toml_str(kind),
-        toml_str(dsn),
-        toml_str(table),
-        POLL.as_millis()
-    )
-}
-
 /// One `[[sources]]` block on a preset (which gives the kind, table, column map and
 /// statuses), with the knobs of every correctness test (poll every [`POLL`], overlap
 /// 10 s); `table` overrides the preset's table (a schema of the test's own).
