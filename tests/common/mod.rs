@@ -54,12 +54,45 @@ pub use proxy::Proxy;
 // Small utilities
 // ---------------------------------------------------------------------------------
 
-/// A free TCP port on 127.0.0.1 (bind :0, read the port, release it).
+/// A TCP port on 127.0.0.1 for a server a test starts (the agent, a broker,
+/// Prometheus, a receiver), reserved for this test process until it exits.
+///
+/// Binding `:0` and releasing the port is not enough: before the server binds it,
+/// a test running beside this one may be handed the same port, or an outgoing
+/// connection may take it as its local port. So ports are drawn below the
+/// kernel's ephemeral range (`/proc/sys/net/ipv4/ip_local_port_range`), where
+/// no outgoing connection lands, and each is claimed by locking a file named
+/// after it in a directory all test processes share; the lock goes with the
+/// process. A port something else listens on is skipped.
 pub fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0 to pick a port");
-    l.local_addr()
-        .expect("local_addr of a bound listener")
-        .port()
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let range = 10_000..low.max(12_000);
+    let dir = std::env::temp_dir().join("inboxwatch-test-ports");
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("create the port lock directory {}: {e}", dir.display()));
+    for _ in 0..1000 {
+        let port = fastrand::u16(range.clone());
+        let path = dir.join(port.to_string());
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("open the port lock file {}: {e}", path.display()));
+        if file.try_lock().is_err() {
+            continue; // another test process holds it
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue; // in use by something else; the lock goes with `file`
+        }
+        HELD.lock().unwrap_or_else(|e| e.into_inner()).push(file);
+        return port;
+    }
+    panic!("no free port in {range:?} after 1000 tries")
 }
 
 /// A name unique across parallel test processes: `{prefix}_{short}_{pid}_{random}`.

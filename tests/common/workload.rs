@@ -987,7 +987,7 @@ impl OutboxWorkload {
 
     pub async fn run(&self, target: &Target, clock: Clock) -> OutboxTruth {
         eprintln!(
-            "outbox workload: {} events, {} writers, seed {}",
+            "outbox workload: {} events, {} writers, seed {} (INBOXWATCH_TEST_SEED to replay)",
             self.events, self.workers, self.seed
         );
         let mut handles = Vec::new();
