@@ -824,8 +824,21 @@ async fn collector_down_drops_and_counts_spans_and_export_resumes() {
     })
     .await
     .unwrap_or_else(|e| panic!("export did not resume: {e}"));
-    let m = agent.scrape().await;
-    assert!(m.sum("inboxwatch_spans_exported_total", &[]) >= want.len() as f64);
+    // Every span counted as exported arrived, and none more.
+    wait_until(CONVERGE, || async {
+        let m = agent.try_scrape().await?;
+        let exported = m.sum("inboxwatch_spans_exported_total", &[]);
+        let got = receiver.len();
+        if exported == got as f64 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{exported} spans counted as exported, {got} received"
+            ))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("after the collector returned: {e}"));
     drop(agent);
     db.cleanup().await;
 }
@@ -1221,7 +1234,7 @@ async fn spans_reach_a_tls_collector_only_when_its_ca_is_trusted() {
         let delivered = trust_ca && (client_cert || !std::ptr::eq(receiver, &mtls));
         let tables = db.fresh_tables(&format!("trs{i}")).await;
         let mut tracing = format!(
-            "[tracing]\notlp_endpoint = {}\nprotocol = {}\ntimeout = \"2s\"\n",
+            "[tracing]\notlp_endpoint = {}\nprotocol = {}\ntimeout = \"10s\"\n",
             toml_str(&format!("https://localhost:{}", receiver.grpc_port)),
             toml_str(protocol)
         );
@@ -1263,16 +1276,52 @@ async fn spans_reach_a_tls_collector_only_when_its_ca_is_trusted() {
         })
         .await
         .unwrap_or_else(|e| panic!("{what}: {e}"));
-        let got = receiver.spans()[before..].to_vec();
         if delivered {
-            let via = if protocol == "grpc" { "grpc" } else { "http" };
-            assert!(
-                got.len() >= terminal,
-                "{what}: {} spans received",
-                got.len()
+            // Exactly the spans counted as exported arrived, each the span of an
+            // attempt of a generated event, and every completed event's final one.
+            let finals = expected(&truth, |_| true).terminal;
+            assert_eq!(
+                finals.len(),
+                terminal,
+                "{what}: the ground truth's completed events"
             );
+            let got = wait_until(CONVERGE, || async {
+                let m = agent.try_scrape().await?;
+                let exported = m.sum(metric, &[("source", "tr-inbox")]);
+                let got = receiver.spans()[before..].to_vec();
+                let missing = finals
+                    .keys()
+                    .filter(|id| !got.iter().any(|g| g.span_hex() == **id))
+                    .count();
+                if exported == got.len() as f64 && missing == 0 {
+                    Ok(got)
+                } else {
+                    Err(format!(
+                        "{exported} spans counted as exported, {} received, {missing} final spans missing",
+                        got.len()
+                    ))
+                }
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let attempts: BTreeSet<String> = truth
+                .events
+                .iter()
+                .flat_map(|e| {
+                    (1..=e.attempts.max(1) as u32).map(|a| span_of("process", CONSUMER, &e.id, a))
+                })
+                .collect();
+            let ids: BTreeSet<String> = got.iter().map(|g| g.span_hex()).collect();
+            assert_eq!(ids.len(), got.len(), "{what}: a span was received twice");
+            let strange: Vec<&String> = ids.difference(&attempts).collect();
+            assert!(
+                strange.is_empty(),
+                "{what}: spans of no generated attempt: {strange:?}"
+            );
+            let via = if protocol == "grpc" { "grpc" } else { "http" };
             assert!(got.iter().all(|g| g.via == via), "{what}: all over {via}");
         } else {
+            let got = receiver.spans()[before..].to_vec();
             assert!(got.is_empty(), "{what}: {} spans received", got.len());
         }
         drop(agent);
