@@ -10,7 +10,7 @@ use common::checks::{Tol, render_diff};
 use common::scenarios::{CONVERGE, POLL, POLL_TIMEOUT, inbox_source_toml, wait_for_expectations};
 use common::workload::{Clock, EVENT_TYPES, InboxEvent, InboxWorkload, Status, Target};
 use common::{
-    Agent, Db, Metrics, Proxy, READY_TIMEOUT, V, stays, unique_name, url_hostport,
+    Agent, Db, Dialect, Metrics, Proxy, READY_TIMEOUT, V, stays, unique_name, url_hostport,
     url_with_hostport, url_with_user, wait_until,
 };
 
@@ -241,15 +241,23 @@ async fn insert_raw(
 /// stays up and still counts the good rows exactly. A terminal row without
 /// finished_at is not rejected: it counts one completion, with no duration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn bad_rows_are_rejected_once_each_and_good_rows_still_count_exactly() {
-    let db = Db::postgres().await;
+async fn postgres_bad_rows_are_rejected_once_each_and_good_rows_still_count_exactly() {
+    bad_rows_are_rejected_once_each(Db::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_bad_rows_are_rejected_once_each_and_good_rows_still_count_exactly() {
+    bad_rows_are_rejected_once_each(Db::mysql().await).await;
+}
+
+async fn bad_rows_are_rejected_once_each(db: Db) {
     let tables = db.fresh_tables("bad").await;
     let t = tables.inbox.clone();
-    db.exec(
-        &format!("ALTER TABLE {t} ALTER COLUMN received_at DROP NOT NULL"),
-        &[],
-    )
-    .await;
+    let nullable = match db.dialect {
+        Dialect::Mysql => format!("ALTER TABLE {t} MODIFY received_at DATETIME(6) NULL"),
+        _ => format!("ALTER TABLE {t} ALTER COLUMN received_at DROP NOT NULL"),
+    };
+    db.exec(&nullable, &[]).await;
     let source = "bad-rows";
     let agent = Agent::start(&inbox_source_toml(source, &db.dsn, &t));
     agent.wait_ready(READY_TIMEOUT).await;
@@ -400,6 +408,17 @@ async fn bad_rows_are_rejected_once_each_and_good_rows_still_count_exactly() {
     db.cleanup().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_connection_loss_downs_source_and_recovers_without_loss_or_double_count() {
+    connection_loss_downs_source_and_recovers_without_loss_or_double_count(Db::postgres().await)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_connection_loss_downs_source_and_recovers_without_loss_or_double_count() {
+    connection_loss_downs_source_and_recovers_without_loss_or_double_count(Db::mysql().await).await;
+}
+
 /// Guards "a database that goes away: the source reports down within two polls,
 /// reconnects with backoff, and counts nothing twice afterwards" (§8). The agent
 /// reaches PostgreSQL through a proxy; in the middle of a workload the proxy drops
@@ -408,9 +427,7 @@ async fn bad_rows_are_rejected_once_each_and_good_rows_still_count_exactly() {
 /// while cut; after the proxy is
 /// restored the source comes back by itself, and after the workload every counter is
 /// exactly the ground truth (nothing lost, nothing doubled) and stays so.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn connection_loss_downs_source_in_two_polls_and_recovers_without_loss_or_double_count() {
-    let db = Db::postgres().await;
+async fn connection_loss_downs_source_and_recovers_without_loss_or_double_count(db: Db) {
     let tables = db.fresh_tables("cut").await;
     let proxy = Proxy::start(&url_hostport(&db.dsn)).await;
     let dsn = url_with_hostport(&db.dsn, &format!("127.0.0.1:{}", proxy.port));

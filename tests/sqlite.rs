@@ -5,7 +5,7 @@
 mod common;
 
 use common::Db;
-use common::scenarios::inbox_ground_truth;
+use common::scenarios::{inbox_ground_truth, outbox_ground_truth};
 
 /// Guards the inbox counting rules on SQLite (text timestamps in the canonical
 /// `YYYY-MM-DD HH:MM:SS.SSS` format): every counter per event type is exact, including
@@ -17,4 +17,14 @@ use common::scenarios::inbox_ground_truth;
 async fn sqlite_inbox_metrics_match_ground_truth_of_concurrent_workload() {
     let db = Db::sqlite().await;
     inbox_ground_truth(&db, "lite").await;
+}
+
+/// Guards the outbox counting rules on SQLite: published counts and publish-delay
+/// histograms (count, sum, every bucket) per event type exact against the workload,
+/// late transactions included, and backlog and oldest unpublished age equal to direct
+/// queries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_outbox_metrics_match_ground_truth_of_concurrent_workload() {
+    let db = Db::sqlite().await;
+    outbox_ground_truth(&db, "lite").await;
 }

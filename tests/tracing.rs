@@ -455,6 +455,16 @@ where
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_spans_over_grpc_match_ground_truth_and_survive_a_restart() {
+    spans_over_grpc_match_ground_truth_and_survive_a_restart(Db::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_spans_over_grpc_match_ground_truth_and_survive_a_restart() {
+    spans_over_grpc_match_ground_truth_and_survive_a_restart(Db::mysql().await).await;
+}
+
 /// Guards the span contract end to end over gRPC: one CONSUMER span per
 /// completed event (count per outcome = ground truth), one per failed attempt
 /// that is visible (always the last one of events left failed), exact link to
@@ -463,9 +473,7 @@ where
 /// malformed `traceparent` counted as rejected with the span still sent; the
 /// exported counter equal to what the receiver got; and a restarted agent
 /// re-emitting the same spans with the same ids over the same rows.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_spans_over_grpc_match_ground_truth_and_survive_a_restart() {
-    let db = Db::postgres().await;
+async fn spans_over_grpc_match_ground_truth_and_survive_a_restart(db: Db) {
     let tables = db.fresh_tables("tr").await;
     let receiver = Receiver::start().await;
     let tracing = format!(

@@ -26,6 +26,36 @@ pub const EVENT_TYPES: [&str; 5] = [
 
 /// `inbox_delivery_attempts` buckets from the contract.
 pub const ATTEMPT_BUCKETS: [f64; 10] = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0];
+/// The latency histograms' buckets in seconds, as docs/metrics.md lists them ("Histogram
+/// buckets"): 5 ms to 1 h.
+pub const LATENCY_BUCKETS: [f64; 18] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+    1800.0, 3600.0,
+];
+
+/// `{name}_bucket` of each latency bucket (and `+Inf`): how many of `values_ms` are at
+/// most its bound, exactly.
+pub fn push_latency_buckets(
+    x: &mut Expectations,
+    name: &str,
+    l: &[(&str, &str)],
+    values_ms: &[i64],
+) {
+    for le in LATENCY_BUCKETS.iter().copied().chain([f64::INFINITY]) {
+        let le_txt = if le.is_infinite() {
+            "+Inf".to_string()
+        } else {
+            le.to_string()
+        };
+        let c = values_ms
+            .iter()
+            .filter(|&&v| v as f64 / 1000.0 <= le)
+            .count();
+        let mut lb: Vec<(&str, &str)> = l.to_vec();
+        lb.push(("le", le_txt.as_str()));
+        x.push(&format!("{name}_bucket"), &lb, c as f64, Tol::Exact);
+    }
+}
 
 const ERRORS: [&str; 5] = [
     "TimeoutError: upstream did not answer within 5s",
@@ -809,6 +839,8 @@ impl InboxTruth {
                 proc.iter().sum::<i64>() as f64 / 1000.0,
                 Tol::Rel(1e-6),
             );
+            push_latency_buckets(&mut x, "inbox_processing_duration_seconds", &l, &proc);
+            push_latency_buckets(&mut x, "inbox_end_to_end_latency_seconds", &l, &e2e);
             x.push(
                 "inbox_end_to_end_latency_seconds_count",
                 &l,
@@ -845,7 +877,10 @@ impl InboxTruth {
             }
         }
         if only.is_none() {
-            for name in INBOX_EXACT_NAMES {
+            for name in INBOX_EXACT_NAMES.iter().copied().chain([
+                "inbox_processing_duration_seconds_bucket",
+                "inbox_end_to_end_latency_seconds_bucket",
+            ]) {
                 x.close(name, &[("source", source)]);
             }
         }
@@ -1170,8 +1205,8 @@ pub struct OutboxTruth {
 }
 
 impl OutboxTruth {
-    /// Published count and publish-delay `_count`/`_sum` per event type, for rows
-    /// published during the run.
+    /// Published count and publish-delay `_count`/`_sum`/`_bucket` per event type, for
+    /// rows published during the run.
     pub fn expectations(&self, source: &str) -> Expectations {
         let mut by: BTreeMap<String, Vec<i64>> = BTreeMap::new();
         for e in &self.events {
@@ -1200,11 +1235,13 @@ impl OutboxTruth {
                 delays.iter().sum::<i64>() as f64 / 1000.0,
                 Tol::Rel(1e-6),
             );
+            push_latency_buckets(&mut x, "outbox_publish_delay_seconds", &l, delays);
         }
         for name in [
             "outbox_messages_published_total",
             "outbox_publish_delay_seconds_count",
             "outbox_publish_delay_seconds_sum",
+            "outbox_publish_delay_seconds_bucket",
         ] {
             x.close(name, &[("source", source)]);
         }
