@@ -71,6 +71,13 @@ names! {
     INBOX_BACKLOG = "inbox_backlog_messages";
     INBOX_OLDEST_AGE = "inbox_oldest_unprocessed_age_seconds";
     INBOX_STUCK = "inbox_stuck_messages";
+    INBOX_VERSION_GAPS = "inbox_version_gaps";
+    INBOX_OLDEST_VERSION_GAP_AGE = "inbox_oldest_version_gap_age_seconds";
+    INBOX_OUT_OF_ORDER_ARRIVALS = "inbox_out_of_order_arrivals_total";
+    INBOX_OUT_OF_ORDER_COMPLETIONS = "inbox_out_of_order_completions_total";
+    INBOX_PARKED_MESSAGES = "inbox_parked_messages";
+    INBOX_PARKED_KEYS = "inbox_parked_keys";
+    INBOX_OLDEST_PARKED_AGE = "inbox_oldest_parked_age_seconds";
     OUTBOX_BACKLOG = "outbox_backlog_messages";
     OUTBOX_OLDEST_AGE = "outbox_oldest_unpublished_age_seconds";
     OUTBOX_PUBLISHED = "outbox_messages_published_total";
@@ -84,6 +91,7 @@ names! {
     SOURCE_LEADER = "inboxwatch_source_leader";
     COUNTING_GAPS = "inboxwatch_counting_gaps_total";
     COUNTING_GAP_SECONDS = "inboxwatch_counting_gap_seconds_total";
+    ORDERING_KEYS_EVICTED = "inboxwatch_ordering_keys_evicted_total";
     SPANS_EXPORTED = "inboxwatch_spans_exported_total";
     SPANS_DROPPED = "inboxwatch_spans_dropped_total";
     BUILD_INFO = "inboxwatch_build_info";
@@ -149,8 +157,8 @@ pub static CATALOGUE: &[MetricDef] = &[
         INBOX_DUPLICATES,
         Kind::Counter,
         Some(Unit::Count),
-        SE,
-        "Idempotency hits: deliveries of an event id that was already recorded.",
+        &["source", "event_type", "phase"],
+        "Idempotency hits: deliveries of an event id that was already recorded, by phase (in_flight: not finished yet; after_completion: after it completed, the broker never got the ack).",
     ),
     def(
         INBOX_COMPLETED,
@@ -231,6 +239,55 @@ pub static CATALOGUE: &[MetricDef] = &[
         Some(Unit::Count),
         SE,
         "Rows in processing for longer than the source's stuck_after.",
+    ),
+    def(
+        INBOX_VERSION_GAPS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        S,
+        "Ordering keys where a later version has arrived while an earlier one has not.",
+    ),
+    def(
+        INBOX_OLDEST_VERSION_GAP_AGE,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        S,
+        "Age of the oldest version gap (since the later version arrived); 0 when there is none.",
+    ),
+    def(
+        INBOX_OUT_OF_ORDER_ARRIVALS,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Events that arrived with a version lower than one already received for their key.",
+    ),
+    def(
+        INBOX_OUT_OF_ORDER_COMPLETIONS,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Events that completed after a higher version of their key had completed (old state may overwrite new).",
+    ),
+    def(
+        INBOX_PARKED_MESSAGES,
+        Kind::Gauge,
+        Some(Unit::Count),
+        S,
+        "Rows in a parked status (neither finished nor backlog).",
+    ),
+    def(
+        INBOX_PARKED_KEYS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        S,
+        "Ordering keys with at least one parked row.",
+    ),
+    def(
+        INBOX_OLDEST_PARKED_AGE,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        S,
+        "Age of the oldest parked row; 0 when there is none.",
     ),
     def(
         OUTBOX_BACKLOG,
@@ -325,6 +382,13 @@ pub static CATALOGUE: &[MetricDef] = &[
         Some(Unit::Seconds),
         S,
         "Length of the periods in which nobody may have counted the source, as far as this agent can tell (a lower bound, in whole seconds rounded up).",
+    ),
+    def(
+        ORDERING_KEYS_EVICTED,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Ordering keys forgotten (least recently seen first) to stay within ordering_keys_limit.",
     ),
     def(
         SPANS_EXPORTED,
