@@ -779,7 +779,8 @@ fn runbooks_name_existing_dashboard_panels() {
 // Kafka dashboard queries on Kafka series
 
 /// Input series for promtool, shaped as the Kafka source exports them (catalogue labels,
-/// one group stalled, one caught up, a dead-letter and a retry topic), ten minutes long.
+/// one group stalled, one draining its lag on another topic, a dead-letter and a retry
+/// topic), ten minutes long.
 const KAFKA_SERIES: &[(&str, &str)] = &[
     (
         r#"kafka_consumer_group_status{cluster="prod",group="billing",status="stall"}"#,
@@ -820,6 +821,23 @@ const KAFKA_SERIES: &[(&str, &str)] = &[
     (
         r#"kafka_consumer_group_last_commit_age_seconds{cluster="prod",group="billing"}"#,
         "0+60x10",
+    ),
+    // "orders" consumes 2 records/s of a topic written at 1/s: its lag drains (time to drain).
+    (
+        r#"kafka_topic_partition_high_watermark{cluster="prod",topic="orders",partition="0"}"#,
+        "5000+60x10",
+    ),
+    (
+        r#"kafka_consumer_group_committed_offset{cluster="prod",group="orders",topic="orders",partition="0"}"#,
+        "4000+120x10",
+    ),
+    (
+        r#"kafka_consumer_group_lag_messages{cluster="prod",group="orders",topic="orders",partition="0"}"#,
+        "1000-60x10",
+    ),
+    (
+        r#"kafka_consumer_group_lag_seconds{cluster="prod",group="orders",topic="orders",partition="0"}"#,
+        "300-20x10",
     ),
     (
         r#"kafka_consumer_group_members{cluster="prod",group="billing"}"#,
@@ -864,7 +882,8 @@ fn all_variables(expr: &str) -> String {
 
 /// The end-to-end test has no Kafka source, so it only proves the Kafka panels'
 /// queries evaluate. Here promtool evaluates each of them (and the overview's Kafka
-/// stat) on series shaped as the Kafka source exports them: every one returns data.
+/// stat) on series shaped as the Kafka source exports them, with the rule files loaded
+/// (the flow panels read recording rules): every one returns data.
 #[test]
 fn kafka_dashboard_queries_return_data_on_kafka_series() {
     let dashboards = grafana::dashboards();
@@ -883,9 +902,12 @@ fn kafka_dashboard_queries_return_data_on_kafka_series() {
         "too few Kafka queries found ({})",
         exprs.len()
     );
-    let mut test = String::from(
-        "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
-    );
+    let mut test = String::from("rule_files:\n");
+    for file in rule_files() {
+        let path = repo_path(&file);
+        test.push_str(&format!("  - '{}'\n", path.display()));
+    }
+    test.push_str("evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n");
     for (series, values) in KAFKA_SERIES {
         test.push_str(&format!(
             "      - series: '{series}'\n        values: '{values}'\n"
