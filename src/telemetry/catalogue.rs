@@ -72,12 +72,13 @@ names! {
     INBOX_OLDEST_AGE = "inbox_oldest_unprocessed_age_seconds";
     INBOX_STUCK = "inbox_stuck_messages";
     INBOX_VERSION_GAPS = "inbox_version_gaps";
-    INBOX_OLDEST_VERSION_GAP_AGE = "inbox_oldest_version_gap_age_seconds";
+    INBOX_OLDEST_GAP_AGE = "inbox_oldest_version_gap_age_seconds";
     INBOX_OUT_OF_ORDER_ARRIVALS = "inbox_out_of_order_arrivals_total";
     INBOX_OUT_OF_ORDER_COMPLETIONS = "inbox_out_of_order_completions_total";
-    INBOX_PARKED_MESSAGES = "inbox_parked_messages";
+    INBOX_PARKED = "inbox_parked_messages";
     INBOX_PARKED_KEYS = "inbox_parked_keys";
     INBOX_OLDEST_PARKED_AGE = "inbox_oldest_parked_age_seconds";
+    ORDERING_KEYS_EVICTED = "inboxwatch_ordering_keys_evicted_total";
     OUTBOX_BACKLOG = "outbox_backlog_messages";
     OUTBOX_OLDEST_AGE = "outbox_oldest_unpublished_age_seconds";
     OUTBOX_PUBLISHED = "outbox_messages_published_total";
@@ -91,7 +92,6 @@ names! {
     SOURCE_LEADER = "inboxwatch_source_leader";
     COUNTING_GAPS = "inboxwatch_counting_gaps_total";
     COUNTING_GAP_SECONDS = "inboxwatch_counting_gap_seconds_total";
-    ORDERING_KEYS_EVICTED = "inboxwatch_ordering_keys_evicted_total";
     SPANS_EXPORTED = "inboxwatch_spans_exported_total";
     SPANS_DROPPED = "inboxwatch_spans_dropped_total";
     BUILD_INFO = "inboxwatch_build_info";
@@ -158,7 +158,7 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Counter,
         Some(Unit::Count),
         &["source", "event_type", "phase"],
-        "Idempotency hits: deliveries of an event id that was already recorded, by phase (in_flight: not finished yet; after_completion: after it completed, the broker never got the ack).",
+        "Idempotency hits: deliveries of an event id that was already recorded, by phase (in_flight: not finished yet; after_completion: delivered again after it finished, an ack the broker never got).",
     ),
     def(
         INBOX_COMPLETED,
@@ -245,49 +245,56 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Gauge,
         Some(Unit::Count),
         S,
-        "Ordering keys where a later version has arrived while an earlier one has not.",
+        "Ordering keys where a later version has arrived while an earlier one has not (between the lowest and highest version seen).",
     ),
     def(
-        INBOX_OLDEST_VERSION_GAP_AGE,
+        INBOX_OLDEST_GAP_AGE,
         Kind::Gauge,
         Some(Unit::Seconds),
         S,
-        "Age of the oldest version gap (since the later version arrived); 0 when there is none.",
+        "Age of the earliest arrival among the versions waiting above a gap, on the database's clock; 0 when there is no gap.",
     ),
     def(
         INBOX_OUT_OF_ORDER_ARRIVALS,
         Kind::Counter,
         Some(Unit::Count),
         S,
-        "Events that arrived with a version lower than one already received for their key.",
+        "Events that arrived with a version lower than one already received for their ordering key.",
     ),
     def(
         INBOX_OUT_OF_ORDER_COMPLETIONS,
         Kind::Counter,
         Some(Unit::Count),
         S,
-        "Events that completed after a higher version of their key had completed (old state may overwrite new).",
+        "Events that succeeded after a higher version of their ordering key had succeeded: an old event may have overwritten newer state.",
     ),
     def(
-        INBOX_PARKED_MESSAGES,
+        INBOX_PARKED,
         Kind::Gauge,
         Some(Unit::Count),
         S,
-        "Rows in a parked status (neither finished nor backlog).",
+        "Rows with a status meaning parked: moved aside to be replayed, neither finished nor backlog.",
     ),
     def(
         INBOX_PARKED_KEYS,
         Kind::Gauge,
         Some(Unit::Count),
         S,
-        "Ordering keys with at least one parked row.",
+        "Distinct ordering keys among the parked rows.",
     ),
     def(
         INBOX_OLDEST_PARKED_AGE,
         Kind::Gauge,
         Some(Unit::Seconds),
         S,
-        "Age of the oldest parked row; 0 when there is none.",
+        "Age of the oldest parked row (from its received_at), on the database's clock; 0 when there is none.",
+    ),
+    def(
+        ORDERING_KEYS_EVICTED,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Ordering keys the agent forgot to stay within ordering_keys_limit (the least recently seen first).",
     ),
     def(
         OUTBOX_BACKLOG,
@@ -382,13 +389,6 @@ pub static CATALOGUE: &[MetricDef] = &[
         Some(Unit::Seconds),
         S,
         "Length of the periods in which nobody may have counted the source, as far as this agent can tell (a lower bound, in whole seconds rounded up).",
-    ),
-    def(
-        ORDERING_KEYS_EVICTED,
-        Kind::Counter,
-        Some(Unit::Count),
-        S,
-        "Ordering keys forgotten (least recently seen first) to stay within ordering_keys_limit.",
     ),
     def(
         SPANS_EXPORTED,
