@@ -13,11 +13,15 @@
 //! closes the connection. Every request is recorded (connection, API key,
 //! version, what happened to it), and every SASL step with its bytes.
 //!
+//! [`Cluster`] is a ready handler: a one-broker cluster with topics, records
+//! of given timestamps, groups with committed offsets, and a coordinator for
+//! the agents' election group.
+//!
 //! As a KIP-368 broker does, a connection whose session has expired is
 //! closed on its next request that is not a re-authentication
 //! (`SaslHandshake`), without an answer.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,11 +29,34 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+};
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsResponse, RequestHeader, ResponseHeader, SaslAuthenticateRequest,
-    SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse,
+    ApiKey, ApiVersionsResponse, BrokerId, DescribeGroupsRequest, DescribeGroupsResponse,
+    FetchRequest, FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId,
+    HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupResponse, ListGroupsResponse,
+    ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse, OffsetFetchRequest,
+    OffsetFetchResponse, RequestHeader, ResponseHeader, SaslAuthenticateRequest,
+    SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupResponse,
+    TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -569,4 +596,385 @@ fn encode_response<R: Encodable>(
 /// every other request closes the connection.
 pub fn no_handler(_: &Req) -> Reply {
     Reply::Close
+}
+
+// ---------------------------------------------------------------------------------
+// A one-broker cluster model
+// ---------------------------------------------------------------------------------
+
+/// A consumer group of a [`Cluster`] (classic protocol).
+#[derive(Debug, Clone, Default)]
+pub struct FakeGroup {
+    /// Members `DescribeGroups` reports (without assignments).
+    pub members: usize,
+    /// Committed offsets by (topic, partition).
+    pub committed: BTreeMap<(String, i32), i64>,
+}
+
+/// A cluster of one broker (the fake itself) that answers what the Kafka
+/// source and the agents' election send: `Metadata`, `ListOffsets`,
+/// `ListGroups`, `DescribeGroups`, `OffsetFetch` (v1–7 and batched v8+),
+/// `Fetch` (a batch of the records from the asked offset, with the
+/// timestamps the test gave), `FindCoordinator`, and a group coordinator
+/// that makes every member of any other group (the election's) its leader.
+/// Tests change it between cycles through [`Cluster::handler`]'s shared
+/// state.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// The broker id the fake has in the metadata.
+    pub node_id: i32,
+    /// Topic → partitions → the CreateTime (ms) of each record; a record's
+    /// offset is its index.
+    pub topics: BTreeMap<String, Vec<Vec<i64>>>,
+    pub groups: BTreeMap<String, FakeGroup>,
+    /// Members the coordinator has handed out ids to.
+    joined: u64,
+}
+
+impl Default for Cluster {
+    fn default() -> Cluster {
+        Cluster {
+            node_id: 1,
+            topics: BTreeMap::new(),
+            groups: BTreeMap::new(),
+            joined: 0,
+        }
+    }
+}
+
+impl Cluster {
+    /// A handler answering from `cluster` (locked per request); other APIs
+    /// close the connection.
+    pub fn handler(cluster: Arc<Mutex<Cluster>>) -> impl Fn(&Req) -> Reply + Send + Sync {
+        move |req| cluster.lock().unwrap().answer(req)
+    }
+
+    /// The answer to `req`, or `Close` for an API the model does not know.
+    pub fn answer(&mut self, req: &Req) -> Reply {
+        match req.api_key {
+            ApiKey::Metadata => req.answer(&self.metadata(req)),
+            ApiKey::ListOffsets => req.answer(&self.list_offsets(req)),
+            ApiKey::ListGroups => req.answer(&self.list_groups(req)),
+            ApiKey::DescribeGroups => req.answer(&self.describe_groups(req)),
+            ApiKey::OffsetFetch => req.answer(&self.offset_fetch(req)),
+            ApiKey::Fetch => req.answer(&self.fetch(req)),
+            ApiKey::FindCoordinator => req.answer(&self.find_coordinator(req)),
+            ApiKey::JoinGroup => {
+                let join: JoinGroupRequest = req.decode();
+                let member = if join.member_id.is_empty() {
+                    self.joined += 1;
+                    format!("fake-member-{}", self.joined)
+                } else {
+                    join.member_id.to_string()
+                };
+                let member = StrBytes::from_string(member);
+                req.answer(
+                    &JoinGroupResponse::default()
+                        .with_generation_id(1)
+                        .with_protocol_type(Some(join.protocol_type.clone()))
+                        .with_protocol_name(join.protocols.first().map(|p| p.name.clone()))
+                        .with_leader(member.clone())
+                        .with_member_id(member.clone())
+                        .with_members(vec![
+                            JoinGroupResponseMember::default().with_member_id(member),
+                        ]),
+                )
+            }
+            ApiKey::SyncGroup => req.answer(&SyncGroupResponse::default()),
+            ApiKey::Heartbeat => req.answer(&HeartbeatResponse::default()),
+            ApiKey::LeaveGroup => req.answer(&LeaveGroupResponse::default()),
+            _ => Reply::Close,
+        }
+    }
+
+    fn hwm(&self, topic: &str, partition: i32) -> Option<i64> {
+        let parts = self.topics.get(topic)?;
+        let records = parts.get(usize::try_from(partition).ok()?)?;
+        Some(records.len() as i64)
+    }
+
+    fn metadata(&self, req: &Req) -> MetadataResponse {
+        let asked: MetadataRequest = req.decode();
+        let wanted: Option<Vec<String>> = asked.topics.map(|ts| {
+            ts.iter()
+                .filter_map(|t| t.name.as_ref().map(|n| n.0.to_string()))
+                .collect()
+        });
+        let names: Vec<String> = match wanted {
+            Some(w) => w,
+            None => self.topics.keys().cloned().collect(),
+        };
+        let node = BrokerId(self.node_id);
+        let topics = names
+            .into_iter()
+            .map(|name| {
+                let topic = MetadataResponseTopic::default()
+                    .with_name(Some(TopicName(StrBytes::from_string(name.clone()))));
+                match self.topics.get(&name) {
+                    None => topic.with_error_code(3),
+                    Some(parts) => topic.with_partitions(
+                        (0..parts.len() as i32)
+                            .map(|p| {
+                                MetadataResponsePartition::default()
+                                    .with_partition_index(p)
+                                    .with_leader_id(node)
+                                    .with_replica_nodes(vec![node])
+                                    .with_isr_nodes(vec![node])
+                            })
+                            .collect(),
+                    ),
+                }
+            })
+            .collect();
+        MetadataResponse::default()
+            .with_brokers(vec![
+                MetadataResponseBroker::default()
+                    .with_node_id(node)
+                    .with_host(StrBytes::from_string(req.broker.ip().to_string()))
+                    .with_port(i32::from(req.broker.port())),
+            ])
+            .with_controller_id(node)
+            .with_topics(topics)
+    }
+
+    fn list_offsets(&self, req: &Req) -> ListOffsetsResponse {
+        let asked: ListOffsetsRequest = req.decode();
+        let topics = asked
+            .topics
+            .iter()
+            .map(|t| {
+                let partitions = t
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        let answer = ListOffsetsPartitionResponse::default()
+                            .with_partition_index(p.partition_index);
+                        match self.hwm(t.name.0.as_str(), p.partition_index) {
+                            None => answer.with_error_code(3).with_offset(-1),
+                            Some(hwm) => answer
+                                .with_timestamp(-1)
+                                .with_offset(if p.timestamp == -2 { 0 } else { hwm }),
+                        }
+                    })
+                    .collect();
+                ListOffsetsTopicResponse::default()
+                    .with_name(t.name.clone())
+                    .with_partitions(partitions)
+            })
+            .collect();
+        ListOffsetsResponse::default().with_topics(topics)
+    }
+
+    fn list_groups(&self, _req: &Req) -> ListGroupsResponse {
+        ListGroupsResponse::default().with_groups(
+            self.groups
+                .iter()
+                .map(|(name, g)| {
+                    ListedGroup::default()
+                        .with_group_id(GroupId(StrBytes::from_string(name.clone())))
+                        .with_protocol_type(StrBytes::from_static_str("consumer"))
+                        .with_group_state(StrBytes::from_static_str(if g.members > 0 {
+                            "Stable"
+                        } else {
+                            "Empty"
+                        }))
+                        .with_group_type(StrBytes::from_static_str("classic"))
+                })
+                .collect(),
+        )
+    }
+
+    fn describe_groups(&self, req: &Req) -> DescribeGroupsResponse {
+        let asked: DescribeGroupsRequest = req.decode();
+        DescribeGroupsResponse::default().with_groups(
+            asked
+                .groups
+                .iter()
+                .map(|id| {
+                    let described = DescribedGroup::default()
+                        .with_group_id(id.clone())
+                        .with_protocol_type(StrBytes::from_static_str("consumer"));
+                    match self.groups.get(id.0.as_str()) {
+                        None => described.with_group_state(StrBytes::from_static_str("Dead")),
+                        Some(g) => described
+                            .with_group_state(StrBytes::from_static_str(if g.members > 0 {
+                                "Stable"
+                            } else {
+                                "Empty"
+                            }))
+                            .with_members(
+                                (0..g.members)
+                                    .map(|i| {
+                                        DescribedGroupMember::default().with_member_id(
+                                            StrBytes::from_string(format!("member-{i}")),
+                                        )
+                                    })
+                                    .collect(),
+                            ),
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    /// A group's committed offsets by topic: (topic, [(partition, offset)]).
+    fn committed(&self, group: &str) -> BTreeMap<String, Vec<(i32, i64)>> {
+        let mut out: BTreeMap<String, Vec<(i32, i64)>> = BTreeMap::new();
+        for ((topic, p), offset) in self
+            .groups
+            .get(group)
+            .map(|g| &g.committed)
+            .into_iter()
+            .flatten()
+        {
+            out.entry(topic.clone()).or_default().push((*p, *offset));
+        }
+        out
+    }
+
+    fn offset_fetch(&self, req: &Req) -> OffsetFetchResponse {
+        let asked: OffsetFetchRequest = req.decode();
+        if req.version >= 8 {
+            let groups = asked
+                .groups
+                .iter()
+                .map(|g| {
+                    let topics = self
+                        .committed(g.group_id.0.as_str())
+                        .into_iter()
+                        .map(|(topic, ps)| {
+                            OffsetFetchResponseTopics::default()
+                                .with_name(TopicName(StrBytes::from_string(topic)))
+                                .with_partitions(
+                                    ps.into_iter()
+                                        .map(|(p, offset)| {
+                                            OffsetFetchResponsePartitions::default()
+                                                .with_partition_index(p)
+                                                .with_committed_offset(offset)
+                                                .with_committed_leader_epoch(-1)
+                                        })
+                                        .collect(),
+                                )
+                        })
+                        .collect();
+                    OffsetFetchResponseGroup::default()
+                        .with_group_id(g.group_id.clone())
+                        .with_topics(topics)
+                })
+                .collect();
+            return OffsetFetchResponse::default().with_groups(groups);
+        }
+        let topics = self
+            .committed(asked.group_id.0.as_str())
+            .into_iter()
+            .map(|(topic, ps)| {
+                OffsetFetchResponseTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(topic)))
+                    .with_partitions(
+                        ps.into_iter()
+                            .map(|(p, offset)| {
+                                OffsetFetchResponsePartition::default()
+                                    .with_partition_index(p)
+                                    .with_committed_offset(offset)
+                                    .with_committed_leader_epoch(-1)
+                            })
+                            .collect(),
+                    )
+            })
+            .collect();
+        OffsetFetchResponse::default().with_topics(topics)
+    }
+
+    /// Each asked partition: one batch of its records from the fetch offset
+    /// (CreateTime as the test gave it), or OFFSET_OUT_OF_RANGE past the end.
+    fn fetch(&self, req: &Req) -> FetchResponse {
+        let asked: FetchRequest = req.decode();
+        let responses = asked
+            .topics
+            .iter()
+            .map(|t| {
+                let partitions = t
+                    .partitions
+                    .iter()
+                    .map(|p| {
+                        let name = t.topic.0.as_str();
+                        let answer = PartitionData::default().with_partition_index(p.partition);
+                        let Some(hwm) = self.hwm(name, p.partition) else {
+                            return answer.with_error_code(3);
+                        };
+                        let answer = answer
+                            .with_high_watermark(hwm)
+                            .with_last_stable_offset(hwm)
+                            .with_log_start_offset(0);
+                        if p.fetch_offset < 0 || p.fetch_offset > hwm {
+                            return answer.with_error_code(1);
+                        }
+                        let stamps = &self.topics[name][p.partition as usize];
+                        let records: Vec<Record> = (p.fetch_offset..hwm)
+                            .map(|offset| Record {
+                                transactional: false,
+                                control: false,
+                                partition_leader_epoch: 0,
+                                producer_id: -1,
+                                producer_epoch: -1,
+                                timestamp_type: TimestampType::Creation,
+                                offset,
+                                sequence: offset as i32,
+                                timestamp: stamps[offset as usize],
+                                key: None,
+                                value: Some(Bytes::from_static(b"v")),
+                                headers: Default::default(),
+                                delete_horizon: false,
+                            })
+                            .collect();
+                        if records.is_empty() {
+                            return answer.with_records(Some(Bytes::new()));
+                        }
+                        let mut buf = BytesMut::new();
+                        RecordBatchEncoder::encode(
+                            &mut buf,
+                            &records,
+                            &RecordEncodeOptions {
+                                version: 2,
+                                compression: Compression::None,
+                            },
+                        )
+                        .expect("fake broker: encode a record batch");
+                        answer.with_records(Some(buf.freeze()))
+                    })
+                    .collect();
+                FetchableTopicResponse::default()
+                    .with_topic(t.topic.clone())
+                    .with_partitions(partitions)
+            })
+            .collect();
+        FetchResponse::default().with_responses(responses)
+    }
+
+    fn find_coordinator(&self, req: &Req) -> FindCoordinatorResponse {
+        let asked: FindCoordinatorRequest = req.decode();
+        let host = StrBytes::from_string(req.broker.ip().to_string());
+        let port = i32::from(req.broker.port());
+        let node = BrokerId(self.node_id);
+        if req.version >= 4 {
+            FindCoordinatorResponse::default().with_coordinators(
+                asked
+                    .coordinator_keys
+                    .iter()
+                    .map(|k| {
+                        Coordinator::default()
+                            .with_key(k.clone())
+                            .with_node_id(node)
+                            .with_host(host.clone())
+                            .with_port(port)
+                    })
+                    .collect(),
+            )
+        } else {
+            FindCoordinatorResponse::default()
+                .with_node_id(node)
+                .with_host(host)
+                .with_port(port)
+        }
+    }
 }
