@@ -166,13 +166,17 @@ async fn workload_model_equals_table_contents_sqlite() {
 /// A connector of the agent's own Kafka client, with PLAIN `user` / `secret`
 /// when `sasl`.
 fn kafka_connector(sasl: bool) -> inboxwatch::sources::kafka::client::Connector {
-    use inboxwatch::sources::kafka::config::{KafkaSecurity, SaslMechanism, SaslSettings, Secret};
+    use inboxwatch::sources::kafka::config::{
+        Credentials, KafkaSecurity, SaslMechanism, SaslSettings, Secret,
+    };
     let security = KafkaSecurity {
         tls: None,
         sasl: sasl.then(|| SaslSettings {
             mechanism: SaslMechanism::Plain,
-            username: "user".into(),
-            password: Secret::new("secret".into()),
+            credentials: Credentials::Password {
+                username: "user".into(),
+                password: Secret::new("secret".into()),
+            },
         }),
     };
     inboxwatch::sources::kafka::client::Connector::new(
