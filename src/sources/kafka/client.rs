@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::debug;
 
-use super::config::{Credentials, KafkaSecurity, SaslMechanism, SaslSettings};
+use super::config::{Credentials, KafkaSecurity, SaslMechanism, SaslSettings, TokenSettings};
 use super::{oauth, scram};
 
 /// Largest response the client accepts (a fetch is capped far below this).
@@ -428,52 +428,62 @@ impl Connection {
                     .map_err(|m| auth_err(&self.addr, m))?;
                 server_final
             }
-            (Credentials::Token(settings), _) => {
-                let token = auth
-                    .tokens
-                    .token(settings)
-                    .await
-                    .map_err(|m| auth_err(&self.addr, m))?;
-                let first = oauth::client_first(&token, &settings.extensions);
-                drop(token);
-                let refused = |why: String| {
-                    format!(
-                        "the broker refused the OAUTHBEARER token of {}: {why}",
-                        token_key(settings)
-                    )
-                };
-                let resp = self
-                    .sasl_exchange(Bytes::from(first))
-                    .await
-                    .inspect_err(|_| auth.tokens.forget())?;
-                if resp.error_code != 0 {
-                    auth.tokens.forget();
-                    return Err(auth_err(&self.addr, refused(sasl_error(&resp))));
-                }
-                if !resp.auth_bytes.is_empty() {
-                    // An error challenge: acknowledge it; the broker then
-                    // fails the exchange with its message.
-                    auth.tokens.forget();
-                    let challenge = oauth::server_error(&resp.auth_bytes);
-                    let why = match self
-                        .sasl_exchange(Bytes::from_static(oauth::ERROR_ACKNOWLEDGEMENT))
-                        .await
-                    {
-                        Ok(last) if last.error_code != 0 => {
-                            format!("{} ({challenge})", sasl_error(&last))
-                        }
-                        _ => challenge,
-                    };
-                    return Err(auth_err(&self.addr, refused(why)));
-                }
-                resp
-            }
+            (Credentials::Token(settings), _) => self.oauth_bearer(&auth, settings).await?,
         };
         if last.session_lifetime_ms > 0 {
             let lifetime = Duration::from_millis(last.session_lifetime_ms as u64);
             self.reauthenticate_at = Some(started + lifetime.mul_f64(REAUTHENTICATE_AFTER));
         }
         Ok(())
+    }
+
+    /// OAUTHBEARER's exchange: the token with its extensions; a refusal
+    /// (an error code, or RFC 7628's error challenge, acknowledged so that
+    /// the broker ends the exchange with its message) drops the token kept
+    /// for the next authentication.
+    async fn oauth_bearer(
+        &mut self,
+        auth: &Auth,
+        settings: &TokenSettings,
+    ) -> Result<SaslAuthenticateResponse, KafkaError> {
+        let auth_err = |addr: &str, message: String| KafkaError::Auth {
+            addr: addr.to_string(),
+            message,
+        };
+        let refused = |why: String| {
+            format!(
+                "the broker refused the OAUTHBEARER token of {}: {why}",
+                settings.source_key()
+            )
+        };
+        let token = auth
+            .tokens
+            .token(settings)
+            .await
+            .map_err(|m| auth_err(&self.addr, m))?;
+        let first = oauth::client_first(&token, &settings.extensions);
+        drop(token);
+        let resp = self
+            .sasl_exchange(Bytes::from(first))
+            .await
+            .inspect_err(|_| auth.tokens.forget())?;
+        if resp.error_code != 0 {
+            auth.tokens.forget();
+            return Err(auth_err(&self.addr, refused(sasl_error(&resp))));
+        }
+        if !resp.auth_bytes.is_empty() {
+            auth.tokens.forget();
+            let challenge = oauth::server_error(&resp.auth_bytes);
+            let why = match self
+                .sasl_exchange(Bytes::from_static(oauth::ERROR_ACKNOWLEDGEMENT))
+                .await
+            {
+                Ok(last) if last.error_code != 0 => format!("{} ({challenge})", sasl_error(&last)),
+                _ => challenge,
+            };
+            return Err(auth_err(&self.addr, refused(why)));
+        }
+        Ok(resp)
     }
 
     /// One `SaslAuthenticate` round trip that must succeed.
@@ -505,14 +515,6 @@ fn sasl_error(resp: &SaslAuthenticateResponse) -> String {
         .as_ref()
         .map(|m| m.to_string())
         .unwrap_or_else(|| error_name(resp.error_code))
-}
-
-/// The key the token came from, for messages.
-fn token_key(settings: &super::config::TokenSettings) -> String {
-    match settings.source {
-        super::config::TokenSource::File(_) => format!("{}.token_file", settings.key),
-        super::config::TokenSource::Command { .. } => format!("{}.token_command", settings.key),
-    }
 }
 
 /// A readable name of an API key for errors.

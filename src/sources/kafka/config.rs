@@ -134,6 +134,16 @@ pub struct TokenSettings {
     pub key: String,
 }
 
+impl TokenSettings {
+    /// The full key of the token's source (`sources[2].sasl.token_file`).
+    pub fn source_key(&self) -> String {
+        match self.source {
+            TokenSource::File(_) => format!("{}.token_file", self.key),
+            TokenSource::Command { .. } => format!("{}.token_command", self.key),
+        }
+    }
+}
+
 /// `token_file` or `token_command`.
 #[derive(Debug, Clone)]
 pub enum TokenSource {

@@ -30,14 +30,12 @@ impl Tokens {
     /// The token to authenticate with now. Errors name the key
     /// (`sources[0].sasl.token_file`), never the token.
     pub async fn token(&self, settings: &TokenSettings) -> Result<Secret, String> {
-        let key = &settings.key;
+        let key = settings.source_key();
         match &settings.source {
             TokenSource::File(path) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    format!("{key}.token_file: cannot read \"{}\": {e}", path.display())
-                })?;
-                bearer(&text)
-                    .map_err(|why| format!("{key}.token_file: \"{}\" {why}", path.display()))
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("{key}: cannot read \"{}\": {e}", path.display()))?;
+                bearer(&text).map_err(|why| format!("{key}: \"{}\" {why}", path.display()))
             }
             TokenSource::Command { argv, timeout } => {
                 if let Some(token) = self.reusable() {
@@ -47,11 +45,10 @@ impl Tokens {
                 let program = argv[0].clone();
                 let out = tokio::task::spawn_blocking(move || run(&argv, timeout))
                     .await
-                    .map_err(|e| format!("{key}.token_command: \"{program}\": {e}"))?
-                    .map_err(|why| format!("{key}.token_command: \"{program}\" {why}"))?;
-                let token = bearer(&out).map_err(|why| {
-                    format!("{key}.token_command: the output of \"{program}\" {why}")
-                })?;
+                    .map_err(|e| format!("{key}: \"{program}\": {e}"))?
+                    .map_err(|why| format!("{key}: \"{program}\" {why}"))?;
+                let token = bearer(&out)
+                    .map_err(|why| format!("{key}: the output of \"{program}\" {why}"))?;
                 *self.command.lock().expect("token cache lock") =
                     Some((Instant::now(), token.clone()));
                 Ok(token)
