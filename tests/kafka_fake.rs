@@ -12,7 +12,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::fake_kafka::{Cluster, FakeConfig, FakeGroup, FakeKafka, Outcome, SaslVerdict};
+use common::fake_kafka::{
+    Cluster, FakeConfig, FakeGroup, FakeKafka, Outcome, SaslVerdict, scram_sha256,
+};
 use common::{Agent, Cmd, Metrics, stays, toml_str, unique_name, wait_until};
 
 const UP: &str = "inboxwatch_source_up";
@@ -135,31 +137,54 @@ fn refused(fake: &FakeKafka) -> Vec<String> {
         .collect()
 }
 
-/// Guards KIP-368 re-authentication (issue 15, item 4): a broker that grants
-/// 1.5 s SASL sessions and closes a connection on its first request after its
-/// session ran out (as `connections.max.reauth.ms` does). The agent, polling
-/// every 300 ms, re-authenticates each connection in place before its
-/// session ends: three renewals on each of the cycle's connections with no
-/// new connection meanwhile, two on the election's heartbeat connection
-/// (whose 2 s heartbeats come after each session ran out: it renews before
-/// the heartbeat), not one request refused, and the lag exact throughout.
+/// Guards KIP-368 re-authentication (issue 15, item 4) with PLAIN: a broker
+/// that grants 1.5 s SASL sessions and closes a connection on its first
+/// request after its session ran out (as `connections.max.reauth.ms` does).
+/// The agent, polling every 300 ms, re-authenticates each connection in place
+/// before its session ends: three renewals on each of the cycle's
+/// connections with no new connection meanwhile, two on the election's
+/// heartbeat connection (whose 2 s heartbeats come after each session ran
+/// out: it renews before the heartbeat), not one request refused, and the
+/// lag exact throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sasl_sessions_are_renewed_in_place_before_they_run_out() {
+async fn plain_sessions_are_renewed_in_place_before_they_run_out() {
+    sessions_are_renewed_in_place(
+        "PLAIN",
+        "mechanism = \"PLAIN\"\nusername = \"iw\"\npassword = \"pw-Reauth\"\n",
+        |step| {
+            if step.auth_bytes == b"\0iw\0pw-Reauth" {
+                SaslVerdict::Accept
+            } else {
+                SaslVerdict::Reject("bad credentials".into())
+            }
+        },
+    )
+    .await;
+}
+
+/// The same as [`plain_sessions_are_renewed_in_place_before_they_run_out`]
+/// with SCRAM-SHA-256 (two steps per renewal, the broker's signature checked
+/// each time), against the fake's own SCRAM server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scram_sessions_are_renewed_in_place_before_they_run_out() {
+    sessions_are_renewed_in_place(
+        "SCRAM-SHA-256",
+        "mechanism = \"SCRAM-SHA-256\"\nusername = \"iw\"\npassword = \"pw,Re=auth\"\n",
+        scram_sha256("iw", "pw,Re=auth"),
+    )
+    .await;
+}
+
+async fn sessions_are_renewed_in_place(
+    mechanism: &str,
+    sasl: &str,
+    check: impl Fn(&common::fake_kafka::SaslStep<'_>) -> SaslVerdict + Send + Sync + 'static,
+) {
     let topic = unique_name("reauth", "r");
     let cluster = Arc::new(Mutex::new(lagging_cluster(&topic)));
-    let config = FakeConfig::default().with_sasl(&["PLAIN"], 1_500, |step| {
-        if step.auth_bytes == b"\0iw\0pw-Reauth" {
-            SaslVerdict::Accept
-        } else {
-            SaslVerdict::Reject("bad credentials".into())
-        }
-    });
+    let config = FakeConfig::default().with_sasl(&[mechanism], 1_500, check);
     let fake = FakeKafka::start(config, Cluster::handler(cluster)).await;
-    let agent = Agent::start(&source(
-        "ra",
-        &fake.addr(),
-        "mechanism = \"PLAIN\"\nusername = \"iw\"\npassword = \"pw-Reauth\"\n",
-    ));
+    let agent = Agent::start(&source("ra", &fake.addr(), sasl));
     wait_until(Duration::from_secs(30), || async {
         let m = agent.try_scrape().await?;
         lag_is_exact(&m, "ra", &topic)

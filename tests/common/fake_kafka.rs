@@ -21,7 +21,7 @@
 //! closed on its next request that is not a re-authentication
 //! (`SaslHandshake`), without an answer.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -157,6 +157,8 @@ pub struct SaslStep<'a> {
 pub enum SaslVerdict {
     /// Authenticated; the session starts now.
     Accept,
+    /// Authenticated, answering these bytes (SCRAM's server-final message).
+    AcceptWith(Vec<u8>),
     /// Answer these bytes and wait for the next step (SCRAM's server-first
     /// message, OAUTHBEARER's error challenge).
     Challenge(Vec<u8>),
@@ -548,12 +550,18 @@ fn authenticate(s: &Shared, req: &Req, auth: &mut Auth) -> (Reply, Outcome) {
         (sasl.check)(&at)
     };
     match verdict {
-        SaslVerdict::Accept => {
+        SaslVerdict::Accept | SaslVerdict::AcceptWith(_) => {
             let lifetime = sasl.session_lifetime_ms;
             let expires =
                 (lifetime > 0).then(|| Instant::now() + Duration::from_millis(lifetime as u64));
             *auth = Auth::Done { expires };
-            let resp = SaslAuthenticateResponse::default().with_session_lifetime_ms(lifetime);
+            let bytes = match verdict {
+                SaslVerdict::AcceptWith(b) => Bytes::from(b),
+                _ => Bytes::new(),
+            };
+            let resp = SaslAuthenticateResponse::default()
+                .with_session_lifetime_ms(lifetime)
+                .with_auth_bytes(bytes);
             (req.answer(&resp), Outcome::Answered)
         }
         SaslVerdict::Challenge(bytes) => {
@@ -590,6 +598,96 @@ fn encode_response<R: Encodable>(
     let len = (buf.len() - 4) as i32;
     buf[..4].copy_from_slice(&len.to_be_bytes());
     buf.freeze()
+}
+
+/// A SCRAM-SHA-256 server (RFC 5802, RFC 7677) for `user` / `password`, as
+/// a check function: the server-first message (salt, 4096 iterations), then
+/// the client's proof verified and the server signature sent with success.
+/// Its state is per connection, so renewals on open connections work.
+pub fn scram_sha256(
+    user: &str,
+    password: &str,
+) -> impl Fn(&SaslStep<'_>) -> SaslVerdict + Send + Sync + 'static {
+    use base64::Engine as _;
+    use base64::engine::general_purpose::STANDARD as B64;
+    use hmac::{KeyInit, Mac};
+    use sha2::Digest as _;
+    fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
+        let mut mac =
+            <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(key).expect("any key length");
+        mac.update(data);
+        mac.finalize().into_bytes().to_vec()
+    }
+    const ITERATIONS: u32 = 4096;
+    let salt = b"fake-kafka-salt".to_vec();
+    // PBKDF2-HMAC-SHA-256, one block.
+    let mut block = salt.clone();
+    block.extend_from_slice(&1u32.to_be_bytes());
+    let mut u = hmac(password.as_bytes(), &block);
+    let mut salted = u.clone();
+    for _ in 1..ITERATIONS {
+        u = hmac(password.as_bytes(), &u);
+        for (o, x) in salted.iter_mut().zip(&u) {
+            *o ^= x;
+        }
+    }
+    let user = user.to_string();
+    // Per connection: (client-first-bare, server-first).
+    let pending: Mutex<HashMap<u64, (String, String)>> = Mutex::new(HashMap::new());
+    move |step| {
+        let text = String::from_utf8_lossy(step.auth_bytes).to_string();
+        if step.step == 0 {
+            let Some(bare) = text.strip_prefix("n,,") else {
+                return SaslVerdict::Reject("SCRAM: no GS2 header".into());
+            };
+            let mut name = None;
+            let mut nonce = None;
+            for part in bare.split(',') {
+                if let Some(v) = part.strip_prefix("n=") {
+                    name = Some(v.to_string());
+                } else if let Some(v) = part.strip_prefix("r=") {
+                    nonce = Some(v.to_string());
+                }
+            }
+            if name.as_deref() != Some(user.as_str()) {
+                return SaslVerdict::Reject("SCRAM: unknown user".into());
+            }
+            let Some(nonce) = nonce else {
+                return SaslVerdict::Reject("SCRAM: no nonce".into());
+            };
+            let server_first = format!(
+                "r={nonce}{:08x},s={},i={ITERATIONS}",
+                fastrand::u32(..),
+                B64.encode(&salt)
+            );
+            pending
+                .lock()
+                .unwrap()
+                .insert(step.conn, (bare.to_string(), server_first.clone()));
+            return SaslVerdict::Challenge(server_first.into_bytes());
+        }
+        let Some((bare, server_first)) = pending.lock().unwrap().remove(&step.conn) else {
+            return SaslVerdict::Reject("SCRAM: no exchange in progress".into());
+        };
+        let Some((without_proof, proof)) = text.rsplit_once(",p=") else {
+            return SaslVerdict::Reject("SCRAM: no proof".into());
+        };
+        let auth_message = format!("{bare},{server_first},{without_proof}");
+        let client_key = hmac(&salted, b"Client Key");
+        let stored_key = sha2::Sha256::digest(&client_key).to_vec();
+        let signature = hmac(&stored_key, auth_message.as_bytes());
+        let expected: Vec<u8> = client_key
+            .iter()
+            .zip(&signature)
+            .map(|(a, b)| a ^ b)
+            .collect();
+        if B64.decode(proof).ok() != Some(expected) {
+            return SaslVerdict::Reject("SCRAM: wrong proof".into());
+        }
+        let server_key = hmac(&salted, b"Server Key");
+        let verifier = hmac(&server_key, auth_message.as_bytes());
+        SaslVerdict::AcceptWith(format!("v={}", B64.encode(verifier)).into_bytes())
+    }
 }
 
 /// A handler for tests that need nothing but SASL and version negotiation:
