@@ -355,6 +355,55 @@ async fn oauthbearer_sends_the_token_and_extensions_and_follows_a_rotated_token_
     }
 }
 
+/// Guards OAUTHBEARER over TLS (issue 15, item 5): against a broker that
+/// speaks only TLS (a test CA's certificate for 127.0.0.1) with
+/// `[sources.tls] ca_file`, the token goes in the same initial response, the
+/// source is up with exact lag, and no SASL_PLAINTEXT warning is logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oauthbearer_over_tls_authenticates_without_a_plaintext_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, cert, key) = common::otlp::test_pki(dir.path());
+    let topic = unique_name("oauthtls", "t");
+    let token = format!("iw-tls.{:08x}", fastrand::u32(..));
+    let valid = HashSet::from([token.clone()]);
+    let config =
+        FakeConfig::default()
+            .with_tls(cert, key)
+            .with_sasl(&["OAUTHBEARER"], 0, move |step| oauth_verdict(step, &valid));
+    let cluster = Arc::new(Mutex::new(lagging_cluster(&topic)));
+    let fake = FakeKafka::start(config, Cluster::handler(cluster)).await;
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, &token).unwrap();
+    let toml = format!(
+        "{}[sources.tls]\nca_file = {}\n",
+        source(
+            "tl",
+            &fake.addr(),
+            &format!(
+                "mechanism = \"OAUTHBEARER\"\ntoken_file = {}\n",
+                toml_str(token_file.to_str().unwrap())
+            ),
+        ),
+        toml_str(ca.to_str().unwrap())
+    );
+    let agent = Agent::start(&toml);
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        lag_is_exact(&m, "tl", &topic)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    let steps = fake.sasl_steps();
+    assert_eq!(
+        String::from_utf8_lossy(&steps[0].auth_bytes),
+        format!("n,,\u{1}auth=Bearer {token}\u{1}\u{1}")
+    );
+    assert_eq!(refused(&fake), Vec::<String>::new());
+    let log = agent.stderr();
+    assert!(!log.contains("SASL_PLAINTEXT"), "{log}");
+    assert!(!log.contains(token.as_str()), "{log}");
+}
+
 /// Guards OAUTHBEARER's failures (issue 15, item 5), one source each on one
 /// agent against one broker: a token from `token_command` is accepted (the
 /// source is up with exact lag); a token the broker refuses, a command that

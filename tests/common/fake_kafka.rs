@@ -3,7 +3,8 @@
 //! `connections.max.reauth.ms`), OAUTHBEARER (KIP-255), and answers a test
 //! writes itself (KIP-848 group descriptions, injected errors).
 //!
-//! It speaks the wire protocol with `kafka-protocol`'s broker half: one task
+//! It speaks the wire protocol with `kafka-protocol`'s broker half (over TLS
+//! with a certificate the test gives, [`FakeConfig::with_tls`]): one task
 //! per connection reads size-prefixed requests, decodes the request header
 //! for its API key and version, and answers `ApiVersions` (the versions the
 //! test configured), `SaslHandshake` / `SaslAuthenticate` (when the test
@@ -57,7 +58,7 @@ use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use kafka_protocol::records::{
     Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -82,6 +83,8 @@ pub struct FakeConfig {
     pub api_versions: Vec<(ApiKey, i16, i16)>,
     /// SASL required on every connection; `None`: no authentication.
     pub sasl: Option<FakeSasl>,
+    /// TLS on every connection: (certificate chain PEM, private key PEM).
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl Default for FakeConfig {
@@ -106,11 +109,18 @@ impl Default for FakeConfig {
                 (ApiKey::ConsumerGroupDescribe, 0, 1),
             ],
             sasl: None,
+            tls: None,
         }
     }
 }
 
 impl FakeConfig {
+    /// Serves TLS with this certificate chain and key (PEM).
+    pub fn with_tls(mut self, cert_pem: Vec<u8>, key_pem: Vec<u8>) -> FakeConfig {
+        self.tls = Some((cert_pem, key_pem));
+        self
+    }
+
     /// Requires SASL with `mechanisms`, each step judged by `check`, every
     /// session `session_lifetime_ms` long (0: no expiry).
     pub fn with_sasl(
@@ -313,8 +323,9 @@ impl FakeKafka {
                 tokio::spawn(async move {
                     let mut generation = s.generation.subscribe();
                     generation.mark_unchanged();
+                    let _ = stream.set_nodelay(true);
                     tokio::select! {
-                        _ = serve(&s, conn, addr, stream) => {}
+                        _ = accept(&s, conn, addr, stream) => {}
                         _ = generation.changed() => {}
                     }
                 });
@@ -394,8 +405,38 @@ enum Auth {
     Done { expires: Option<Instant> },
 }
 
-async fn serve(s: &Shared, conn: u64, broker: SocketAddr, mut stream: TcpStream) {
-    let _ = stream.set_nodelay(true);
+/// Serves one connection, over TLS if the fake has a certificate.
+async fn accept(s: &Shared, conn: u64, broker: SocketAddr, stream: TcpStream) {
+    match &s.config.tls {
+        None => serve(s, conn, broker, stream).await,
+        Some((cert, key)) => {
+            use rustls::pki_types::pem::PemObject;
+            use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<_, _>>()
+                .expect("fake broker: a PEM certificate chain");
+            let key = PrivateKeyDer::from_pem_slice(key).expect("fake broker: a PEM private key");
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let config = rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("fake broker: TLS versions")
+                .with_no_client_auth()
+                .with_single_cert(chain, key)
+                .expect("fake broker: the certificate fits its key");
+            let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+            if let Ok(tls) = acceptor.accept(stream).await {
+                serve(s, conn, broker, tls).await;
+            }
+        }
+    }
+}
+
+async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &Shared,
+    conn: u64,
+    broker: SocketAddr,
+    mut stream: S,
+) {
     let mut auth = if s.config.sasl.is_some() {
         Auth::Pending {
             mechanism: None,
