@@ -347,6 +347,13 @@ async fn oauthbearer_sends_the_token_and_extensions_and_follows_a_rotated_token_
         .timeout(Duration::from_secs(60))
         .output();
     assert_eq!(doctor.code, Some(0), "{}", doctor.describe());
+    assert!(
+        doctor.stdout.contains(
+            "ok:      SASL OAUTHBEARER without TLS: authenticated; the broker's session lasts 1s 500ms, renewed in place after 85 %"
+        ),
+        "{}",
+        doctor.stdout
+    );
     for out in [&checked, &doctor] {
         let all = format!("{}{}", out.stdout, out.stderr);
         for token in [&first, &second] {

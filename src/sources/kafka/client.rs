@@ -96,6 +96,8 @@ pub struct Connection {
     /// When the SASL session must be renewed (KIP-368): before the first
     /// request after it. `None`: the session does not expire.
     reauthenticate_at: Option<Instant>,
+    /// The length of the last session the broker granted.
+    session_lifetime: Option<Duration>,
 }
 
 /// SASL settings and the tokens of their connector.
@@ -194,6 +196,7 @@ impl Connector {
                 tokens: self.tokens.clone(),
             }),
             reauthenticate_at: None,
+            session_lifetime: None,
         };
         conn.negotiate().await?;
         conn.authenticate().await?;
@@ -361,6 +364,12 @@ impl Connection {
         KafkaError::Protocol(format!("{}: {message}", self.addr))
     }
 
+    /// How long the broker's last SASL session on this connection lasts
+    /// (KIP-368); `None`: no SASL, or a session without an end.
+    pub fn session_lifetime(&self) -> Option<Duration> {
+        self.session_lifetime
+    }
+
     /// Renews the SASL session on this connection when it is due (KIP-368:
     /// `SaslHandshake` and `SaslAuthenticate` again, which a broker accepts
     /// even after the session ran out; any other request then closes the
@@ -430,9 +439,11 @@ impl Connection {
             }
             (Credentials::Token(settings), _) => self.oauth_bearer(&auth, settings).await?,
         };
+        self.session_lifetime = None;
         if last.session_lifetime_ms > 0 {
             let lifetime = Duration::from_millis(last.session_lifetime_ms as u64);
             self.reauthenticate_at = Some(started + lifetime.mul_f64(REAUTHENTICATE_AFTER));
+            self.session_lifetime = Some(lifetime);
         }
         Ok(())
     }
