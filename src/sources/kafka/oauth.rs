@@ -9,8 +9,8 @@
 
 use std::io::Read;
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::config::{Secret, TokenSettings, TokenSource};
@@ -23,7 +23,10 @@ const MAX_OUTPUT: u64 = 1024 * 1024;
 /// The tokens of one connector: the last answer of its `token_command`.
 #[derive(Debug, Default)]
 pub struct Tokens {
-    command: Mutex<Option<(Instant, Secret)>>,
+    /// Shared with the thread that runs the command, which stores its
+    /// answer even when the authentication that asked has been given up
+    /// (a cycle's timeout): the next one then finds it.
+    command: Arc<Mutex<Option<(Instant, Secret)>>>,
 }
 
 impl Tokens {
@@ -43,15 +46,17 @@ impl Tokens {
                 }
                 let (argv, timeout) = (argv.clone(), *timeout);
                 let program = argv[0].clone();
-                let out = tokio::task::spawn_blocking(move || run(&argv, timeout))
-                    .await
-                    .map_err(|e| format!("{key}: \"{program}\": {e}"))?
-                    .map_err(|why| format!("{key}: \"{program}\" {why}"))?;
-                let token = bearer(&out)
-                    .map_err(|why| format!("{key}: the output of \"{program}\" {why}"))?;
-                *self.command.lock().expect("token cache lock") =
-                    Some((Instant::now(), token.clone()));
-                Ok(token)
+                let cache = self.command.clone();
+                tokio::task::spawn_blocking(move || {
+                    let token = run(&argv, timeout)
+                        .and_then(|out| bearer(&out).map_err(|why| format!("its output {why}")))?;
+                    *cache.lock().expect("token cache lock") =
+                        Some((Instant::now(), token.clone()));
+                    Ok(token)
+                })
+                .await
+                .map_err(|e| format!("{key}: \"{program}\": {e}"))?
+                .map_err(|why: String| format!("{key}: \"{program}\" {why}"))
             }
         }
     }
@@ -322,6 +327,33 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    /// An authentication given up while its command runs (a cycle's
+    /// timeout) still leaves the command's answer for the next one.
+    #[tokio::test]
+    async fn a_slow_commands_answer_outlives_the_authentication_that_gave_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let count = dir.path().join("runs");
+        let script = format!(
+            "echo x >> {}; sleep 0.5; echo late-token",
+            count.to_str().unwrap()
+        );
+        let s = settings(TokenSource::Command {
+            argv: vec!["sh".into(), "-c".into(), script],
+            timeout: Duration::from_secs(10),
+        });
+        let tokens = Tokens::default();
+        let given_up = tokio::time::timeout(Duration::from_millis(100), tokens.token(&s)).await;
+        assert!(given_up.is_err(), "the command takes 0.5 s");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokens.reusable().is_none() {
+            assert!(Instant::now() < deadline, "the answer was never kept");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(tokens.token(&s).await.unwrap().expose(), "late-token");
+        let runs = std::fs::read_to_string(&count).unwrap().lines().count();
+        assert_eq!(runs, 1);
     }
 
     async fn tokens_error(s: &TokenSettings) -> String {
