@@ -238,6 +238,22 @@ async fn sessions_are_renewed_in_place(
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
     assert_eq!(refused(&fake), Vec::<String>::new());
     lag_is_exact(&agent.scrape().await, "ra", &topic).unwrap();
+    // What renewing costs, for the record (`--no-capture`).
+    let requests = fake.requests();
+    let sasl = requests
+        .iter()
+        .filter(|r| r.api_key == 17 || r.api_key == 36)
+        .count();
+    let renewals = fake
+        .sasl_steps()
+        .iter()
+        .filter(|s| s.reauthentication && s.step == 0)
+        .count();
+    eprintln!(
+        "{mechanism}: {} requests on {} connections, {sasl} of them SASL, {renewals} renewals",
+        requests.len(),
+        fake.connections()
+    );
 }
 
 /// Guards OAUTHBEARER with a token file (issue 15, item 5): the initial
