@@ -857,6 +857,10 @@ const KAFKA_SERIES: &[(&str, &str)] = &[
         r#"inboxwatch_kafka_record_reads_total{source="prod"}"#,
         "0+30x10",
     ),
+    (
+        r#"inboxwatch_kafka_future_timestamps_total{source="prod"}"#,
+        "0+1x10",
+    ),
     (r#"inboxwatch_source_up{source="prod"}"#, "1x10"),
     (
         r#"inboxwatch_poll_duration_seconds_bucket{source="prod",le="0.1"}"#,

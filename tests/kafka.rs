@@ -11,7 +11,7 @@ mod kafka_support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use common::{Agent, Cmd, Metrics, READY_TIMEOUT, unique_name, wait_until};
+use common::{Agent, Cmd, Metrics, READY_TIMEOUT, stays, unique_name, wait_until};
 use kafka_support::{Broker, kafka_source_toml, now_ms};
 
 const LAG: &str = "kafka_consumer_group_lag_messages";
@@ -993,4 +993,87 @@ async fn a_live_member_falling_behind_warns_then_stalls_and_the_worst_partition_
         "stall came {stalled:?} after the last commit, before one window (4 s)"
     );
     drop(member);
+}
+
+/// Guards clock sanity against a real broker (issue 15, item 6): rdkafka
+/// produces records whose CreateTime is an hour ahead of the agent's clock (a
+/// producer's clock skew) at the committed offsets of partitions 0 and 1, and
+/// a record 2 minutes old at partition 2's. Lag seconds are 0 on the first
+/// two, never negative, and the record's exact age on the third;
+/// `inboxwatch_kafka_future_timestamps_total` is exactly 2 and stays 2 over
+/// the following cycles (each record counted once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn records_produced_with_a_future_create_time_are_zero_seconds_old_and_counted_once() {
+    let broker = Broker::start().await;
+    let topic = unique_name("skew", "s");
+    broker.create_topic(&topic, 3).await;
+    let producer = broker.producer();
+    let now = now_ms();
+    let old = now - 120_000;
+    for p in 0..3 {
+        assert_eq!(producer.send(&topic, p, old).await, 0);
+        let at_commit = if p < 2 { now + 3_600_000 } else { old + 1_000 };
+        assert_eq!(producer.send(&topic, p, at_commit).await, 1);
+        assert_eq!(producer.send(&topic, p, now).await, 2);
+    }
+    let group = broker.committer("skewed");
+    for p in 0..3 {
+        group.commit(&topic, p, 1);
+    }
+    let agent = Agent::start(&kafka_source_toml("ks", &broker.bootstrap(), ""));
+    let t = topic.as_str();
+    let lag_s = |m: &Metrics, p: &str| {
+        m.get(
+            LAG_S,
+            &[
+                ("cluster", "ks"),
+                ("group", "skewed"),
+                ("topic", t),
+                ("partition", p),
+            ],
+        )
+    };
+    let future = |m: &Metrics| {
+        m.get(
+            "inboxwatch_kafka_future_timestamps_total",
+            &[("source", "ks")],
+        )
+    };
+    let m = wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        let seen = (lag_s(&m, "0"), lag_s(&m, "1"), lag_s(&m, "2"), future(&m));
+        match seen {
+            (Some(_), Some(_), Some(_), Some(n)) if n >= 2.0 => Ok(m),
+            other => Err(format!("lag seconds p0, p1, p2 and the count: {other:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    let scraped = now_ms();
+    assert_eq!(
+        lag_s(&m, "0"),
+        Some(0.0),
+        "a record from the future is 0 s old"
+    );
+    assert_eq!(
+        lag_s(&m, "1"),
+        Some(0.0),
+        "a record from the future is 0 s old"
+    );
+    let want = (scraped - (old + 1_000)) as f64 / 1000.0;
+    let got = lag_s(&m, "2").unwrap();
+    assert!(
+        (got - want).abs() <= 1.0,
+        "p2: lag seconds {got}, want {want}"
+    );
+    assert_eq!(future(&m), Some(2.0));
+    stays(Duration::from_secs(3), || async {
+        let m = agent.try_scrape().await?;
+        let seen = (future(&m), lag_s(&m, "0"), lag_s(&m, "1"));
+        (seen == (Some(2.0), Some(0.0), Some(0.0)))
+            .then_some(())
+            .ok_or(format!("count, p0, p1: {seen:?}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
 }

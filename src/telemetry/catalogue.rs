@@ -109,6 +109,7 @@ names! {
     KAFKA_DEAD_LETTERS = "kafka_dead_letter_messages_total";
     KAFKA_RETRIES = "kafka_retry_messages_total";
     KAFKA_RECORD_READS = "inboxwatch_kafka_record_reads_total";
+    KAFKA_FUTURE_TIMESTAMPS = "inboxwatch_kafka_future_timestamps_total";
 }
 
 const SE: &[&str] = &["source", "event_type"];
@@ -431,6 +432,13 @@ pub static CATALOGUE: &[MetricDef] = &[
         Some(Unit::Count),
         S,
         "Kafka fetches of the record at a committed offset, made to read its timestamp (lag seconds); an unchanged offset is not read again.",
+    ),
+    def(
+        KAFKA_FUTURE_TIMESTAMPS,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Records at a committed offset whose timestamp was later than the agent's clock when read (producer clock skew), each counted once; their lag seconds are 0.",
     ),
     def(
         KAFKA_LAG_MESSAGES,

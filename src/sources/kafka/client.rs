@@ -1,24 +1,26 @@
 //! A minimal Kafka client on the wire protocol: one connection per broker,
 //! one request in flight per connection, API versions negotiated per broker,
-//! TLS and SASL (PLAIN, SCRAM-SHA-256/512). It sends only the read requests
-//! the source needs (and the group-membership requests of the election); it
-//! never joins or commits for a watched group.
+//! TLS and SASL (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER), re-authenticated
+//! before the session the broker granted runs out (KIP-368). It sends only
+//! the read requests the source needs (and the group-membership requests of
+//! the election); it never joins or commits for a watched group.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader, ResponseHeader,
-    SaslAuthenticateRequest, SaslHandshakeRequest,
+    SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tracing::debug;
 
-use super::config::{KafkaSecurity, SaslMechanism};
-use super::scram;
+use super::config::{Credentials, KafkaSecurity, SaslMechanism, SaslSettings, TokenSettings};
+use super::{oauth, scram};
 
 /// Largest response the client accepts (a fetch is capped far below this).
 const MAX_RESPONSE: usize = 128 * 1024 * 1024;
@@ -89,7 +91,34 @@ pub struct Connection {
     /// The broker's own (min, max) per API key.
     ranges: HashMap<i16, (i16, i16)>,
     timeout: Duration,
+    /// What the connection authenticated with, for re-authentication.
+    auth: Option<Auth>,
+    /// When the SASL session must be renewed (KIP-368): before the first
+    /// request after it. `None`: the session does not expire.
+    reauthenticate_at: Option<Instant>,
+    /// The length of the last session the broker granted.
+    session_lifetime: Option<Duration>,
 }
+
+/// SASL settings and the tokens of their connector.
+#[derive(Clone)]
+struct Auth {
+    security: Arc<KafkaSecurity>,
+    tokens: Arc<oauth::Tokens>,
+}
+
+impl Auth {
+    fn sasl(&self) -> &SaslSettings {
+        self.security
+            .sasl
+            .as_ref()
+            .expect("Auth is made only with SASL settings")
+    }
+}
+
+/// The share of a session's lifetime after which the next request first
+/// re-authenticates (Kafka's Java client renews at 85 to 95 %).
+const REAUTHENTICATE_AFTER: f64 = 0.85;
 
 /// How to reach brokers: TLS, SASL, client id, timeouts.
 #[derive(Clone)]
@@ -98,6 +127,8 @@ pub struct Connector {
     pub security: Arc<KafkaSecurity>,
     pub tls: Option<tokio_rustls::TlsConnector>,
     pub timeout: Duration,
+    /// OAUTHBEARER tokens shared by the connections this connector opens.
+    tokens: Arc<oauth::Tokens>,
 }
 
 impl Connector {
@@ -111,6 +142,7 @@ impl Connector {
             security: Arc::new(security),
             tls,
             timeout,
+            tokens: Arc::default(),
         }
     }
 
@@ -159,12 +191,15 @@ impl Connector {
             versions: HashMap::new(),
             ranges: HashMap::new(),
             timeout: self.timeout,
+            auth: self.security.sasl.is_some().then(|| Auth {
+                security: self.security.clone(),
+                tokens: self.tokens.clone(),
+            }),
+            reauthenticate_at: None,
+            session_lifetime: None,
         };
         conn.negotiate().await?;
-        if let Some(sasl) = &self.security.sasl {
-            conn.authenticate(sasl.mechanism, &sasl.username, sasl.password.expose())
-                .await?;
-        }
+        conn.authenticate().await?;
         Ok(conn)
     }
 }
@@ -217,12 +252,14 @@ impl Connection {
         req: &R,
         version: i16,
     ) -> Result<R::Response, KafkaError> {
+        self.reauthenticate_if_due().await?;
         self.roundtrip(req, version).await
     }
 
     /// Sends `req` at the negotiated version and reads its response.
     pub async fn send<R: Request>(&mut self, req: &R) -> Result<R::Response, KafkaError> {
         let v = self.version::<R>()?;
+        self.reauthenticate_if_due().await?;
         self.roundtrip(req, v).await
     }
 
@@ -245,6 +282,7 @@ impl Connection {
     /// header), for responses some brokers encode loosely.
     pub async fn send_raw<R: Request>(&mut self, req: &R) -> Result<Bytes, KafkaError> {
         let v = self.version::<R>()?;
+        self.reauthenticate_if_due().await?;
         let after = self.timeout;
         match tokio::time::timeout(after, self.exchange(req, v)).await {
             Ok(r) => r,
@@ -326,19 +364,46 @@ impl Connection {
         KafkaError::Protocol(format!("{}: {message}", self.addr))
     }
 
-    async fn authenticate(
-        &mut self,
-        mechanism: SaslMechanism,
-        user: &str,
-        password: &str,
-    ) -> Result<(), KafkaError> {
+    /// How long the broker's last SASL session on this connection lasts
+    /// (KIP-368); `None`: no SASL, or a session without an end.
+    pub fn session_lifetime(&self) -> Option<Duration> {
+        self.session_lifetime
+    }
+
+    /// Renews the SASL session on this connection when it is due (KIP-368:
+    /// `SaslHandshake` and `SaslAuthenticate` again, which a broker accepts
+    /// even after the session ran out; any other request then closes the
+    /// connection). A failure is the request's error: the caller drops the
+    /// connection and the next request connects anew.
+    async fn reauthenticate_if_due(&mut self) -> Result<(), KafkaError> {
+        if self
+            .reauthenticate_at
+            .is_some_and(|at| Instant::now() >= at)
+        {
+            self.authenticate().await?;
+            debug!(broker = %self.addr, "Re-authenticated the SASL session.");
+        }
+        Ok(())
+    }
+
+    /// Authenticates with the connector's SASL settings, if any, and notes
+    /// when the session the broker grants must be renewed.
+    async fn authenticate(&mut self) -> Result<(), KafkaError> {
+        let Some(auth) = self.auth.clone() else {
+            return Ok(());
+        };
+        let sasl = auth.sasl();
+        let started = Instant::now();
+        self.reauthenticate_at = None;
         let auth_err = |addr: &str, message: String| KafkaError::Auth {
             addr: addr.to_string(),
             message,
         };
+        let mechanism = sasl.mechanism;
         let hs = SaslHandshakeRequest::default()
             .with_mechanism(StrBytes::from_static_str(mechanism.as_str()));
-        let resp = self.send(&hs).await?;
+        let v = self.version::<SaslHandshakeRequest>()?;
+        let resp = self.roundtrip(&hs, v).await?;
         if resp.error_code != 0 {
             let offered: Vec<&str> = resp.mechanisms.iter().map(|m| m.as_str()).collect();
             return Err(auth_err(
@@ -350,45 +415,117 @@ impl Connection {
                 ),
             ));
         }
-        match mechanism {
-            SaslMechanism::Plain => {
+        let last = match (&sasl.credentials, mechanism) {
+            (Credentials::Password { username, password }, SaslMechanism::Plain) => {
                 let mut token = Vec::new();
                 token.push(0);
-                token.extend_from_slice(user.as_bytes());
+                token.extend_from_slice(username.as_bytes());
                 token.push(0);
-                token.extend_from_slice(password.as_bytes());
-                self.sasl_step(Bytes::from(token)).await?;
+                token.extend_from_slice(password.expose().as_bytes());
+                self.sasl_step(Bytes::from(token)).await?
             }
-            SaslMechanism::ScramSha256 | SaslMechanism::ScramSha512 => {
-                let mut scram = scram::Client::new(mechanism, user, password);
+            (Credentials::Password { username, password }, _) => {
+                let mut scram = scram::Client::new(mechanism, username, password.expose());
                 let first = scram.client_first();
                 let server_first = self.sasl_step(Bytes::from(first)).await?;
                 let final_msg = scram
-                    .client_final(&server_first)
+                    .client_final(&server_first.auth_bytes)
                     .map_err(|m| auth_err(&self.addr, m))?;
                 let server_final = self.sasl_step(Bytes::from(final_msg)).await?;
                 scram
-                    .verify_server(&server_final)
+                    .verify_server(&server_final.auth_bytes)
                     .map_err(|m| auth_err(&self.addr, m))?;
+                server_final
             }
+            (Credentials::Token(settings), _) => self.oauth_bearer(&auth, settings).await?,
+        };
+        self.session_lifetime = None;
+        if last.session_lifetime_ms > 0 {
+            let lifetime = Duration::from_millis(last.session_lifetime_ms as u64);
+            self.reauthenticate_at = Some(started + lifetime.mul_f64(REAUTHENTICATE_AFTER));
+            self.session_lifetime = Some(lifetime);
         }
         Ok(())
     }
 
-    async fn sasl_step(&mut self, token: Bytes) -> Result<Bytes, KafkaError> {
-        let req = SaslAuthenticateRequest::default().with_auth_bytes(token);
-        let resp = self.send(&req).await?;
+    /// OAUTHBEARER's exchange: the token with its extensions; a refusal
+    /// (an error code, or RFC 7628's error challenge, acknowledged so that
+    /// the broker ends the exchange with its message) drops the token kept
+    /// for the next authentication.
+    async fn oauth_bearer(
+        &mut self,
+        auth: &Auth,
+        settings: &TokenSettings,
+    ) -> Result<SaslAuthenticateResponse, KafkaError> {
+        let auth_err = |addr: &str, message: String| KafkaError::Auth {
+            addr: addr.to_string(),
+            message,
+        };
+        let refused = |why: String| {
+            format!(
+                "the broker refused the OAUTHBEARER token of {}: {why}",
+                settings.source_key()
+            )
+        };
+        let token = auth
+            .tokens
+            .token(settings)
+            .await
+            .map_err(|m| auth_err(&self.addr, m))?;
+        let first = oauth::client_first(&token, &settings.extensions);
+        drop(token);
+        let resp = self
+            .sasl_exchange(Bytes::from(first))
+            .await
+            .inspect_err(|_| auth.tokens.forget())?;
+        if resp.error_code != 0 {
+            auth.tokens.forget();
+            return Err(auth_err(&self.addr, refused(sasl_error(&resp))));
+        }
+        if !resp.auth_bytes.is_empty() {
+            auth.tokens.forget();
+            let challenge = oauth::server_error(&resp.auth_bytes);
+            let why = match self
+                .sasl_exchange(Bytes::from_static(oauth::ERROR_ACKNOWLEDGEMENT))
+                .await
+            {
+                Ok(last) if last.error_code != 0 => format!("{} ({challenge})", sasl_error(&last)),
+                _ => challenge,
+            };
+            return Err(auth_err(&self.addr, refused(why)));
+        }
+        Ok(resp)
+    }
+
+    /// One `SaslAuthenticate` round trip that must succeed.
+    async fn sasl_step(&mut self, token: Bytes) -> Result<SaslAuthenticateResponse, KafkaError> {
+        let resp = self.sasl_exchange(token).await?;
         if resp.error_code != 0 {
             return Err(KafkaError::Auth {
                 addr: self.addr.clone(),
-                message: resp
-                    .error_message
-                    .map(|m| m.to_string())
-                    .unwrap_or_else(|| format!("error code {}", resp.error_code)),
+                message: sasl_error(&resp),
             });
         }
-        Ok(resp.auth_bytes)
+        Ok(resp)
     }
+
+    /// One `SaslAuthenticate` round trip, its answer as it is.
+    async fn sasl_exchange(
+        &mut self,
+        token: Bytes,
+    ) -> Result<SaslAuthenticateResponse, KafkaError> {
+        let req = SaslAuthenticateRequest::default().with_auth_bytes(token);
+        let v = self.version::<SaslAuthenticateRequest>()?;
+        self.roundtrip(&req, v).await
+    }
+}
+
+/// The broker's message of a failed `SaslAuthenticate`, or its error code.
+fn sasl_error(resp: &SaslAuthenticateResponse) -> String {
+    resp.error_message
+        .as_ref()
+        .map(|m| m.to_string())
+        .unwrap_or_else(|| error_name(resp.error_code))
 }
 
 /// A readable name of an API key for errors.

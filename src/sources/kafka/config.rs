@@ -111,8 +111,49 @@ pub struct TlsSettings {
 #[derive(Debug, Clone)]
 pub struct SaslSettings {
     pub mechanism: SaslMechanism,
-    pub username: String,
-    pub password: Secret,
+    pub credentials: Credentials,
+}
+
+/// What a mechanism authenticates with.
+#[derive(Debug, Clone)]
+pub enum Credentials {
+    /// PLAIN and SCRAM.
+    Password { username: String, password: Secret },
+    /// OAUTHBEARER.
+    Token(TokenSettings),
+}
+
+/// Where OAUTHBEARER's token comes from, and the KIP-342 extensions sent
+/// with it.
+#[derive(Debug, Clone)]
+pub struct TokenSettings {
+    pub source: TokenSource,
+    /// `[sources.sasl.extensions]`, by name.
+    pub extensions: Vec<(String, String)>,
+    /// The `[sources.sasl]` key of the source (`sources[2].sasl`), for errors.
+    pub key: String,
+}
+
+impl TokenSettings {
+    /// The full key of the token's source (`sources[2].sasl.token_file`).
+    pub fn source_key(&self) -> String {
+        match self.source {
+            TokenSource::File(_) => format!("{}.token_file", self.key),
+            TokenSource::Command { .. } => format!("{}.token_command", self.key),
+        }
+    }
+}
+
+/// `token_file` or `token_command`.
+#[derive(Debug, Clone)]
+pub enum TokenSource {
+    /// Read at every authentication, so a rotated token is used from the next.
+    File(std::path::PathBuf),
+    /// Run (no shell) with a timeout; its standard output is the token.
+    Command {
+        argv: Vec<String>,
+        timeout: Duration,
+    },
 }
 
 /// A secret: never printed.
@@ -120,6 +161,10 @@ pub struct SaslSettings {
 pub struct Secret(String);
 
 impl Secret {
+    pub fn new(secret: String) -> Secret {
+        Secret(secret)
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -136,6 +181,7 @@ pub enum SaslMechanism {
     Plain,
     ScramSha256,
     ScramSha512,
+    OAuthBearer,
 }
 
 impl SaslMechanism {
@@ -144,7 +190,14 @@ impl SaslMechanism {
             SaslMechanism::Plain => "PLAIN",
             SaslMechanism::ScramSha256 => "SCRAM-SHA-256",
             SaslMechanism::ScramSha512 => "SCRAM-SHA-512",
+            SaslMechanism::OAuthBearer => "OAUTHBEARER",
         }
+    }
+
+    /// The mechanism sends its secret as it is (a password, a bearer
+    /// token): readable on the wire without TLS.
+    pub fn sends_secret_in_clear(self) -> bool {
+        matches!(self, SaslMechanism::Plain | SaslMechanism::OAuthBearer)
     }
 }
 
@@ -213,13 +266,25 @@ pub struct RawTls {
 /// `[sources.sasl]`.
 #[derive(Debug, Default, Deserialize)]
 pub struct RawSasl {
-    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    /// `PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512` or `OAUTHBEARER`.
     pub mechanism: Option<String>,
+    /// PLAIN and SCRAM: the user.
     pub username: Option<String>,
-    /// `${VAR}` is replaced by the environment variable VAR.
+    /// PLAIN and SCRAM; `${VAR}` is replaced by the environment variable VAR.
     pub password: Option<String>,
     /// A file whose content is the password; instead of `password`.
     pub password_file: Option<String>,
+    /// OAUTHBEARER: a file whose content is the token, read at every
+    /// authentication.
+    pub token_file: Option<String>,
+    /// OAUTHBEARER: a command (program and arguments, no shell) whose
+    /// standard output is the token; instead of `token_file`.
+    pub token_command: Option<Vec<String>>,
+    /// How long `token_command` may run (default `10s`).
+    pub token_command_timeout: Option<String>,
+    /// OAUTHBEARER: SASL extensions (KIP-342) sent with the token, name =
+    /// value; `${VAR}` in a value is replaced by the environment variable VAR.
+    pub extensions: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// Validates a `kind = "kafka"` entry.
@@ -436,7 +501,6 @@ fn filter(
 }
 
 fn security(v: &mut Validator<'_>, key: &str, s: &RawKafka) -> Option<KafkaSecurity> {
-    let env = v.env();
     let mut out = KafkaSecurity::default();
     let mut ok = true;
     if let Some(t) = &s.tls {
@@ -453,92 +517,222 @@ fn security(v: &mut Validator<'_>, key: &str, s: &RawKafka) -> Option<KafkaSecur
         }
     }
     if let Some(sa) = &s.sasl {
-        let sk = format!("{key}.sasl");
-        let mechanism = match sa.mechanism.as_deref() {
-            Some("PLAIN") => Some(SaslMechanism::Plain),
-            Some("SCRAM-SHA-256") => Some(SaslMechanism::ScramSha256),
-            Some("SCRAM-SHA-512") => Some(SaslMechanism::ScramSha512),
-            Some(other) => {
-                v.problem(
-                    &format!("{sk}.mechanism"),
-                    format!(
-                        "unknown SASL mechanism \"{other}\" (expected PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)"
-                    ),
-                );
-                None
-            }
-            None => {
-                v.problem(
-                    &format!("{sk}.mechanism"),
-                    "required (PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512)".into(),
-                );
-                None
-            }
-        };
-        let username = match sa.username.as_deref() {
-            Some(u) if !u.is_empty() => match expand_env(u, env) {
-                Ok(u) => Some(u),
-                Err(var) => {
-                    v.problem(
-                        &format!("{sk}.username"),
-                        format!("environment variable {var} is not set"),
-                    );
-                    None
-                }
-            },
-            _ => {
-                v.problem(&format!("{sk}.username"), "required".into());
-                None
-            }
-        };
-        let password = match (&sa.password, &sa.password_file) {
-            (Some(_), Some(_)) => {
-                v.problem(
-                    &format!("{sk}.password_file"),
-                    "give either password or password_file, not both".into(),
-                );
-                None
-            }
-            (Some(p), None) => match expand_env(p, env) {
-                Ok(p) => Some(p),
-                Err(var) => {
-                    v.problem(
-                        &format!("{sk}.password"),
-                        format!("environment variable {var} is not set"),
-                    );
-                    None
-                }
-            },
-            (None, Some(path)) => match std::fs::read_to_string(path) {
-                Ok(p) => Some(p.trim_end_matches(['\n', '\r']).to_string()),
-                Err(e) => {
-                    v.problem(
-                        &format!("{sk}.password_file"),
-                        format!("cannot read \"{path}\": {e}"),
-                    );
-                    None
-                }
-            },
-            (None, None) => {
-                v.problem(
-                    &format!("{sk}.password"),
-                    "required (or password_file)".into(),
-                );
-                None
-            }
-        };
-        match (mechanism, username, password) {
-            (Some(mechanism), Some(username), Some(password)) => {
-                out.sasl = Some(SaslSettings {
-                    mechanism,
-                    username,
-                    password: Secret(password),
-                })
-            }
-            _ => ok = false,
+        match sasl(v, &format!("{key}.sasl"), sa) {
+            Some(settings) => out.sasl = Some(settings),
+            None => ok = false,
         }
     }
     ok.then_some(out)
+}
+
+/// Validates `[sources.sasl]` at key `sk`.
+fn sasl(v: &mut Validator<'_>, sk: &str, sa: &RawSasl) -> Option<SaslSettings> {
+    const EXPECTED: &str = "PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER";
+    let mechanism = match sa.mechanism.as_deref() {
+        Some("PLAIN") => SaslMechanism::Plain,
+        Some("SCRAM-SHA-256") => SaslMechanism::ScramSha256,
+        Some("SCRAM-SHA-512") => SaslMechanism::ScramSha512,
+        Some("OAUTHBEARER") => SaslMechanism::OAuthBearer,
+        Some(other) => {
+            v.problem(
+                &format!("{sk}.mechanism"),
+                format!("unknown SASL mechanism \"{other}\" (expected {EXPECTED})"),
+            );
+            return None;
+        }
+        None => {
+            v.problem(&format!("{sk}.mechanism"), format!("required ({EXPECTED})"));
+            return None;
+        }
+    };
+    let credentials = if mechanism == SaslMechanism::OAuthBearer {
+        for (name, given) in [
+            ("username", sa.username.is_some()),
+            ("password", sa.password.is_some()),
+            ("password_file", sa.password_file.is_some()),
+        ] {
+            if given {
+                v.problem(
+                    &format!("{sk}.{name}"),
+                    "not used with OAUTHBEARER (the token names the principal)".into(),
+                );
+            }
+        }
+        Credentials::Token(token_settings(v, sk, sa)?)
+    } else {
+        for (name, given) in [
+            ("token_file", sa.token_file.is_some()),
+            ("token_command", sa.token_command.is_some()),
+            ("token_command_timeout", sa.token_command_timeout.is_some()),
+            ("extensions", sa.extensions.is_some()),
+        ] {
+            if given {
+                v.problem(
+                    &format!("{sk}.{name}"),
+                    "only with mechanism = \"OAUTHBEARER\"".into(),
+                );
+            }
+        }
+        password_credentials(v, sk, sa)?
+    };
+    Some(SaslSettings {
+        mechanism,
+        credentials,
+    })
+}
+
+/// `username` with `password` or `password_file` (PLAIN, SCRAM).
+fn password_credentials(v: &mut Validator<'_>, sk: &str, sa: &RawSasl) -> Option<Credentials> {
+    let env = v.env();
+    let username = match sa.username.as_deref() {
+        Some(u) if !u.is_empty() => match expand_env(u, env) {
+            Ok(u) => Some(u),
+            Err(var) => {
+                v.problem(
+                    &format!("{sk}.username"),
+                    format!("environment variable {var} is not set"),
+                );
+                None
+            }
+        },
+        _ => {
+            v.problem(&format!("{sk}.username"), "required".into());
+            None
+        }
+    };
+    let password = match (&sa.password, &sa.password_file) {
+        (Some(_), Some(_)) => {
+            v.problem(
+                &format!("{sk}.password_file"),
+                "give either password or password_file, not both".into(),
+            );
+            None
+        }
+        (Some(p), None) => match expand_env(p, env) {
+            Ok(p) => Some(p),
+            Err(var) => {
+                v.problem(
+                    &format!("{sk}.password"),
+                    format!("environment variable {var} is not set"),
+                );
+                None
+            }
+        },
+        (None, Some(path)) => match std::fs::read_to_string(path) {
+            Ok(p) => Some(p.trim_end_matches(['\n', '\r']).to_string()),
+            Err(e) => {
+                v.problem(
+                    &format!("{sk}.password_file"),
+                    format!("cannot read \"{path}\": {e}"),
+                );
+                None
+            }
+        },
+        (None, None) => {
+            v.problem(
+                &format!("{sk}.password"),
+                "required (or password_file)".into(),
+            );
+            None
+        }
+    };
+    Some(Credentials::Password {
+        username: username?,
+        password: Secret(password?),
+    })
+}
+
+/// `token_file` or `token_command`, and `extensions` (OAUTHBEARER). The
+/// token itself is read when a connection authenticates, not here.
+fn token_settings(v: &mut Validator<'_>, sk: &str, sa: &RawSasl) -> Option<TokenSettings> {
+    let timeout_key = format!("{sk}.token_command_timeout");
+    let timeout = v.duration(
+        &timeout_key,
+        sa.token_command_timeout.as_deref(),
+        Duration::from_secs(10),
+    );
+    if timeout.is_zero() || timeout > Duration::from_secs(300) {
+        v.problem(&timeout_key, "must be between 1ms and 5m".into());
+    }
+    let source = match (&sa.token_file, &sa.token_command) {
+        (Some(_), Some(_)) => {
+            v.problem(
+                &format!("{sk}.token_command"),
+                "give either token_file or token_command, not both".into(),
+            );
+            None
+        }
+        (Some(path), None) if path.is_empty() => {
+            v.problem(&format!("{sk}.token_file"), "must not be empty".into());
+            None
+        }
+        (Some(path), None) => Some(TokenSource::File(path.into())),
+        (None, Some(argv)) if argv.first().is_none_or(|p| p.is_empty()) => {
+            v.problem(
+                &format!("{sk}.token_command"),
+                "needs a program: [\"/path/to/program\", \"argument\", ...]".into(),
+            );
+            None
+        }
+        (None, Some(argv)) => Some(TokenSource::Command {
+            argv: argv.clone(),
+            timeout,
+        }),
+        (None, None) => {
+            v.problem(
+                &format!("{sk}.token_file"),
+                "required with OAUTHBEARER (or token_command)".into(),
+            );
+            None
+        }
+    };
+    if sa.token_command_timeout.is_some() && sa.token_command.is_none() {
+        v.problem(&timeout_key, "only with token_command".into());
+    }
+    let env = v.env();
+    let mut extensions = Vec::new();
+    let mut ok = true;
+    for (name, value) in sa.extensions.iter().flatten() {
+        let at = format!("{sk}.extensions.{name}");
+        // RFC 7628 §3.1: key = 1*(ALPHA); "auth" is the token's own key.
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphabetic()) {
+            v.problem(&at, "an extension name is letters only (RFC 7628)".into());
+            ok = false;
+            continue;
+        }
+        if name == "auth" {
+            v.problem(&at, "\"auth\" is reserved for the token".into());
+            ok = false;
+            continue;
+        }
+        match expand_env(value, env) {
+            // RFC 7628 §3.1: value = *(VCHAR / SP / HTAB / CR / LF).
+            Ok(value)
+                if !value.is_empty()
+                    && value
+                        .bytes()
+                        .all(|b| (0x21..=0x7e).contains(&b) || b" \t\r\n".contains(&b)) =>
+            {
+                extensions.push((name.clone(), value));
+            }
+            Ok(_) => {
+                v.problem(
+                    &at,
+                    "an extension value is printable ASCII, spaces, tabs and line breaks, not empty (RFC 7628)".into(),
+                );
+                ok = false;
+            }
+            Err(var) => {
+                v.problem(&at, format!("environment variable {var} is not set"));
+                ok = false;
+            }
+        }
+    }
+    Some(TokenSettings {
+        source: source?,
+        extensions: ok.then_some(extensions)?,
+        key: sk.to_string(),
+    })
 }
 
 /// Builds the rustls client config; errors name the `tls` key at fault.

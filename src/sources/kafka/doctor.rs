@@ -44,6 +44,24 @@ pub(crate) async fn check(spec: &KafkaSpec) -> Vec<Finding> {
                 .into(),
         ));
     }
+    if let Some(sasl) = &spec.security.sasl {
+        let transport = if spec.security.tls.is_some() {
+            "over TLS"
+        } else {
+            "without TLS"
+        };
+        let session = match c.session_lifetime() {
+            Some(d) => format!(
+                "the broker's session lasts {}, renewed in place after 85 %",
+                humantime::format_duration(d)
+            ),
+            None => "the broker sets no session lifetime".into(),
+        };
+        out.push(Finding::Ok(format!(
+            "SASL {} {transport}: authenticated; {session}",
+            sasl.mechanism.as_str()
+        )));
+    }
     let mut source = KafkaSource::new(spec.clone());
     let started = std::time::Instant::now();
     out.push(

@@ -3,7 +3,7 @@
 //! event rows, so `trace` skips it; `dead-letters` reads the latest records
 //! of its dead-letter topics.
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::config::{KafkaSpec, RawKafka, validate};
 use super::election::KafkaElection;
@@ -29,6 +29,16 @@ impl Kind for KafkaSpec {
 
     fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
         info!(source = %self.name, brokers = ?self.brokers, "Watching Kafka cluster.");
+        if let Some(sasl) = &self.security.sasl
+            && self.security.tls.is_none()
+            && sasl.mechanism.sends_secret_in_clear()
+        {
+            warn!(
+                source = %self.name,
+                mechanism = sasl.mechanism.as_str(),
+                "SASL without [sources.tls] (SASL_PLAINTEXT): the credentials cross the network readable; use it only on a network you trust."
+            );
+        }
         let leader = rt.elect(KafkaElection::for_source(&self));
         let name = self.name.clone();
         rt.spawn_loop(&name, move || KafkaSource::new(self.clone()), leader);

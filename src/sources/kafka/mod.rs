@@ -26,6 +26,7 @@ mod doctor;
 pub mod election;
 pub mod fetch;
 mod kind;
+pub mod oauth;
 pub mod records;
 pub mod scram;
 pub mod series;
@@ -78,6 +79,9 @@ impl KafkaSource {
             metrics::counter!(metric::KAFKA_RECORD_READS, "source" => self.spec.name.clone())
                 .increment(reads);
         }
+        let future = self.memory.new_future_timestamps(&said, wall_ms);
+        metrics::counter!(metric::KAFKA_FUTURE_TIMESTAMPS, "source" => self.spec.name.clone())
+            .increment(future);
         let mut out = snapshot::Builder::default();
         self.memory
             .samples(&self.settings, &said, now, wall_ms, &mut |s| out.push(s));

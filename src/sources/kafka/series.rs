@@ -124,6 +124,9 @@ pub struct Memory {
     retries: BTreeMap<(Arc<str>, String), u64>,
     /// A cycle has been counted: partitions seen from now on are new.
     counted_once: bool,
+    /// Records at committed offsets found stamped later than the agent's
+    /// clock, already counted.
+    future: HashSet<Committed>,
 }
 
 impl Memory {
@@ -165,6 +168,22 @@ impl Memory {
             });
         }
         self.counted_once = true;
+    }
+
+    /// How many records at committed offsets are newly found stamped later
+    /// than `wall_ms` (a producer's clock ahead of the agent's): each is
+    /// counted once, while a group stands at it. Their age is 0, never
+    /// negative.
+    pub fn new_future_timestamps(&mut self, said: &Fetched, wall_ms: i64) -> u64 {
+        let mut new = 0;
+        for (at, &timestamp_ms) in &said.record_timestamps {
+            if timestamp_ms > wall_ms && self.future.insert(at.clone()) {
+                new += 1;
+            }
+        }
+        self.future
+            .retain(|at| said.record_timestamps.contains_key(at));
+        new
     }
 
     /// A group's members, lag, committed offsets and status.
@@ -606,6 +625,50 @@ mod tests {
         let members = of_group(&samples, metric::KAFKA_GROUP_MEMBERS, "billing");
         assert_eq!(members, Some(2.0));
         assert_eq!(status(&samples, "billing"), "ok");
+    }
+
+    /// Guards clock sanity (issue 15): a record stamped after the agent's
+    /// clock is 0 seconds old, also where it is the newest of a topic's
+    /// partitions, and is counted once while a group stands at it — again
+    /// only if a group comes back to it after leaving it.
+    #[test]
+    fn records_from_the_future_are_zero_seconds_old_and_counted_once() {
+        let mut said = said(
+            &[("orders", &[10, 10, 10])],
+            billing(Some(1), "orders", &[4, 6, 8]),
+        );
+        said.record_timestamps
+            .insert(at("orders", 0, 4), WALL_MS + 60_000);
+        said.record_timestamps
+            .insert(at("orders", 1, 6), WALL_MS - 1_500);
+        said.record_timestamps
+            .insert(at("orders", 2, 8), WALL_MS + 1);
+        let mut memory = Memory::default();
+        assert_eq!(memory.new_future_timestamps(&said, WALL_MS), 2);
+        let samples = run(&mut memory, &settings(false), &said, Instant::now());
+        let seconds = metric::KAFKA_LAG_SECONDS;
+        assert_eq!(lag(&samples, seconds, "orders", "0"), Some(0.0));
+        assert_eq!(lag(&samples, seconds, "orders", "1"), Some(1.5));
+        assert_eq!(lag(&samples, seconds, "orders", "2"), Some(0.0));
+        let per_topic = run(
+            &mut Memory::default(),
+            &settings(true),
+            &said,
+            Instant::now(),
+        );
+        let labels = [("group", "billing"), ("topic", "orders")];
+        assert_eq!(value(&per_topic, seconds, &labels), Some(1.5));
+
+        // The next cycles read the same records: nothing new.
+        assert_eq!(memory.new_future_timestamps(&said, WALL_MS + 5), 0);
+        assert_eq!(memory.new_future_timestamps(&said, WALL_MS + 60_000), 0);
+        // The group moves on from orders/2 to a record stamped at the
+        // agent's own millisecond (not the future), then back.
+        let back = said.clone();
+        said.record_timestamps.remove(&at("orders", 2, 8));
+        said.record_timestamps.insert(at("orders", 2, 9), WALL_MS);
+        assert_eq!(memory.new_future_timestamps(&said, WALL_MS), 0);
+        assert_eq!(memory.new_future_timestamps(&back, WALL_MS), 1);
     }
 
     #[test]
