@@ -78,6 +78,21 @@ impl Filter {
             && !self.exclude.iter().any(|r| r.is_match(name))
     }
 
+    /// The names the include patterns spell out plainly (no regex operator
+    /// but `.`, which matches itself too, and `\` escapes), that the filter
+    /// keeps: the groups watched on brokers that cannot list groups.
+    pub fn names(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .include
+            .iter()
+            .filter_map(|r| plain_name(r.as_str()))
+            .filter(|n| self.matches(n))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Every name.
     pub fn all() -> Filter {
         Filter {
@@ -385,6 +400,29 @@ pub(crate) fn validate(
         owners,
         key: key.to_string(),
     })
+}
+
+/// The name a compiled pattern `^(?:…)$` spells out, if it is a plain
+/// name: no operator but `.` (and `\`-escaped characters).
+fn plain_name(anchored: &str) -> Option<String> {
+    let text = anchored.strip_prefix("^(?:")?.strip_suffix(")$")?;
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                let e = chars.next()?;
+                if e.is_ascii_alphanumeric() {
+                    // \d, \w, \b, …: classes and assertions.
+                    return None;
+                }
+                out.push(e);
+            }
+            '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$' => return None,
+            c => out.push(c),
+        }
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 fn regex(v: &mut Validator<'_>, key: &str, text: &str) -> Option<Regex> {
