@@ -1,12 +1,14 @@
 //! Self-checks of the integration-test harness, independent of the agent: the
 //! Prometheus parser, timestamp formatting, the cutting proxy, and the ground-truth
-//! generator (the table must hold exactly the states the generator believes it wrote).
+//! generator (the table must hold exactly the states the generator believes it wrote),
+//! and the fake Kafka broker.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::checks::render_diff;
+use common::fake_kafka::{self, FakeConfig, FakeKafka, Outcome, SaslVerdict};
 use common::scenarios::inbox_table_diff;
 use common::workload::{Clock, InboxWorkload, Target};
 use common::{Db, Metrics, Proxy, fmt_ts, parse_ts};
@@ -159,4 +161,164 @@ async fn workload_model_equals_table_contents_mariadb() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn workload_model_equals_table_contents_sqlite() {
     workload_matches_table(Db::sqlite().await).await;
+}
+
+/// A connector of the agent's own Kafka client, with PLAIN `user` / `secret`
+/// when `sasl`.
+fn kafka_connector(sasl: bool) -> inboxwatch::sources::kafka::client::Connector {
+    use inboxwatch::sources::kafka::config::{KafkaSecurity, SaslMechanism, SaslSettings, Secret};
+    let security = KafkaSecurity {
+        tls: None,
+        sasl: sasl.then(|| SaslSettings {
+            mechanism: SaslMechanism::Plain,
+            username: "user".into(),
+            password: Secret::new("secret".into()),
+        }),
+    };
+    inboxwatch::sources::kafka::client::Connector::new(
+        "harness".into(),
+        security,
+        Duration::from_secs(5),
+    )
+}
+
+/// A `Metadata` answer naming the fake itself as broker 7, no topics.
+fn metadata_of_self(req: &fake_kafka::Req) -> fake_kafka::Reply {
+    use kafka_protocol::messages::metadata_response::MetadataResponseBroker;
+    use kafka_protocol::messages::{ApiKey, BrokerId, MetadataResponse};
+    use kafka_protocol::protocol::StrBytes;
+    match req.api_key {
+        ApiKey::Metadata => req.answer(&MetadataResponse::default().with_brokers(vec![
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(7))
+                .with_host(StrBytes::from_string(req.broker.ip().to_string()))
+                .with_port(i32::from(req.broker.port())),
+        ])),
+        _ => fake_kafka::Reply::Close,
+    }
+}
+
+/// Guards the fake Kafka broker: it negotiates versions, hands other requests
+/// to the test's handler (here `Metadata`, answered with itself as broker 7)
+/// and records each request with its connection and version; an API the
+/// handler does not answer closes the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_kafka_answers_through_the_handler_and_records_requests() {
+    use kafka_protocol::messages::{ApiKey, ListGroupsRequest, MetadataRequest};
+    let fake = FakeKafka::start(FakeConfig::default(), metadata_of_self).await;
+    let mut conn = kafka_connector(false)
+        .connect(&fake.addr())
+        .await
+        .expect("connect to the fake broker");
+    let md = conn
+        .send(&MetadataRequest::default())
+        .await
+        .expect("Metadata answered");
+    assert_eq!(md.brokers.len(), 1);
+    assert_eq!(md.brokers[0].node_id.0, 7);
+    assert_eq!(md.brokers[0].port, i32::from(fake.port()));
+    let metadata_version = conn
+        .version::<MetadataRequest>()
+        .expect("Metadata negotiated");
+    assert!(
+        conn.send(&ListGroupsRequest::default()).await.is_err(),
+        "an unanswered API closes the connection"
+    );
+    let seen: Vec<(u64, i16, i16, Outcome)> = fake
+        .requests()
+        .iter()
+        .map(|r| (r.conn, r.api_key, r.version, r.outcome))
+        .collect();
+    let list_groups_version = seen.last().map(|r| r.2).unwrap_or(-1);
+    assert_eq!(
+        seen,
+        vec![
+            (1, ApiKey::ApiVersions as i16, 0, Outcome::Answered),
+            (
+                1,
+                ApiKey::Metadata as i16,
+                metadata_version,
+                Outcome::Answered
+            ),
+            (
+                1,
+                ApiKey::ListGroups as i16,
+                list_groups_version,
+                Outcome::ClosedByHandler
+            ),
+        ]
+    );
+    assert_eq!(
+        fake.requests()[0].client_id.as_deref(),
+        Some("harness"),
+        "the request header is decoded"
+    );
+}
+
+/// Guards the fake Kafka broker's SASL: PLAIN checked by the test's function
+/// (the exact bytes recorded), and KIP-368's rule that a connection whose
+/// session ran out is closed on its next request that is not a
+/// re-authentication. The broker advertises only `SaslAuthenticate` v0, so
+/// the client cannot learn the lifetime and does not re-authenticate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fake_kafka_closes_a_connection_whose_sasl_session_ran_out() {
+    use kafka_protocol::messages::{ApiKey, MetadataRequest};
+    let mut config = FakeConfig::default().with_sasl(&["PLAIN"], 300, |step| {
+        if step.auth_bytes == b"\0user\0secret" {
+            SaslVerdict::Accept
+        } else {
+            SaslVerdict::Reject("bad password".into())
+        }
+    });
+    for v in &mut config.api_versions {
+        if v.0 == ApiKey::SaslAuthenticate {
+            v.2 = 0;
+        }
+    }
+    let fake = FakeKafka::start(config, metadata_of_self).await;
+    let mut conn = kafka_connector(true)
+        .connect(&fake.addr())
+        .await
+        .expect("PLAIN accepted");
+    let authenticated = Instant::now();
+    conn.send(&MetadataRequest::default())
+        .await
+        .expect("Metadata within the session");
+    tokio::time::sleep(Duration::from_millis(400).saturating_sub(authenticated.elapsed())).await;
+    assert!(
+        conn.send(&MetadataRequest::default()).await.is_err(),
+        "the expired session's connection is closed"
+    );
+    let outcomes: Vec<(i16, Outcome)> = fake
+        .requests()
+        .iter()
+        .map(|r| (r.api_key, r.outcome))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            (ApiKey::ApiVersions as i16, Outcome::Answered),
+            (ApiKey::SaslHandshake as i16, Outcome::Answered),
+            (ApiKey::SaslAuthenticate as i16, Outcome::Answered),
+            (ApiKey::Metadata as i16, Outcome::Answered),
+            (ApiKey::Metadata as i16, Outcome::ClosedExpired),
+        ]
+    );
+    let steps = fake.sasl_steps();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(steps[0].mechanism, "PLAIN");
+    assert_eq!(steps[0].auth_bytes, b"\0user\0secret");
+    assert!(!steps[0].reauthentication);
+
+    let wrong = FakeKafka::start(
+        FakeConfig::default().with_sasl(&["SCRAM-SHA-512"], 0, |_| SaslVerdict::Accept),
+        metadata_of_self,
+    )
+    .await;
+    let err = kafka_connector(true)
+        .connect(&wrong.addr())
+        .await
+        .err()
+        .expect("PLAIN is not offered");
+    assert!(err.to_string().contains("SCRAM-SHA-512"), "{err}");
 }

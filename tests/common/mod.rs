@@ -12,6 +12,8 @@
 //!   cursor (issue 12); [`checks`]: expected series and diffs;
 //! * [`proxy`]: a TCP proxy that can cut connections; [`otlp`]: an OTLP receiver;
 //! * [`stack`]: Prometheus, Alertmanager, promtool/amtool, a webhook receiver;
+//! * [`fake_kafka`]: a fake Kafka broker on `kafka-protocol`'s broker half (SASL
+//!   session lifetimes, OAUTHBEARER, answers a test writes itself);
 //! * `kafka.rs`: a tansu broker and rdkafka clients (included only by the Kafka
 //!   test binaries, with `#[path]`, so that the others do not link librdkafka).
 //!
@@ -22,6 +24,7 @@
 pub mod agent;
 pub mod checks;
 pub mod db;
+pub mod fake_kafka;
 pub mod grafana;
 pub mod http;
 pub mod ids;

@@ -135,6 +135,10 @@ pub struct SaslSettings {
 pub struct Secret(String);
 
 impl Secret {
+    pub fn new(secret: String) -> Secret {
+        Secret(secret)
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
