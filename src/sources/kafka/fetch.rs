@@ -553,7 +553,20 @@ impl Fetcher {
             let Some(addr) = self.brokers.get(&leader).cloned() else {
                 continue;
             };
-            for chunk in parts.chunks(READ_CHUNK) {
+            // A partition appears once per request (a broker answers a
+            // partition asked twice once), so groups at different offsets of
+            // one partition are read in requests of their own.
+            let mut layers: Vec<Vec<Committed>> = Vec::new();
+            let mut times: HashMap<Partition, usize> = HashMap::new();
+            for at in parts {
+                let n = times.entry(at.partition.clone()).or_default();
+                if layers.len() <= *n {
+                    layers.push(Vec::new());
+                }
+                layers[*n].push(at);
+                *n += 1;
+            }
+            for chunk in layers.iter().flat_map(|l| l.chunks(READ_CHUNK)) {
                 let chunk = chunk.to_vec();
                 let conn = self.read_conns.entry(leader).or_default().pop();
                 let connector = self.connector.clone();

@@ -223,7 +223,9 @@ impl Fetcher {
                 let name = g.group_id.0.as_str();
                 let own =
                     g.protocol_type.as_str() == ELECTION_PROTOCOL || name.starts_with(GROUP_PREFIX);
-                if own || !self.spec.groups.matches(name) {
+                // Share groups (KIP-932) have no committed offsets.
+                let share = g.protocol_type.as_str() == "share";
+                if own || share || !self.spec.groups.matches(name) {
                     continue;
                 }
                 let protocol = if version >= 5 {
