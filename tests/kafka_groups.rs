@@ -540,3 +540,87 @@ async fn brokers_without_kip848_fall_back_to_classic_groups() {
     assert!(versions.iter().all(|v| *v == 4), "{versions:?}");
     assert!(fake.requests_of(ApiKey::ConsumerGroupDescribe).is_empty());
 }
+
+/// Guards connection reuse (issue 15): the source keeps its connections from
+/// one cycle to the next (far fewer connections than requests), and when the
+/// broker closes them while idle (as `connections.max.idle.ms` does), the
+/// next request opens a new one and is sent again: five closes, no failed
+/// poll, the source never down, the lag exact throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connections_are_reused_and_reopened_after_the_broker_closes_them() {
+    let base = now_ms() - 3_600_000;
+    let fake = FakeKafka::start(FakeConfig::default(), move |req| answer(req, base, true)).await;
+    let agent = Agent::start(&config(&fake));
+    agent.wait_ready(READY_TIMEOUT).await;
+    let lag_of = |m: &Metrics| {
+        m.get(
+            "kafka_consumer_group_lag_messages",
+            &[("cluster", "kg"), ("group", KIP848), ("partition", "0")],
+        )
+    };
+    let polls = |m: &Metrics| {
+        m.get(
+            "inboxwatch_poll_duration_seconds_count",
+            &[("source", "kg")],
+        )
+        .unwrap_or(0.0)
+    };
+    let m = wait_until(Duration::from_secs(20), || async {
+        let m = agent.try_scrape().await?;
+        (lag_of(&m).is_some() && polls(&m) >= 3.0)
+            .then_some(m)
+            .ok_or_else(|| "not three polls yet".to_string())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    // Reused: the connections opened so far serve every later cycle.
+    let opened = fake.connections();
+    let requests = fake.requests().len();
+    let start = polls(&m);
+    wait_until(Duration::from_secs(20), || async {
+        let m = agent.try_scrape().await?;
+        (polls(&m) >= start + 4.0)
+            .then_some(())
+            .ok_or_else(|| "four more polls".to_string())
+    })
+    .await
+    .unwrap();
+    assert_eq!(fake.connections(), opened, "no new connection in 4 polls");
+    assert!(
+        fake.requests().len() > requests + 4 * 5,
+        "the polls sent requests"
+    );
+
+    for _ in 0..5 {
+        let m = agent.scrape().await;
+        let before = polls(&m);
+        fake.close_connections();
+        wait_until(Duration::from_secs(20), || async {
+            let m = agent.try_scrape().await?;
+            (polls(&m) >= before + 2.0)
+                .then_some(())
+                .ok_or_else(|| "two more polls".to_string())
+        })
+        .await
+        .unwrap();
+        let m = agent.scrape().await;
+        assert_eq!(
+            m.get("inboxwatch_source_up", &[("source", "kg")]),
+            Some(1.0),
+            "{}",
+            agent.stderr()
+        );
+        assert_eq!(lag_of(&m), Some((HWM[0] - KIP848_COMMITTED[0]) as f64));
+    }
+    let m = agent.scrape().await;
+    assert_eq!(
+        m.sum("inboxwatch_poll_errors_total", &[("source", "kg")]),
+        0.0,
+        "{}",
+        agent.stderr()
+    );
+    assert!(
+        fake.connections() > opened,
+        "closed connections were opened again"
+    );
+}
