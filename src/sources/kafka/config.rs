@@ -637,3 +637,41 @@ fn tls_config(t: &RawTls) -> Result<rustls::ClientConfig, (&'static str, String)
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(include: &[&str], exclude: &[&str]) -> Filter {
+        let compile = |l: &[&str]| -> Vec<Regex> {
+            l.iter()
+                .map(|t| Regex::new(&format!("^(?:{t})$")).unwrap())
+                .collect()
+        };
+        Filter {
+            include: compile(include),
+            exclude: compile(exclude),
+        }
+    }
+
+    /// Guards the groups watched on brokers without ListGroups: only the
+    /// include entries that spell out one name, and not the excluded ones.
+    #[test]
+    fn plain_include_entries_are_names_and_patterns_are_not() {
+        let f = filter(
+            &[
+                "billing",
+                "orders.consumer",
+                r"audit\.v2",
+                "pay-.*",
+                "a|b",
+                r"\d+",
+                "legacy",
+                "billing",
+            ],
+            &["legacy"],
+        );
+        assert_eq!(f.names(), ["audit.v2", "billing", "orders.consumer"]);
+        assert!(Filter::all().names().is_empty());
+    }
+}
