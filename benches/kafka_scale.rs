@@ -40,7 +40,12 @@ mod kafka_support;
 
 use kafka_support::{Broker, now_ms};
 
-const BIN: &str = "target/release/inboxwatch";
+/// The release binary `cargo build --release` makes (in `CARGO_TARGET_DIR`
+/// when it is set).
+fn bin() -> std::path::PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into());
+    std::path::PathBuf::from(target).join("release/inboxwatch")
+}
 
 struct Point {
     partitions: usize,
@@ -200,7 +205,7 @@ async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
     drop(f);
 
     // Cold: one cycle with every record read.
-    let out = Command::new(BIN)
+    let out = Command::new(bin())
         .args(["doctor", "--config"])
         .arg(&cfg)
         .output()
@@ -226,7 +231,7 @@ async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
 
     // Steady state: the agent polling every 5 s.
     let port = common::free_port();
-    let mut agent = Command::new(BIN)
+    let mut agent = Command::new(bin())
         .args(["run", "--config"])
         .arg(&cfg)
         .args(["--listen", &format!("127.0.0.1:{port}")])

@@ -861,6 +861,14 @@ const KAFKA_SERIES: &[(&str, &str)] = &[
         r#"inboxwatch_kafka_future_timestamps_total{source="prod"}"#,
         "0+1x10",
     ),
+    (
+        r#"inboxwatch_kafka_partitions_unavailable{source="prod"}"#,
+        "2x10",
+    ),
+    (
+        r#"inboxwatch_kafka_retries_total{source="prod",reason="coordinator"}"#,
+        "0+1x10",
+    ),
     (r#"inboxwatch_source_up{source="prod"}"#, "1x10"),
     (
         r#"inboxwatch_poll_duration_seconds_bucket{source="prod",le="0.1"}"#,

@@ -110,6 +110,8 @@ names! {
     KAFKA_RETRIES = "kafka_retry_messages_total";
     KAFKA_RECORD_READS = "inboxwatch_kafka_record_reads_total";
     KAFKA_FUTURE_TIMESTAMPS = "inboxwatch_kafka_future_timestamps_total";
+    KAFKA_PARTITIONS_UNAVAILABLE = "inboxwatch_kafka_partitions_unavailable";
+    KAFKA_CYCLE_RETRIES = "inboxwatch_kafka_retries_total";
 }
 
 const SE: &[&str] = &["source", "event_type"];
@@ -441,6 +443,20 @@ pub static CATALOGUE: &[MetricDef] = &[
         "Records at a committed offset whose timestamp was later than the agent's clock when read (producer clock skew), each counted once; their lag seconds are 0.",
     ),
     def(
+        KAFKA_PARTITIONS_UNAVAILABLE,
+        Kind::Gauge,
+        Some(Unit::Count),
+        S,
+        "Watched partitions without a high watermark in the last cycle: no leader, or the leader did not answer even after fresh metadata. Their lag series are left out until they are back.",
+    ),
+    def(
+        KAFKA_CYCLE_RETRIES,
+        Kind::Counter,
+        Some(Unit::Count),
+        &["source", "reason"],
+        "Groups and partitions asked again within a Kafka cycle, by reason: coordinator (NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, …: asked after a fresh FindCoordinator), leader (NOT_LEADER_OR_FOLLOWER, LEADER_NOT_AVAILABLE, …: after fresh metadata), connection (the broker did not answer).",
+    ),
+    def(
         KAFKA_LAG_MESSAGES,
         Kind::Gauge,
         Some(Unit::Count),
@@ -500,8 +516,8 @@ pub static CATALOGUE: &[MetricDef] = &[
         KAFKA_GROUP_INFO,
         Kind::Gauge,
         None,
-        &["cluster", "group", "owner"],
-        "Always 1, one per watched consumer group: its owner ([[sources.owners]], else the source's owner, else \"\"), for joins.",
+        &["cluster", "group", "owner", "protocol"],
+        "Always 1, one per watched consumer group: its owner ([[sources.owners]], else the source's owner, else \"\"), for joins, and its group protocol (classic, or consumer: KIP-848).",
     ),
     def(
         KAFKA_DEAD_LETTERS,

@@ -253,6 +253,21 @@ pub struct Producer {
     p: FutureProducer,
 }
 
+/// A consumer of `group` at the brokers at `bootstrap` that commits explicit
+/// offsets without joining the group ([`Broker::committer`]).
+pub fn committer_for(bootstrap: &str, group: &str) -> Committer {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("broker.address.family", "v4")
+        .set("socket.timeout.ms", "10000")
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .create()
+        .expect("consumer");
+    Committer { c }
+}
+
 impl Producer {
     /// Sends one record with the given CreateTime; returns its offset.
     pub async fn send(&self, topic: &str, partition: i32, timestamp_ms: i64) -> i64 {

@@ -49,6 +49,13 @@ impl KafkaError {
             KafkaError::Connect { .. } | KafkaError::Timeout { .. }
         )
     }
+
+    /// The connection broke while a request was written or its answer
+    /// read (a broker closes connections idle longer than its
+    /// `connections.max.idle.ms`): a new connection may well succeed.
+    pub fn is_broken_connection(&self) -> bool {
+        matches!(self, KafkaError::Io { .. })
+    }
 }
 
 trait Stream: AsyncRead + AsyncWrite + Send + Unpin {}
@@ -73,7 +80,9 @@ fn implemented(key: i16) -> Option<(i16, i16)> {
         ApiKey::LeaveGroup => (0, 3),
         ApiKey::SyncGroup => (0, 3),
         ApiKey::DescribeGroups => (0, 5),
-        ApiKey::ListGroups => (0, 4),
+        // v5: each group's type (`classic` or KIP-848's `consumer`).
+        ApiKey::ListGroups => (0, 5),
+        ApiKey::ConsumerGroupDescribe => (0, 1),
         ApiKey::SaslHandshake => (1, 1),
         ApiKey::SaslAuthenticate => (0, 2),
         ApiKey::ApiVersions => (0, 3),
@@ -126,9 +135,12 @@ pub struct Connector {
     pub client_id: String,
     pub security: Arc<KafkaSecurity>,
     pub tls: Option<tokio_rustls::TlsConnector>,
+    /// Longest wait for one request's answer.
     pub timeout: Duration,
     /// OAUTHBEARER tokens shared by the connections this connector opens.
     tokens: Arc<oauth::Tokens>,
+    /// Longest wait for a new connection (TCP and TLS handshake each).
+    pub connect_timeout: Duration,
 }
 
 impl Connector {
@@ -143,7 +155,15 @@ impl Connector {
             tls,
             timeout,
             tokens: Arc::default(),
+            connect_timeout: timeout,
         }
+    }
+
+    /// The same with a shorter wait for new connections, so that a broker
+    /// that does not answer costs a cycle little.
+    pub fn with_connect_timeout(mut self, connect_timeout: Duration) -> Connector {
+        self.connect_timeout = connect_timeout.min(self.timeout);
+        self
     }
 
     /// Connects to the first of `brokers` that answers (the bootstrap list).
@@ -164,9 +184,9 @@ impl Connector {
             addr: addr.to_string(),
             message,
         };
-        let tcp = tokio::time::timeout(self.timeout, TcpStream::connect(addr))
+        let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr))
             .await
-            .map_err(|_| connect_err(format!("no answer within {:?}", self.timeout)))?
+            .map_err(|_| connect_err(format!("no answer within {:?}", self.connect_timeout)))?
             .map_err(|e| connect_err(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
         let stream: Box<dyn Stream> = match &self.tls {
@@ -176,7 +196,7 @@ impl Connector {
                 let host = host.trim_start_matches('[').trim_end_matches(']');
                 let name = rustls::pki_types::ServerName::try_from(host.to_string())
                     .map_err(|e| connect_err(format!("not a TLS server name: {e}")))?;
-                let s = tokio::time::timeout(self.timeout, tls.connect(name, tcp))
+                let s = tokio::time::timeout(self.connect_timeout, tls.connect(name, tcp))
                     .await
                     .map_err(|_| connect_err("TLS handshake timed out".into()))?
                     .map_err(|e| connect_err(format!("TLS handshake failed: {e}")))?;
@@ -542,6 +562,7 @@ pub fn api_name(key: i16) -> &'static str {
         Ok(ApiKey::SyncGroup) => "SyncGroup",
         Ok(ApiKey::DescribeGroups) => "DescribeGroups",
         Ok(ApiKey::ListGroups) => "ListGroups",
+        Ok(ApiKey::ConsumerGroupDescribe) => "ConsumerGroupDescribe",
         Ok(ApiKey::SaslHandshake) => "SaslHandshake",
         Ok(ApiKey::SaslAuthenticate) => "SaslAuthenticate",
         Ok(ApiKey::ApiVersions) => "ApiVersions",

@@ -78,6 +78,21 @@ impl Filter {
             && !self.exclude.iter().any(|r| r.is_match(name))
     }
 
+    /// The names the include patterns spell out plainly (no regex operator
+    /// but `.`, which matches itself too, and `\` escapes), that the filter
+    /// keeps: the groups watched on brokers that cannot list groups.
+    pub fn names(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .include
+            .iter()
+            .filter_map(|r| plain_name(r.as_str()))
+            .filter(|n| self.matches(n))
+            .collect();
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Every name.
     pub fn all() -> Filter {
         Filter {
@@ -452,6 +467,29 @@ pub(crate) fn validate(
     })
 }
 
+/// The name a compiled pattern `^(?:…)$` spells out, if it is a plain
+/// name: no operator but `.` (and `\`-escaped characters).
+fn plain_name(anchored: &str) -> Option<String> {
+    let text = anchored.strip_prefix("^(?:")?.strip_suffix(")$")?;
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                let e = chars.next()?;
+                if e.is_ascii_alphanumeric() {
+                    // \d, \w, \b, …: classes and assertions.
+                    return None;
+                }
+                out.push(e);
+            }
+            '+' | '*' | '?' | '(' | ')' | '|' | '[' | ']' | '{' | '}' | '^' | '$' => return None,
+            c => out.push(c),
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
 fn regex(v: &mut Validator<'_>, key: &str, text: &str) -> Option<Regex> {
     match Regex::new(&format!("^(?:{text})$")) {
         Ok(r) => Some(r),
@@ -787,5 +825,43 @@ fn tls_config(t: &RawTls) -> Result<rustls::ClientConfig, (&'static str, String)
                 .with_client_auth_cert(chain, key_der)
                 .map_err(|e| ("key_file", format!("does not fit cert_file: {e}")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn filter(include: &[&str], exclude: &[&str]) -> Filter {
+        let compile = |l: &[&str]| -> Vec<Regex> {
+            l.iter()
+                .map(|t| Regex::new(&format!("^(?:{t})$")).unwrap())
+                .collect()
+        };
+        Filter {
+            include: compile(include),
+            exclude: compile(exclude),
+        }
+    }
+
+    /// Guards the groups watched on brokers without ListGroups: only the
+    /// include entries that spell out one name, and not the excluded ones.
+    #[test]
+    fn plain_include_entries_are_names_and_patterns_are_not() {
+        let f = filter(
+            &[
+                "billing",
+                "orders.consumer",
+                r"audit\.v2",
+                "pay-.*",
+                "a|b",
+                r"\d+",
+                "legacy",
+                "billing",
+            ],
+            &["legacy"],
+        );
+        assert_eq!(f.names(), ["audit.v2", "billing", "orders.consumer"]);
+        assert!(Filter::all().names().is_empty());
     }
 }

@@ -1,9 +1,11 @@
 //! `doctor`'s checks of a Kafka source: the API versions the first
-//! reachable broker offers, and one full cycle as the agent would run it.
+//! reachable broker offers, one full cycle as the agent would run it, and
+//! the group protocol (classic or KIP-848 consumer) of each group it read.
 
 use super::KafkaSource;
 use super::client;
 use super::config::KafkaSpec;
+use super::fetch::Protocol;
 use crate::sources::kind::Finding;
 use crate::sources::run::Source as _;
 
@@ -11,8 +13,8 @@ use crate::sources::run::Source as _;
 /// cycle of the Kafka source, as the agent would run it.
 pub(crate) async fn check(spec: &KafkaSpec) -> Vec<Finding> {
     use kafka_protocol::messages::{
-        DescribeGroupsRequest, FetchRequest, ListGroupsRequest, ListOffsetsRequest,
-        MetadataRequest, OffsetFetchRequest,
+        ConsumerGroupDescribeRequest, DescribeGroupsRequest, FetchRequest, FindCoordinatorRequest,
+        ListGroupsRequest, ListOffsetsRequest, MetadataRequest, OffsetFetchRequest,
     };
     let mut out = Vec::new();
     let connector =
@@ -29,15 +31,26 @@ pub(crate) async fn check(spec: &KafkaSpec) -> Vec<Finding> {
             .unwrap_or_else(|_| "unsupported".into())
     };
     out.push(Finding::Ok(format!(
-        "{}: Metadata {}, ListOffsets {}, ListGroups {}, DescribeGroups {}, OffsetFetch {}, Fetch {}",
+        "{}: Metadata {}, ListOffsets {}, ListGroups {}, FindCoordinator {}, DescribeGroups {}, ConsumerGroupDescribe {}, OffsetFetch {}, Fetch {}",
         c.addr(),
         v(c.version::<MetadataRequest>()),
         v(c.version::<ListOffsetsRequest>()),
         v(c.version::<ListGroupsRequest>()),
+        v(c.version::<FindCoordinatorRequest>()),
         v(c.version::<DescribeGroupsRequest>()),
+        v(c.version::<ConsumerGroupDescribeRequest>()),
         v(c.version::<OffsetFetchRequest>()),
         v(c.version::<FetchRequest>()),
     )));
+    if c.version::<ListGroupsRequest>().is_err() {
+        out.push(Finding::Warn(
+            "no ListGroups: only the groups named plainly in groups.include are watched".into(),
+        ));
+    } else if c.version::<ListGroupsRequest>().is_ok_and(|v| v < 5) {
+        out.push(Finding::Ok(
+            "ListGroups below v5: groups are taken as classic (brokers before Kafka 3.8 have no KIP-848 groups)".into(),
+        ));
+    }
     if c.version::<OffsetFetchRequest>().is_ok_and(|v| v < 8) {
         out.push(Finding::Warn(
             "OffsetFetch below v8: one request per group each cycle instead of one per 100 groups"
@@ -81,5 +94,45 @@ pub(crate) async fn check(spec: &KafkaSpec) -> Vec<Finding> {
             )),
         },
     );
+    out.extend(groups(&source).into_iter().map(Finding::Ok));
+    out
+}
+
+/// Groups listed one per line up to this many, then counted.
+const GROUPS_LISTED: usize = 50;
+
+/// One line per group read in the cycle: its protocol, members and (for
+/// KIP-848 groups) group epoch; past `GROUPS_LISTED`, a count per protocol.
+fn groups(source: &KafkaSource) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, (protocol, members, epoch)) in source.groups.iter().take(GROUPS_LISTED) {
+        let protocol = match protocol {
+            Protocol::Classic => "classic protocol".to_string(),
+            Protocol::Consumer => "consumer protocol (KIP-848)".to_string(),
+        };
+        let members = match members {
+            Some(1) => ", 1 member".to_string(),
+            Some(n) => format!(", {n} members"),
+            None => ", members unknown".to_string(),
+        };
+        let epoch = epoch
+            .map(|e| format!(", group epoch {e}"))
+            .unwrap_or_default();
+        out.push(format!("group \"{name}\": {protocol}{members}{epoch}"));
+    }
+    let rest: Vec<Protocol> = source
+        .groups
+        .values()
+        .skip(GROUPS_LISTED)
+        .map(|g| g.0)
+        .collect();
+    if !rest.is_empty() {
+        let consumer = rest.iter().filter(|p| **p == Protocol::Consumer).count();
+        out.push(format!(
+            "and {} more groups: {} classic, {consumer} consumer protocol (KIP-848)",
+            rest.len(),
+            rest.len() - consumer
+        ));
+    }
     out
 }

@@ -4,19 +4,32 @@
 //! `series.rs`, which needs no broker to be tested.
 //!
 //! The fetcher owns what the requests need between cycles: the broker
-//! addresses, open connections, which broker coordinates which group, and the
-//! timestamps of records already read.
+//! addresses, open connections (reused from cycle to cycle; one a broker
+//! closed while idle is opened again and the request sent once more), which
+//! broker coordinates which group, and the timestamps of records already
+//! read. The groups' requests are in `fetch/groups.rs`.
+//!
+//! A cluster is not all up or all down: a broker that does not answer makes
+//! the partitions it leads unavailable for the cycle ([`Fetched::unavailable`])
+//! and the groups it coordinates unreadable, while the rest of the cycle
+//! completes. What a leader or coordinator change explains
+//! (`NOT_LEADER_OR_FOLLOWER`, `LEADER_NOT_AVAILABLE`, `NOT_COORDINATOR`,
+//! `COORDINATOR_LOAD_IN_PROGRESS`, `REQUEST_TIMED_OUT`, a broker gone) is
+//! asked again once within the cycle — after fresh metadata for partitions,
+//! after a fresh `FindCoordinator` for groups — while the cycle is in the
+//! first half of its `timeout`; only what still fails is reported.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+mod groups;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::{Buf, Bytes};
 use kafka_protocol::messages::{
-    BrokerId, DescribeGroupsRequest, FetchRequest, GroupId, ListGroupsRequest, ListOffsetsRequest,
-    MetadataRequest, OffsetFetchRequest, TopicName,
+    BrokerId, FetchRequest, ListOffsetsRequest, MetadataRequest, TopicName,
     fetch_request::{FetchPartition, FetchTopic},
     list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic},
-    offset_fetch_request::OffsetFetchRequestGroup,
 };
 use kafka_protocol::protocol::StrBytes;
 use tokio::sync::Semaphore;
@@ -25,9 +38,10 @@ use tracing::{debug, warn};
 
 use super::client::{Connection, Connector, KafkaError, error_name};
 use super::config::KafkaSpec;
-use super::election::{ELECTION_PROTOCOL, GROUP_PREFIX};
 use super::records::{self, Found};
 use crate::sources::run::SourceError;
+
+pub use groups::Protocol;
 
 /// Bytes asked per partition when reading the record at a committed offset:
 /// a producer's default batch (16 KiB) fits; a larger batch is fetched again
@@ -37,8 +51,6 @@ const READ_BYTES: i32 = 32 * 1024;
 const READ_CHUNK: usize = 50;
 /// Largest batch the agent will fetch to read one timestamp.
 const MAX_READ_BYTES: usize = 16 * 1024 * 1024;
-/// Groups per OffsetFetch / DescribeGroups request.
-const GROUP_CHUNK: usize = 100;
 
 /// One partition of a topic.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -62,25 +74,84 @@ pub struct PartitionMeta {
     pub leader: i32,
 }
 
+/// The watched topics and their partitions, from the metadata.
+pub type Topics = BTreeMap<Arc<str>, BTreeMap<i32, PartitionMeta>>;
+
 /// A group's offsets and members, read this cycle.
 #[derive(Debug, Clone, Default)]
 pub struct Group {
     /// Committed offsets of watched partitions (no commit: absent); `None`:
     /// the offsets could not be read (status error).
     pub offsets: Option<Vec<Committed>>,
-    /// Member count; `None`: DescribeGroups gave no answer for the group.
+    /// Member count; `None`: the coordinator did not describe the group.
     pub members: Option<usize>,
-    /// Watched topics the members are assigned (from the consumer protocol).
+    /// Watched topics the members are assigned.
     pub assigned: HashSet<Arc<str>>,
+    /// The group protocol: classic, or KIP-848's consumer protocol.
+    pub protocol: Protocol,
+    /// The group epoch (consumer protocol only).
+    pub epoch: Option<i32>,
+}
+
+/// Why something was asked again within the cycle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// The group's coordinator moved, is loading, or timed out.
+    Coordinator,
+    /// The partition's leader moved, is not there, or timed out.
+    Leader,
+    /// The broker did not answer or closed the connection.
+    Connection,
+}
+
+impl Retry {
+    pub const ALL: [Retry; 3] = [Retry::Coordinator, Retry::Leader, Retry::Connection];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Retry::Coordinator => "coordinator",
+            Retry::Leader => "leader",
+            Retry::Connection => "connection",
+        }
+    }
+}
+
+/// Groups and partitions asked again within one cycle, by reason.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retries {
+    pub coordinator: u64,
+    pub leader: u64,
+    pub connection: u64,
+}
+
+impl Retries {
+    fn add(&mut self, why: Retry) {
+        match why {
+            Retry::Coordinator => self.coordinator += 1,
+            Retry::Leader => self.leader += 1,
+            Retry::Connection => self.connection += 1,
+        }
+    }
+
+    pub fn of(&self, why: Retry) -> u64 {
+        match why {
+            Retry::Coordinator => self.coordinator,
+            Retry::Leader => self.leader,
+            Retry::Connection => self.connection,
+        }
+    }
 }
 
 /// What the brokers said in one cycle.
 #[derive(Debug, Clone, Default)]
 pub struct Fetched {
     /// Watched topics and their partitions, from the metadata.
-    pub topics: BTreeMap<Arc<str>, BTreeMap<i32, PartitionMeta>>,
+    pub topics: Topics,
     /// High watermark of each partition whose leader answered.
     pub high_watermarks: HashMap<Partition, i64>,
+    /// Watched partitions without a high watermark this cycle: no leader,
+    /// the leader did not answer, or it still failed after the retry.
+    pub unavailable: BTreeSet<Partition>,
     /// Watched groups by name.
     pub groups: BTreeMap<String, Group>,
     /// Timestamp (ms) of the record at each committed offset below its high
@@ -88,6 +159,8 @@ pub struct Fetched {
     pub record_timestamps: HashMap<Committed, i64>,
     /// Records this cycle had to read (those not known from an earlier one).
     pub record_reads: u64,
+    /// What was asked again within the cycle.
+    pub retries: Retries,
 }
 
 /// One partition being read in `read_chunk`.
@@ -109,9 +182,23 @@ pub struct Fetcher {
     conns: HashMap<i32, Connection>,
     /// Spare connections used for record reads, by broker id.
     read_conns: HashMap<i32, Vec<Connection>>,
+    /// Which broker coordinates each watched group (`FindCoordinator`),
+    /// kept until a request to it fails.
     coordinators: HashMap<String, i32>,
+    /// The groups watched last cycle and their protocols, kept for a cycle in
+    /// which a broker could not list its groups.
+    known_groups: BTreeMap<String, Protocol>,
+    /// The groups are the names of the `groups` patterns (the brokers do not
+    /// list groups), so offsets are asked for the watched topics by name.
+    named_groups: bool,
     /// Timestamp (ms) of the record at a committed offset.
     timestamps: HashMap<Committed, i64>,
+    /// Brokers that did not answer in this cycle: not asked again in it.
+    down: HashSet<i32>,
+    /// Until when this cycle may still ask again.
+    retry_until: Instant,
+    /// What this cycle asked again.
+    retries: Retries,
 }
 
 impl Fetcher {
@@ -123,7 +210,12 @@ impl Fetcher {
             conns: HashMap::new(),
             read_conns: HashMap::new(),
             coordinators: HashMap::new(),
+            known_groups: BTreeMap::new(),
+            named_groups: false,
             timestamps: HashMap::new(),
+            down: HashSet::new(),
+            retry_until: Instant::now(),
+            retries: Retries::default(),
         }
     }
 
@@ -137,9 +229,14 @@ impl Fetcher {
 
     /// One cycle's requests: metadata, high watermarks, groups with their
     /// members and offsets, and the records at committed offsets with lag.
+    /// Fails only when no broker answers the metadata (or the groups cannot
+    /// be known at all).
     pub async fn fetch(&mut self) -> Result<Fetched, SourceError> {
-        let topics = self.metadata().await?;
-        let high_watermarks = self.high_watermarks(&topics).await?;
+        self.down.clear();
+        self.retries = Retries::default();
+        self.retry_until = Instant::now() + self.spec.timeout / 2;
+        let mut topics = self.metadata().await?;
+        let (high_watermarks, unavailable) = self.high_watermarks(&mut topics).await;
         let groups = self.read_groups(&topics).await?;
         let record_reads = self
             .read_lagging_records(&topics, &high_watermarks, &groups)
@@ -147,31 +244,82 @@ impl Fetcher {
         Ok(Fetched {
             topics,
             high_watermarks,
+            unavailable,
             groups,
             record_timestamps: self.timestamps.clone(),
             record_reads,
+            retries: self.retries,
         })
     }
 
-    /// A connection to broker `id` (`-1`: any bootstrap broker).
+    /// Whether this cycle may still ask again.
+    fn may_retry(&self) -> bool {
+        Instant::now() < self.retry_until
+    }
+
+    /// A connection to broker `id` (`-1`: any bootstrap broker, else any
+    /// broker of the last metadata).
     async fn conn(&mut self, id: i32) -> Result<&mut Connection, KafkaError> {
         if !self.conns.contains_key(&id) {
             let c = if id < 0 {
-                self.connector.connect_any(&self.spec.brokers).await?
+                let mut candidates = self.spec.brokers.clone();
+                let mut known: Vec<&String> = self.brokers.values().collect();
+                known.sort();
+                for addr in known {
+                    if !candidates.contains(addr) {
+                        candidates.push(addr.clone());
+                    }
+                }
+                self.connector.connect_any(&candidates).await?
             } else {
-                let addr = self.brokers.get(&id).cloned().ok_or_else(|| {
-                    KafkaError::Protocol(format!("broker {id} is not in the metadata"))
-                })?;
-                self.connector.connect(&addr).await?
+                // A broker the metadata no longer lists is down or gone.
+                let addr = self
+                    .brokers
+                    .get(&id)
+                    .cloned()
+                    .ok_or_else(|| KafkaError::Connect {
+                        addr: format!("broker {id}"),
+                        message: "it is not in the metadata".into(),
+                    })?;
+                if self.down.contains(&id) {
+                    return Err(KafkaError::Connect {
+                        addr,
+                        message: "it did not answer earlier in this cycle".into(),
+                    });
+                }
+                match self.connector.connect(&addr).await {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.down.insert(id);
+                        return Err(e);
+                    }
+                }
             };
             self.conns.insert(id, c);
         }
         Ok(self.conns.get_mut(&id).expect("inserted"))
     }
 
-    /// Sends a request to broker `id`; a failed connection is dropped so the
-    /// next request reconnects.
+    /// Sends a request to broker `id`. A connection kept from earlier that
+    /// turns out closed (the broker closes idle ones) is opened again and
+    /// the request sent once more; a failed connection is dropped so the next
+    /// request reconnects.
     async fn send<R: kafka_protocol::protocol::Request>(
+        &mut self,
+        id: i32,
+        req: &R,
+    ) -> Result<R::Response, KafkaError> {
+        let reused = self.conns.contains_key(&id);
+        match self.send_once(id, req).await {
+            Err(e) if reused && e.is_broken_connection() => {
+                debug!(source = %self.spec.name, broker = id, error = %e, "Connection closed; connecting again.");
+                self.send_once(id, req).await
+            }
+            r => r,
+        }
+    }
+
+    async fn send_once<R: kafka_protocol::protocol::Request>(
         &mut self,
         id: i32,
         req: &R,
@@ -179,18 +327,20 @@ impl Fetcher {
         let conn = self.conn(id).await?;
         match conn.send(req).await {
             Ok(r) => Ok(r),
+            Err(e @ KafkaError::Unsupported { .. }) => Err(e),
             Err(e) => {
                 self.conns.remove(&id);
                 self.read_conns.remove(&id);
+                if id >= 0 && e.is_connect() {
+                    self.down.insert(id);
+                }
                 Err(e)
             }
         }
     }
 
     /// The brokers, and the watched topics with their partitions' leaders.
-    async fn metadata(
-        &mut self,
-    ) -> Result<BTreeMap<Arc<str>, BTreeMap<i32, PartitionMeta>>, SourceError> {
+    async fn metadata(&mut self) -> Result<Topics, SourceError> {
         let meta = self
             .send(-1, &MetadataRequest::default().with_topics(None))
             .await
@@ -223,44 +373,125 @@ impl Fetcher {
         Ok(topics)
     }
 
-    /// High watermarks, one request per leader.
+    /// High watermarks, one request per leader; what fails is asked once
+    /// more after fresh metadata (which may name new leaders). Returns the
+    /// high watermarks and the partitions that still have none.
     async fn high_watermarks(
         &mut self,
-        topics: &BTreeMap<Arc<str>, BTreeMap<i32, PartitionMeta>>,
-    ) -> Result<HashMap<Partition, i64>, SourceError> {
-        let mut by_leader: BTreeMap<i32, BTreeMap<Arc<str>, Vec<i32>>> = BTreeMap::new();
-        for (t, parts) in topics {
-            for (p, meta) in parts {
-                if meta.leader >= 0 {
-                    by_leader
-                        .entry(meta.leader)
-                        .or_default()
-                        .entry(t.clone())
-                        .or_default()
-                        .push(*p);
-                }
-            }
-        }
+        topics: &mut Topics,
+    ) -> (HashMap<Partition, i64>, BTreeSet<Partition>) {
+        let all: Vec<Partition> = topics
+            .iter()
+            .flat_map(|(t, ps)| {
+                ps.keys().map(|&index| Partition {
+                    topic: t.clone(),
+                    index,
+                })
+            })
+            .collect();
         let mut hwm = HashMap::new();
-        for (leader, ts) in by_leader {
-            let req = list_offsets(&ts, -1);
-            let resp = self.send(leader, &req).await.map_err(query_error)?;
+        let mut failed = self.latest_offsets(topics, all, &mut hwm).await;
+        if !failed.is_empty() && self.may_retry() {
+            for (_, why) in &failed {
+                self.retries.add(*why);
+            }
+            match self.metadata().await {
+                Ok(fresh) => *topics = fresh,
+                Err(e) => debug!(source = %self.spec.name, error = %e, "Metadata not refreshed."),
+            }
+            let again = failed
+                .into_iter()
+                .map(|(p, _)| p)
+                .filter(|p| {
+                    topics
+                        .get(&p.topic)
+                        .is_some_and(|ps| ps.contains_key(&p.index))
+                })
+                .collect();
+            failed = self.latest_offsets(topics, again, &mut hwm).await;
+        }
+        if !failed.is_empty() {
+            debug!(source = %self.spec.name, partitions = failed.len(), "Partitions without a high watermark this cycle.");
+        }
+        (hwm, failed.into_iter().map(|(p, _)| p).collect())
+    }
+
+    /// The latest offsets of `partitions` into `hwm`, one request per
+    /// leader; returns those that got none, and why.
+    async fn latest_offsets(
+        &mut self,
+        topics: &Topics,
+        partitions: Vec<Partition>,
+        hwm: &mut HashMap<Partition, i64>,
+    ) -> Vec<(Partition, Retry)> {
+        let mut failed = Vec::new();
+        let mut by_leader: BTreeMap<i32, BTreeMap<Arc<str>, Vec<i32>>> = BTreeMap::new();
+        for p in partitions {
+            let leader = topics
+                .get(&p.topic)
+                .and_then(|ps| ps.get(&p.index))
+                .map_or(-1, |m| m.leader);
+            if leader < 0 || !self.brokers.contains_key(&leader) {
+                failed.push((p, Retry::Leader));
+                continue;
+            }
+            by_leader
+                .entry(leader)
+                .or_default()
+                .entry(p.topic)
+                .or_default()
+                .push(p.index);
+        }
+        for (leader, asked) in by_leader {
+            let req = list_offsets(&asked, -1);
+            let resp = match self.send(leader, &req).await {
+                Ok(resp) => resp,
+                Err(e) => {
+                    debug!(source = %self.spec.name, broker = leader, error = %e, "No high watermarks from the leader.");
+                    for (topic, ps) in asked {
+                        for index in ps {
+                            let p = Partition {
+                                topic: topic.clone(),
+                                index,
+                            };
+                            failed.push((p, Retry::Connection));
+                        }
+                    }
+                    continue;
+                }
+            };
+            let mut answered = HashSet::new();
             for t in resp.topics {
-                let name: Arc<str> = Arc::from(t.name.as_str());
+                let Some((name, _)) = asked.get_key_value(t.name.as_str()) else {
+                    continue;
+                };
                 for p in t.partitions {
+                    let partition = Partition {
+                        topic: name.clone(),
+                        index: p.partition_index,
+                    };
+                    answered.insert(partition.clone());
                     if p.error_code == 0 && p.offset >= 0 {
-                        let partition = Partition {
-                            topic: name.clone(),
-                            index: p.partition_index,
-                        };
                         hwm.insert(partition, p.offset);
                     } else {
                         debug!(topic = %name, partition = p.partition_index, error = %error_name(p.error_code), "No high watermark.");
+                        failed.push((partition, Retry::Leader));
+                    }
+                }
+            }
+            for (topic, ps) in asked {
+                for index in ps {
+                    let p = Partition {
+                        topic: topic.clone(),
+                        index,
+                    };
+                    if !answered.contains(&p) {
+                        failed.push((p, Retry::Leader));
                     }
                 }
             }
         }
-        Ok(hwm)
+        failed
     }
 
     /// Reads the timestamps of the records at committed offsets below their
@@ -268,7 +499,7 @@ impl Fetcher {
     /// stands at any more. Returns how many records it had to read.
     async fn read_lagging_records(
         &mut self,
-        topics: &BTreeMap<Arc<str>, BTreeMap<i32, PartitionMeta>>,
+        topics: &Topics,
         high_watermarks: &HashMap<Partition, i64>,
         groups: &BTreeMap<String, Group>,
     ) -> u64 {
@@ -278,6 +509,10 @@ impl Fetcher {
         for group in groups.values() {
             for at in group.offsets.iter().flatten() {
                 let Some(&hwm) = high_watermarks.get(&at.partition) else {
+                    // Unavailable this cycle: what is known of it stays.
+                    if self.timestamps.contains_key(at) {
+                        used.insert(at.clone());
+                    }
                     continue;
                 };
                 if hwm <= at.offset {
@@ -290,7 +525,7 @@ impl Fetcher {
                         .map(|p| p.leader)
                         .unwrap_or(-1);
                     reads += 1;
-                    if leader >= 0 {
+                    if leader >= 0 && !self.down.contains(&leader) {
                         by_leader.entry(leader).or_default().push(at.clone());
                     }
                 } else {
@@ -305,204 +540,9 @@ impl Fetcher {
         reads
     }
 
-    async fn read_groups(
-        &mut self,
-        topics: &BTreeMap<Arc<str>, BTreeMap<i32, PartitionMeta>>,
-    ) -> Result<BTreeMap<String, Group>, SourceError> {
-        // Every broker lists the groups it coordinates.
-        let mut names: Vec<String> = Vec::new();
-        let ids: Vec<i32> = self.brokers.keys().copied().collect();
-        for id in ids {
-            let resp = self
-                .send(id, &ListGroupsRequest::default())
-                .await
-                .map_err(query_error)?;
-            if resp.error_code != 0 {
-                return Err(SourceError::Query(format!(
-                    "ListGroups on broker {id}: {}",
-                    error_name(resp.error_code)
-                )));
-            }
-            for g in resp.groups {
-                let name = g.group_id.0.as_str();
-                let own =
-                    g.protocol_type.as_str() == ELECTION_PROTOCOL || name.starts_with(GROUP_PREFIX);
-                if !own && self.spec.groups.matches(name) {
-                    // The broker that lists a group coordinates it.
-                    self.coordinators.insert(name.to_string(), id);
-                    names.push(name.to_string());
-                }
-            }
-        }
-        names.sort();
-        names.dedup();
-        self.coordinators
-            .retain(|g, _| names.binary_search(g).is_ok());
-        let mut by_coord: BTreeMap<i32, Vec<String>> = BTreeMap::new();
-        for g in &names {
-            by_coord
-                .entry(self.coordinators.get(g).copied().unwrap_or(-1))
-                .or_default()
-                .push(g.clone());
-        }
-        let mut out = BTreeMap::new();
-        for (coord, groups) in by_coord {
-            for chunk in groups.chunks(GROUP_CHUNK) {
-                self.read_group_chunk(coord, chunk, topics, &mut out).await;
-            }
-        }
-        Ok(out)
-    }
-
-    async fn read_group_chunk(
-        &mut self,
-        coord: i32,
-        groups: &[String],
-        topics: &BTreeMap<Arc<str>, BTreeMap<i32, PartitionMeta>>,
-        out: &mut BTreeMap<String, Group>,
-    ) {
-        let mut members = self.describe_groups(coord, groups, topics).await;
-        let mut offsets = self.offset_fetch(coord, groups, topics).await;
-        for name in groups {
-            let (count, assigned) = match members.remove(name) {
-                Some((count, assigned)) => (Some(count), assigned),
-                None => (None, HashSet::new()),
-            };
-            let offsets = match offsets.remove(name) {
-                Some(Ok(v)) => Some(v),
-                Some(Err(e)) => {
-                    warn!(source = %self.spec.name, group = %name, error = %e, "Cannot read the group's offsets.");
-                    // Ask again next cycle which broker coordinates it.
-                    self.coordinators.remove(name);
-                    None
-                }
-                None => None,
-            };
-            out.insert(
-                name.clone(),
-                Group {
-                    offsets,
-                    members: count,
-                    assigned,
-                },
-            );
-        }
-    }
-
-    /// Member count and assigned watched topics of each group that answered.
-    async fn describe_groups(
-        &mut self,
-        coord: i32,
-        groups: &[String],
-        topics: &BTreeMap<Arc<str>, BTreeMap<i32, PartitionMeta>>,
-    ) -> HashMap<String, (usize, HashSet<Arc<str>>)> {
-        let mut members = HashMap::new();
-        let req = DescribeGroupsRequest::default().with_groups(
-            groups
-                .iter()
-                .map(|g| GroupId(StrBytes::from_string(g.clone())))
-                .collect(),
-        );
-        match self.send(coord, &req).await {
-            Ok(resp) => {
-                for g in resp.groups {
-                    if g.error_code != 0 {
-                        continue;
-                    }
-                    let mut assigned = HashSet::new();
-                    for member in &g.members {
-                        for t in assigned_topics(&member.member_assignment) {
-                            if let Some((k, _)) = topics.get_key_value(t.as_str()) {
-                                assigned.insert(k.clone());
-                            }
-                        }
-                    }
-                    members.insert(g.group_id.0.to_string(), (g.members.len(), assigned));
-                }
-            }
-            Err(e) => debug!(error = %e, "DescribeGroups failed."),
-        }
-        members
-    }
-
-    /// Committed offsets: every group of the chunk in one request where the
-    /// broker speaks OffsetFetch v8, else one request per group.
-    async fn offset_fetch(
-        &mut self,
-        coord: i32,
-        groups: &[String],
-        topics: &BTreeMap<Arc<str>, BTreeMap<i32, PartitionMeta>>,
-    ) -> HashMap<String, Result<Vec<Committed>, String>> {
-        let batched = self
-            .conn(coord)
-            .await
-            .ok()
-            .and_then(|c| c.version::<OffsetFetchRequest>().ok())
-            .is_some_and(|v| v >= 8);
-        let mut offsets = HashMap::new();
-        if batched {
-            let req = OffsetFetchRequest::default().with_groups(
-                groups
-                    .iter()
-                    .map(|g| {
-                        OffsetFetchRequestGroup::default()
-                            .with_group_id(GroupId(StrBytes::from_string(g.clone())))
-                            .with_topics(None)
-                    })
-                    .collect(),
-            );
-            match self.send(coord, &req).await {
-                Ok(resp) => {
-                    for g in resp.groups {
-                        let name = g.group_id.0.to_string();
-                        if g.error_code != 0 {
-                            offsets.insert(name, Err(error_name(g.error_code)));
-                            continue;
-                        }
-                        let v = committed(
-                            topics,
-                            g.topics.iter().flat_map(|t| {
-                                t.partitions.iter().map(|p| {
-                                    let o = (p.partition_index, p.committed_offset, p.error_code);
-                                    (t.name.0.as_str(), o)
-                                })
-                            }),
-                        );
-                        offsets.insert(name, Ok(v));
-                    }
-                }
-                Err(e) => {
-                    for g in groups {
-                        offsets.insert(g.clone(), Err(e.to_string()));
-                    }
-                }
-            }
-        } else {
-            for g in groups {
-                let req = OffsetFetchRequest::default()
-                    .with_group_id(GroupId(StrBytes::from_string(g.clone())))
-                    .with_topics(None);
-                let r = match self.send(coord, &req).await {
-                    Ok(resp) if resp.error_code != 0 => Err(error_name(resp.error_code)),
-                    Ok(resp) => Ok(committed(
-                        topics,
-                        resp.topics.iter().flat_map(|t| {
-                            t.partitions.iter().map(|p| {
-                                let o = (p.partition_index, p.committed_offset, p.error_code);
-                                (t.name.0.as_str(), o)
-                            })
-                        }),
-                    )),
-                    Err(e) => Err(e.to_string()),
-                };
-                offsets.insert(g.clone(), r);
-            }
-        }
-        offsets
-    }
-
     /// Reads the timestamps of the records at the given offsets, grouped by
-    /// leader: batched, at most `read_concurrency` requests in flight.
+    /// leader: batched, at most `read_concurrency` requests in flight. A
+    /// kept connection found closed is opened again for its request.
     async fn read_timestamps(
         &mut self,
         by_leader: BTreeMap<i32, Vec<Committed>>,
@@ -513,7 +553,20 @@ impl Fetcher {
             let Some(addr) = self.brokers.get(&leader).cloned() else {
                 continue;
             };
-            for chunk in parts.chunks(READ_CHUNK) {
+            // A partition appears once per request (a broker answers a
+            // partition asked twice once), so groups at different offsets of
+            // one partition are read in requests of their own.
+            let mut layers: Vec<Vec<Committed>> = Vec::new();
+            let mut times: HashMap<Partition, usize> = HashMap::new();
+            for at in parts {
+                let n = times.entry(at.partition.clone()).or_default();
+                if layers.len() <= *n {
+                    layers.push(Vec::new());
+                }
+                layers[*n].push(at);
+                *n += 1;
+            }
+            for chunk in layers.iter().flat_map(|l| l.chunks(READ_CHUNK)) {
                 let chunk = chunk.to_vec();
                 let conn = self.read_conns.entry(leader).or_default().pop();
                 let connector = self.connector.clone();
@@ -521,6 +574,7 @@ impl Fetcher {
                 let addr = addr.clone();
                 tasks.spawn(async move {
                     let _permit = sem.acquire_owned().await;
+                    let reused = conn.is_some();
                     let mut conn = match conn {
                         Some(c) => c,
                         None => match connector.connect(&addr).await {
@@ -528,7 +582,14 @@ impl Fetcher {
                             Err(e) => return (leader, None, Err(e)),
                         },
                     };
-                    let r = read_chunk(&mut conn, &chunk).await;
+                    let mut r = read_chunk(&mut conn, &chunk).await;
+                    if reused && r.as_ref().is_err_and(|e| e.is_broken_connection()) {
+                        conn = match connector.connect(&addr).await {
+                            Ok(c) => c,
+                            Err(e) => return (leader, None, Err(e)),
+                        };
+                        r = read_chunk(&mut conn, &chunk).await;
+                    }
                     match r {
                         Ok(v) => (leader, Some(conn), Ok(v)),
                         Err(e) => (leader, None, Err(e)),
@@ -557,7 +618,7 @@ impl Fetcher {
 /// (topic, (partition, offset, error)) entries; `-1` (no commit) and errors
 /// are left out.
 fn committed<'a>(
-    topics: &BTreeMap<Arc<str>, BTreeMap<i32, PartitionMeta>>,
+    topics: &Topics,
     entries: impl Iterator<Item = (&'a str, (i32, i64, i16))>,
 ) -> Vec<Committed> {
     entries
@@ -770,10 +831,6 @@ fn connect_error(e: KafkaError) -> SourceError {
     } else {
         SourceError::Query(e.to_string())
     }
-}
-
-fn query_error(e: KafkaError) -> SourceError {
-    connect_error(e)
 }
 
 #[cfg(test)]

@@ -7,14 +7,19 @@
 //! 1. `Metadata` for every topic (brokers, partition leaders);
 //! 2. `ListOffsets` (latest) per leader broker, every watched partition in one
 //!    request: the high watermarks;
-//! 3. `ListGroups` per broker (the broker that lists a group coordinates it,
-//!    so no `FindCoordinator` is sent), then `DescribeGroups` and
-//!    `OffsetFetch` per coordinator for all its groups at once;
+//! 3. `ListGroups` per broker (v5: with each group's type), `FindCoordinator`
+//!    for groups whose coordinator is not known yet, then per coordinator
+//!    `DescribeGroups` (classic groups) or `ConsumerGroupDescribe` (KIP-848
+//!    consumer groups) and `OffsetFetch` for up to 100 groups at once;
 //! 4. for every partition with lag, the record at the committed offset is
 //!    fetched (in batches per leader, at most `read_concurrency` requests in
 //!    flight) and its timestamp gives the lag in seconds; the timestamp is
 //!    cached per (topic, partition, committed offset);
 //! 5. status, dead-letter and retry counters, and one snapshot of series.
+//!
+//! A leader or coordinator that moved is asked again within the cycle; a
+//! broker that is gone makes its partitions unavailable and its groups
+//! unreadable for the cycle while the rest completes (`fetch.rs`).
 //!
 //! Which agent reads a cluster is decided apart from the cycle, by a group
 //! of the agents' own (`election.rs`, which does send `FindCoordinator`).
@@ -34,11 +39,12 @@ pub mod status;
 
 pub use config::KafkaSpec;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use self::client::Connector;
-use self::fetch::Fetcher;
+use self::fetch::{Fetcher, Protocol, Retry};
 use self::series::{Memory, Settings};
 use super::run::{PollStats, Source, SourceError};
 use crate::telemetry::catalogue as metric;
@@ -49,20 +55,27 @@ pub struct KafkaSource {
     fetcher: Fetcher,
     settings: Settings,
     memory: Memory,
+    /// The last cycle's groups: protocol, members and group epoch (for
+    /// `doctor`).
+    groups: BTreeMap<String, (Protocol, Option<usize>, Option<i32>)>,
 }
 
 impl KafkaSource {
     pub fn new(spec: KafkaSpec) -> KafkaSource {
+        // A broker that does not answer a new connection costs at most a
+        // quarter of the cycle, so the rest of the cycle still completes.
         let connector = Connector::new(
             spec.client_id.clone(),
             spec.security.clone(),
             spec.timeout.min(Duration::from_secs(10)),
-        );
+        )
+        .with_connect_timeout((spec.timeout / 4).min(Duration::from_secs(5)));
         let spec = Arc::new(spec);
         KafkaSource {
             fetcher: Fetcher::new(spec.clone(), connector),
             settings: Settings::new(&spec),
             memory: Memory::default(),
+            groups: BTreeMap::new(),
             spec,
         }
     }
@@ -79,9 +92,28 @@ impl KafkaSource {
             metrics::counter!(metric::KAFKA_RECORD_READS, "source" => self.spec.name.clone())
                 .increment(reads);
         }
-        let future = self.memory.new_future_timestamps(&said, wall_ms);
+        // A record written while the cycle ran may be stamped after `wall_ms`
+        // without any clock skew: only a timestamp later than the end of the
+        // fetch is in the future.
+        let fetched_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        let future = self.memory.new_future_timestamps(&said, fetched_ms);
         metrics::counter!(metric::KAFKA_FUTURE_TIMESTAMPS, "source" => self.spec.name.clone())
             .increment(future);
+        for why in Retry::ALL {
+            let n = said.retries.of(why);
+            if n > 0 {
+                metrics::counter!(metric::KAFKA_CYCLE_RETRIES, "source" => self.spec.name.clone(), "reason" => why.as_str())
+                    .increment(n);
+            }
+        }
+        self.groups = said
+            .groups
+            .iter()
+            .map(|(name, g)| (name.clone(), (g.protocol, g.members, g.epoch)))
+            .collect();
         let mut out = snapshot::Builder::default();
         self.memory
             .samples(&self.settings, &said, now, wall_ms, &mut |s| out.push(s));

@@ -141,11 +141,16 @@ impl Memory {
         out: &mut impl FnMut(Sample),
     ) {
         high_watermarks(settings, &said.high_watermarks, out);
+        out(Sample {
+            name: metric::KAFKA_PARTITIONS_UNAVAILABLE,
+            labels: vec![("source", settings.cluster.clone())],
+            value: said.unavailable.len() as f64,
+        });
         for (name, group) in &said.groups {
             self.group(settings, said, name, group, now, wall_ms, out);
         }
         self.history.retain(|g, _| said.groups.contains_key(g));
-        self.count_appends(settings, &said.high_watermarks);
+        self.count_appends(settings, &said.high_watermarks, &said.unavailable);
         for (topic, n) in &self.dead_letters {
             out(Sample {
                 name: metric::KAFKA_DEAD_LETTERS,
@@ -203,6 +208,7 @@ impl Memory {
             "owner",
             owner_of(&settings.owners, &settings.owner, name).to_string(),
         ));
+        info.push(("protocol", group.protocol.as_str().to_string()));
         out(Sample {
             name: metric::KAFKA_GROUP_INFO,
             labels: info,
@@ -251,11 +257,32 @@ impl Memory {
     }
 
     /// Adds the growth of dead-letter and retry partitions' high watermarks
-    /// to their topics' totals.
-    fn count_appends(&mut self, settings: &Settings, high_watermarks: &HashMap<Partition, i64>) {
+    /// to their topics' totals. An unavailable partition keeps its last
+    /// watermark (and its topic its total), so that what was appended while
+    /// its leader was away is counted once it is back, not all it holds.
+    fn count_appends(
+        &mut self,
+        settings: &Settings,
+        high_watermarks: &HashMap<Partition, i64>,
+        unavailable: &BTreeSet<Partition>,
+    ) {
         let mut live_dlq = HashSet::new();
         let mut live_retry = HashSet::new();
-        let mut live_parts = HashSet::new();
+        let mut live_parts: HashSet<Partition> = unavailable
+            .iter()
+            .filter(|p| self.watermarks.contains_key(*p))
+            .cloned()
+            .collect();
+        for p in &live_parts {
+            live_dlq.insert(p.topic.clone());
+            live_retry.extend(
+                self.retries
+                    .keys()
+                    .filter(|(t, _)| *t == p.topic)
+                    .cloned()
+                    .collect::<Vec<_>>(),
+            );
+        }
         for (partition, &hwm) in high_watermarks {
             let topic = &partition.topic;
             let dead = settings.dead_letter_topics.is_match(topic);
@@ -349,6 +376,11 @@ impl Lags<'_> {
         let mut present = HashSet::new();
         for at in offsets {
             let Some(&hwm) = self.said.high_watermarks.get(&at.partition) else {
+                // Its leader is away this cycle: no lag series (a last value
+                // would be stale), but its history stays for when it is back.
+                if self.said.unavailable.contains(&at.partition) {
+                    present.insert(at.partition.clone());
+                }
                 continue;
             };
             let lag = (hwm - at.offset).max(0);
@@ -413,7 +445,9 @@ fn uncommitted(
 ) {
     let mut committed: BTreeMap<&Arc<str>, HashSet<i32>> = BTreeMap::new();
     for at in offsets {
-        if said.high_watermarks.contains_key(&at.partition) {
+        if said.high_watermarks.contains_key(&at.partition)
+            || said.unavailable.contains(&at.partition)
+        {
             let topic = &at.partition.topic;
             committed
                 .entry(topic)
@@ -490,7 +524,7 @@ mod tests {
         Group {
             offsets: Some(offsets.iter().map(|&(t, p, o)| at(t, p, o)).collect()),
             members,
-            assigned: HashSet::new(),
+            ..Group::default()
         }
     }
 
@@ -779,7 +813,7 @@ mod tests {
         let broken = Group {
             offsets: None,
             members: Some(4),
-            assigned: HashSet::new(),
+            ..Group::default()
         };
         let mut samples = Vec::new();
         for i in 0..12 {
@@ -815,7 +849,7 @@ mod tests {
         let broken = Group {
             offsets: None,
             members: Some(0),
-            assigned: HashSet::new(),
+            ..Group::default()
         };
         let said = said(
             &[("orders", &[10])],
@@ -941,6 +975,71 @@ mod tests {
         // Their status histories are forgotten too.
         assert_eq!(memory.history.len(), 1);
         assert_eq!(memory.history["billing"].len(), 1);
+    }
+
+    /// Guards broker loss (issue 15): a partition whose leader is away has no
+    /// lag, offset or high-watermark series (never its last value), is
+    /// counted unavailable, is not taken for never committed, keeps its status
+    /// history, and its dead-letter appends count once when it is back.
+    #[test]
+    fn unavailable_partitions_are_counted_not_frozen_and_come_back_exactly() {
+        let settings = settings(false);
+        let mut memory = Memory::default();
+        let t0 = Instant::now();
+        let offsets = [("orders", 0, 4), ("orders", 1, 6), ("orders", 2, 1)];
+        let all = said(
+            &[("orders", &[10, 10, 10]), ("orders.DLQ", &[5, 7])],
+            vec![("billing", group(Some(1), &offsets))],
+        );
+        let samples = run(&mut memory, &settings, &all, t0);
+        let unavailable = |s: &[Sample]| {
+            let found: Vec<&Sample> = s
+                .iter()
+                .filter(|x| x.name == metric::KAFKA_PARTITIONS_UNAVAILABLE)
+                .collect();
+            assert_eq!(found.len(), 1);
+            assert_eq!(found[0].labels, [("source", "main".to_string())]);
+            Some(found[0].value)
+        };
+        assert_eq!(unavailable(&samples), Some(0.0));
+
+        // The leader of orders/1 and orders.DLQ/1 is gone; orders.DLQ/1 got 3
+        // records meanwhile.
+        let mut away = said(
+            &[("orders", &[10, 10, 10]), ("orders.DLQ", &[6, 7])],
+            vec![("billing", group(Some(1), &offsets))],
+        );
+        for p in [partition("orders", 1), partition("orders.DLQ", 1)] {
+            away.high_watermarks.remove(&p);
+            away.unavailable.insert(p);
+        }
+        let samples = run(&mut memory, &settings, &away, t0 + Duration::from_secs(1));
+        assert_eq!(unavailable(&samples), Some(2.0));
+        let messages = metric::KAFKA_LAG_MESSAGES;
+        assert_eq!(lag(&samples, messages, "orders", "0"), Some(6.0));
+        assert_eq!(lag(&samples, messages, "orders", "1"), None);
+        assert_eq!(
+            lag(&samples, metric::KAFKA_COMMITTED_OFFSET, "orders", "1"),
+            None
+        );
+        assert_eq!(lag(&samples, messages, "orders", "2"), Some(9.0));
+        let labels = [("group", "billing"), ("topic", "orders")];
+        let uncommitted = value(&samples, metric::KAFKA_UNCOMMITTED_PARTITIONS, &labels);
+        assert_eq!(uncommitted, Some(0.0), "committed, only unavailable");
+        let dlq = [("topic", "orders.DLQ")];
+        assert_eq!(value(&samples, metric::KAFKA_DEAD_LETTERS, &dlq), Some(1.0));
+        assert_eq!(memory.history["billing"].len(), 3, "its history is kept");
+
+        let mut back = said(
+            &[("orders", &[10, 10, 10]), ("orders.DLQ", &[6, 10])],
+            vec![("billing", group(Some(1), &offsets))],
+        );
+        back.unavailable.clear();
+        let samples = run(&mut memory, &settings, &back, t0 + Duration::from_secs(2));
+        assert_eq!(unavailable(&samples), Some(0.0));
+        assert_eq!(lag(&samples, messages, "orders", "1"), Some(4.0));
+        // 1 on partition 0, 3 on partition 1 while it was away: not its 10.
+        assert_eq!(value(&samples, metric::KAFKA_DEAD_LETTERS, &dlq), Some(4.0));
     }
 
     #[test]

@@ -1,0 +1,626 @@
+//! KIP-848 consumer groups (issue 15) against the fake Kafka broker of
+//! `tests/common/fake_kafka.rs` (kafka-protocol's broker half; no broker here
+//! speaks KIP-848: tansu 0.6.0 and librdkafka's mock cluster have neither
+//! ListGroups v5 nor ConsumerGroupDescribe). Its answers are shaped from the
+//! protocol's JSON specs: `ListGroups` v5 with each group's `GroupType`,
+//! `ConsumerGroupDescribe` with members, assignments and the group epoch,
+//! `FindCoordinator` v4 with `Coordinators`, `OffsetFetch` v8 with `Groups`.
+//! Every number checked is one the test's answers fixed.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use common::fake_kafka::{FakeConfig, FakeKafka, Reply, Req};
+use common::{Agent, Cmd, Metrics, READY_TIMEOUT, wait_until};
+use kafka_protocol::messages::consumer_group_describe_response::{
+    Assignment, DescribedGroup, Member, TopicPartitions,
+};
+use kafka_protocol::messages::describe_groups_response::DescribedGroup as ClassicGroup;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::list_groups_response::ListedGroup;
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartitions, OffsetFetchResponseTopics,
+};
+use kafka_protocol::messages::*;
+use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+
+const TOPIC: &str = "orders";
+/// High watermark of each partition of `orders`.
+const HWM: [i64; 2] = [100, 50];
+/// The KIP-848 group: committed offsets, members, group epoch.
+const KIP848: &str = "payments";
+const KIP848_COMMITTED: [i64; 2] = [90, 50];
+const KIP848_MEMBERS: usize = 2;
+const KIP848_EPOCH: i32 = 7;
+/// The classic group: committed on partition 0 only, no members.
+const CLASSIC: &str = "audit";
+const CLASSIC_COMMITTED: i64 = 95;
+/// A share group (KIP-932): not watched.
+const SHARE: &str = "notifications";
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+}
+
+fn s(v: &str) -> StrBytes {
+    StrBytes::from_string(v.to_string())
+}
+
+/// The timestamp (ms) of the record at `offset` of partition `p`: fixed, an
+/// hour ago plus the offset in seconds.
+fn timestamp(base: i64, p: i32, offset: i64) -> i64 {
+    base + p as i64 * 100_000 + offset * 1_000
+}
+
+/// The fake's answers: one broker (node 0, itself), `orders` with two
+/// partitions it leads, the three groups above.
+fn answer(req: &Req, base: i64, kip848_listed: bool) -> Reply {
+    match req.api_key {
+        ApiKey::Metadata => {
+            let broker = MetadataResponseBroker::default()
+                .with_node_id(BrokerId(0))
+                .with_host(s(&req.broker.ip().to_string()))
+                .with_port(req.broker.port() as i32);
+            let partitions = (0..2)
+                .map(|p| {
+                    MetadataResponsePartition::default()
+                        .with_partition_index(p)
+                        .with_leader_id(BrokerId(0))
+                        .with_replica_nodes(vec![BrokerId(0)])
+                        .with_isr_nodes(vec![BrokerId(0)])
+                })
+                .collect();
+            let topic = MetadataResponseTopic::default()
+                .with_name(Some(TopicName(s(TOPIC))))
+                .with_partitions(partitions);
+            req.answer(
+                &MetadataResponse::default()
+                    .with_brokers(vec![broker])
+                    .with_controller_id(BrokerId(0))
+                    .with_topics(vec![topic]),
+            )
+        }
+        ApiKey::ListOffsets => {
+            let asked: ListOffsetsRequest = req.decode();
+            let topics = asked
+                .topics
+                .iter()
+                .map(|t| {
+                    ListOffsetsTopicResponse::default()
+                        .with_name(t.name.clone())
+                        .with_partitions(
+                            t.partitions
+                                .iter()
+                                .map(|p| {
+                                    ListOffsetsPartitionResponse::default()
+                                        .with_partition_index(p.partition_index)
+                                        .with_offset(HWM[p.partition_index as usize])
+                                        .with_timestamp(-1)
+                                })
+                                .collect(),
+                        )
+                })
+                .collect();
+            req.answer(&ListOffsetsResponse::default().with_topics(topics))
+        }
+        ApiKey::ListGroups => {
+            let listed = |name: &str, group_type: &str, state: &str| {
+                ListedGroup::default()
+                    .with_group_id(GroupId(s(name)))
+                    .with_protocol_type(s(if group_type == "share" {
+                        "share"
+                    } else {
+                        "consumer"
+                    }))
+                    .with_group_state(s(state))
+                    .with_group_type(s(group_type))
+            };
+            let mut groups = vec![
+                listed(CLASSIC, "classic", "Empty"),
+                listed(SHARE, "share", "Stable"),
+            ];
+            if kip848_listed {
+                groups.push(listed(KIP848, "consumer", "Stable"));
+            }
+            req.answer(&ListGroupsResponse::default().with_groups(groups))
+        }
+        ApiKey::FindCoordinator => {
+            let asked: FindCoordinatorRequest = req.decode();
+            let coordinator = |key: &StrBytes| {
+                Coordinator::default()
+                    .with_key(key.clone())
+                    .with_node_id(BrokerId(0))
+                    .with_host(s(&req.broker.ip().to_string()))
+                    .with_port(req.broker.port() as i32)
+            };
+            let resp = if req.version >= 4 {
+                FindCoordinatorResponse::default()
+                    .with_coordinators(asked.coordinator_keys.iter().map(coordinator).collect())
+            } else {
+                FindCoordinatorResponse::default()
+                    .with_node_id(BrokerId(0))
+                    .with_host(s(&req.broker.ip().to_string()))
+                    .with_port(req.broker.port() as i32)
+            };
+            req.answer(&resp)
+        }
+        ApiKey::ConsumerGroupDescribe => {
+            let asked: ConsumerGroupDescribeRequest = req.decode();
+            let groups = asked
+                .group_ids
+                .iter()
+                .map(|g| {
+                    if g.0.as_str() != KIP848 {
+                        // GROUP_ID_NOT_FOUND
+                        return DescribedGroup::default()
+                            .with_group_id(g.clone())
+                            .with_error_code(69);
+                    }
+                    let members = (0..KIP848_MEMBERS as i32)
+                        .map(|m| {
+                            let assigned = TopicPartitions::default()
+                                .with_topic_name(TopicName(s(TOPIC)))
+                                .with_partitions(vec![m]);
+                            Member::default()
+                                .with_member_id(s(&format!("member-{m}")))
+                                .with_member_epoch(KIP848_EPOCH)
+                                .with_client_id(s("payments-consumer"))
+                                .with_client_host(s("/10.0.0.1"))
+                                .with_subscribed_topic_names(vec![TopicName(s(TOPIC))])
+                                .with_assignment(
+                                    Assignment::default().with_topic_partitions(vec![assigned]),
+                                )
+                        })
+                        .collect();
+                    DescribedGroup::default()
+                        .with_group_id(g.clone())
+                        .with_group_state(s("Stable"))
+                        .with_group_epoch(KIP848_EPOCH)
+                        .with_assignment_epoch(KIP848_EPOCH)
+                        .with_assignor_name(s("uniform"))
+                        .with_members(members)
+                })
+                .collect();
+            req.answer(&ConsumerGroupDescribeResponse::default().with_groups(groups))
+        }
+        ApiKey::DescribeGroups => {
+            let asked: DescribeGroupsRequest = req.decode();
+            let groups = asked
+                .groups
+                .iter()
+                .map(|g| {
+                    // A KIP-848 group is not a classic group: as Kafka 4
+                    // answers, no members.
+                    let state = if g.0.as_str() == CLASSIC {
+                        "Empty"
+                    } else {
+                        "Dead"
+                    };
+                    ClassicGroup::default()
+                        .with_group_id(g.clone())
+                        .with_group_state(s(state))
+                        .with_protocol_type(s("consumer"))
+                })
+                .collect();
+            req.answer(&DescribeGroupsResponse::default().with_groups(groups))
+        }
+        ApiKey::OffsetFetch => {
+            let asked: OffsetFetchRequest = req.decode();
+            assert!(
+                req.version >= 8,
+                "OffsetFetch v{} from the agent",
+                req.version
+            );
+            let groups = asked
+                .groups
+                .iter()
+                .map(|g| {
+                    let committed: Vec<(i32, i64)> = match g.group_id.0.as_str() {
+                        KIP848 => vec![(0, KIP848_COMMITTED[0]), (1, KIP848_COMMITTED[1])],
+                        CLASSIC => vec![(0, CLASSIC_COMMITTED)],
+                        _ => vec![],
+                    };
+                    let partitions = committed
+                        .iter()
+                        .map(|&(p, o)| {
+                            OffsetFetchResponsePartitions::default()
+                                .with_partition_index(p)
+                                .with_committed_offset(o)
+                        })
+                        .collect();
+                    OffsetFetchResponseGroup::default()
+                        .with_group_id(g.group_id.clone())
+                        .with_topics(vec![
+                            OffsetFetchResponseTopics::default()
+                                .with_name(TopicName(s(TOPIC)))
+                                .with_partitions(partitions),
+                        ])
+                })
+                .collect();
+            req.answer(&OffsetFetchResponse::default().with_groups(groups))
+        }
+        ApiKey::Fetch => {
+            let asked: FetchRequest = req.decode();
+            let topics = asked
+                .topics
+                .iter()
+                .map(|t| {
+                    let partitions = t
+                        .partitions
+                        .iter()
+                        .map(|p| {
+                            let (index, offset) = (p.partition, p.fetch_offset);
+                            let record = Record {
+                                transactional: false,
+                                control: false,
+                                partition_leader_epoch: 0,
+                                producer_id: -1,
+                                producer_epoch: -1,
+                                timestamp_type: TimestampType::Creation,
+                                offset,
+                                sequence: offset as i32,
+                                timestamp: timestamp(base, index, offset),
+                                key: None,
+                                value: Some(Bytes::from_static(b"v")),
+                                headers: Default::default(),
+                                delete_horizon: false,
+                            };
+                            let mut batch = BytesMut::new();
+                            RecordBatchEncoder::encode(
+                                &mut batch,
+                                [&record],
+                                &RecordEncodeOptions {
+                                    version: 2,
+                                    compression: Compression::None,
+                                },
+                            )
+                            .expect("encode a record batch");
+                            PartitionData::default()
+                                .with_partition_index(index)
+                                .with_high_watermark(HWM[index as usize])
+                                .with_records(Some(batch.freeze()))
+                        })
+                        .collect();
+                    FetchableTopicResponse::default()
+                        .with_topic(t.topic.clone())
+                        .with_partitions(partitions)
+                })
+                .collect();
+            req.answer(&FetchResponse::default().with_responses(topics))
+        }
+        // The agent's election group (it owns the source alone).
+        ApiKey::JoinGroup => {
+            let member = s("agent-1");
+            let resp = JoinGroupResponse::default()
+                .with_generation_id(1)
+                .with_protocol_type(Some(s("inboxwatch")))
+                .with_protocol_name(Some(s("leader")))
+                .with_leader(member.clone())
+                .with_member_id(member.clone())
+                .with_members(vec![
+                    join_group_response::JoinGroupResponseMember::default().with_member_id(member),
+                ]);
+            req.answer(&resp)
+        }
+        ApiKey::SyncGroup => req.answer(&SyncGroupResponse::default()),
+        ApiKey::Heartbeat => req.answer(&HeartbeatResponse::default()),
+        _ => Reply::Close,
+    }
+}
+
+fn config(fake: &FakeKafka) -> String {
+    format!(
+        "[[sources]]\nname = \"kg\"\nkind = \"kafka\"\nbrokers = [\"{}\"]\n\
+         poll_interval = \"500ms\"\nstatus_window = \"2s\"\n",
+        fake.addr()
+    )
+}
+
+fn status(m: &Metrics, group: &str) -> Option<String> {
+    m.series(
+        "kafka_consumer_group_status",
+        &[("cluster", "kg"), ("group", group)],
+    )
+    .find(|s| s.value == 1.0)
+    .map(|s| s.labels["status"].clone())
+}
+
+/// Guards KIP-848 groups (issue 15): ListGroups v5 names `payments` a
+/// `consumer` group, `audit` a classic one and `notifications` a share group.
+/// `payments` is described by ConsumerGroupDescribe (its 2 members; the
+/// classic DescribeGroups would show none), `audit` by DescribeGroups (no
+/// members); the share group is not watched. Lag, lag seconds and
+/// uncommitted partitions are exact; with offsets that do not move and lag
+/// left, `payments` (2 members) stalls and `audit` (none) stops after the
+/// window — the status rules fed the right member count. The info series says
+/// each group's protocol; `doctor` lists it with members and group epoch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kip848_groups_are_described_with_their_members_and_judged_by_them() {
+    let base = now_ms() - 3_600_000;
+    let fake = FakeKafka::start(FakeConfig::default(), move |req| answer(req, base, true)).await;
+    let agent = Agent::start(&config(&fake));
+    agent.wait_ready(READY_TIMEOUT).await;
+
+    let m = wait_until(Duration::from_secs(20), || async {
+        let m = agent.try_scrape().await?;
+        let want = [(KIP848, "stall"), (CLASSIC, "stop")];
+        for (g, st) in want {
+            let got = status(&m, g);
+            if got.as_deref() != Some(st) {
+                return Err(format!("{g}: status {got:?}, want {st}"));
+            }
+        }
+        Ok(m)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    let now = now_ms();
+
+    let members = |g: &str| {
+        m.get(
+            "kafka_consumer_group_members",
+            &[("cluster", "kg"), ("group", g)],
+        )
+    };
+    assert_eq!(members(KIP848), Some(KIP848_MEMBERS as f64));
+    assert_eq!(members(CLASSIC), Some(0.0));
+    let protocol = |g: &str| {
+        m.series(
+            "kafka_consumer_group_info",
+            &[("cluster", "kg"), ("group", g)],
+        )
+        .map(|s| s.labels["protocol"].clone())
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(protocol(KIP848), ["consumer"]);
+    assert_eq!(protocol(CLASSIC), ["classic"]);
+    assert!(protocol(SHARE).is_empty(), "a share group is not watched");
+    assert!(
+        m.series("kafka_consumer_group_status", &[("group", SHARE)])
+            .next()
+            .is_none()
+    );
+
+    let mut want: BTreeMap<(&str, i32), i64> = BTreeMap::new();
+    want.insert((KIP848, 0), KIP848_COMMITTED[0]);
+    want.insert((KIP848, 1), KIP848_COMMITTED[1]);
+    want.insert((CLASSIC, 0), CLASSIC_COMMITTED);
+    for (&(g, p), &committed) in &want {
+        let part = p.to_string();
+        let labels = [
+            ("cluster", "kg"),
+            ("group", g),
+            ("topic", TOPIC),
+            ("partition", part.as_str()),
+        ];
+        let lag = HWM[p as usize] - committed;
+        assert_eq!(
+            m.get("kafka_consumer_group_lag_messages", &labels),
+            Some(lag as f64),
+            "{g}/{p}"
+        );
+        let seconds = m
+            .get("kafka_consumer_group_lag_seconds", &labels)
+            .unwrap_or_else(|| panic!("{g}/{p}: no lag seconds"));
+        let want_s = if lag == 0 {
+            0.0
+        } else {
+            (now - timestamp(base, p, committed)) as f64 / 1000.0
+        };
+        assert!(
+            (seconds - want_s).abs() <= 2.0,
+            "{g}/{p}: lag seconds {seconds}, want {want_s}"
+        );
+    }
+    let uncommitted = |g: &str| {
+        m.get(
+            "kafka_consumer_group_uncommitted_partitions",
+            &[("cluster", "kg"), ("group", g), ("topic", TOPIC)],
+        )
+    };
+    assert_eq!(uncommitted(KIP848), Some(0.0));
+    assert_eq!(uncommitted(CLASSIC), Some(1.0));
+    let asked = |key: ApiKey| {
+        let mut v: Vec<i16> = fake.requests_of(key).iter().map(|r| r.version).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    assert_eq!(asked(ApiKey::ListGroups), [5]);
+    assert_eq!(asked(ApiKey::ConsumerGroupDescribe), [1]);
+    assert_eq!(asked(ApiKey::FindCoordinator), [4]);
+    // Coordinators are kept between cycles: the source (not its election,
+    // client id `inboxwatch-election`) sent one FindCoordinator in all, for
+    // both groups.
+    let polls = m.get(
+        "inboxwatch_poll_duration_seconds_count",
+        &[("source", "kg")],
+    );
+    assert!(polls.is_some_and(|n| n >= 4.0), "{polls:?} polls");
+    let finds = fake
+        .requests_of(ApiKey::FindCoordinator)
+        .into_iter()
+        .filter(|r| r.client_id.as_deref() == Some("inboxwatch"))
+        .count();
+    assert_eq!(finds, 1);
+    drop(agent);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("doctor.toml");
+    std::fs::write(&path, config(&fake)).expect("write the config");
+    let out = Cmd::new(["doctor", "--config"])
+        .arg(&path)
+        .timeout(Duration::from_secs(60))
+        .output();
+    assert_eq!(out.code, Some(0), "{}", out.describe());
+    let groups: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.contains("group \""))
+        .collect();
+    assert_eq!(
+        groups,
+        [
+            "  ok:      group \"audit\": classic protocol, 0 members",
+            "  ok:      group \"payments\": consumer protocol (KIP-848), 2 members, group epoch 7",
+        ],
+        "{}",
+        out.stdout
+    );
+}
+
+/// A broker without ListGroups v5 and ConsumerGroupDescribe (before Kafka
+/// 3.8): ListGroups v4 is sent, every group is taken as classic and
+/// described by DescribeGroups (a share group, `protocol_type` "share", is
+/// still left out), nothing fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn brokers_without_kip848_fall_back_to_classic_groups() {
+    let base = now_ms() - 3_600_000;
+    let mut fake_config = FakeConfig::default();
+    fake_config
+        .api_versions
+        .retain(|(k, _, _)| *k != ApiKey::ConsumerGroupDescribe);
+    for v in fake_config.api_versions.iter_mut() {
+        if v.0 == ApiKey::ListGroups {
+            v.2 = 4;
+        }
+    }
+    let fake = FakeKafka::start(fake_config, move |req| answer(req, base, false)).await;
+    let agent = Agent::start(&config(&fake));
+    agent.wait_ready(READY_TIMEOUT).await;
+    let m = wait_until(Duration::from_secs(20), || async {
+        let m = agent.try_scrape().await?;
+        m.get(
+            "kafka_consumer_group_lag_messages",
+            &[("cluster", "kg"), ("group", CLASSIC), ("partition", "0")],
+        )
+        .map(|_| m)
+        .ok_or_else(|| "no lag yet".to_string())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    assert_eq!(
+        m.get(
+            "kafka_consumer_group_lag_messages",
+            &[("cluster", "kg"), ("group", CLASSIC), ("partition", "0")],
+        ),
+        Some((HWM[0] - CLASSIC_COMMITTED) as f64)
+    );
+    let protocols: Vec<(String, String)> = m
+        .series("kafka_consumer_group_info", &[("cluster", "kg")])
+        .map(|s| (s.labels["group"].clone(), s.labels["protocol"].clone()))
+        .collect();
+    // The share group is known by its protocol type below v5 too.
+    assert_eq!(protocols, [(CLASSIC.to_string(), "classic".to_string())]);
+    assert_eq!(
+        m.get("inboxwatch_source_up", &[("source", "kg")]),
+        Some(1.0)
+    );
+    let versions: Vec<i16> = fake
+        .requests_of(ApiKey::ListGroups)
+        .iter()
+        .map(|r| r.version)
+        .collect();
+    assert!(versions.iter().all(|v| *v == 4), "{versions:?}");
+    assert!(fake.requests_of(ApiKey::ConsumerGroupDescribe).is_empty());
+}
+
+/// Guards connection reuse (issue 15): the source keeps its connections from
+/// one cycle to the next (far fewer connections than requests), and when the
+/// broker closes them while idle (as `connections.max.idle.ms` does), the
+/// next request opens a new one and is sent again: five closes, no failed
+/// poll, the source never down, the lag exact throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connections_are_reused_and_reopened_after_the_broker_closes_them() {
+    let base = now_ms() - 3_600_000;
+    let fake = FakeKafka::start(FakeConfig::default(), move |req| answer(req, base, true)).await;
+    let agent = Agent::start(&config(&fake));
+    agent.wait_ready(READY_TIMEOUT).await;
+    let lag_of = |m: &Metrics| {
+        m.get(
+            "kafka_consumer_group_lag_messages",
+            &[("cluster", "kg"), ("group", KIP848), ("partition", "0")],
+        )
+    };
+    let polls = |m: &Metrics| {
+        m.get(
+            "inboxwatch_poll_duration_seconds_count",
+            &[("source", "kg")],
+        )
+        .unwrap_or(0.0)
+    };
+    let m = wait_until(Duration::from_secs(20), || async {
+        let m = agent.try_scrape().await?;
+        (lag_of(&m).is_some() && polls(&m) >= 3.0)
+            .then_some(m)
+            .ok_or_else(|| "not three polls yet".to_string())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    // Reused: the connections opened so far serve every later cycle.
+    let opened = fake.connections();
+    let requests = fake.requests().len();
+    let start = polls(&m);
+    wait_until(Duration::from_secs(20), || async {
+        let m = agent.try_scrape().await?;
+        (polls(&m) >= start + 4.0)
+            .then_some(())
+            .ok_or_else(|| "four more polls".to_string())
+    })
+    .await
+    .unwrap();
+    assert_eq!(fake.connections(), opened, "no new connection in 4 polls");
+    assert!(
+        fake.requests().len() > requests + 4 * 5,
+        "the polls sent requests"
+    );
+
+    for _ in 0..5 {
+        let m = agent.scrape().await;
+        let before = polls(&m);
+        fake.close_connections();
+        wait_until(Duration::from_secs(20), || async {
+            let m = agent.try_scrape().await?;
+            (polls(&m) >= before + 2.0)
+                .then_some(())
+                .ok_or_else(|| "two more polls".to_string())
+        })
+        .await
+        .unwrap();
+        let m = agent.scrape().await;
+        assert_eq!(
+            m.get("inboxwatch_source_up", &[("source", "kg")]),
+            Some(1.0),
+            "{}",
+            agent.stderr()
+        );
+        assert_eq!(lag_of(&m), Some((HWM[0] - KIP848_COMMITTED[0]) as f64));
+    }
+    let m = agent.scrape().await;
+    assert_eq!(
+        m.sum("inboxwatch_poll_errors_total", &[("source", "kg")]),
+        0.0,
+        "{}",
+        agent.stderr()
+    );
+    assert!(
+        fake.connections() > opened,
+        "closed connections were opened again"
+    );
+}
