@@ -102,12 +102,11 @@ impl KafkaSource {
         let future = self.memory.new_future_timestamps(&said, fetched_ms);
         metrics::counter!(metric::KAFKA_FUTURE_TIMESTAMPS, "source" => self.spec.name.clone())
             .increment(future);
+        // Every reason's series exists from the first cycle (at 0), so that the
+        // first retry shows in `rate()`.
         for why in Retry::ALL {
-            let n = said.retries.of(why);
-            if n > 0 {
-                metrics::counter!(metric::KAFKA_CYCLE_RETRIES, "source" => self.spec.name.clone(), "reason" => why.as_str())
-                    .increment(n);
-            }
+            metrics::counter!(metric::KAFKA_CYCLE_RETRIES, "source" => self.spec.name.clone(), "reason" => why.as_str())
+                .increment(said.retries.of(why));
         }
         self.groups = said
             .groups
