@@ -13,7 +13,7 @@
 //!
 //! Run: `cargo bench --bench kafka_scale [-- 100x10 1000x100 ... [--topic]]`
 //! (`--topic`: the source uses `granularity = "topic"`).
-//! (needs tansu, as the tests do; builds the release binary first).
+//! (needs tansu, as the tests do; runs the optimized binary `cargo bench` builds).
 
 use std::io::Write as _;
 use std::process::{Command, Stdio};
@@ -40,11 +40,13 @@ mod kafka_support;
 
 use kafka_support::{Broker, now_ms};
 
-/// The release binary `cargo build --release` makes (in `CARGO_TARGET_DIR`
-/// when it is set).
+/// The agent's binary, optimized: `cargo bench` builds it with the bench
+/// (release) profile before this runs. Building it here again with `cargo
+/// build --release` would rebuild its dependencies with other features (the
+/// bench's dev-dependencies unify some), and the next `cargo bench` would
+/// rebuild them back: minutes per run.
 fn bin() -> std::path::PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into());
-    std::path::PathBuf::from(target).join("release/inboxwatch")
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_inboxwatch"))
 }
 
 struct Point {
@@ -89,12 +91,6 @@ async fn main() {
         }
     })
     .collect();
-    let status = Command::new("cargo")
-        .args(["build", "--release", "--bin", "inboxwatch"])
-        .status()
-        .expect("cargo build --release");
-    assert!(status.success());
-
     let per_topic = std::env::args().any(|a| a == "--topic");
     let mut rows = Vec::new();
     for p in &points {

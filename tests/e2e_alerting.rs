@@ -15,7 +15,8 @@
 //!    `success` with at least one sample for one of them, except the ones listed in
 //!    [`NO_DATA_EXPECTED`] with the reason. Beside the inbox, an outbox table with
 //!    its own workload and a Kafka cluster (tansu) with a lagging group, a
-//!    dead-letter topic and a retry topic give the outbox and Kafka panels data.
+//!    dead-letter topic and a retry topic give the outbox and Kafka panels data,
+//!    and ordering columns on the inbox (each event its own key) the ordering ones.
 //! 4. Every rule Prometheus loaded evaluated without an error.
 //!
 //! Needs `/usr/bin/prometheus` and `/usr/bin/prometheus-alertmanager` (Debian packages
@@ -90,30 +91,6 @@ const NO_DATA_EXPECTED: &[(&str, &str)] = &[
     (
         "inboxwatch_poll_errors_total",
         "no poll fails in this scenario, so the counter has no series",
-    ),
-    (
-        "inbox_version_gaps",
-        "the table maps no ordering_key and version, so no ordering series",
-    ),
-    (
-        "inbox_oldest_version_gap_age_seconds",
-        "the table maps no ordering_key and version, so no ordering series",
-    ),
-    (
-        "inbox_out_of_order_",
-        "the table maps no ordering_key and version, so no ordering series",
-    ),
-    (
-        "inbox_parked_",
-        "the table maps no parked status, so no parked series",
-    ),
-    (
-        "inbox_oldest_parked_age_seconds",
-        "the table maps no parked status, so no parked series",
-    ),
-    (
-        "inboxwatch_ordering_keys_evicted_total",
-        "no ordering keys are tracked, so none is evicted",
     ),
     (
         "inbox_ack_failures",
@@ -486,14 +463,31 @@ fn alertmanager_yml(webhook_port: u16) -> String {
     text.replace(WEBHOOK_PREFIX, &format!("http://127.0.0.1:{webhook_port}"))
 }
 
+/// The inbox's ordering columns: each event is its own key (a copy of its id),
+/// at version 1 (columns [`ORDERING_DDL`] adds), and the word `parked`, which the
+/// consumer never writes. Every ordering series then exists, at 0, for the
+/// ordering panels.
+const ORDERING_COLUMNS: &str = ", ordering_key = \"aggregate_id\", version = \"aggregate_version\" }\n\
+     statuses = { parked = [\"parked\"] }\n";
+/// Adds the ordering columns of [`ORDERING_COLUMNS`] to the inbox table `{}`.
+const ORDERING_DDL: &str = "ALTER TABLE {} ADD COLUMN aggregate_id text GENERATED ALWAYS AS (event_id) STORED, \
+     ADD COLUMN aggregate_version integer NOT NULL DEFAULT 1";
+
 fn agent_toml(dsn: &str, tables: &common::Tables, bootstrap: &str) -> String {
+    let columns = common::scenarios::INBOX_COLUMNS
+        .trim_end()
+        .strip_suffix('}')
+        .expect("INBOX_COLUMNS is an inline table")
+        .trim_end()
+        .to_string()
+        + ORDERING_COLUMNS;
     format!(
         "[[sources]]\nname = {}\nkind = \"inbox\"\ndsn = {}\ntable = {}\npoll_interval = \"500ms\"\n\
          overlap = \"10s\"\ntimeout = \"2s\"\n{}\n[sources.objectives]\noldest_age = \"5m\"\np95 = \"2s\"\n{}{}",
         toml_str(SOURCE),
         toml_str(dsn),
         toml_str(&tables.inbox),
-        common::scenarios::INBOX_COLUMNS,
+        columns,
         common::scenarios::outbox_source_toml(OUTBOX_SOURCE, dsn, &tables.outbox),
         kafka_support::kafka_source_toml(KAFKA_SOURCE, bootstrap, ""),
     )
@@ -561,6 +555,8 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
     // The inbox and outbox tables, the Kafka cluster and the agent.
     let db = Db::postgres().await;
     let tables = db.fresh_tables("e2e").await;
+    db.exec(&ORDERING_DDL.replace("{}", &tables.inbox), &[])
+        .await;
     let broker = kafka_cluster().await;
     let mut agent = Agent::start(&agent_toml(&db.dsn, &tables, &broker.bootstrap()));
     agent.wait_ready(READY_TIMEOUT).await;
