@@ -231,22 +231,20 @@ pub async fn table_comment(
         .await
 }
 
-/// Makes sure `table` is free for the demo: absent, or the demo's own (left by a
-/// demo that was killed; dropped now). A table of anyone else is refused, untouched.
+/// Makes sure `table` is free for the demo. A table of that name is refused,
+/// untouched: anyone else's, and the demo's own too (another demo may be running
+/// on this database now; one that was killed leaves its table behind).
 async fn claim_table(pool: &AnyPool, dialect: Dialect, table: &str) -> anyhow::Result<()> {
     match table_comment(pool, dialect, table).await? {
         None => Ok(()),
-        Some(c) if c == MARKER => {
-            info!(table, "Dropping the table an earlier demo left behind.");
-            sqlx::raw_sql(AssertSqlSafe(format!("DROP TABLE {table}")))
-                .execute(pool)
-                .await?;
-            Ok(())
-        }
+        Some(c) if c == MARKER => anyhow::bail!(
+            "table {table} already exists, created by inboxwatch demo: another demo runs on \
+             this database, or one was killed before it could drop it; if none runs, drop it \
+             (DROP TABLE {table}) and start again"
+        ),
         Some(_) => anyhow::bail!(
-            "table {table} already exists and was not created by inboxwatch demo (its comment \
-             is not \"{MARKER}\"); the demo leaves it alone: drop or rename it, or use another \
-             database"
+            "table {table} already exists and was not created by inboxwatch demo; the demo \
+             leaves it alone: use another database, or drop or rename that table"
         ),
     }
 }

@@ -1,0 +1,479 @@
+//! The fault drills of `inboxwatch demo --drill NAME`, end to end: the demo
+//! (on SQLite, or with `--dsn` on PostgreSQL or MariaDB) scraped every second by
+//! a real Prometheus that evaluates the repository's rules (`alerts/*.yml`, as
+//! they are). For each drill:
+//!
+//! * before the fault (the first 30 s) no warning or critical alert is pending
+//!   or firing: the demo's own consumer is quiet;
+//! * the alert the drill names goes pending (or firing) after the fault starts,
+//!   within the drill's documented time (the deadline here is more generous;
+//!   the measured time is printed);
+//! * no critical alert the drill does not name is pending or firing.
+//!
+//! A quiet run (no drill) fires nothing but `InboxDeadLetter` (info: the demo
+//! dead-letters its poison events on purpose). And, through the binary:
+//! `--drill list`, an unknown drill, and `--dsn`'s own table — created, dropped
+//! at SIGTERM, a foreign table of that name refused untouched, the password
+//! never printed — on PostgreSQL and MariaDB.
+//!
+//! Needs `/usr/bin/prometheus` (Debian package `prometheus`), PostgreSQL and
+//! MariaDB. Each drill takes about a minute; run with
+//! `cargo nextest run --test drills --no-capture` to see the timelines.
+
+mod common;
+
+use std::time::{Duration, Instant, SystemTime};
+
+use common::agent::run;
+use common::db::Dialect;
+use common::library::{drop_database, fresh_database};
+use common::stack::{
+    PromAlert, Prometheus, START_TIMEOUT, prometheus_yml, render_alerts, rule_file_paths, secs,
+};
+use common::{Agent, Db, READY_TIMEOUT, wait_until};
+
+/// When every drill's fault starts (docs/drills.md).
+const FAULT_START: Duration = Duration::from_secs(30);
+/// Added to a drill's documented time for the deadline here: the machine runs
+/// four such tests at once on two cores.
+const SLACK: Duration = Duration::from_secs(45);
+/// The demo's own table on a real database.
+const TABLE: &str = "inboxwatch_demo_inbox";
+const AUDIT_TABLE: &str = "inboxwatch_demo_inbox_actions";
+/// The one alert a quiet demo may fire, and why.
+const QUIET_ALLOWED: (&str, &str) = (
+    "InboxDeadLetter",
+    "info, routed nowhere: the demo's consumer dead-letters a few poison events on purpose",
+);
+
+/// The drills as docs/drills.md documents them: name, the alert, and within how
+/// long of the fault's start it goes pending.
+const DRILLS: &[(&str, &str, u64)] = &[
+    ("kill-after-commit", "InboxStuckMessages", 45),
+    ("ack-timeout", "InboxDuplicateRatioHigh", 45),
+    ("concurrent-delivery", "InboxDuplicateRatioHigh", 45),
+    ("downstream-throttling", "InboxRetryStorm", 50),
+    ("dead-letter-replay", "InboxDeadLetterSpike", 40),
+    ("rebalance", "InboxOldestMessageTooOld", 50),
+    ("poison-key", "InboxRetryStorm", 80),
+];
+
+fn drill(name: &str) -> (&'static str, Duration) {
+    let (_, alert, within) = DRILLS
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .unwrap_or_else(|| panic!("no drill {name} in DRILLS"));
+    (alert, Duration::from_secs(*within))
+}
+
+/// An alert's `activeAt` as a time.
+fn active_at(a: &PromAlert) -> SystemTime {
+    humantime::parse_rfc3339_weak(
+        a.active_at
+            .trim_end_matches('Z')
+            .split('.')
+            .next()
+            .unwrap_or(""),
+    )
+    .unwrap_or_else(|e| panic!("activeAt {:?} of {}: {e}", a.active_at, a.brief()))
+}
+
+fn is_active(a: &PromAlert) -> bool {
+    a.state == "pending" || a.state == "firing"
+}
+
+/// Prometheus on the repository's rules, scraping `port`; waits for the first scrape.
+async fn prometheus(port: u16) -> Prometheus {
+    let rules = rule_file_paths();
+    // No Alertmanager: what is pending or firing is read from Prometheus itself.
+    let prom = Prometheus::start(&prometheus_yml(&rules, &[port], 9));
+    prom.wait_ready().await;
+    let p = &prom;
+    wait_until(START_TIMEOUT, || async move {
+        match p.query("up{job=\"inboxwatch\"} == 1").await? {
+            0 => Err("up{job=\"inboxwatch\"} is not 1 yet".to_string()),
+            _ => Ok(()),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("Prometheus does not scrape the demo: {e}"));
+    prom
+}
+
+/// Runs one drill: see the file's comment. `args` are extra arguments (`--dsn`).
+async fn drill_case(name: &str, args: &[&str]) {
+    let (alert, within) = drill(name);
+    let t0 = Instant::now();
+    let mut all = vec!["--drill", name];
+    all.extend_from_slice(args);
+    let demo = Agent::demo_with(&all).start();
+    demo.wait_ready(READY_TIMEOUT).await;
+    let prom = prometheus(demo.port).await;
+    eprintln!(
+        "+{} {name}: Prometheus scrapes the demo",
+        secs(t0.elapsed())
+    );
+
+    // The fault starts when the demo says so.
+    let fault_start = loop {
+        if demo
+            .stdout()
+            .contains(&format!("Drill {name}: the fault starts now"))
+        {
+            break (Instant::now(), SystemTime::now());
+        }
+        if let Some(status) = demo.exited() {
+            panic!("the demo exited with {status}:\n{}", demo.stderr());
+        }
+        // Meanwhile the baseline is quiet.
+        let active = prom.alerts().await.unwrap_or_default();
+        let loud: Vec<String> = active
+            .iter()
+            .filter(|a| is_active(a) && a.severity() != "info")
+            .map(PromAlert::brief)
+            .collect();
+        assert!(
+            loud.is_empty(),
+            "{name}: before the fault, the demo has alerts pending or firing:\n{}",
+            loud.join("\n")
+        );
+        assert!(
+            t0.elapsed() < FAULT_START + READY_TIMEOUT + START_TIMEOUT,
+            "{name}: the demo never said that the fault starts:\n{}",
+            demo.stdout()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    eprintln!("+{} {name}: the fault starts", secs(t0.elapsed()));
+    let deadline = within + SLACK;
+    let seen = loop {
+        if let Some(status) = demo.exited() {
+            panic!("the demo exited with {status}:\n{}", demo.stderr());
+        }
+        prom.proc.assert_running();
+        let active = prom.alerts().await.unwrap_or_default();
+        let other_critical: Vec<String> = active
+            .iter()
+            .filter(|a| is_active(a) && a.severity() == "critical" && a.name != alert)
+            .map(PromAlert::brief)
+            .collect();
+        assert!(
+            other_critical.is_empty(),
+            "{name}: critical alerts the drill does not name are pending or firing:\n{}",
+            other_critical.join("\n")
+        );
+        // Pending since the fault: the baseline was checked quiet above, and an
+        // alert active from before the fault would not be the drill's doing.
+        let named = active.iter().find(|a| {
+            a.name == alert
+                && is_active(a)
+                && a.labels.get("source").map(String::as_str) == Some("demo-inbox")
+                && active_at(a) + Duration::from_secs(1) >= fault_start.1
+        });
+        if let Some(a) = named {
+            break (fault_start.0.elapsed(), a.clone(), active);
+        }
+        if fault_start.0.elapsed() > deadline {
+            panic!(
+                "{name}: {alert} did not go pending within {} of the fault's start \
+                 (documented: {}).\nPrometheus alerts:\n{}\ndemo stdout:\n{}",
+                secs(deadline),
+                secs(within),
+                render_alerts(&active),
+                demo.stdout()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let (took, a, active) = seen;
+    eprintln!(
+        "\n===== drill {name}: {alert} {} {} after the fault's start (documented: within {}) \
+         =====\n{}\nalerts pending or firing now:\n{}total test time: {}\n",
+        a.state,
+        secs(took),
+        secs(within),
+        a.brief(),
+        render_alerts(&active),
+        secs(t0.elapsed())
+    );
+    let status = demo
+        .terminate(Duration::from_secs(25))
+        .expect("the demo exits within 25 s of SIGTERM");
+    assert!(status.success(), "demo exit status after SIGTERM: {status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_after_commit_on_postgres_leaves_stuck_rows() {
+    let admin = Db::postgres().await;
+    let (name, db) = fresh_database(&admin, "drill").await;
+    drill_case("kill-after-commit", &["--dsn", &db.dsn]).await;
+    assert_tables_gone(&db).await;
+    drop(db);
+    drop_database(&admin, &name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ack_timeout_duplicates_after_completion() {
+    drill_case("ack-timeout", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_delivery_duplicates_in_flight() {
+    drill_case("concurrent-delivery", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn downstream_throttling_is_a_retry_storm() {
+    drill_case("downstream-throttling", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letter_replay_spikes_then_replays() {
+    drill_case("dead-letter-replay", &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rebalance_on_mariadb_ages_the_backlog() {
+    let admin = Db::mysql().await;
+    let (name, db) = fresh_database(&admin, "drill").await;
+    drill_case("rebalance", &["--dsn", &db.dsn]).await;
+    assert_tables_gone(&db).await;
+    drop(db);
+    drop_database(&admin, &name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_key_is_parked() {
+    drill_case("poison-key", &[]).await;
+}
+
+/// A quiet run: for as long as a drill's fault would take to start and end,
+/// nothing fires but [`QUIET_ALLOWED`], and no critical alert is even pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_demo_fires_nothing() {
+    const QUIET: Duration = Duration::from_secs(90);
+    let t0 = Instant::now();
+    let demo = Agent::demo();
+    demo.wait_ready(READY_TIMEOUT).await;
+    let prom = prometheus(demo.port).await;
+    let start = Instant::now();
+    let mut seen = std::collections::BTreeSet::new();
+    while start.elapsed() < QUIET {
+        assert!(
+            demo.exited().is_none(),
+            "the demo exited:\n{}",
+            demo.stderr()
+        );
+        let active = prom.alerts().await.unwrap_or_default();
+        for a in active.iter().filter(|a| is_active(a)) {
+            seen.insert(format!("{} {} ({})", a.name, a.state, a.severity()));
+            assert!(
+                a.severity() != "critical",
+                "a quiet demo has a critical alert {}:\n{}",
+                a.state,
+                render_alerts(&active)
+            );
+            assert!(
+                a.state != "firing" || a.name == QUIET_ALLOWED.0,
+                "a quiet demo fires {}:\n{}",
+                a.name,
+                render_alerts(&active)
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    eprintln!(
+        "quiet demo, {} watched by Prometheus (test time {}): alerts seen active: {:?} \
+         ({} is allowed: {})",
+        secs(QUIET),
+        secs(t0.elapsed()),
+        seen,
+        QUIET_ALLOWED.0,
+        QUIET_ALLOWED.1
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Through the binary, without Prometheus
+// ---------------------------------------------------------------------------------
+
+#[test]
+fn drill_list_names_every_drill_with_its_alert() {
+    let out = run(["demo", "--drill", "list"]);
+    assert!(out.success(), "{}", out.describe());
+    for (name, alert, within) in DRILLS {
+        assert_eq!(
+            out.stdout.matches(&format!("\n{name}\n")).count(),
+            1,
+            "{name} in:\n{}",
+            out.stdout
+        );
+        let block = out
+            .stdout
+            .split(&format!("\n{name}\n"))
+            .nth(1)
+            .unwrap_or("");
+        let block = block.split("\n\n").next().unwrap_or("");
+        assert!(
+            block.contains(&format!("alert:  {alert} (pending within {within} s")),
+            "{name}'s alert is not {alert} within {within} s:\n{block}"
+        );
+        assert!(
+            block.contains("fault:  ") && block.contains("signal: "),
+            "{block}"
+        );
+    }
+    assert_eq!(
+        out.stdout.matches("\n  alert:  ").count(),
+        DRILLS.len(),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn an_unknown_drill_exits_2_listing_the_drills() {
+    let out = run(["demo", "--drill", "kill-9", "--listen", "127.0.0.1:1"]);
+    assert_eq!(out.code, Some(2), "{}", out.describe());
+    let expected = format!(
+        "--drill: unknown drill \"kill-9\" (expected one of {}, or list)\n",
+        DRILLS.iter().map(|d| d.0).collect::<Vec<_>>().join(", ")
+    );
+    assert_eq!(out.stderr, expected);
+    assert!(out.stdout.is_empty(), "{}", out.describe());
+}
+
+/// Tables of `db`'s database named like the demo's.
+async fn demo_tables(db: &Db) -> Vec<String> {
+    let sql = match db.dialect {
+        Dialect::Postgres => format!(
+            "SELECT tablename::text FROM pg_tables WHERE tablename IN ('{TABLE}', '{AUDIT_TABLE}') \
+             ORDER BY 1"
+        ),
+        _ => format!(
+            "SELECT CAST(table_name AS CHAR) FROM information_schema.tables WHERE table_schema = \
+             DATABASE() AND table_name IN ('{TABLE}', '{AUDIT_TABLE}') ORDER BY 1"
+        ),
+    };
+    db.query(&sql, &[])
+        .await
+        .into_iter()
+        .map(|r| r[0].clone().unwrap_or_default())
+        .collect()
+}
+
+async fn assert_tables_gone(db: &Db) {
+    assert_eq!(
+        demo_tables(db).await,
+        Vec::<String>::new(),
+        "the demo left its tables behind"
+    );
+}
+
+/// `demo --dsn`: its two tables exist while it runs and the agent reads them;
+/// SIGTERM drops them; the password is never printed.
+async fn dsn_creates_and_drops(admin: Db, dsn_of: impl Fn(&str) -> String, password: Option<&str>) {
+    let (name, db) = fresh_database(&admin, "demo").await;
+    let dsn = dsn_of(&db.dsn);
+    let demo = Agent::demo_with(&["--dsn", &dsn]).start();
+    demo.wait_ready(READY_TIMEOUT).await;
+    assert_eq!(demo_tables(&db).await, [TABLE, AUDIT_TABLE]);
+    let d = &demo;
+    let received = wait_until(Duration::from_secs(30), || async move {
+        let m = d.try_scrape().await?;
+        let n: f64 = m
+            .series("inbox_messages_received_total", &[])
+            .map(|s| s.value)
+            .sum();
+        if n >= 20.0 {
+            Ok(n)
+        } else {
+            Err(format!("{n} received"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the agent does not count the demo's events: {e}"));
+    eprintln!("{received} events counted from {TABLE}");
+    let status = demo
+        .terminate(Duration::from_secs(25))
+        .expect("the demo exits within 25 s of SIGTERM");
+    assert!(
+        status.success(),
+        "exit status after SIGTERM: {status}\n{}",
+        demo.stderr()
+    );
+    assert_tables_gone(&db).await;
+    if let Some(p) = password {
+        for (what, text) in [("stdout", demo.stdout()), ("stderr", demo.stderr())] {
+            assert!(
+                !text.contains(p),
+                "the password is in the demo's {what}:\n{text}"
+            );
+        }
+        assert!(demo.stdout().contains(":***@"), "{}", demo.stdout());
+    }
+    drop(db);
+    drop_database(&admin, &name).await;
+}
+
+/// A table of that name that is not the demo's: refused, exit 1, untouched.
+async fn foreign_table_refused(admin: Db) {
+    let (name, db) = fresh_database(&admin, "foreign").await;
+    for sql in [
+        format!("CREATE TABLE {TABLE} (id VARCHAR(20) PRIMARY KEY, note VARCHAR(20))"),
+        format!("INSERT INTO {TABLE} VALUES ('7', 'mine')"),
+    ] {
+        db.pool.raw(&sql).await.expect("the user's table");
+    }
+    let out = run(["demo", "--listen", "127.0.0.1:1", "--dsn", &db.dsn]);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains(&format!(
+            "table {TABLE} already exists and was not created by inboxwatch demo"
+        )),
+        "{}",
+        out.describe()
+    );
+    let rows = db
+        .query(&format!("SELECT id, note FROM {TABLE}"), &[])
+        .await;
+    assert_eq!(
+        rows,
+        vec![vec![Some("7".to_string()), Some("mine".to_string())]],
+        "the user's table was touched"
+    );
+    assert_eq!(
+        demo_tables(&db).await,
+        [TABLE],
+        "only the user's table is there"
+    );
+    drop(db);
+    drop_database(&admin, &name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dsn_on_postgres_creates_and_drops_its_table() {
+    // Trust authentication takes any password: it must not be printed anyway.
+    const PASSWORD: &str = "s3cret-Demo-pw";
+    dsn_creates_and_drops(
+        Db::postgres().await,
+        |dsn| dsn.replacen("://postgres@", &format!("://postgres:{PASSWORD}@"), 1),
+        Some(PASSWORD),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dsn_on_mariadb_creates_and_drops_its_table() {
+    dsn_creates_and_drops(Db::mysql().await, str::to_owned, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dsn_on_postgres_refuses_a_foreign_table() {
+    foreign_table_refused(Db::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dsn_on_mariadb_refuses_a_foreign_table() {
+    foreign_table_refused(Db::mysql().await).await;
+}
