@@ -105,11 +105,16 @@ const TRANSIENT_ERRORS: &[&str] = &[
     "HttpError: 429 Too Many Requests from tax-service (retry after 1s)",
     "DeadlockError: deadlock detected while updating orders row",
 ];
-/// Errors of poison events; retrying does not help.
+/// Errors of poison events; retrying does not help, so they are dead-lettered
+/// on their first attempt (a consumer that retried them would trip
+/// InboxRetryingPermanentErrors).
 const PERMANENT_ERRORS: &[&str] = &[
     "ValidationError: field 'amount' must be positive, got -12.50",
     "SchemaError: unknown field 'customer_ref' in payload version 3",
 ];
+/// The error of the poison key's events (`poison-key`): retryable, so they are
+/// retried until the key is parked.
+const POISON_KEY_ERROR: &str = "TimeoutError: ledger-service did not answer in 2s (account locked)";
 /// The downstream's answer under `downstream-throttling`.
 const THROTTLED_ERROR: &str = "HttpError: 429 Too Many Requests from pricing-api (retry after 1s)";
 
@@ -1035,7 +1040,11 @@ impl Consumer {
             let failure_ratio = self.sim.failure_ratio(Some(&msg.event_type));
             let mut duration = processing_time(&mut self.rng);
             let error = if self.is_poison(&msg) {
-                Some(PERMANENT_ERRORS[self.rng.usize(..PERMANENT_ERRORS.len())])
+                Some(if msg.ordering_key == POISON_KEY {
+                    POISON_KEY_ERROR
+                } else {
+                    PERMANENT_ERRORS[self.rng.usize(..PERMANENT_ERRORS.len())]
+                })
             } else if self.during(Drill::DownstreamThrottling) {
                 if self.rng.f64() < THROTTLED_SHARE {
                     duration = Duration::from_millis(self.rng.u64(30..80));
@@ -1093,25 +1102,29 @@ impl Consumer {
             }
             Some(error) => {
                 self.stats.failed_attempts += 1;
+                // A throttled attempt is retried however often; an error no retry
+                // can fix is dead-lettered at once.
                 let throttled = error == THROTTLED_ERROR;
-                let statement = if throttled || attempt.attempt < self.sim.max_attempts {
-                    &self.sql.fail
-                } else if attempt.msg.ordering_key == POISON_KEY {
-                    // The key's first version gives up: the key is parked.
-                    self.stats.parked += 1;
-                    self.fault.parked_keys.insert(POISON_KEY.to_owned());
-                    &self.sql.park
-                } else {
-                    self.stats.dead_lettered += 1;
-                    debug!(
-                        event_id = %id,
-                        event_type = %attempt.msg.event_type,
-                        attempts = attempt.attempt,
-                        error,
-                        "Event dead-lettered."
-                    );
-                    &self.sql.dead
-                };
+                let permanent = PERMANENT_ERRORS.contains(&error);
+                let statement =
+                    if throttled || (attempt.attempt < self.sim.max_attempts && !permanent) {
+                        &self.sql.fail
+                    } else if attempt.msg.ordering_key == POISON_KEY {
+                        // The key's first version gives up: the key is parked.
+                        self.stats.parked += 1;
+                        self.fault.parked_keys.insert(POISON_KEY.to_owned());
+                        &self.sql.park
+                    } else {
+                        self.stats.dead_lettered += 1;
+                        debug!(
+                            event_id = %id,
+                            event_type = %attempt.msg.event_type,
+                            attempts = attempt.attempt,
+                            error,
+                            "Event dead-lettered."
+                        );
+                        &self.sql.dead
+                    };
                 sqlx::query(AssertSqlSafe(statement.clone()))
                     .bind(error)
                     .bind(id)
@@ -1359,7 +1372,9 @@ mod tests {
             count(
                 "SELECT count(*) FROM inbox_sim WHERE (status IN ('succeeded','dead')) \
                  != (finished_at IS NOT NULL) OR (attempts > 0) != (started_at IS NOT NULL) \
-                 OR (status = 'dead' AND (attempts != 2 OR last_error IS NULL)) \
+                 OR (status = 'dead' AND NOT (attempts = 2 OR (attempts = 1 AND \
+                 (last_error LIKE 'ValidationError%' OR last_error LIKE 'SchemaError%')))) \
+                 OR (status = 'dead' AND last_error IS NULL) \
                  OR (status = 'succeeded' AND last_error IS NOT NULL) \
                  OR attempts > 2"
             )
