@@ -612,7 +612,7 @@ received_at = "run_at"
                 "sources[0].columns.event_idd: unknown key, expected one of `event_id`, \
               `event_type`, `status`, `received_at`, `started_at`, `finished_at`, `attempts`, \
               `deliveries`, `last_error`, `traceparent`, `updated_at`, `business_key`, \
-              `summary` (line 6)"
+              `summary`, `ordering_key`, `version` (line 6)"
             ]
         );
     }
@@ -950,5 +950,125 @@ table = "outbox"
         assert!(keys.contains(&"sources[0].brokers[0]"), "{keys:?}");
         assert!(keys.contains(&"sources[0].table"), "{keys:?}");
         assert!(keys.contains(&"sources[1].granularity"), "{keys:?}");
+    }
+
+    /// `ordering_key` and `version` come as a pair; `ordering_keys_limit`
+    /// only with them and within its bounds; `parked` has no default word,
+    /// takes words like the other meanings and is a meaning rules may name.
+    #[test]
+    fn ordering_columns_and_parked_statuses_are_checked_by_key() {
+        let inbox = |extra: &str, columns: &str| {
+            format!(
+                "[[sources]]\nname = \"orders\"\nkind = \"inbox\"\ndsn = \"sqlite://x\"\n\
+                 table = \"inbox\"\n{extra}\n[sources.columns]\n{columns}\n"
+            )
+        };
+        let both = "ordering_key = \"aggregate_id\"\nversion = \"aggregate_version\"";
+        let spec = |text: &str| {
+            let cfg = check(text).unwrap_or_else(|e| panic!("{text}: {:?}", e.problems));
+            let SourceSpec::Inbox(s) = cfg.sources.into_iter().next().expect("a source") else {
+                panic!("an inbox source")
+            };
+            s
+        };
+        let s = spec(&inbox("", both));
+        assert!(s.ordered());
+        assert_eq!(s.ordering_keys_limit, 100_000);
+        assert!(!s.parks());
+        assert_eq!(s.statuses.classify("parked"), None, "no default word");
+        let s = spec(&inbox("", ""));
+        assert!(!s.ordered());
+        let s = spec(&inbox(
+            "ordering_keys_limit = 50\n[sources.statuses]\nparked = [\"parked\", \"quarantined\"]",
+            both,
+        ));
+        assert_eq!(s.ordering_keys_limit, 50);
+        assert!(s.parks());
+        assert_eq!(s.statuses.classify("quarantined"), Some(Status::Parked));
+        // What doctor says of each series; none of them for a source without.
+        let lines: Vec<String> = crate::sources::table::capabilities::inbox(&s)
+            .iter()
+            .map(|c| c.line())
+            .filter(|l| l.contains("order") || l.contains("parked") || l.contains("gap"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "inbox_out_of_order_arrivals_total: exact",
+                "inbox_out_of_order_completions_total: bounded — no finished_at column: \
+                 successes are ordered by when the agent saw them",
+                "inbox_version_gaps: exact",
+                "inbox_oldest_version_gap_age_seconds: exact",
+                "inboxwatch_ordering_keys_evicted_total: exact",
+                "inbox_parked_messages: exact",
+                "inbox_oldest_parked_age_seconds: exact",
+                "inbox_parked_keys: exact",
+            ]
+        );
+        let plain = spec(&inbox("", ""));
+        assert!(
+            crate::sources::table::capabilities::inbox(&plain)
+                .iter()
+                .all(|c| !c.metric.contains("order") && !c.metric.contains("parked")),
+            "no ordering series without the columns"
+        );
+        let s = spec(&inbox(
+            "[[sources.status_rules]]\nmeaning = \"parked\"\nwhen = \"parked_at IS NOT NULL\"",
+            "",
+        ));
+        assert!(s.parks() && !s.ordered());
+
+        for (extra, columns, key, says) in [
+            (
+                "",
+                "version = \"aggregate_version\"",
+                "sources[0].columns.version",
+                "needs columns.ordering_key",
+            ),
+            (
+                "",
+                "ordering_key = \"aggregate_id\"",
+                "sources[0].columns.ordering_key",
+                "needs columns.version",
+            ),
+            (
+                "",
+                "ordering_key = \"aggregate_id\"\nversion = \"aggregate_id\"",
+                "sources[0].columns.version",
+                "also mapped to ordering_key",
+            ),
+            (
+                "ordering_keys_limit = 10",
+                "",
+                "sources[0].ordering_keys_limit",
+                "applies only with columns.ordering_key and columns.version",
+            ),
+            (
+                "ordering_keys_limit = 0",
+                both,
+                "sources[0].ordering_keys_limit",
+                "must be between 1 and",
+            ),
+            (
+                "[sources.statuses]\nparked = [\"dead\"]",
+                "",
+                "sources[0].statuses.parked",
+                "\"dead\" is already mapped to dead",
+            ),
+            (
+                "[[sources.status_rules]]\nmeaning = \"parkd\"\nwhen = \"parked_at IS NOT NULL\"",
+                "",
+                "sources[0].status_rules[0].meaning",
+                "one of pending, processing, succeeded, failed, dead, parked",
+            ),
+        ] {
+            let err = check(&inbox(extra, columns)).expect_err(extra);
+            let p = err
+                .problems
+                .iter()
+                .find(|p| p.key == key)
+                .unwrap_or_else(|| panic!("{extra} / {columns}: {:?}", err.problems));
+            assert!(p.message.contains(says), "{extra}: {}", p.message);
+        }
     }
 }

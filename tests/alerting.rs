@@ -15,7 +15,9 @@
 //!   catalogue (`inboxwatch metrics`) and every recording rule used is defined;
 //! * the dashboard panels the runbooks send people to exist in `dashboards/`;
 //! * every Kafka dashboard query returns data, evaluated by promtool on series shaped
-//!   as the Kafka source exports them (the end-to-end test has no Kafka source).
+//!   as the Kafka source exports them (the end-to-end test has no Kafka source), and so
+//!   does every ordering, ack-failure and drain-time query on series shaped as a table
+//!   source with ordering columns exports them (the end-to-end table has none).
 //!
 //! Needs `promtool`, `amtool` and `prometheus-alertmanager` (Debian packages
 //! `prometheus` and `prometheus-alertmanager`, which `.ci/run` installs). Without them the tests fail,
@@ -779,7 +781,8 @@ fn runbooks_name_existing_dashboard_panels() {
 // Kafka dashboard queries on Kafka series
 
 /// Input series for promtool, shaped as the Kafka source exports them (catalogue labels,
-/// one group stalled, one caught up, a dead-letter and a retry topic), ten minutes long.
+/// one group stalled, one draining its lag on another topic, a dead-letter and a retry
+/// topic), ten minutes long.
 const KAFKA_SERIES: &[(&str, &str)] = &[
     (
         r#"kafka_consumer_group_status{cluster="prod",group="billing",status="stall"}"#,
@@ -820,6 +823,23 @@ const KAFKA_SERIES: &[(&str, &str)] = &[
     (
         r#"kafka_consumer_group_last_commit_age_seconds{cluster="prod",group="billing"}"#,
         "0+60x10",
+    ),
+    // "orders" consumes 2 records/s of a topic written at 1/s: its lag drains (time to drain).
+    (
+        r#"kafka_topic_partition_high_watermark{cluster="prod",topic="orders",partition="0"}"#,
+        "5000+60x10",
+    ),
+    (
+        r#"kafka_consumer_group_committed_offset{cluster="prod",group="orders",topic="orders",partition="0"}"#,
+        "4000+120x10",
+    ),
+    (
+        r#"kafka_consumer_group_lag_messages{cluster="prod",group="orders",topic="orders",partition="0"}"#,
+        "1000-60x10",
+    ),
+    (
+        r#"kafka_consumer_group_lag_seconds{cluster="prod",group="orders",topic="orders",partition="0"}"#,
+        "300-20x10",
     ),
     (
         r#"kafka_consumer_group_members{cluster="prod",group="billing"}"#,
@@ -864,7 +884,8 @@ fn all_variables(expr: &str) -> String {
 
 /// The end-to-end test has no Kafka source, so it only proves the Kafka panels'
 /// queries evaluate. Here promtool evaluates each of them (and the overview's Kafka
-/// stat) on series shaped as the Kafka source exports them: every one returns data.
+/// stat) on series shaped as the Kafka source exports them, with the rule files loaded
+/// (the flow panels read recording rules): every one returns data.
 #[test]
 fn kafka_dashboard_queries_return_data_on_kafka_series() {
     let dashboards = grafana::dashboards();
@@ -883,16 +904,30 @@ fn kafka_dashboard_queries_return_data_on_kafka_series() {
         "too few Kafka queries found ({})",
         exprs.len()
     );
-    let mut test = String::from(
-        "rule_files: []\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n",
+    assert_queries_return_data(
+        "Kafka dashboard queries on Kafka series",
+        &exprs,
+        KAFKA_SERIES,
     );
-    for (series, values) in KAFKA_SERIES {
+}
+
+/// Evaluates each query (Grafana variables as "All") with promtool at minute 10 of
+/// `series`, the rule files loaded (panels may read recording rules): every one must return
+/// at least one sample.
+fn assert_queries_return_data(what: &str, exprs: &[(String, String)], series: &[(&str, &str)]) {
+    let mut test = String::from("rule_files:\n");
+    for file in rule_files() {
+        let path = repo_path(&file);
+        test.push_str(&format!("  - '{}'\n", path.display()));
+    }
+    test.push_str("evaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n");
+    for (series, values) in series {
         test.push_str(&format!(
             "      - series: '{series}'\n        values: '{values}'\n"
         ));
     }
     test.push_str("    promql_expr_test:\n");
-    for (_, expr) in &exprs {
+    for (_, expr) in exprs {
         // One sample {} 1 when the query returns anything, none when it returns nothing.
         let probe = format!("count({}) * 0 + 1", all_variables(expr));
         let probe = serde_json::to_string(&probe).expect("a JSON string");
@@ -901,16 +936,115 @@ fn kafka_dashboard_queries_return_data_on_kafka_series() {
         ));
     }
     let dir = tempfile::tempdir().expect("temporary directory");
-    let path = dir.path().join("kafka-dashboard.test.yml");
+    let path = dir.path().join("dashboard.test.yml");
     std::fs::write(&path, &test).expect("write the promtool test");
     let out = run_tool(
         "promtool",
         &["test", "rules", path.to_str().expect("UTF-8 path")],
     );
     let names: Vec<&str> = exprs.iter().map(|(n, _)| n.as_str()).collect();
-    assert_success(
-        &format!("Kafka dashboard queries on Kafka series ({names:#?})"),
-        &out,
+    assert_success(&format!("{what} ({names:#?})"), &out);
+}
+
+// ---------------------------------------------------------------------------
+// Ordering, acknowledgement and drain-time panels on ordering series
+
+/// Input series for promtool, shaped as a table source with `ordering_key`, `version`,
+/// `deliveries` and a parked status exports them: "orders" with version gaps, out-of-order
+/// arrivals and completions, parked keys, duplicates in both phases, evictions, and a backlog
+/// that drains (2 completions/s against 1 arrival/s), ten minutes long.
+const ORDERING_SERIES: &[(&str, &str)] = &[
+    (
+        r#"inboxwatch_source_info{source="orders",kind="inbox",owner="team-orders",service="orders"}"#,
+        "1x10",
+    ),
+    (r#"inboxwatch_source_up{source="orders"}"#, "1x10"),
+    (
+        r#"inboxwatch_objective_oldest_age_seconds{source="orders"}"#,
+        "300x10",
+    ),
+    (
+        r#"inbox_messages_received_total{source="orders",event_type="order.paid"}"#,
+        "0+60x10",
+    ),
+    (
+        r#"inbox_messages_completed_total{source="orders",event_type="order.paid",outcome="succeeded"}"#,
+        "0+120x10",
+    ),
+    (
+        r#"inbox_backlog_messages{source="orders",event_type="order.paid",status="pending"}"#,
+        "1200-60x10",
+    ),
+    (
+        r#"inbox_oldest_unprocessed_age_seconds{source="orders",event_type="order.paid"}"#,
+        "100x10",
+    ),
+    (
+        r#"inbox_duplicate_deliveries_total{source="orders",event_type="order.paid",phase="in_flight"}"#,
+        "0+3x10",
+    ),
+    (
+        r#"inbox_duplicate_deliveries_total{source="orders",event_type="order.paid",phase="after_completion"}"#,
+        "0+2x10",
+    ),
+    (r#"inbox_version_gaps{source="orders"}"#, "2x10"),
+    (
+        r#"inbox_oldest_version_gap_age_seconds{source="orders"}"#,
+        "30+60x10",
+    ),
+    (
+        r#"inbox_out_of_order_arrivals_total{source="orders"}"#,
+        "0+4x10",
+    ),
+    (
+        r#"inbox_out_of_order_completions_total{source="orders"}"#,
+        "0+1x10",
+    ),
+    (r#"inbox_parked_keys{source="orders"}"#, "1x10"),
+    (r#"inbox_parked_messages{source="orders"}"#, "3x10"),
+    (
+        r#"inbox_oldest_parked_age_seconds{source="orders"}"#,
+        "60+60x10",
+    ),
+    (
+        r#"inboxwatch_ordering_keys_evicted_total{source="orders"}"#,
+        "0+5x10",
+    ),
+];
+
+/// The end-to-end test's table maps no ordering columns and may see no delivery after
+/// completion, so it allows these panels no data. Here promtool evaluates each query of
+/// the drill-down's flow and ordering rows (and the agent's evictions) on series shaped as
+/// such a source exports them: every one returns data.
+#[test]
+fn ordering_ack_and_drain_queries_return_data_on_ordering_series() {
+    const NEEDLES: &[&str] = &[
+        "inbox_version_gaps",
+        "inbox_oldest_version_gap_age_seconds",
+        "inbox_out_of_order_",
+        "inbox_parked_",
+        "inbox_oldest_parked_age_seconds",
+        "inboxwatch_ordering_keys_evicted_total",
+        "inbox_ack_failures",
+        "phase",
+        "inbox_time_to_drain_seconds",
+    ];
+    let dashboards = grafana::dashboards();
+    let exprs: Vec<(String, String)> = grafana::queries(&dashboards)
+        .into_iter()
+        .filter(|q| NEEDLES.iter().any(|n| q.expr.contains(n)))
+        .map(|q| (format!("dashboards/{} / {}", q.file, q.panel), q.expr))
+        .collect();
+    for needle in NEEDLES {
+        assert!(
+            exprs.iter().any(|(_, e)| e.contains(needle)),
+            "no dashboard query reads {needle}"
+        );
+    }
+    assert_queries_return_data(
+        "ordering, ack-failure and drain-time queries on ordering series",
+        &exprs,
+        ORDERING_SERIES,
     );
 }
 

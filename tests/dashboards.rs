@@ -1,9 +1,11 @@
 //! Checks the Grafana dashboards in `dashboards/` (SPEC §5): every panel query
 //! parses as PromQL and selects only metrics of the catalogue (or recording
-//! rules defined in `alerts/`), every rate takes `$__rate_interval`, every panel
-//! has a unit and a description, uids are stable and unique, the only data
-//! source is the `datasource` variable, panels do not overlap, and every
-//! catalogue metric is shown somewhere.
+//! rules defined in `alerts/`) with labels they have, every rate takes
+//! `$__rate_interval`, every panel has a unit and a description, uids are stable
+//! and unique, the only data source is the `datasource` variable, panels do not
+//! overlap, every catalogue metric is shown somewhere, and the flow panels draw
+//! production and consumption together and the time to drain without its
+//! "not draining" sentinel.
 
 mod common;
 
@@ -173,6 +175,41 @@ fn recording_rules() -> BTreeSet<String> {
     rules
 }
 
+/// Labels a recording rule's series keep, read from its name as alerts/inboxwatch.rules.yml
+/// names them: `<labels joined by _>:<metric>:<operations>` (`source`, `cluster_group_topic`,
+/// `source_error_class`, …), plus `le` for bucket rates and bucket weights and `owner` for
+/// the info rules. An error for a name that does not follow the convention.
+fn rule_labels(name: &str) -> Result<BTreeSet<String>, String> {
+    const LABELS: &[&str] = &["source", "cluster", "group", "topic", "tier", "error_class"];
+    let parts: Vec<&str> = name.split(':').collect();
+    let [level, metric, ops] = parts[..] else {
+        return Err(format!(
+            "recording rule `{name}` is not level:metric:operations"
+        ));
+    };
+    let mut labels = BTreeSet::new();
+    let mut rest = level;
+    while !rest.is_empty() {
+        let Some(label) = LABELS
+            .iter()
+            .find(|l| rest == **l || rest.starts_with(&format!("{l}_")))
+        else {
+            return Err(format!(
+                "recording rule `{name}`: level `{level}` is not made of the labels {LABELS:?}"
+            ));
+        };
+        labels.insert(label.to_string());
+        rest = rest[label.len()..].trim_start_matches('_');
+    }
+    if metric.ends_with("_bucket") || ops == "bucket_weight" {
+        labels.insert("le".to_string());
+    }
+    if metric.ends_with("_info") {
+        labels.insert("owner".to_string());
+    }
+    Ok(labels)
+}
+
 /// Every vector selector in an expression (matrix selectors' included, and
 /// aggregation parameters, which `promql_parser::util::walk_expr` skips).
 fn selectors(expr: &Expr) -> Vec<&VectorSelector> {
@@ -294,13 +331,16 @@ fn selected_names(vs: &VectorSelector, known: &Known) -> Result<BTreeSet<String>
     if !bounded {
         return Err(format!("selector `{vs}` has no metric name"));
     }
-    // Label names in matchers must exist on the catalogue metric (typos select nothing).
+    // Label names in matchers must exist on the catalogue metric or the recording rule
+    // (typos select nothing).
     for name in &names {
-        if let Some((_, labels)) = known.series.get(name) {
-            for m in matchers(vs).filter(|m| m.name != "__name__") {
-                if !labels.contains(&m.name) {
-                    return Err(format!("`{name}` has no label `{}`", m.name));
-                }
+        let labels = match known.series.get(name) {
+            Some((_, labels)) => labels.clone(),
+            None => rule_labels(name)?,
+        };
+        for m in matchers(vs).filter(|m| m.name != "__name__") {
+            if !labels.contains(&m.name) {
+                return Err(format!("`{name}` has no label `{}`", m.name));
             }
         }
     }
@@ -668,6 +708,36 @@ fn checker_rejects_bad_queries() {
         )
         .is_ok()
     );
+    // recording rules' labels come from their level: a label they aggregate away is caught
+    with_rule
+        .rules
+        .insert("cluster_group_topic:kafka_consumed:deriv5m".into());
+    assert!(
+        check_query(
+            "cluster_group_topic:kafka_consumed:deriv5m{cluster=~\"$cluster\", topic=~\"$topic\"}",
+            &with_rule
+        )
+        .is_ok()
+    );
+    assert!(
+        check_query(
+            "cluster_group_topic:kafka_consumed:deriv5m{partition=\"0\"}",
+            &with_rule
+        )
+        .is_err()
+    );
+    assert!(
+        check_query(
+            "max(source:inbox_deliveries:rate5m{event_type=~\"$event_type\"})",
+            &with_rule
+        )
+        .is_err()
+    );
+    assert_eq!(
+        rule_labels("source_error_class:inbox_dead_letters:rate5m").unwrap(),
+        BTreeSet::from(["source".to_string(), "error_class".to_string()])
+    );
+    assert!(rule_labels("source_eventtype:x:rate5m").is_err());
     assert_eq!(
         substitute(
             "x{a=~\"$source\",b=~\"${event_type:regex}\"}[$__rate_interval]",
@@ -677,4 +747,134 @@ fn checker_rejects_bad_queries() {
         "x{a=~\".*\",b=~\".*\"}[1m]"
     );
     assert_eq!(substitute("y[$__interval] [1m]", "1m", "2m"), "y[2m] [1m]");
+}
+
+/// The "not draining" sentinel of the time-to-drain recording rules (docs/metrics.md,
+/// "Derived in PromQL").
+const DRAIN_SENTINEL: &str = "31536000";
+
+/// The flow panels: production and consumption on one graph (tables and Kafka), the time to
+/// drain drawn without the sentinel next to a "Draining" state panel that maps it, and the
+/// rules and the dashboards agreeing on the sentinel.
+#[test]
+fn flow_panels_show_both_rates_together_and_the_drain_time_without_its_sentinel() {
+    let rules: String = repo_files("alerts", &[".yml", ".yaml"])
+        .iter()
+        .map(|f| repo_read(f))
+        .collect();
+    for rule in [
+        "source:inbox_time_to_drain_seconds:rate5m",
+        "cluster_group_topic:kafka_time_to_drain_seconds:deriv5m",
+    ] {
+        let body = rules
+            .split(&format!("- record: {rule}\n"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no recording rule {rule}"));
+        let body = body.split("- record:").next().unwrap_or(body);
+        assert!(
+            body.contains(&format!("* 0 + {DRAIN_SENTINEL}"))
+                && body.contains(&format!("{DRAIN_SENTINEL})")),
+            "{rule} must hold the sentinel {DRAIN_SENTINEL} where not draining and cut estimates to it:\n{body}"
+        );
+    }
+
+    let known = Known::load();
+    let dashes = dashboards();
+    let panel = |uid: &str, title: &str| -> Value {
+        let d = dashes
+            .iter()
+            .find(|d| d.json["uid"] == uid)
+            .unwrap_or_else(|| panic!("no dashboard {uid}"));
+        panels(&d.json)
+            .into_iter()
+            .find(|p| p["title"] == title)
+            .unwrap_or_else(|| panic!("{uid}: no panel {title:?}"))
+            .clone()
+    };
+    let exprs = |p: &Value| -> Vec<String> {
+        targets(p)
+            .iter()
+            .map(|t| t["expr"].as_str().unwrap_or_default().to_string())
+            .collect()
+    };
+
+    // Both rates on one graph.
+    let both = panel("inboxwatch-source", "Arrivals vs completions");
+    let selected: BTreeSet<&str> = exprs(&both)
+        .iter()
+        .flat_map(|e| check_query(e, &known).unwrap_or_default())
+        .collect();
+    assert_eq!(
+        selected,
+        BTreeSet::from([
+            "inbox_messages_received_total",
+            "inbox_messages_completed_total"
+        ]),
+        "Arrivals vs completions"
+    );
+    let both = exprs(&panel(
+        "inboxwatch-kafka",
+        "Production vs consumption by group and topic",
+    ));
+    for rule in [
+        "cluster_group_topic:kafka_produced:deriv5m",
+        "cluster_group_topic:kafka_consumed:deriv5m",
+    ] {
+        assert!(
+            both.iter().any(|e| e.starts_with(rule)),
+            "Production vs consumption by group and topic does not draw {rule}: {both:?}"
+        );
+    }
+
+    // The drain time without the sentinel, and "not draining" mapped in a state panel.
+    for (uid, time, draining) in [
+        (
+            "inboxwatch-source",
+            "Time to drain vs objective",
+            "Draining",
+        ),
+        (
+            "inboxwatch-kafka",
+            "Time to drain by group and topic",
+            "Draining by group",
+        ),
+    ] {
+        let p = panel(uid, time);
+        assert_eq!(p["fieldConfig"]["defaults"]["unit"], "s", "{uid} / {time}");
+        assert!(
+            exprs(&p).iter().any(|e| e.contains("time_to_drain_seconds")
+                && e.ends_with(&format!(" < {DRAIN_SENTINEL}"))),
+            "{uid} / {time} must draw the estimates below the sentinel: {:?}",
+            exprs(&p)
+        );
+        let p = panel(uid, draining);
+        assert_eq!(p["type"], "state-timeline", "{uid} / {draining}");
+        assert!(
+            exprs(&p).iter().all(|e| e.contains("time_to_drain_seconds")
+                && e.ends_with(&format!(" >= bool {DRAIN_SENTINEL}"))),
+            "{uid} / {draining}: {:?}",
+            exprs(&p)
+        );
+        assert_eq!(
+            p["fieldConfig"]["defaults"]["mappings"][0]["options"]["1"]["text"], "not draining",
+            "{uid} / {draining}: 1 must read \"not draining\""
+        );
+    }
+    // Nowhere else is the sentinel drawn as a duration.
+    for d in &dashes {
+        for p in panels(&d.json) {
+            for e in exprs(p)
+                .iter()
+                .filter(|e| e.contains("time_to_drain_seconds"))
+            {
+                assert!(
+                    e.contains(&format!("< {DRAIN_SENTINEL}"))
+                        || e.contains(&format!(">= bool {DRAIN_SENTINEL}")),
+                    "{} / {}: draws the time to drain with its sentinel: {e}",
+                    d.file,
+                    title(p)
+                );
+            }
+        }
+    }
 }

@@ -71,6 +71,14 @@ names! {
     INBOX_BACKLOG = "inbox_backlog_messages";
     INBOX_OLDEST_AGE = "inbox_oldest_unprocessed_age_seconds";
     INBOX_STUCK = "inbox_stuck_messages";
+    INBOX_VERSION_GAPS = "inbox_version_gaps";
+    INBOX_OLDEST_GAP_AGE = "inbox_oldest_version_gap_age_seconds";
+    INBOX_OUT_OF_ORDER_ARRIVALS = "inbox_out_of_order_arrivals_total";
+    INBOX_OUT_OF_ORDER_COMPLETIONS = "inbox_out_of_order_completions_total";
+    INBOX_PARKED = "inbox_parked_messages";
+    INBOX_PARKED_KEYS = "inbox_parked_keys";
+    INBOX_OLDEST_PARKED_AGE = "inbox_oldest_parked_age_seconds";
+    ORDERING_KEYS_EVICTED = "inboxwatch_ordering_keys_evicted_total";
     OUTBOX_BACKLOG = "outbox_backlog_messages";
     OUTBOX_OLDEST_AGE = "outbox_oldest_unpublished_age_seconds";
     OUTBOX_PUBLISHED = "outbox_messages_published_total";
@@ -149,8 +157,8 @@ pub static CATALOGUE: &[MetricDef] = &[
         INBOX_DUPLICATES,
         Kind::Counter,
         Some(Unit::Count),
-        SE,
-        "Idempotency hits: deliveries of an event id that was already recorded.",
+        &["source", "event_type", "phase"],
+        "Idempotency hits: deliveries of an event id that was already recorded, by phase (in_flight: not finished yet; after_completion: delivered again after it finished, an ack the broker never got).",
     ),
     def(
         INBOX_COMPLETED,
@@ -231,6 +239,62 @@ pub static CATALOGUE: &[MetricDef] = &[
         Some(Unit::Count),
         SE,
         "Rows in processing for longer than the source's stuck_after.",
+    ),
+    def(
+        INBOX_VERSION_GAPS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        S,
+        "Ordering keys where a later version has arrived while an earlier one has not (between the lowest and highest version seen).",
+    ),
+    def(
+        INBOX_OLDEST_GAP_AGE,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        S,
+        "Age of the earliest arrival among the versions waiting above a gap, on the database's clock; 0 when there is no gap.",
+    ),
+    def(
+        INBOX_OUT_OF_ORDER_ARRIVALS,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Events that arrived with a version lower than one already received for their ordering key.",
+    ),
+    def(
+        INBOX_OUT_OF_ORDER_COMPLETIONS,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Events that succeeded after a higher version of their ordering key had succeeded: an old event may have overwritten newer state.",
+    ),
+    def(
+        INBOX_PARKED,
+        Kind::Gauge,
+        Some(Unit::Count),
+        S,
+        "Rows with a status meaning parked: moved aside to be replayed, neither finished nor backlog.",
+    ),
+    def(
+        INBOX_PARKED_KEYS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        S,
+        "Distinct ordering keys among the parked rows.",
+    ),
+    def(
+        INBOX_OLDEST_PARKED_AGE,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        S,
+        "Age of the oldest parked row (from its received_at), on the database's clock; 0 when there is none.",
+    ),
+    def(
+        ORDERING_KEYS_EVICTED,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Ordering keys the agent forgot to stay within ordering_keys_limit (the least recently seen first).",
     ),
     def(
         OUTBOX_BACKLOG,

@@ -271,9 +271,39 @@ pub fn quantile_diff(m: &Metrics, truth: &InboxTruth, source: &str) -> Vec<Strin
         vec![None]
     };
     let mut out = Vec::new();
+    // Every exported series is of an event type the truth has, at a quantile checked below.
+    for s in &series {
+        let known_type = s
+            .labels
+            .get("event_type")
+            .is_none_or(|t| labels.iter().flatten().any(|l| l == t));
+        let known_q = s
+            .labels
+            .get("quantile")
+            .is_some_and(|q| ["0.5", "0.95", "0.99"].contains(&q.as_str()));
+        if !known_type || !known_q {
+            out.push(format!(
+                "{NAME}{:?}: not a series of the ground truth",
+                s.labels
+            ));
+        }
+    }
     for label in labels {
         let sorted = truth.processing_durations(label.as_deref());
         if sorted.is_empty() {
+            // Nothing measured: no quantile may be exported for it.
+            let mut l: Vec<(&str, &str)> = vec![("source", source)];
+            if let Some(t) = label.as_deref() {
+                l.push(("event_type", t));
+            }
+            for s in m.series(NAME, &l) {
+                out.push(format!(
+                    "{NAME}{:?} = {}: exported for {:?}, which has no measured duration",
+                    s.labels,
+                    s.value,
+                    label.as_deref().unwrap_or("(all)")
+                ));
+            }
             continue;
         }
         for q in [0.5, 0.95, 0.99] {

@@ -167,6 +167,83 @@ pub fn inbox(s: &InboxSpec) -> Vec<Capability> {
             How::Zero("no started_at column".into())
         },
     });
+    out.extend(ordering(s, deleted));
+    out
+}
+
+/// The ordering and parked series: listed only for a source that maps both
+/// ordering columns or has a status meaning parked (others have none of them).
+fn ordering(s: &InboxSpec, deleted: bool) -> Vec<Capability> {
+    let mut out = Vec::new();
+    let no_columns = || How::Absent("no ordering_key and version columns".into());
+    if s.ordered() {
+        out.push(Capability {
+            metric: metric::INBOX_OUT_OF_ORDER_ARRIVALS,
+            how: if deleted {
+                How::Bounded(format!("a lower bound: {UNSEEN_DELETED}"))
+            } else {
+                How::Exact
+            },
+        });
+        let completions = match (&s.columns.finished_at, deleted) {
+            (_, true) => {
+                How::Bounded("a lower bound: a deleted row's success shows no version".into())
+            }
+            (None, false) => How::Bounded(
+                "no finished_at column: successes are ordered by when the agent saw them".into(),
+            ),
+            (Some(_), false) => How::Exact,
+        };
+        out.push(Capability {
+            metric: metric::INBOX_OUT_OF_ORDER_COMPLETIONS,
+            how: completions,
+        });
+        let gaps = if deleted {
+            How::Bounded(format!(
+                "an upper bound: a version whose row was never seen ({UNSEEN_DELETED}) \
+                 stays a gap"
+            ))
+        } else {
+            How::Exact
+        };
+        for m in [metric::INBOX_VERSION_GAPS, metric::INBOX_OLDEST_GAP_AGE] {
+            out.push(Capability {
+                metric: m,
+                how: gaps.clone(),
+            });
+        }
+        out.push(Capability {
+            metric: metric::ORDERING_KEYS_EVICTED,
+            how: How::Exact,
+        });
+    }
+    if s.parks() {
+        for m in [metric::INBOX_PARKED, metric::INBOX_OLDEST_PARKED_AGE] {
+            out.push(Capability {
+                metric: m,
+                how: How::Exact,
+            });
+        }
+        out.push(Capability {
+            metric: metric::INBOX_PARKED_KEYS,
+            how: if s.ordered() {
+                How::Exact
+            } else {
+                no_columns()
+            },
+        });
+    } else if s.ordered() {
+        for m in [
+            metric::INBOX_PARKED,
+            metric::INBOX_PARKED_KEYS,
+            metric::INBOX_OLDEST_PARKED_AGE,
+        ] {
+            out.push(Capability {
+                metric: m,
+                how: How::Absent("no status word or rule means parked".into()),
+            });
+        }
+    }
     out
 }
 
@@ -209,7 +286,7 @@ pub fn outbox(s: &OutboxSpec) -> Vec<Capability> {
 
 /// What a column must look like to stand for a meaning: name fragments,
 /// and the kind of type.
-const LOOKS: [(&str, &[&str], Kind); 8] = [
+const LOOKS: [(&str, &[&str], Kind); 10] = [
     (
         "event_type",
         &[
@@ -291,7 +368,34 @@ const LOOKS: [(&str, &[&str], Kind); 8] = [
         &["updated_at", "modified", "changed_at"],
         Kind::Time,
     ),
+    (
+        "ordering_key",
+        &[
+            "ordering_key",
+            "aggregate_id",
+            "partition_key",
+            "message_group",
+            "sequence_key",
+            "stream_id",
+        ],
+        Kind::Text,
+    ),
+    (
+        "version",
+        &[
+            "version",
+            "sequence",
+            "seq_no",
+            "sequence_number",
+            "revision",
+        ],
+        Kind::Int,
+    ),
 ];
+
+/// Meanings suggested only when a column looks like them: most tables have
+/// no order to follow, and saying so on every one would be noise.
+const ONLY_IF_LIKELY: [&str; 2] = ["ordering_key", "version"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -333,6 +437,8 @@ pub(crate) fn suggestions(spec: Shape<'_>, present: &[(String, String)]) -> Vec<
                 "last_error",
                 "traceparent",
                 "updated_at",
+                "ordering_key",
+                "version",
             ],
         ),
         Shape::Outbox(s) => (
@@ -366,12 +472,20 @@ pub(crate) fn suggestions(spec: Shape<'_>, present: &[(String, String)]) -> Vec<
             })
             .collect();
         if like.is_empty() {
-            out.push(format!("{meaning} is not mapped (no column looks like it)"));
+            if !ONLY_IF_LIKELY.contains(&meaning) {
+                out.push(format!("{meaning} is not mapped (no column looks like it)"));
+            }
         } else if meaning == "updated_at" {
             out.push(format!(
                 "updated_at is not mapped; looks like it: {} — map it only if the consumer sets it \
                  on every change of a row (claim, failure, retry); most libraries' updated_at \
                  is not, and cursor = \"none\" is then the right mode",
+                like.join(", ")
+            ));
+        } else if ONLY_IF_LIKELY.contains(&meaning) {
+            out.push(format!(
+                "{meaning} is not mapped; looks like it: {} — map ordering_key and version \
+                 together (an integer version per key) for the ordering health series",
                 like.join(", ")
             ));
         } else {

@@ -113,6 +113,10 @@ pub struct RawInbox {
     pub error_classes: Option<Vec<RawErrorClass>>,
     /// `false` drops the built-in error classes, so that `error_classes` replaces them (default true).
     pub default_error_classes: Option<bool>,
+    /// With `columns.ordering_key` and `columns.version`: the keys whose
+    /// versions are remembered (default 100000); the least recently seen is
+    /// forgotten first, counted in `inboxwatch_ordering_keys_evicted_total`.
+    pub ordering_keys_limit: Option<i64>,
     /// What `inboxwatch dead-letters replay` and `ignore` write with.
     pub dead_letter_actions: Option<RawActions>,
     /// With `cursor = "events"`: the append-only log of status changes the
@@ -141,7 +145,7 @@ pub struct RawActions {
 /// One `[[sources.status_rules]]` entry.
 #[derive(Debug, Default, Deserialize)]
 pub struct RawRule {
-    /// pending, processing, succeeded, failed or dead.
+    /// pending, processing, succeeded, failed, dead or parked.
     pub meaning: Option<String>,
     /// The condition, in the grammar of [`super::rules`].
     pub when: Option<String>,
@@ -174,6 +178,10 @@ pub struct RawInboxColumns {
     pub business_key: Option<String>,
     /// A short description of the event (a body digest, say): shown, never a label.
     pub summary: Option<String>,
+    /// What must be processed in order (an order, an account id): never a label.
+    pub ordering_key: Option<String>,
+    /// The event's version within its ordering key, an integer.
+    pub version: Option<String>,
 }
 
 /// An outbox's `[sources.columns]`.
@@ -195,6 +203,9 @@ pub struct RawStatuses {
     pub succeeded: Option<Vec<String>>,
     pub failed: Option<Vec<String>>,
     pub dead: Option<Vec<String>>,
+    /// Moved aside after failing, with the later versions of its key, to be
+    /// replayed once fixed: neither finished nor backlog. No default word.
+    pub parked: Option<Vec<String>>,
 }
 
 /// `[sources.objectives]`.
@@ -310,6 +321,8 @@ pub struct InboxSpec {
     /// `[sources.dead_letter_actions]`, for the `dead-letters replay` and
     /// `ignore` commands only. Boxed: most sources have none.
     pub actions: Option<Box<DeadLetterActions>>,
+    /// Ordering keys whose versions are remembered (`ordering_keys_limit`).
+    pub ordering_keys_limit: usize,
 }
 
 /// What an `attempts` column counts (`attempts_count`).
@@ -339,6 +352,11 @@ impl AttemptsCount {
 /// The largest `attempts_offset`: 1 is the case in the wild (a retry count);
 /// a larger one is more likely a mistake than a table.
 const MAX_ATTEMPTS_OFFSET: i64 = 10;
+
+/// The default `ordering_keys_limit`.
+pub const DEFAULT_ORDERING_KEYS: usize = 100_000;
+/// The largest `ordering_keys_limit`: about 1 GiB of key state.
+const MAX_ORDERING_KEYS: usize = 10_000_000;
 
 /// The default `audit_table`.
 pub const AUDIT_TABLE: &str = "inboxwatch_dead_letter_actions";
@@ -419,6 +437,19 @@ impl InboxSpec {
         }
     }
 
+    /// Whether the source follows versions per key: both `ordering_key`
+    /// and `version` mapped.
+    pub fn ordered(&self) -> bool {
+        self.columns.ordering_key.is_some() && self.columns.version.is_some()
+    }
+
+    /// Whether a row can be parked: a status word or a rule means `parked`.
+    pub fn parks(&self) -> bool {
+        let words =
+            self.columns.status.is_some() && !self.statuses.words_for(Status::Parked).is_empty();
+        words || self.rules.iter().any(|r| r.meaning == Status::Parked)
+    }
+
     /// What a value read through [`InboxSpec::status_select`] means.
     pub fn meaning_of(&self, text: &str) -> Option<Status> {
         if self.words_only().is_some() {
@@ -464,6 +495,8 @@ pub struct InboxColumns {
     pub updated_at: Option<String>,
     pub business_key: Option<String>,
     pub summary: Option<String>,
+    pub ordering_key: Option<String>,
+    pub version: Option<String>,
 }
 
 impl InboxColumns {
@@ -485,6 +518,8 @@ impl InboxColumns {
             ("traceparent", &self.traceparent),
             ("business_key", &self.business_key),
             ("summary", &self.summary),
+            ("ordering_key", &self.ordering_key),
+            ("version", &self.version),
         ];
         out.extend(
             optional
@@ -535,16 +570,20 @@ pub enum Status {
     Succeeded,
     Failed,
     Dead,
+    /// Moved aside with its key's later versions, to be replayed: neither
+    /// finished nor unfinished (not in the backlog).
+    Parked,
 }
 
 impl Status {
     /// The meanings in the order of the config keys.
-    pub const ALL: [Status; 5] = [
+    pub const ALL: [Status; 6] = [
         Status::Pending,
         Status::Processing,
         Status::Succeeded,
         Status::Failed,
         Status::Dead,
+        Status::Parked,
     ];
 
     /// The config key / label value of this meaning.
@@ -555,6 +594,7 @@ impl Status {
             Status::Succeeded => "succeeded",
             Status::Failed => "failed",
             Status::Dead => "dead",
+            Status::Parked => "parked",
         }
     }
 
@@ -602,10 +642,13 @@ impl StatusMap {
 }
 
 impl Default for StatusMap {
+    /// Each meaning's own name, except `parked`: a table parks only if its
+    /// map says with which word.
     fn default() -> Self {
         StatusMap {
             words: Status::ALL
                 .iter()
+                .filter(|s| **s != Status::Parked)
                 .map(|s| (s.as_str().to_string(), *s))
                 .collect(),
         }
@@ -936,6 +979,19 @@ pub(crate) fn inbox_spec(
         );
     }
     let columns = columns?;
+    let ordering_keys_limit = v.positive(
+        &format!("{key}.ordering_keys_limit"),
+        raw.ordering_keys_limit,
+        DEFAULT_ORDERING_KEYS,
+        MAX_ORDERING_KEYS,
+    );
+    let ordered = columns.ordering_key.is_some() && columns.version.is_some();
+    if raw.ordering_keys_limit.is_some() && !ordered {
+        v.problem(
+            &format!("{key}.ordering_keys_limit"),
+            "applies only with columns.ordering_key and columns.version".into(),
+        );
+    }
     let attempts_offset = raw.attempts_offset.unwrap_or(0);
     if let Some(offset) = raw.attempts_offset {
         let at = format!("{key}.attempts_offset");
@@ -976,6 +1032,7 @@ pub(crate) fn inbox_spec(
         attempts_offset,
         actions,
         error_classes,
+        ordering_keys_limit,
     })
 }
 
@@ -1103,7 +1160,7 @@ fn status_rules(v: &mut Validator<'_>, key: &str, raw: &[RawRule]) -> Vec<Rule> 
                 v.problem(
                     &format!("{at}.meaning"),
                     format!(
-                        "\"{m}\" is not a meaning: one of pending, processing, succeeded, failed, dead"
+                        "\"{m}\" is not a meaning: one of pending, processing, succeeded, failed, dead, parked"
                     ),
                 );
                 None
@@ -1235,6 +1292,8 @@ fn inbox_columns(
         updated_at: column(v, key, "updated_at", &c.updated_at, false),
         business_key: column(v, key, "business_key", &c.business_key, false),
         summary: column(v, key, "summary", &c.summary, false),
+        ordering_key: column(v, key, "ordering_key", &c.ordering_key, false),
+        version: column(v, key, "version", &c.version, false),
     };
     let written = [
         ("event_id", &c.event_id),
@@ -1250,7 +1309,21 @@ fn inbox_columns(
         ("updated_at", &c.updated_at),
         ("business_key", &c.business_key),
         ("summary", &c.summary),
+        ("ordering_key", &c.ordering_key),
+        ("version", &c.version),
     ];
+    // Versions mean something only within a key, and a key only with versions.
+    match (&cols.ordering_key, &cols.version) {
+        (None, Some(_)) => v.problem(
+            &format!("{key}.columns.version"),
+            "needs columns.ordering_key: a version counts within its key".into(),
+        ),
+        (Some(_), None) => v.problem(
+            &format!("{key}.columns.ordering_key"),
+            "needs columns.version: the order within a key comes from the version".into(),
+        ),
+        _ => {}
+    }
     distinct_columns(v, key, &cols.mapped(), &written);
     (v.count() == before).then_some(cols)
 }
@@ -1317,12 +1390,14 @@ fn statuses(v: &mut Validator<'_>, key: &str, raw: Option<&RawStatuses>) -> Stat
         (Status::Succeeded, &raw.succeeded),
         (Status::Failed, &raw.failed),
         (Status::Dead, &raw.dead),
+        (Status::Parked, &raw.parked),
     ];
     let mut words: Vec<(String, Status)> = Vec::new();
     for (status, list) in lists {
         let full = format!("{key}.statuses.{}", status.as_str());
         let list = match list {
             Some(l) => l.clone(),
+            None if status == Status::Parked => Vec::new(),
             None => vec![status.as_str().to_string()],
         };
         if list.is_empty() && matches!(status, Status::Pending | Status::Succeeded) {

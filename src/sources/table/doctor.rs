@@ -170,6 +170,23 @@ fn index_for(what: &str, spec: Shape<'_>, sql: &Sql) -> String {
         );
     }
     match spec {
+        // The parked rows by their status words: on MySQL the index on
+        // (status, received_at) below serves them too.
+        Shape::Inbox(s) if what == "parked rows" && sql.dialect != Dialect::MySql => {
+            if let Some(status) = s.words_only() {
+                let words = s.statuses.words_for(super::Status::Parked);
+                let filter = format!("{} IN {}", sql.ident(status), sql.in_list(&words));
+                let received = sql.ident(&s.columns.received_at);
+                return create_index(
+                    sql.dialect,
+                    &format!("{base}_parked"),
+                    &t,
+                    &received,
+                    Some(&filter),
+                );
+            }
+            index_for("unfinished rows", spec, sql)
+        }
         Shape::Inbox(s) => {
             // With the arrival time in an events log, the rows by id.
             let received = match s.columns.received_at.as_str() {

@@ -31,6 +31,7 @@ use sqlx::any::AnyRow;
 use super::backlog::{GaugeMap, Unfinished};
 use super::config::{Cursor, InboxSpec, Status};
 use super::dialect::{OUT_OF_RANGE, Sql};
+use super::ordering::Ordering;
 use super::state::{Entry, Flags, Tracked};
 use super::{MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
 use crate::journal::{Attempt as JournalAttempt, Journal, Outcome};
@@ -167,6 +168,9 @@ struct Row {
     /// Whether `status` names a meaning (an event of `cursor = "events"`)
     /// rather than a status word of the table.
     meaning: bool,
+    /// `ordering_key` and `version`, when both are mapped and set.
+    ordering_key: Option<String>,
+    key_version: Option<i64>,
 }
 
 /// The times a completion's durations are observed from; none without an end.
@@ -182,7 +186,8 @@ struct Times {
 struct Counts {
     received: u64,
     deliveries: u64,
-    duplicates: u64,
+    /// Duplicate deliveries by phase ([`IN_FLIGHT`], [`AFTER_COMPLETION`]).
+    duplicates: [u64; 2],
     succeeded: u64,
     dead: u64,
     processing: Vec<f64>,
@@ -222,7 +227,38 @@ pub struct Inbox {
     poll_now: i64,
     /// Where failing events' attempts are noted, and the source's name.
     journal: Option<(Journal, Arc<str>)>,
+    /// The versions per ordering key, when `ordering_key` and `version` are mapped.
+    ordering: Option<Ordering>,
+    /// The parked rows' aggregate of the last poll, when the table parks.
+    parked: Option<Parked>,
+    /// Whether the per-source series (ordering, parked) exist.
+    source_series: bool,
 }
+
+/// The parked rows of the table, from [`Inbox::parked_query`].
+#[derive(Debug, Default, Clone, Copy)]
+struct Parked {
+    messages: u64,
+    keys: u64,
+    /// The earliest `received_at` among them (microseconds).
+    oldest: Option<i64>,
+}
+
+/// What a row shows the ordering memory.
+#[derive(Debug, Clone, Copy)]
+enum Noted {
+    /// Its version arrived: `counted` as a new event, which may be out of
+    /// order; else as a row of the baseline.
+    Arrival { counted: bool },
+    /// It succeeded with this change.
+    Success,
+}
+
+/// Index of each phase in [`Counts::duplicates`].
+const IN_FLIGHT: usize = 0;
+const AFTER_COMPLETION: usize = 1;
+/// The `phase` label of each index of [`Counts::duplicates`].
+const PHASES: [&str; 2] = ["in_flight", "after_completion"];
 
 impl Inbox {
     /// The inbox logic of one configured source.
@@ -230,7 +266,13 @@ impl Inbox {
         let states = Tracked::new(spec.table.max_tracked_events);
         let labels = LabelCap::new(spec.table.event_type_limit);
         let overlap = micros(spec.table.overlap);
+        let ordering = spec
+            .ordered()
+            .then(|| Ordering::new(spec.ordering_keys_limit));
         Inbox {
+            ordering,
+            parked: None,
+            source_series: false,
             spec,
             states,
             labels,
@@ -336,6 +378,7 @@ impl Inbox {
     }
 
     fn decode(&self, row: &AnyRow) -> Result<Row, String> {
+        let row_in = row;
         let mut row = Row {
             event_id: get::<Option<String>>(row, 0, "event_id")?.unwrap_or_default(),
             event_type: get(row, 1, "event_type")?,
@@ -352,7 +395,13 @@ impl Inbox {
             version: 0,
             class: 0,
             meaning: false,
+            ordering_key: None,
+            key_version: None,
         };
+        if self.ordering.is_some() {
+            row.ordering_key = get(row_in, 12, "ordering_key")?;
+            row.key_version = get(row_in, 13, "version")?;
+        }
         row.class = self.spec.error_classes.index(row.error_text.as_deref());
         let count = self.spec.attempts_count;
         row.attempts = row
@@ -398,7 +447,8 @@ impl Inbox {
             Some(a) => {
                 let a = u32::try_from(a.max(0)).unwrap_or(u32::MAX);
                 match status {
-                    Status::Failed | Status::Pending => a,
+                    // A parked row's attempts all failed (or none was made).
+                    Status::Failed | Status::Pending | Status::Parked => a,
                     Status::Processing | Status::Succeeded | Status::Dead => a.saturating_sub(1),
                 }
             }
@@ -530,6 +580,10 @@ impl Inbox {
                 if counted {
                     self.complete(label, &row, class, status, now);
                 }
+                self.note_order(&row, Noted::Arrival { counted: false });
+                if counted && status == Status::Succeeded {
+                    self.note_order(&row, Noted::Success);
+                }
                 let zero = State {
                     updated: row.updated,
                     received,
@@ -575,6 +629,7 @@ impl Inbox {
             }
             None => {
                 self.counts.entry(label).or_default().received += 1;
+                self.note_order(&row, Noted::Arrival { counted: true });
                 State {
                     updated: row.updated,
                     received,
@@ -628,8 +683,16 @@ impl Inbox {
             if deliveries > prev.deliveries {
                 let added = u64::from(deliveries - prev.deliveries);
                 counts.deliveries += added;
-                // The first delivery of a new event is not a duplicate.
-                counts.duplicates += if prev.deliveries == 0 {
+                // The first delivery of a new event is not a duplicate. A
+                // delivery to an event last seen finished came after its
+                // completion; one seen with the completion, or before it, is
+                // counted in flight.
+                let phase = if prev.completed {
+                    AFTER_COMPLETION
+                } else {
+                    IN_FLIGHT
+                };
+                counts.duplicates[phase] += if prev.deliveries == 0 {
                     added - 1
                 } else {
                     added
@@ -648,6 +711,9 @@ impl Inbox {
         }
         let completed = if terminal && !prev.completed {
             self.complete(label, &row, class, status, now);
+            if status == Status::Succeeded {
+                self.note_order(&row, Noted::Success);
+            }
             true
         } else {
             terminal && prev.completed
@@ -687,6 +753,27 @@ impl Inbox {
         );
     }
 
+    /// Notes for the ordering memory what a row shows. Rows without a key
+    /// or version are not ordered.
+    fn note_order(&mut self, row: &Row, what: Noted) {
+        let (Some(ordering), Some(key), Some(version)) = (
+            self.ordering.as_mut(),
+            row.ordering_key.as_deref(),
+            row.key_version,
+        ) else {
+            return;
+        };
+        let key = key_of(key);
+        match what {
+            Noted::Success => ordering.success(key, version, row.finished.unwrap_or(row.updated)),
+            Noted::Arrival { counted } => {
+                if let Some(received) = row.received {
+                    ordering.arrival(key, version, received, counted);
+                }
+            }
+        }
+    }
+
     /// Emits the span a row shows, if `emit` and it was not emitted yet:
     /// a terminal row's last attempt, or a failed row's failed attempt
     /// (once per attempt: `spanned` is the highest one already emitted).
@@ -710,7 +797,7 @@ impl Inbox {
             Status::Succeeded => "succeeded",
             Status::Dead => "dead_lettered",
             Status::Failed => "failed",
-            Status::Pending | Status::Processing => return spanned,
+            Status::Pending | Status::Processing | Status::Parked => return spanned,
         };
         if !emit || (status == Status::Failed && attempt <= spanned) {
             return spanned;
@@ -772,13 +859,12 @@ impl Inbox {
             // deliveries: their series are not exported (absent, not 0).
             let deliveries = self.spec.columns.deliveries.is_some();
             if self.series.insert(label) {
-                for name in [
-                    metric::INBOX_RECEIVED,
-                    metric::INBOX_DELIVERIES,
-                    metric::INBOX_DUPLICATES,
-                ] {
-                    if deliveries || !is_delivery_series(name) {
-                        metrics::counter!(name, &l).increment(0);
+                metrics::counter!(metric::INBOX_RECEIVED, &l).increment(0);
+                if deliveries {
+                    metrics::counter!(metric::INBOX_DELIVERIES, &l).increment(0);
+                    for phase in PHASES {
+                        metrics::counter!(metric::INBOX_DUPLICATES, "source" => source.clone(), "event_type" => et.clone(), "phase" => phase)
+                            .increment(0);
                     }
                 }
                 for outcome in ["succeeded", "dead_lettered"] {
@@ -796,7 +882,12 @@ impl Inbox {
             inc(metric::INBOX_RECEIVED, c.received);
             if deliveries {
                 inc(metric::INBOX_DELIVERIES, c.deliveries);
-                inc(metric::INBOX_DUPLICATES, c.duplicates);
+                for (phase, n) in PHASES.into_iter().zip(c.duplicates) {
+                    if n > 0 {
+                        metrics::counter!(metric::INBOX_DUPLICATES, "source" => source.clone(), "event_type" => et.clone(), "phase" => phase)
+                            .increment(n);
+                    }
+                }
             }
             for (outcome, n) in [("succeeded", c.succeeded), ("dead_lettered", c.dead)] {
                 if n > 0 {
@@ -854,6 +945,43 @@ impl Inbox {
                     metrics::counter!(name, &l).increment(n);
                 }
             }
+        }
+    }
+
+    /// The series of the source as a whole: ordering health (with
+    /// `ordering_key` and `version`) and parked rows (with a status meaning
+    /// parked). Counters first show at 0, on the first poll.
+    fn record_source(&mut self, db_now: i64) {
+        let source = self.spec.table.name.clone();
+        let first = !self.source_series;
+        self.source_series = true;
+        let age = |oldest: Option<i64>| oldest.map_or(0.0, |t| seconds(db_now - t).max(0.0));
+        if let Some(ordering) = self.ordering.as_mut() {
+            let c = ordering.apply();
+            for (name, n) in [
+                (metric::INBOX_OUT_OF_ORDER_ARRIVALS, c.arrivals),
+                (metric::INBOX_OUT_OF_ORDER_COMPLETIONS, c.completions),
+                (metric::ORDERING_KEYS_EVICTED, c.evicted),
+            ] {
+                if first || n > 0 {
+                    metrics::counter!(name, "source" => source.clone()).increment(n);
+                }
+            }
+            let gaps = ordering.gaps();
+            metrics::gauge!(metric::INBOX_VERSION_GAPS, "source" => source.clone())
+                .set(gaps.keys as f64);
+            metrics::gauge!(metric::INBOX_OLDEST_GAP_AGE, "source" => source.clone())
+                .set(age(gaps.oldest));
+        }
+        if let Some(p) = self.parked.take() {
+            metrics::gauge!(metric::INBOX_PARKED, "source" => source.clone())
+                .set(p.messages as f64);
+            if self.ordering.is_some() {
+                metrics::gauge!(metric::INBOX_PARKED_KEYS, "source" => source.clone())
+                    .set(p.keys as f64);
+            }
+            metrics::gauge!(metric::INBOX_OLDEST_PARKED_AGE, "source" => source.clone())
+                .set(age(p.oldest));
         }
     }
 
@@ -957,6 +1085,8 @@ impl TableKind for Inbox {
                 },
             ),
             ("updated_at", updated_at),
+            ("ordering_key", opt(&c.ordering_key, &|e| sql.text(e))),
+            ("version", opt(&c.version, &|e| sql.int(e))),
         ]
     }
 
@@ -1110,6 +1240,49 @@ impl TableKind for Inbox {
         }
     }
 
+    fn parked_query(&self, sql: &Sql) -> Option<String> {
+        if !self.spec.parks() {
+            return None;
+        }
+        let c = &self.spec.columns;
+        let condition = match self.spec.words_only() {
+            Some(status) => format!(
+                "{} IN {}",
+                sql.ident(status),
+                sql.in_list(&self.spec.statuses.words_for(Status::Parked))
+            ),
+            None => format!(
+                "{} = {}",
+                self.spec.status_select(sql),
+                sql.literal(Status::Parked.as_str())
+            ),
+        };
+        let keys = match (&c.ordering_key, self.spec.ordered()) {
+            (Some(k), true) => format!("COUNT(DISTINCT {})", sql.ident(k)),
+            _ => "0".to_string(),
+        };
+        Some(format!(
+            "SELECT {}, {}, {} FROM {} WHERE {condition}",
+            sql.int("COUNT(*)"),
+            sql.int(&keys),
+            sql.min_micros(&self.spec.received_sql(sql)),
+            sql.table(&self.spec.table.table),
+        ))
+    }
+
+    fn parked(&mut self, row: &AnyRow) -> Result<(), String> {
+        let messages: Option<i64> = get(row, 0, "status")?;
+        let keys: Option<i64> = get(row, 1, "ordering_key")?;
+        let oldest = Sql::in_range(get(row, 2, "received_at")?);
+        let count = |n: Option<i64>| u64::try_from(n.unwrap_or(0)).unwrap_or(0);
+        self.parked = Some(Parked {
+            messages: count(messages),
+            keys: count(keys),
+            oldest,
+        });
+        Ok(())
+    }
+
     fn gauges(&mut self, rows: &[AnyRow]) -> Result<GaugeMap, String> {
         let mut out = GaugeMap::new();
         for row in rows {
@@ -1171,24 +1344,20 @@ impl TableKind for Inbox {
 
     fn flush(&mut self, gauges: &GaugeMap, db_now: i64, now: Instant) {
         self.record();
+        self.record_source(db_now);
         self.record_gauges(gauges, db_now, now);
         self.states.tidy(&self.spec.table, db_now, now);
     }
 }
 
-/// The series that only a deliveries column can give.
 /// Attempts a row shows were started after a failed one, given the failed
 /// attempts it shows: each failure was retried, except the last one while the
 /// row waits (failed, or back in pending) for its next attempt.
 fn retries_shown(status: Status, failures: u32) -> u32 {
     match status {
-        Status::Failed | Status::Pending => failures.saturating_sub(1),
+        Status::Failed | Status::Pending | Status::Parked => failures.saturating_sub(1),
         Status::Processing | Status::Succeeded | Status::Dead => failures,
     }
-}
-
-fn is_delivery_series(name: &str) -> bool {
-    name == metric::INBOX_DELIVERIES || name == metric::INBOX_DUPLICATES
 }
 
 /// A version of a row read without a change cursor: a hash of every value
@@ -1221,7 +1390,7 @@ fn class_of(status: Status) -> Option<usize> {
         Status::Pending => Some(PENDING),
         Status::Processing => Some(PROCESSING),
         Status::Failed => Some(FAILED),
-        Status::Succeeded | Status::Dead => None,
+        Status::Succeeded | Status::Dead | Status::Parked => None,
     }
 }
 
@@ -1283,6 +1452,8 @@ mod tests {
             traceparent: None,
             updated: 0,
             version: 0,
+            ordering_key: None,
+            key_version: None,
         };
         let retried = row(300, 200);
         for status in [Status::Pending, Status::Processing, Status::Failed] {

@@ -23,6 +23,7 @@ pub mod inbox;
 mod kind;
 pub mod lock;
 mod lookup;
+mod ordering;
 pub mod outbox;
 pub mod rules;
 pub mod schema;
@@ -146,6 +147,15 @@ pub trait TableKind: Send + 'static {
     fn gone(&mut self, key: u64, last: &Unfinished, noticed: i64, deleted: bool);
     /// The aggregate over unfinished rows that gives the gauges.
     fn gauge_query(&self, sql: &Sql, db_now: i64) -> String;
+    /// The aggregate over parked rows, run on every poll, if rows can be
+    /// parked: one row of count, distinct keys and earliest arrival.
+    fn parked_query(&self, _sql: &Sql) -> Option<String> {
+        None
+    }
+    /// Takes the row of [`TableKind::parked_query`].
+    fn parked(&mut self, _row: &AnyRow) -> Result<(), String> {
+        Ok(())
+    }
     /// The gauges in the gauge query's rows.
     fn gauges(&mut self, rows: &[AnyRow]) -> Result<GaugeMap, String>;
     /// Rows whose `stuck_from` lies before this are stuck (microseconds).
@@ -403,6 +413,9 @@ impl<K: TableKind> TableSource<K> {
             out.push(("gauges".into(), self.kind.gauge_query(&self.sql, 0), false));
             out.push(("seed".into(), seed, false));
         }
+        if let Some(parked) = self.kind.parked_query(&self.sql) {
+            out.push(("parked rows".into(), parked, false));
+        }
         out
     }
 
@@ -523,6 +536,13 @@ impl<K: TableKind> TableSource<K> {
             rows_read += n;
             gauges
         };
+        if let Some(parked) = self.kind.parked_query(&self.sql) {
+            let row = sqlx::query(sqlx::AssertSqlSafe(parked))
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(query_error)?;
+            self.kind.parked(&row).map_err(SourceError::Schema)?;
+        }
         tx.commit().await.map_err(query_error)?;
         self.kind.flush(&gauges, db_now, Instant::now());
         Ok(PollStats { rows_read })
