@@ -51,12 +51,12 @@ const QUIET_ALLOWED: (&str, &str) = (
 /// long of the fault's start it goes pending.
 const DRILLS: &[(&str, &str, u64)] = &[
     ("kill-after-commit", "InboxStuckMessages", 45),
-    ("ack-timeout", "InboxDuplicateRatioHigh", 45),
+    ("ack-timeout", "InboxAckFailures", 45),
     ("concurrent-delivery", "InboxDuplicateRatioHigh", 45),
     ("downstream-throttling", "InboxRetryStorm", 50),
     ("dead-letter-replay", "InboxDeadLetterSpike", 40),
-    ("rebalance", "InboxOldestMessageTooOld", 50),
-    ("poison-key", "InboxRetryStorm", 80),
+    ("rebalance", "InboxBacklogNotDraining", 50),
+    ("poison-key", "InboxParkedKeys", 30),
 ];
 
 fn drill(name: &str) -> (&'static str, Duration) {

@@ -68,9 +68,9 @@ pub const DRILLS: &[DrillInfo] = &[
         name: "ack-timeout",
         consumer: "acknowledgements time out: 40 % of the completed events are delivered \
                    again 1-5 s after they succeeded",
-        signal: "inbox_duplicate_deliveries_total",
-        alert: "InboxDuplicateRatioHigh",
-        runbook: "inboxduplicateratiohigh",
+        signal: "inbox_duplicate_deliveries_total{phase=\"after_completion\"}",
+        alert: "InboxAckFailures",
+        runbook: "inboxackfailures",
         length: Duration::from_secs(60),
         pending_within: Duration::from_secs(45),
     },
@@ -80,7 +80,7 @@ pub const DRILLS: &[DrillInfo] = &[
         consumer: "35 % of the new events are delivered a second time within 150 ms, while the \
                    first delivery is still pending or processing; the idempotency guard rejects \
                    the second",
-        signal: "inbox_duplicate_deliveries_total",
+        signal: "inbox_duplicate_deliveries_total{phase=\"in_flight\"}",
         alert: "InboxDuplicateRatioHigh",
         runbook: "inboxduplicateratiohigh",
         length: Duration::from_secs(60),
@@ -115,9 +115,10 @@ pub const DRILLS: &[DrillInfo] = &[
         name: "rebalance",
         consumer: "partitions are revoked: the workers pause (deliveries go on) for the \
                    fault's length, then resume and drain the backlog",
-        signal: "inbox_oldest_unprocessed_age_seconds",
-        alert: "InboxOldestMessageTooOld",
-        runbook: "inboxoldestmessagetooold",
+        signal: "source:inbox_time_to_drain_seconds:rate5m (backlog / (completions - arrivals)), \
+                 inbox_oldest_unprocessed_age_seconds",
+        alert: "InboxBacklogNotDraining",
+        runbook: "inboxbacklognotdraining",
         length: Duration::from_secs(60),
         pending_within: Duration::from_secs(50),
     },
@@ -127,11 +128,11 @@ pub const DRILLS: &[DrillInfo] = &[
         consumer: "one ordering key gets an event every 2 s whose first version fails every \
                    attempt; after 4 attempts the key is parked (its later versions moved aside \
                    behind it) and at the fault's end it is fixed and replayed in version order",
-        signal: "inbox_attempt_failures_total",
-        alert: "InboxRetryStorm",
-        runbook: "inboxretrystorm",
-        length: Duration::from_secs(90),
-        pending_within: Duration::from_secs(80),
+        signal: "inbox_parked_keys, inbox_parked_messages",
+        alert: "InboxParkedKeys",
+        runbook: "inboxparkedkeys",
+        length: Duration::from_secs(60),
+        pending_within: Duration::from_secs(30),
     },
 ];
 

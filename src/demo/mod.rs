@@ -86,6 +86,11 @@ traceparent = "traceparent"
 updated_at = "updated_at"
 business_key = "business_key"
 summary = "summary"
+ordering_key = "ordering_key"
+version = "version"
+
+[sources.statuses]
+parked = ["{parked}"]
 
 [sources.objectives]
 oldest_age = "30s"
@@ -98,6 +103,7 @@ dsn = {dsn}
 audit_table = "{audit_table}"
 "#,
         stuck = STUCK_AFTER.as_secs(),
+        parked = simulate::PARKED,
     )
 }
 
