@@ -95,7 +95,7 @@ pub const DRILLS: &[DrillInfo] = &[
         signal: "inbox_attempt_failures_total{error_class=\"throttled\"}",
         alert: "InboxRetryStorm",
         runbook: "inboxretrystorm",
-        length: Duration::from_secs(60),
+        length: Duration::from_secs(45),
         pending_within: Duration::from_secs(50),
     },
     DrillInfo {
@@ -119,7 +119,7 @@ pub const DRILLS: &[DrillInfo] = &[
                  inbox_oldest_unprocessed_age_seconds",
         alert: "InboxBacklogNotDraining",
         runbook: "inboxbacklognotdraining",
-        length: Duration::from_secs(60),
+        length: Duration::from_secs(45),
         pending_within: Duration::from_secs(50),
     },
     DrillInfo {
