@@ -1005,6 +1005,49 @@ table = "outbox"
                 "inbox_parked_keys: exact",
             ]
         );
+        // The parked rows' aggregate: by the status words, or by the rules' meaning.
+        {
+            use crate::dsn::Dialect;
+            use crate::sources::table::TableKind;
+            use crate::sources::table::dialect::Sql;
+            let pg = Sql {
+                dialect: Dialect::Postgres,
+            };
+            let query = crate::sources::table::inbox::Inbox::new(s.clone())
+                .parked_query(&pg)
+                .expect("a source with parked words has the aggregate");
+            assert!(
+                query.starts_with(
+                    "SELECT CAST(COUNT(*) AS BIGINT), CAST(COUNT(DISTINCT \"aggregate_id\") AS BIGINT), "
+                ),
+                "{query}"
+            );
+            assert!(
+                query.ends_with(" FROM \"inbox\" WHERE \"status\" IN ('parked', 'quarantined')"),
+                "{query}"
+            );
+            let ruled = spec(&inbox(
+                "[[sources.status_rules]]\nmeaning = \"parked\"\nwhen = \"parked_at IS NOT NULL\"",
+                "",
+            ));
+            let query = crate::sources::table::inbox::Inbox::new(ruled)
+                .parked_query(&pg)
+                .expect("a source with a parked rule has the aggregate");
+            assert!(
+                query.contains("WHEN \"parked_at\" IS NOT NULL THEN 'parked'"),
+                "{query}"
+            );
+            assert!(
+                query.contains("CAST(0 AS BIGINT)"),
+                "no keys without the columns: {query}"
+            );
+            let none = crate::sources::table::inbox::Inbox::new(spec(&inbox("", both)));
+            assert_eq!(
+                none.parked_query(&pg),
+                None,
+                "no parked status, no aggregate"
+            );
+        }
         let plain = spec(&inbox("", ""));
         assert!(
             crate::sources::table::capabilities::inbox(&plain)

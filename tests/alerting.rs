@@ -1075,6 +1075,15 @@ fn a_critical_inhibits_its_source_and_family_and_for_kafka_its_group_or_topic_on
             "alertname=KafkaConsumerLagGrowing severity=warning family=consumer_group source=prod cluster=prod group=g2",
             false,
         ),
+        // A stalled group hides its own drain warning, not another group's.
+        (
+            "alertname=KafkaConsumerGroupNotDraining severity=warning family=consumer_group source=prod cluster=prod group=g1",
+            true,
+        ),
+        (
+            "alertname=KafkaConsumerGroupNotDraining severity=warning family=consumer_group source=prod cluster=prod group=g2",
+            false,
+        ),
         (
             "alertname=KafkaConsumerLagGrowing severity=warning family=consumer_group source=staging cluster=staging group=g1",
             false,
@@ -1101,6 +1110,20 @@ fn a_critical_inhibits_its_source_and_family_and_for_kafka_its_group_or_topic_on
         ),
         (
             "alertname=InboxDeadLetter severity=info family=dead_letters source=billing",
+            false,
+        ),
+        // Out-of-order completions page; the ordering warnings of the same source are
+        // other families (the guard working, or the agent's memory) and stay visible.
+        (
+            "alertname=InboxOutOfOrderCompletions severity=critical family=out_of_order source=orders",
+            false,
+        ),
+        (
+            "alertname=InboxParkedKeys severity=warning family=parked source=orders",
+            false,
+        ),
+        (
+            "alertname=InboxVersionGapTooOld severity=warning family=version_gaps source=orders",
             false,
         ),
     ];

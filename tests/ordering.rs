@@ -31,6 +31,10 @@ const DUPLICATES: &str = "inbox_duplicate_deliveries_total";
 /// are spread within a step by their index (one millisecond each), so no two writes
 /// share a time.
 const STEP_MS: i64 = 400;
+/// Steps between the versions below a missing one and those above it.
+const GAP_PAUSE_STEPS: i64 = 10;
+/// Writes of a plan per transaction.
+const WRITES_PER_COMMIT: usize = 50;
 /// Keys of the ground-truth plan.
 const KEYS: usize = 360;
 
@@ -171,7 +175,15 @@ impl Plan {
                 *step += 1;
                 i
             };
+            // The versions above a missing one come well after those below it
+            // (more than the gauges' 2 s tolerance), so that a gap's age is told
+            // apart from the age of its key's first arrival.
+            let mut paused = false;
             for v in &arrivals {
+                if !paused && never.or(late).is_some_and(|m| *v > m) {
+                    step += GAP_PAUSE_STEPS;
+                    paused = true;
+                }
                 let i = arrive(&mut events, &mut writes, &mut step, *v, "");
                 index.insert(*v, i);
             }
@@ -179,9 +191,14 @@ impl Plan {
                 let i = arrive(&mut events, &mut writes, &mut step, m, "");
                 index.insert(m, i);
             }
-            // A repeat: version 1 again under a new event id, after the others.
-            let repeat =
-                (shape == 5).then(|| arrive(&mut events, &mut writes, &mut step, 1, "-again"));
+            // A repeat under a new event id, after the others: of version 1 (out
+            // of order), or of the highest version (not: none is higher).
+            let repeat = match shape {
+                5 => Some(1),
+                9 => Some(n),
+                _ => None,
+            }
+            .map(|v| arrive(&mut events, &mut writes, &mut step, v, "-again"));
             // What happens to each arrived version, in version order.
             let mut finish: Vec<usize> = Vec::new();
             let mut park: Vec<usize> = Vec::new();
@@ -250,10 +267,18 @@ impl Plan {
             .count()
     }
 
-    /// Writes the plan in time order.
+    /// Writes the plan in time order, [`WRITES_PER_COMMIT`] writes per transaction
+    /// (each commit on MariaDB waits for the disk).
     async fn write(&self, db: &Db, table: &str, ordered: bool) {
         let now = now_sql(db.dialect);
-        for (t, w) in &self.writes {
+        let mut conn = db.pool.acquire().await;
+        for (n, (t, w)) in self.writes.iter().enumerate() {
+            if n % WRITES_PER_COMMIT == 0 {
+                if n > 0 {
+                    conn.raw("COMMIT").await.expect("COMMIT");
+                }
+                conn.raw("BEGIN").await.expect("BEGIN");
+            }
             let ts = V::text(db.dialect.ts_text(*t));
             match *w {
                 Write::Arrive(i) => {
@@ -266,43 +291,41 @@ impl Plan {
                     } else {
                         ("", String::new())
                     };
-                    db.exec(
-                        &format!(
-                            "INSERT INTO {table} (event_id, event_type, status, received_at, \
-                             attempts, deliveries, updated_at{cols}) VALUES ('{}', \
-                             'account.changed', 'pending', {{ts}}, 0, 1, {now}{vals})",
-                            e.id
-                        ),
-                        &[ts],
-                    )
-                    .await;
+                    let sql = db.sql(&format!(
+                        "INSERT INTO {table} (event_id, event_type, status, received_at, \
+                         attempts, deliveries, updated_at{cols}) VALUES ('{}', \
+                         'account.changed', 'pending', {{ts}}, 0, 1, {now}{vals})",
+                        e.id
+                    ));
+                    conn.execute(&sql, &[ts])
+                        .await
+                        .unwrap_or_else(|e| panic!("{sql}: {e}"));
                 }
                 Write::Succeed(i) => {
-                    db.exec(
-                        &format!(
-                            "UPDATE {table} SET status = 'succeeded', started_at = {{ts}}, \
-                             finished_at = {{ts}}, attempts = 1, updated_at = {now} \
-                             WHERE event_id = '{}'",
-                            self.events[i].id
-                        ),
-                        &[ts.clone(), ts],
-                    )
-                    .await;
+                    let sql = db.sql(&format!(
+                        "UPDATE {table} SET status = 'succeeded', started_at = {{ts}}, \
+                         finished_at = {{ts}}, attempts = 1, updated_at = {now} \
+                         WHERE event_id = '{}'",
+                        self.events[i].id
+                    ));
+                    conn.execute(&sql, &[ts.clone(), ts])
+                        .await
+                        .unwrap_or_else(|e| panic!("{sql}: {e}"));
                 }
                 Write::Park(i) => {
-                    db.exec(
-                        &format!(
-                            "UPDATE {table} SET status = 'parked', attempts = 3, \
-                             last_error = 'TimeoutError: downstream', updated_at = {now} \
-                             WHERE event_id = '{}'",
-                            self.events[i].id
-                        ),
-                        &[],
-                    )
-                    .await;
+                    let sql = db.sql(&format!(
+                        "UPDATE {table} SET status = 'parked', attempts = 3, \
+                         last_error = 'TimeoutError: downstream', updated_at = {now} \
+                         WHERE event_id = '{}'",
+                        self.events[i].id
+                    ));
+                    conn.execute(&sql, &[])
+                        .await
+                        .unwrap_or_else(|e| panic!("{sql}: {e}"));
                 }
             }
         }
+        conn.raw("COMMIT").await.expect("COMMIT");
     }
 }
 

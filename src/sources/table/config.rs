@@ -355,7 +355,7 @@ const MAX_ATTEMPTS_OFFSET: i64 = 10;
 
 /// The default `ordering_keys_limit`.
 pub const DEFAULT_ORDERING_KEYS: usize = 100_000;
-/// The largest `ordering_keys_limit`: about 1 GiB of key state.
+/// The largest `ordering_keys_limit`: about 2 GB of key state at ~200 bytes a key.
 const MAX_ORDERING_KEYS: usize = 10_000_000;
 
 /// The default `audit_table`.
