@@ -6,6 +6,7 @@
 
 pub mod drill;
 pub mod simulate;
+pub mod sql;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
