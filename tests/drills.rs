@@ -115,7 +115,7 @@ async fn recovered(name: &str, demo: &Agent) -> Result<String, String> {
     let state = format!("{stuck} stuck, backlog {backlog}, oldest {age:.1} s");
     let drained = backlog < 60.0 && age < 10.0;
     let ok = match name {
-        "kill-after-commit" => stuck == 0.0,
+        "kill-after-commit" => stuck == 0.0 && drained,
         "downstream-throttling" | "rebalance" => drained,
         "poison-key" => {
             let parked = total(demo, "inbox_parked_messages", &[]).await?;

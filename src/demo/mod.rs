@@ -15,7 +15,6 @@ use std::time::Duration;
 use anyhow::Context;
 use sqlx::any::AnyPoolOptions;
 use sqlx::{AnyPool, AssertSqlSafe};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -280,6 +279,7 @@ struct Target<'a> {
 
 async fn run_on(dir: &Path, target: &Target<'_>, options: &Options) -> anyhow::Result<()> {
     let cancel = CancellationToken::new();
+    let (phases, phase_rx) = tokio::sync::mpsc::unbounded_channel();
     let sim = simulate::Simulation {
         table: target.table.to_string(),
         dialect: target.dialect,
@@ -288,6 +288,7 @@ async fn run_on(dir: &Path, target: &Target<'_>, options: &Options) -> anyhow::R
         // A drill shows its own fault alone.
         plant_stuck_row: options.drill.is_none(),
         drill: options.drill,
+        phases: Some(phases),
         ..simulate::Simulation::default()
     };
     // The config is a file beside the database, so that the replay and
@@ -314,7 +315,6 @@ async fn run_on(dir: &Path, target: &Target<'_>, options: &Options) -> anyhow::R
         }
     }
     mark_table(&target.pool, target.dialect, target.audit_table).await?;
-    let started = Instant::now();
     let consumer = tokio::spawn(simulate::run(target.pool.clone(), sim, cancel.clone()));
     let handle = app::install_recorder()?;
     let agent = Agent::start(cfg.clone(), handle).await?;
@@ -343,9 +343,15 @@ async fn run_on(dir: &Path, target: &Target<'_>, options: &Options) -> anyhow::R
             String::new()
         },
     );
-    let announcer = options
-        .drill
-        .map(|d| tokio::spawn(announce(d, started, cfg, target.pool.clone(), target.table)));
+    let announcer = options.drill.map(|d| {
+        tokio::spawn(announce(
+            d,
+            phase_rx,
+            cfg,
+            target.pool.clone(),
+            target.table,
+        ))
+    });
     tokio::select! {
         _ = app::shutdown_signal() => {}
         r = consumer => match r {
@@ -377,8 +383,15 @@ async fn mark_table(pool: &AnyPool, dialect: Dialect, table: &str) -> anyhow::Re
 }
 
 /// Prints what a drill does and what to watch, and when its fault starts and
-/// ends; `dead-letter-replay` replays the batch once its cause is fixed.
-async fn announce(drill: Drill, started: Instant, cfg: config::Config, pool: AnyPool, table: &str) {
+/// ends (as the consumer tells it); `dead-letter-replay` replays the batch once
+/// the consumer has the fix.
+async fn announce(
+    drill: Drill,
+    mut phases: tokio::sync::mpsc::UnboundedReceiver<simulate::Phase>,
+    cfg: config::Config,
+    pool: AnyPool,
+    table: &str,
+) {
     let d = drill.info();
     let at = |t: Duration| format!("+{} s", t.as_secs());
     let end = FAULT_START + d.length;
@@ -397,23 +410,27 @@ async fn announce(drill: Drill, started: Instant, cfg: config::Config, pool: Any
         within = d.pending_within.as_secs(),
         runbook = d.runbook,
     );
-    tokio::time::sleep_until(started + FAULT_START).await;
-    println!(
-        "Drill {}: the fault starts now ({}).",
-        d.name,
-        at(FAULT_START)
-    );
-    tokio::time::sleep_until(started + end).await;
-    println!("Drill {}: the fault ends now ({}).", d.name, at(end));
-    if drill == Drill::DeadLetterReplay {
-        // The consumer applies the fix at the fault's end; replay just after.
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        match replay_batch(&cfg, &pool, table).await {
-            Ok(text) => println!(
-                "Drill {}: the cause is fixed; replayed the batch's dead letters:\n{text}",
-                d.name
-            ),
-            Err(e) => warn!(error = %e, "Drill: the replay failed."),
+    while let Some(phase) = phases.recv().await {
+        match phase {
+            simulate::Phase::FaultStarts => {
+                println!(
+                    "Drill {}: the fault starts now ({}).",
+                    d.name,
+                    at(FAULT_START)
+                );
+            }
+            simulate::Phase::FaultEnds => {
+                println!("Drill {}: the fault ends now ({}).", d.name, at(end));
+                if drill == Drill::DeadLetterReplay {
+                    match replay_batch(&cfg, &pool, table).await {
+                        Ok(text) => println!(
+                            "Drill {}: the cause is fixed; replayed the batch's dead letters:\n{text}",
+                            d.name
+                        ),
+                        Err(e) => warn!(error = %e, "Drill: the replay failed."),
+                    }
+                }
+            }
         }
     }
 }

@@ -146,6 +146,15 @@ pub struct Simulation {
     pub plant_stuck_row: bool,
     /// The fault to inject from [`FAULT_START`] on, if any.
     pub drill: Option<Drill>,
+    /// Told when the fault starts and when it ends (the consumer has the fix then).
+    pub phases: Option<tokio::sync::mpsc::UnboundedSender<Phase>>,
+}
+
+/// Where a drill's fault is, as [`Simulation::phases`] tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    FaultStarts,
+    FaultEnds,
 }
 
 impl Default for Simulation {
@@ -168,6 +177,7 @@ impl Default for Simulation {
             stuck_after: Duration::from_secs(10),
             plant_stuck_row: true,
             drill: None,
+            phases: None,
         }
     }
 }
@@ -267,6 +277,7 @@ struct Settings {
     stuck_after: Duration,
     plant_stuck_row: bool,
     drill: Option<Drill>,
+    phases: Option<tokio::sync::mpsc::UnboundedSender<Phase>>,
     /// Size of the worker pool.
     workers: usize,
 }
@@ -297,6 +308,7 @@ impl Settings {
             stuck_after: sim.stuck_after,
             plant_stuck_row: sim.plant_stuck_row,
             drill: sim.drill,
+            phases: sim.phases,
         })
     }
 
@@ -576,6 +588,7 @@ impl Consumer {
         if !self.fault.active && !self.fault.over && now >= start {
             self.fault.active = true;
             info!(drill = drill.info().name, "Drill: the fault starts.");
+            self.tell(Phase::FaultStarts);
             match drill {
                 Drill::KillAfterCommit => self.fault.next_kill = Some(now),
                 Drill::PoisonKey => self.fault.next_poison = Some(now),
@@ -612,6 +625,7 @@ impl Consumer {
                     .await?;
             }
             info!(drill = drill.info().name, "Drill: the fault ends.");
+            self.tell(Phase::FaultEnds);
         }
         if self.fault.next_kill.is_some_and(|t| now >= t) {
             self.kill(now);
@@ -640,6 +654,13 @@ impl Consumer {
             self.fault.next_poison = Some(now + POISON_KEY_EVERY);
         }
         Ok(())
+    }
+
+    fn tell(&self, phase: Phase) {
+        if let Some(tx) = &self.sim.phases {
+            // Nobody listening is fine.
+            let _ = tx.send(phase);
+        }
     }
 
     /// `kill-after-commit`: the process dies right after a commit. The attempts
