@@ -17,7 +17,8 @@
 //! dead-letters its poison events on purpose). And, through the binary:
 //! `--drill list`, an unknown drill, and `--dsn`'s own table — created, dropped
 //! at SIGTERM, a foreign table of that name refused untouched, the password
-//! never printed — on PostgreSQL and MariaDB.
+//! never printed — on PostgreSQL and MariaDB, and the tables a `kill -9`'d demo
+//! left refused too, with how to drop them (PostgreSQL).
 //!
 //! Needs `/usr/bin/prometheus` (Debian package `prometheus`), PostgreSQL and
 //! MariaDB. Each drill takes about a minute; run with
@@ -626,4 +627,38 @@ async fn dsn_on_postgres_refuses_a_foreign_table() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dsn_on_mariadb_refuses_a_foreign_table() {
     foreign_table_refused(Db::mysql().await).await;
+}
+
+/// A demo killed with SIGKILL leaves its tables: the next demo refuses them too
+/// (another demo may be running on them) and says how to drop them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dsn_on_postgres_refuses_a_killed_demos_table_and_says_so() {
+    let admin = Db::postgres().await;
+    let (name, db) = fresh_database(&admin, "killed").await;
+    let demo = Agent::demo_with(&["--dsn", &db.dsn]).start();
+    demo.wait_ready(READY_TIMEOUT).await;
+    demo.sigkill();
+    assert_eq!(
+        demo_tables(&db).await,
+        [TABLE, AUDIT_TABLE],
+        "a killed demo drops nothing"
+    );
+    let out = run(["demo", "--listen", "127.0.0.1:1", "--dsn", &db.dsn]);
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr.contains(&format!(
+            "table {TABLE} already exists, created by inboxwatch demo: another demo runs on this \
+             database, or one was killed before it could drop it; if none runs, drop it (DROP \
+             TABLE {TABLE}) and start again"
+        )),
+        "{}",
+        out.describe()
+    );
+    assert_eq!(
+        demo_tables(&db).await,
+        [TABLE, AUDIT_TABLE],
+        "refused untouched"
+    );
+    drop(db);
+    drop_database(&admin, &name).await;
 }
