@@ -40,6 +40,15 @@ pub enum Command {
         /// New events per second of the simulated consumer.
         #[arg(long, default_value_t = 20.0)]
         rate: f64,
+        /// Inject one fault from 30 s after the start (docs/drills.md); `list`
+        /// prints the drills.
+        #[arg(long, value_name = "NAME")]
+        drill: Option<String>,
+        /// Run on this PostgreSQL or MariaDB (postgres://… or mysql://…) instead of
+        /// a temporary SQLite file, in a table of its own (inboxwatch_demo_inbox),
+        /// created at the start and dropped at the exit.
+        #[arg(long, value_name = "URL")]
+        dsn: Option<String>,
     },
     /// Check a config file: exit 0, or 2 with one line per problem.
     CheckConfig {

@@ -102,7 +102,34 @@ fn main() -> ExitCode {
             }
             finish(runtime().block_on(app::run(cfg)))
         }
-        Command::Demo { listen, rate } => finish(runtime().block_on(demo::run(listen, rate))),
+        Command::Demo {
+            listen,
+            rate,
+            drill,
+            dsn,
+        } => {
+            let drill = match drill.as_deref() {
+                None => None,
+                Some("list") => {
+                    print!("{}", demo::drill::listing());
+                    return ExitCode::SUCCESS;
+                }
+                Some(name) => match demo::drill::find(name) {
+                    Ok(d) => Some(d.drill),
+                    Err(e) => {
+                        eprintln!("{e}");
+                        return ExitCode::from(2);
+                    }
+                },
+            };
+            let options = demo::Options {
+                listen,
+                rate,
+                drill,
+                dsn,
+            };
+            finish(runtime().block_on(demo::run(options)))
+        }
         Command::Presets { name: None } => {
             print!("{}", presets::listing());
             ExitCode::SUCCESS

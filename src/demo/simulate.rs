@@ -1,27 +1,34 @@
 //! The consumer simulation behind `inboxwatch demo`.
 //!
-//! It plays an at-least-once consumer writing its inbox table in SQLite: events
-//! arrive, some are delivered twice (the idempotency guard only bumps
-//! `deliveries`), a pool of workers sized for the arrival rate claims and processes them, attempts fail
-//! and are retried with exponential backoff, and the hopeless ones are
-//! dead-lettered. Every timestamp is the real time of the write, so the agent
-//! reading the same file sees genuine ages and durations.
+//! It plays an at-least-once consumer writing its inbox table in SQLite,
+//! PostgreSQL or MariaDB: events arrive, some are delivered twice (the
+//! idempotency guard only bumps `deliveries`), a pool of workers sized for the
+//! arrival rate claims and processes them (one event of an ordering key at a
+//! time, in version order), attempts fail and are retried with exponential
+//! backoff, and the hopeless ones are dead-lettered. Every timestamp is the
+//! database's time of the write, so the agent reading the same table sees
+//! genuine ages and durations. Its normal run stays under every alert of
+//! alerts/inboxwatch.rules.yml but the informational single dead letter; a
+//! [`Drill`] injects one fault for a while ([`super::drill`]).
 //!
 //! All writes go through one connection owned by the loop in [`run`]; the workers
 //! are tasks that only sleep for their processing time. The pending queue is the
 //! table itself, so memory stays bounded whatever the backlog.
 
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
-use std::sync::Arc;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{AssertSqlSafe, Row, Sqlite, SqlitePool};
+use sqlx::{Any, AnyPool, AssertSqlSafe, Row};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
+
+use super::drill::{Drill, FAULT_START};
+use super::sql::Statements;
+use crate::dsn::Dialect;
 
 /// Attempts processed at the same time, at least.
 const MIN_WORKERS: usize = 8;
@@ -32,10 +39,15 @@ const MIN_WORKERS: usize = 8;
 /// `demo --rate 300` grew the table's backlog by 260 rows a second, and the
 /// agent's memory with it.
 const WORKER_SECONDS_PER_EVENT: f64 = 0.2;
-/// How often an idle worker pool looks for claimable rows.
+/// How often an idle worker pool looks for claimable rows (and a drill checks its clock).
 const CLAIM_INTERVAL: Duration = Duration::from_millis(100);
-/// Backoff before the first retry; doubles with every further failed attempt.
+/// Backoff before the first retry; doubles with every further failed attempt,
+/// up to 2^[`super::sql::MAX_BACKOFF_DOUBLINGS`] times (3.2 s).
 const RETRY_BASE: Duration = Duration::from_millis(200);
+/// A row in processing whose attempt started longer ago than this is
+/// reclaimed: its worker died (the planted stuck row, `kill-after-commit`).
+/// Under the demo's 30 s age objective, over its 10 s stuck_after.
+pub const LEASE: Duration = Duration::from_secs(25);
 /// Median time of a normal attempt.
 const MEDIAN_PROCESSING_SECS: f64 = 0.080;
 /// Log-normal spread of normal attempts.
@@ -44,17 +56,48 @@ const PROCESSING_SIGMA: f64 = 0.6;
 const SLOW_SHARE: f64 = 0.03;
 /// Redeliveries waiting to happen, at most; beyond it a duplicate is not scheduled.
 const REDELIVERY_CAPACITY: usize = 4096;
-/// Share of duplicates that arrive while the first delivery is still unfinished.
-const EARLY_DUPLICATE_SHARE: f64 = 0.35;
+/// A duplicate of the normal run arrives within this long of the first
+/// delivery, while it is still pending (a producer's retry): a healthy consumer
+/// sees no duplicates after completion. Those are lost acknowledgements, which
+/// InboxAckFailures pages on from 1 % of the completions, and which the
+/// `ack-timeout` and `kill-after-commit` drills inject. (With two thirds of the
+/// duplicates after completion, a quiet demo kept that alert pending.)
+const DUPLICATE_WITHIN: Duration = Duration::from_millis(20);
 /// Chance that a redelivered event is redelivered once more.
 const REPEAT_DUPLICATE_SHARE: f64 = 0.1;
 /// Id of the row planted as stuck; regular ids are `evt-<counter>-<hex>`.
 const STUCK_EVENT_ID: &str = "evt-stuck-0";
-/// The current time in the table's canonical text format.
-const NOW: &str = "strftime('%Y-%m-%d %H:%M:%f','now')";
+/// Id of the event planted as poison, so that a dead letter shows within seconds.
+const POISON_EVENT_ID: &str = "evt-poison-0";
+/// Ordering keys per event type: 2,000 in all, so a key's versions are far apart.
+const KEYS_PER_TYPE: u32 = 500;
+/// Poison events (failing every attempt) per unit of `failure_ratio`: about
+/// 0.04 dead letters/s at the default 20 events/s, under the 0.1/s floor of
+/// InboxDeadLetterSpike.
+const POISON_PER_FAILURE_RATIO: f64 = 0.025;
 
-/// Poison events (failing every attempt) per unit of `failure_ratio`.
-const POISON_PER_FAILURE_RATIO: f64 = 0.1;
+/// `kill-after-commit`: a kill every this often while the fault lasts.
+const KILL_EVERY: Duration = Duration::from_secs(10);
+/// `kill-after-commit`: the consumer's restart takes this long.
+const RESTART_TAKES: Duration = Duration::from_secs(2);
+/// `kill-after-commit`: completions this recent were committed but not acknowledged.
+const UNACKED_WINDOW: Duration = Duration::from_secs(1);
+/// `ack-timeout`: share of completed events delivered again.
+const ACK_TIMEOUT_SHARE: f64 = 0.4;
+/// `concurrent-delivery`: share of new events delivered twice at once.
+const CONCURRENT_SHARE: f64 = 0.35;
+/// `downstream-throttling`: share of attempts answered 429, and how much slower the rest are.
+const THROTTLED_SHARE: f64 = 0.85;
+const THROTTLED_SLOWDOWN: f64 = 4.0;
+/// `dead-letter-replay`: the events of the bad deploy.
+pub const BATCH_EVENTS: usize = 60;
+/// `dead-letter-replay`: ids of the batch start with this.
+pub const BATCH_PREFIX: &str = "drill-batch-";
+/// `poison-key`: the key, and a new version of it this often.
+pub const POISON_KEY: &str = "account-poison-1";
+const POISON_KEY_EVERY: Duration = Duration::from_secs(2);
+/// Status word of a parked row (`poison-key`).
+pub const PARKED: &str = "parked";
 
 /// Errors of attempts that may succeed when retried.
 const TRANSIENT_ERRORS: &[&str] = &[
@@ -65,37 +108,60 @@ const TRANSIENT_ERRORS: &[&str] = &[
     "HttpError: 429 Too Many Requests from tax-service (retry after 1s)",
     "DeadlockError: deadlock detected while updating orders row",
 ];
-/// Errors of poison events; retrying does not help.
+/// Errors of poison events; retrying does not help, so they are dead-lettered
+/// on their first attempt (a consumer that retried them would trip
+/// InboxRetryingPermanentErrors).
 const PERMANENT_ERRORS: &[&str] = &[
     "ValidationError: field 'amount' must be positive, got -12.50",
     "SchemaError: unknown field 'customer_ref' in payload version 3",
 ];
+/// The error of the poison key's events (`poison-key`): retryable, so they are
+/// retried until the key is parked.
+const POISON_KEY_ERROR: &str = "TimeoutError: ledger-service did not answer in 2s (account locked)";
+/// The downstream's answer under `downstream-throttling`.
+const THROTTLED_ERROR: &str = "HttpError: 429 Too Many Requests from pricing-api (retry after 1s)";
 
 /// Settings of the simulation.
 #[derive(Debug, Clone)]
 pub struct Simulation {
-    /// Inbox table to create and write; a plain SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`).
+    /// Inbox table to write; a plain SQL identifier (`[A-Za-z_][A-Za-z0-9_]*`).
     pub table: String,
+    /// The database behind the pool.
+    pub dialect: Dialect,
     /// New events per second, on average (exponential gaps between arrivals); 0 stops arrivals.
     pub rate_per_sec: f64,
     /// Event types, picked uniformly; the second one fails more often than the others.
     pub event_types: Vec<String>,
-    /// Share of events delivered a second time, some while unfinished, most after completion.
+    /// Share of events delivered a second time, within 20 ms, while still pending.
     pub duplicate_ratio: f64,
     /// Chance that one processing attempt fails (the second event type fails more).
-    /// Besides, a tenth of this share of events are poison and fail every attempt,
+    /// Besides, a fortieth of this share of events are poison and fail every attempt,
     /// so dead letters keep coming even when retries nearly always help.
     pub failure_ratio: f64,
     /// Attempts before an event is dead-lettered.
     pub max_attempts: u32,
-    /// The agent's `stuck_after`; the planted stuck row started well before it.
+    /// The agent's `stuck_after`; the planted stuck row started just before it.
     pub stuck_after: Duration,
+    /// Plant one row stuck in processing at the start (reclaimed after [`LEASE`]).
+    pub plant_stuck_row: bool,
+    /// The fault to inject from [`FAULT_START`] on, if any.
+    pub drill: Option<Drill>,
+    /// Told when the fault starts and when it ends (the consumer has the fix then).
+    pub phases: Option<tokio::sync::mpsc::UnboundedSender<Phase>>,
+}
+
+/// Where a drill's fault is, as [`Simulation::phases`] tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    FaultStarts,
+    FaultEnds,
 }
 
 impl Default for Simulation {
     fn default() -> Self {
         Self {
             table: "inbox".to_owned(),
+            dialect: Dialect::Sqlite,
             rate_per_sec: 20.0,
             event_types: [
                 "orders.created",
@@ -105,57 +171,84 @@ impl Default for Simulation {
             ]
             .map(str::to_owned)
             .to_vec(),
-            duplicate_ratio: 0.04,
+            duplicate_ratio: 0.02,
             failure_ratio: 0.08,
             max_attempts: 4,
             stuck_after: Duration::from_secs(10),
+            plant_stuck_row: true,
+            drill: None,
+            phases: None,
         }
     }
 }
 
-/// Switches the database behind `pool` to WAL and creates the inbox `table` with
-/// its indexes if missing, so that the agent finds it before the first event.
-/// [`run`] does the same; calling both is harmless.
-pub async fn create_table(pool: &SqlitePool, table: &str) -> Result<(), sqlx::Error> {
+/// Creates the inbox `table` with its indexes in the database behind `pool`.
+/// SQLite: switched to WAL, and the table created only if missing. PostgreSQL
+/// and MariaDB: the table must not exist, and gets `comment` as its table
+/// comment (how `demo --dsn` recognises its own table).
+pub async fn create_table(
+    pool: &AnyPool,
+    dialect: Dialect,
+    table: &str,
+    comment: &str,
+) -> Result<(), sqlx::Error> {
     check_identifier(table)?;
     let mut conn = pool.acquire().await?;
-    prepare(&mut conn, &Statements::new(table)).await
+    if dialect == Dialect::Sqlite {
+        sqlite_pragmas(&mut conn).await?;
+    }
+    for ddl in Statements::new(dialect, table).ddl(comment) {
+        sqlx::raw_sql(AssertSqlSafe(ddl))
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
 }
 
-/// Creates the table in the database behind `pool` if missing, plants one row that
-/// is already stuck, then runs the consumer until `cancel` fires.
+/// Plants one row that is already stuck (if asked), then runs the consumer on
+/// the existing table until `cancel` fires.
 ///
-/// Holds one connection of `pool` for the whole run and switches the database to
-/// WAL. Attempts in flight at cancellation are abandoned in `processing`, as a
-/// killed consumer leaves them. Returns `Ok(())` on cancellation and the first
-/// database error otherwise.
+/// Holds one connection of `pool` for the whole run. Attempts in flight at
+/// cancellation are abandoned in `processing`, as a killed consumer leaves them.
+/// Returns `Ok(())` on cancellation and the first database error otherwise.
 pub async fn run(
-    pool: SqlitePool,
+    pool: AnyPool,
     sim: Simulation,
     cancel: CancellationToken,
 ) -> Result<(), sqlx::Error> {
     let sim = Settings::new(sim)?;
-    let sql = Statements::new(&sim.table);
+    let sql = Statements::new(sim.dialect, &sim.table);
     let mut conn = pool.acquire().await?;
-    prepare(&mut conn, &sql).await?;
+    if sim.dialect == Dialect::Sqlite {
+        sqlite_pragmas(&mut conn).await?;
+    }
     let mut rng = fastrand::Rng::new();
-    plant_stuck_row(&mut conn, &sql, &sim, &mut rng).await?;
+    if sim.plant_stuck_row {
+        plant_stuck_row(&mut conn, &sql, &sim, &mut rng).await?;
+    }
     info!(
         table = %sim.table,
         rate_per_sec = sim.rate_per_sec,
         workers = sim.workers,
+        drill = sim.drill.map_or("none", |d| d.info().name),
         "Consumer simulation started."
     );
+    let started = Instant::now();
     let mut consumer = Consumer {
         conn,
         sql,
         sim,
         rng,
         workers: JoinSet::new(),
+        in_flight: HashMap::new(),
         redeliveries: BinaryHeap::new(),
         next_id: 0,
+        versions: HashMap::new(),
         stats: Stats::default(),
+        fault: Fault::new(started),
     };
+    let poison = consumer.message(POISON_EVENT_ID.to_owned());
+    consumer.deliver(&poison).await?;
     let result = consumer.run(cancel).await;
     let s = &consumer.stats;
     info!(
@@ -165,6 +258,8 @@ pub async fn run(
         failed_attempts = s.failed_attempts,
         succeeded = s.succeeded,
         dead_lettered = s.dead_lettered,
+        parked = s.parked,
+        kills = s.kills,
         "Consumer simulation stopped."
     );
     result
@@ -173,12 +268,16 @@ pub async fn run(
 /// [`Simulation`] checked and clamped into a usable range.
 struct Settings {
     table: String,
+    dialect: Dialect,
     rate_per_sec: f64,
     event_types: Vec<String>,
     duplicate_ratio: f64,
     failure_ratio: f64,
     max_attempts: u32,
     stuck_after: Duration,
+    plant_stuck_row: bool,
+    drill: Option<Drill>,
+    phases: Option<tokio::sync::mpsc::UnboundedSender<Phase>>,
     /// Size of the worker pool.
     workers: usize,
 }
@@ -199,6 +298,7 @@ impl Settings {
         };
         Ok(Self {
             table: sim.table,
+            dialect: sim.dialect,
             rate_per_sec,
             workers: workers_for(rate_per_sec),
             event_types,
@@ -206,6 +306,9 @@ impl Settings {
             failure_ratio: ratio(sim.failure_ratio),
             max_attempts: sim.max_attempts.max(1),
             stuck_after: sim.stuck_after,
+            plant_stuck_row: sim.plant_stuck_row,
+            drill: sim.drill,
+            phases: sim.phases,
         })
     }
 
@@ -230,6 +333,9 @@ fn workers_for(rate_per_sec: f64) -> usize {
 /// Whether `event_id` is a poison event, drawn once per id (FNV-1a) so that
 /// every attempt of the event, even after a restart, agrees.
 fn is_poison(event_id: &str, share: f64) -> bool {
+    if event_id == POISON_EVENT_ID {
+        return true;
+    }
     let hash = event_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
@@ -243,12 +349,16 @@ fn business_of(event_id: &str, event_type: &str) -> (String, String) {
     let hash = event_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
-    let entity = event_type.split('.').next().unwrap_or("entity");
-    let entity = entity.strip_suffix('s').unwrap_or(entity);
     (
-        format!("{entity}-{}", 10_000 + hash % 90_000),
+        format!("{}-{}", entity_of(event_type), 10_000 + hash % 90_000),
         format!("{event_type} body sha256:{:016x}…", hash.rotate_left(17)),
     )
+}
+
+/// `orders.created` → `order`.
+fn entity_of(event_type: &str) -> &str {
+    let entity = event_type.split('.').next().unwrap_or("entity");
+    entity.strip_suffix('s').unwrap_or(entity)
 }
 
 /// The table name is pasted into SQL, so it must be a plain identifier.
@@ -267,112 +377,47 @@ fn check_identifier(table: &str) -> Result<(), sqlx::Error> {
     }
 }
 
-/// The statements of one run, built once for its table.
-struct Statements {
-    ddl: String,
-    plant_stuck: Arc<str>,
-    deliver: Arc<str>,
-    claim: Arc<str>,
-    succeed: Arc<str>,
-    fail: Arc<str>,
-}
-
-impl Statements {
-    fn new(t: &str) -> Self {
-        // A row's new timestamp never goes below its updated_at, so the row's times
-        // stay ordered even if the wall clock steps back.
-        let now = format!("max({NOW}, updated_at)");
-        let sql = |s: String| Arc::<str>::from(s);
-        Self {
-            ddl: format!(
-                "CREATE TABLE IF NOT EXISTS {t} (event_id TEXT PRIMARY KEY, event_type TEXT, \
-                 status TEXT NOT NULL, received_at TEXT NOT NULL, started_at TEXT, \
-                 finished_at TEXT, attempts INTEGER NOT NULL DEFAULT 0, \
-                 deliveries INTEGER NOT NULL DEFAULT 1, last_error TEXT, traceparent TEXT, \
-                 updated_at TEXT NOT NULL, business_key TEXT, summary TEXT);\n\
-                 CREATE INDEX IF NOT EXISTS {t}_updated_at ON {t} (updated_at);\n\
-                 CREATE INDEX IF NOT EXISTS {t}_unfinished ON {t} (received_at) \
-                 WHERE status IN ('pending','processing','failed');\n"
-            ),
-            plant_stuck: sql(format!(
-                "INSERT INTO {t} (event_id, event_type, status, received_at, started_at, \
-                 finished_at, attempts, deliveries, last_error, traceparent, updated_at) \
-                 VALUES (?1, ?2, 'processing', strftime('%Y-%m-%d %H:%M:%f','now',?3), \
-                 strftime('%Y-%m-%d %H:%M:%f','now',?4), NULL, 1, 1, NULL, ?5, {NOW}) \
-                 ON CONFLICT (event_id) DO UPDATE SET status = excluded.status, \
-                 received_at = excluded.received_at, started_at = excluded.started_at, \
-                 finished_at = NULL, attempts = 1, deliveries = 1, last_error = NULL, \
-                 updated_at = excluded.updated_at"
-            )),
-            // The inbox write of a real consumer: the first delivery inserts, a
-            // redelivery hits the primary key and only counts itself.
-            deliver: sql(format!(
-                "INSERT INTO {t} (event_id, event_type, status, received_at, attempts, \
-                 deliveries, traceparent, updated_at, business_key, summary) \
-                 VALUES (?1, ?2, 'pending', {NOW}, 0, 1, ?3, {NOW}, ?4, ?5) \
-                 ON CONFLICT (event_id) DO UPDATE SET deliveries = deliveries + 1, \
-                 updated_at = {now}"
-            )),
-            // Oldest first among pending rows and failed rows whose backoff is over;
-            // the status IN (...) term lets SQLite walk the partial index.
-            claim: sql(format!(
-                "UPDATE {t} SET status = 'processing', attempts = attempts + 1, \
-                 started_at = {now}, updated_at = {now} \
-                 WHERE event_id IN (SELECT event_id FROM {t} \
-                 WHERE status IN ('pending','processing','failed') \
-                 AND (status = 'pending' OR (status = 'failed' AND julianday(updated_at) \
-                 + (?1 * (1 << min(max(attempts - 1, 0), 20))) / 86400.0 <= julianday('now'))) \
-                 ORDER BY received_at LIMIT ?2) \
-                 RETURNING event_id, event_type, attempts"
-            )),
-            succeed: sql(format!(
-                "UPDATE {t} SET status = 'succeeded', finished_at = {now}, last_error = NULL, \
-                 updated_at = {now} WHERE event_id = ?1 AND status = 'processing'"
-            )),
-            fail: sql(format!(
-                "UPDATE {t} SET status = ?2, \
-                 finished_at = CASE WHEN ?2 = 'dead' THEN {now} END, last_error = ?3, \
-                 updated_at = {now} WHERE event_id = ?1 AND status = 'processing'"
-            )),
-        }
-    }
-}
-
-async fn prepare(conn: &mut PoolConnection<Sqlite>, sql: &Statements) -> Result<(), sqlx::Error> {
+async fn sqlite_pragmas(conn: &mut PoolConnection<Any>) -> Result<(), sqlx::Error> {
     // The agent reads while we write: WAL keeps readers and the writer apart, and
     // a demo may lose its last transactions in a power cut (synchronous=NORMAL).
     sqlx::raw_sql("PRAGMA journal_mode=WAL; PRAGMA busy_timeout=5000; PRAGMA synchronous=NORMAL;")
-        .execute(&mut **conn)
-        .await?;
-    sqlx::raw_sql(AssertSqlSafe(sql.ddl.clone()))
         .execute(&mut **conn)
         .await?;
     Ok(())
 }
 
 async fn plant_stuck_row(
-    conn: &mut PoolConnection<Sqlite>,
+    conn: &mut PoolConnection<Any>,
     sql: &Statements,
     sim: &Settings,
     rng: &mut fastrand::Rng,
 ) -> Result<(), sqlx::Error> {
-    let started_ago = sim.stuck_after.as_secs_f64() * 2.0 + 60.0;
-    sqlx::query(AssertSqlSafe(sql.plant_stuck.clone()))
+    // Just past stuck_after: stuck at once, and reclaimed by the lease before
+    // its age reaches the demo's 30 s objective.
+    let started_ago = sim.stuck_after.as_secs_f64() + 1.0;
+    sqlx::query(AssertSqlSafe(sql.plant_stuck_at(started_ago)))
         .bind(STUCK_EVENT_ID)
         .bind(&sim.event_types[0])
-        .bind(format!("-{:.3} seconds", started_ago + 0.25))
-        .bind(format!("-{started_ago:.3} seconds"))
         .bind(traceparent(rng))
         .execute(&mut **conn)
         .await?;
     Ok(())
 }
 
+/// A message as the broker delivers it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Message {
+    event_id: String,
+    event_type: String,
+    traceparent: String,
+    ordering_key: String,
+    version: i64,
+}
+
 /// An event a worker holds.
 #[derive(Debug)]
 struct Attempt {
-    event_id: String,
-    event_type: Option<String>,
+    msg: Message,
     attempt: u32,
     duration: Duration,
     error: Option<&'static str>,
@@ -383,9 +428,7 @@ struct Attempt {
 #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Redelivery {
     at: Instant,
-    event_id: String,
-    event_type: String,
-    traceparent: String,
+    msg: Message,
 }
 
 #[derive(Debug, Default)]
@@ -396,6 +439,50 @@ struct Stats {
     failed_attempts: u64,
     succeeded: u64,
     dead_lettered: u64,
+    parked: u64,
+    kills: u64,
+}
+
+/// Where a drill stands.
+struct Fault {
+    /// The simulation's start; the fault runs from FAULT_START after it.
+    started: Instant,
+    /// The fault is on now.
+    active: bool,
+    /// The fault has ended (it runs once).
+    over: bool,
+    /// `kill-after-commit`: the next kill, and the end of the restart after the last one.
+    next_kill: Option<Instant>,
+    down_until: Option<Instant>,
+    /// Arrivals the broker held while the consumer was down.
+    held_arrivals: u64,
+    /// `kill-after-commit`: recent completions, not yet acknowledged.
+    unacked: VecDeque<(Instant, Message)>,
+    /// `poison-key`: the next version of the poison key, and when.
+    next_poison: Option<Instant>,
+    /// `poison-key`: keys whose events are moved aside.
+    parked_keys: HashSet<String>,
+}
+
+impl Fault {
+    fn new(started: Instant) -> Self {
+        Self {
+            started,
+            active: false,
+            over: false,
+            next_kill: None,
+            down_until: None,
+            held_arrivals: 0,
+            unacked: VecDeque::new(),
+            next_poison: None,
+            parked_keys: HashSet::new(),
+        }
+    }
+
+    /// Whether the consumer is down after a kill.
+    fn down(&self, now: Instant) -> bool {
+        self.down_until.is_some_and(|t| now < t)
+    }
 }
 
 enum Wake {
@@ -407,14 +494,19 @@ enum Wake {
 }
 
 struct Consumer {
-    conn: PoolConnection<Sqlite>,
+    conn: PoolConnection<Any>,
     sql: Statements,
     sim: Settings,
     rng: fastrand::Rng,
     workers: JoinSet<Attempt>,
+    /// The messages the workers hold, by event id.
+    in_flight: HashMap<String, Message>,
     redeliveries: BinaryHeap<Reverse<Redelivery>>,
     next_id: u64,
+    /// The last version of each ordering key (a bounded set of keys).
+    versions: HashMap<String, i64>,
     stats: Stats,
+    fault: Fault,
 }
 
 impl Consumer {
@@ -424,7 +516,8 @@ impl Consumer {
         let arrivals = self.sim.rate_per_sec > 0.0;
         let mut next_arrival = Instant::now() + self.arrival_gap();
         loop {
-            let next_redelivery = self.redeliveries.peek().map(|r| r.0.at);
+            let up = !self.fault.down(Instant::now());
+            let next_redelivery = self.redeliveries.peek().map(|r| r.0.at).filter(|_| up);
             let wake = tokio::select! {
                 biased;
                 () = cancel.cancelled() => Wake::Cancelled,
@@ -446,7 +539,11 @@ impl Consumer {
                     );
                 }
                 Wake::Arrival => {
-                    self.receive().await?;
+                    if self.fault.down(Instant::now()) {
+                        self.fault.held_arrivals += 1;
+                    } else {
+                        self.receive().await?;
+                    }
                     let now = Instant::now();
                     next_arrival += self.arrival_gap();
                     // After a stall, resume the normal rate instead of bursting to catch up.
@@ -459,7 +556,10 @@ impl Consumer {
                         self.redeliver(r).await?;
                     }
                 }
-                Wake::ClaimTick => self.claim().await?,
+                Wake::ClaimTick => {
+                    self.drill_tick().await?;
+                    self.claim().await?;
+                }
             }
         }
     }
@@ -472,74 +572,220 @@ impl Consumer {
         Duration::from_secs_f64(gap.min(3600.0))
     }
 
+    /// Whether the fault of `drill` is on.
+    fn during(&self, drill: Drill) -> bool {
+        self.fault.active && self.sim.drill == Some(drill)
+    }
+
+    /// Starts and ends the fault, and does what a drill does on the clock.
+    async fn drill_tick(&mut self) -> Result<(), sqlx::Error> {
+        let Some(drill) = self.sim.drill else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let start = self.fault.started + FAULT_START;
+        let end = start + drill.info().length;
+        if !self.fault.active && !self.fault.over && now >= start {
+            self.fault.active = true;
+            info!(drill = drill.info().name, "Drill: the fault starts.");
+            self.tell(Phase::FaultStarts);
+            match drill {
+                Drill::KillAfterCommit => self.fault.next_kill = Some(now),
+                Drill::PoisonKey => self.fault.next_poison = Some(now),
+                Drill::DeadLetterReplay => {
+                    for n in 0..BATCH_EVENTS {
+                        // Keys of their own: a replayed event completing after a
+                        // later version of its key would be an out-of-order completion.
+                        let msg = Message {
+                            event_id: format!("{BATCH_PREFIX}{n:03}-{:08x}", self.rng.u32(..)),
+                            event_type: self.sim.event_types[n % self.sim.event_types.len()]
+                                .clone(),
+                            traceparent: traceparent(&mut self.rng),
+                            ordering_key: format!("{BATCH_PREFIX}{n:03}"),
+                            version: 1,
+                        };
+                        self.deliver(&msg).await?;
+                        self.stats.received += 1;
+                    }
+                }
+                _ => {}
+            }
+        }
+        if self.fault.active && now >= end {
+            self.fault.active = false;
+            self.fault.over = true;
+            self.fault.next_kill = None;
+            self.fault.next_poison = None;
+            if drill == Drill::PoisonKey {
+                // Fixed: the parked key is replayed, in version order.
+                self.fault.parked_keys.remove(POISON_KEY);
+                sqlx::query(AssertSqlSafe(self.sql.unpark.clone()))
+                    .bind(POISON_KEY)
+                    .execute(&mut *self.conn)
+                    .await?;
+            }
+            info!(drill = drill.info().name, "Drill: the fault ends.");
+            self.tell(Phase::FaultEnds);
+        }
+        if self.fault.next_kill.is_some_and(|t| now >= t) {
+            self.kill(now);
+            self.fault.next_kill = Some(now + KILL_EVERY);
+        }
+        if let Some(until) = self.fault.down_until.filter(|t| now >= *t) {
+            self.fault.down_until = None;
+            debug!(?until, "Drill: the consumer restarted.");
+            for _ in 0..std::mem::take(&mut self.fault.held_arrivals) {
+                self.receive().await?;
+            }
+        }
+        if self.fault.next_poison.is_some_and(|t| now >= t) {
+            let version = self.versions.get(POISON_KEY).copied().unwrap_or(0) + 1;
+            self.versions.insert(POISON_KEY.to_owned(), version);
+            self.next_id += 1;
+            let msg = Message {
+                event_id: format!("evt-{}-{:08x}", self.next_id, self.rng.u32(..)),
+                event_type: self.sim.event_types[0].clone(),
+                traceparent: traceparent(&mut self.rng),
+                ordering_key: POISON_KEY.to_owned(),
+                version,
+            };
+            self.deliver(&msg).await?;
+            self.stats.received += 1;
+            self.fault.next_poison = Some(now + POISON_KEY_EVERY);
+        }
+        Ok(())
+    }
+
+    fn tell(&self, phase: Phase) {
+        if let Some(tx) = &self.sim.phases {
+            // Nobody listening is fine.
+            let _ = tx.send(phase);
+        }
+    }
+
+    /// `kill-after-commit`: the process dies right after a commit. The attempts
+    /// in flight stay in processing; the broker redelivers, once the consumer is
+    /// back, every message it did not get an acknowledgement for.
+    fn kill(&mut self, now: Instant) {
+        self.stats.kills += 1;
+        self.workers.abort_all();
+        self.workers.detach_all();
+        let back = now + RESTART_TAKES;
+        self.fault.down_until = Some(back);
+        while self
+            .fault
+            .unacked
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > UNACKED_WINDOW)
+        {
+            self.fault.unacked.pop_front();
+        }
+        let unacked: Vec<Message> = self
+            .fault
+            .unacked
+            .drain(..)
+            .map(|(_, m)| m)
+            .chain(self.in_flight.drain().map(|(_, m)| m))
+            .collect();
+        info!(
+            unacknowledged = unacked.len(),
+            "Drill: the consumer is killed right after a commit."
+        );
+        for msg in unacked {
+            let at = back + Duration::from_secs_f64(self.rng.f64() * 0.5);
+            self.redeliveries.push(Reverse(Redelivery { at, msg }));
+        }
+    }
+
+    /// A new message: the next version of one of the type's ordering keys.
+    fn message(&mut self, event_id: String) -> Message {
+        let event_type = self.sim.event_types[self.rng.usize(..self.sim.event_types.len())].clone();
+        let ordering_key = format!(
+            "{}-{}",
+            entity_of(&event_type),
+            self.rng.u32(..KEYS_PER_TYPE)
+        );
+        let version = self.versions.entry(ordering_key.clone()).or_insert(0);
+        *version += 1;
+        Message {
+            event_id,
+            version: *version,
+            ordering_key,
+            event_type,
+            traceparent: traceparent(&mut self.rng),
+        }
+    }
+
     async fn receive(&mut self) -> Result<(), sqlx::Error> {
         self.next_id += 1;
         let event_id = format!("evt-{}-{:08x}", self.next_id, self.rng.u32(..));
-        let event_type = self.sim.event_types[self.rng.usize(..self.sim.event_types.len())].clone();
-        let traceparent = traceparent(&mut self.rng);
-        self.deliver(&event_id, &event_type, &traceparent).await?;
+        let msg = self.message(event_id);
+        self.deliver(&msg).await?;
         self.stats.received += 1;
+        if self.during(Drill::ConcurrentDelivery) && self.rng.f64() < CONCURRENT_SHARE {
+            let at = Instant::now() + Duration::from_secs_f64(self.rng.f64() * 0.15);
+            self.redeliveries.push(Reverse(Redelivery {
+                at,
+                msg: msg.clone(),
+            }));
+        }
         if self.rng.f64() < self.sim.duplicate_ratio {
-            self.schedule_redelivery(event_id, event_type, traceparent);
+            self.schedule_redelivery(msg);
         }
         Ok(())
     }
 
     async fn redeliver(&mut self, r: Redelivery) -> Result<(), sqlx::Error> {
-        self.deliver(&r.event_id, &r.event_type, &r.traceparent)
-            .await?;
+        self.deliver(&r.msg).await?;
         self.stats.duplicates += 1;
-        debug!(event_id = %r.event_id, "Event delivered again.");
+        debug!(event_id = %r.msg.event_id, "Event delivered again.");
         if self.rng.f64() < REPEAT_DUPLICATE_SHARE {
-            self.schedule_redelivery(r.event_id, r.event_type, r.traceparent);
+            self.schedule_redelivery(r.msg);
         }
         Ok(())
     }
 
-    fn schedule_redelivery(&mut self, event_id: String, event_type: String, traceparent: String) {
+    fn schedule_redelivery(&mut self, msg: Message) {
         if self.redeliveries.len() >= REDELIVERY_CAPACITY {
             return;
         }
-        // Some duplicates race the first delivery (pending or processing); most
-        // come back after completion, from a broker that lost the acknowledgement.
-        let delay = if self.rng.f64() < EARLY_DUPLICATE_SHARE {
-            self.rng.f64() * 0.2
-        } else {
-            60f64.powf(self.rng.f64())
-        };
+        let delay = self.rng.f64() * DUPLICATE_WITHIN.as_secs_f64();
         self.redeliveries.push(Reverse(Redelivery {
             at: Instant::now() + Duration::from_secs_f64(delay),
-            event_id,
-            event_type,
-            traceparent,
+            msg,
         }));
     }
 
-    async fn deliver(
-        &mut self,
-        event_id: &str,
-        event_type: &str,
-        traceparent: &str,
-    ) -> Result<(), sqlx::Error> {
-        let (key, summary) = business_of(event_id, event_type);
+    async fn deliver(&mut self, msg: &Message) -> Result<(), sqlx::Error> {
+        let (key, summary) = business_of(&msg.event_id, &msg.event_type);
         sqlx::query(AssertSqlSafe(self.sql.deliver.clone()))
-            .bind(event_id)
-            .bind(event_type)
-            .bind(traceparent)
+            .bind(&msg.event_id)
+            .bind(&msg.event_type)
+            .bind(&msg.traceparent)
             .bind(key)
             .bind(summary)
+            .bind(&msg.ordering_key)
+            .bind(msg.version)
             .execute(&mut *self.conn)
             .await?;
         Ok(())
     }
 
+    /// Whether every attempt of this message fails with a permanent error now.
+    fn is_poison(&self, msg: &Message) -> bool {
+        let share = self.sim.failure_ratio(Some(&msg.event_type)) * POISON_PER_FAILURE_RATIO;
+        is_poison(&msg.event_id, share)
+            || (msg.event_id.starts_with(BATCH_PREFIX) && !self.fault.over)
+            || (msg.ordering_key == POISON_KEY && !self.fault.over)
+    }
+
     /// Claims as many claimable rows as there are idle workers and starts them.
     async fn claim(&mut self) -> Result<(), sqlx::Error> {
         let idle = self.sim.workers.saturating_sub(self.workers.len());
-        if idle == 0 {
+        if idle == 0 || self.fault.down(Instant::now()) || self.during(Drill::Rebalance) {
             return Ok(());
         }
-        let rows = sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
+        let rows = sqlx::query(AssertSqlSafe(self.sql.claimable.clone()))
             .bind(RETRY_BASE.as_secs_f64())
             .bind(i64::try_from(idle).unwrap_or(i64::MAX))
             .fetch_all(&mut *self.conn)
@@ -547,22 +793,63 @@ impl Consumer {
         for row in rows {
             let event_id: String = row.try_get("event_id")?;
             let event_type: Option<String> = row.try_get("event_type")?;
-            let attempt: i64 = row.try_get("attempts")?;
-            let failure_ratio = self.sim.failure_ratio(event_type.as_deref());
-            let error = if is_poison(&event_id, failure_ratio * POISON_PER_FAILURE_RATIO) {
-                Some(PERMANENT_ERRORS[self.rng.usize(..PERMANENT_ERRORS.len())])
+            let attempts: i64 = row.try_get("attempts")?;
+            let ordering_key: Option<String> = row.try_get("ordering_key")?;
+            let version: Option<i64> = row.try_get("version")?;
+            let traceparent: Option<String> = row.try_get("traceparent")?;
+            let msg = Message {
+                event_id,
+                event_type: event_type.unwrap_or_default(),
+                traceparent: traceparent.unwrap_or_default(),
+                ordering_key: ordering_key.unwrap_or_default(),
+                version: version.unwrap_or(0),
+            };
+            if self.fault.parked_keys.contains(&msg.ordering_key) {
+                // The key is parked: its later versions are moved aside unprocessed.
+                self.stats.parked += 1;
+                sqlx::query(AssertSqlSafe(self.sql.park.clone()))
+                    .bind(format!(
+                        "Parked behind an earlier version of {}",
+                        msg.ordering_key
+                    ))
+                    .bind(&msg.event_id)
+                    .execute(&mut *self.conn)
+                    .await?;
+                continue;
+            }
+            sqlx::query(AssertSqlSafe(self.sql.claim.clone()))
+                .bind(&msg.event_id)
+                .execute(&mut *self.conn)
+                .await?;
+            let failure_ratio = self.sim.failure_ratio(Some(&msg.event_type));
+            let mut duration = processing_time(&mut self.rng);
+            let error = if self.is_poison(&msg) {
+                Some(if msg.ordering_key == POISON_KEY {
+                    POISON_KEY_ERROR
+                } else {
+                    PERMANENT_ERRORS[self.rng.usize(..PERMANENT_ERRORS.len())]
+                })
+            } else if self.during(Drill::DownstreamThrottling) {
+                if self.rng.f64() < THROTTLED_SHARE {
+                    duration = Duration::from_millis(self.rng.u64(30..80));
+                    Some(THROTTLED_ERROR)
+                } else {
+                    duration = duration.mul_f64(THROTTLED_SLOWDOWN);
+                    None
+                }
             } else {
                 (self.rng.f64() < failure_ratio)
                     .then(|| TRANSIENT_ERRORS[self.rng.usize(..TRANSIENT_ERRORS.len())])
             };
             let attempt = Attempt {
-                event_id,
-                event_type,
-                attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                duration: processing_time(&mut self.rng),
+                attempt: u32::try_from(attempts + 1).unwrap_or(u32::MAX),
+                msg,
+                duration,
                 error,
             };
             self.stats.attempts += 1;
+            self.in_flight
+                .insert(attempt.msg.event_id.clone(), attempt.msg.clone());
             self.workers.spawn(async move {
                 tokio::time::sleep(attempt.duration).await;
                 attempt
@@ -572,39 +859,65 @@ impl Consumer {
     }
 
     async fn finish(&mut self, attempt: Attempt) -> Result<(), sqlx::Error> {
+        self.in_flight.remove(&attempt.msg.event_id);
+        let id = &attempt.msg.event_id;
         let result = match attempt.error {
             None => {
                 self.stats.succeeded += 1;
-                sqlx::query(AssertSqlSafe(self.sql.succeed.clone()))
-                    .bind(&attempt.event_id)
+                let done = sqlx::query(AssertSqlSafe(self.sql.succeed.clone()))
+                    .bind(id)
                     .execute(&mut *self.conn)
-                    .await?
+                    .await?;
+                let now = Instant::now();
+                if self.during(Drill::AckTimeout) && self.rng.f64() < ACK_TIMEOUT_SHARE {
+                    let at = now + Duration::from_secs_f64(1.0 + 4.0 * self.rng.f64());
+                    self.redeliveries.push(Reverse(Redelivery {
+                        at,
+                        msg: attempt.msg.clone(),
+                    }));
+                }
+                if self.during(Drill::KillAfterCommit) {
+                    self.fault.unacked.push_back((now, attempt.msg.clone()));
+                    if self.fault.unacked.len() > REDELIVERY_CAPACITY {
+                        self.fault.unacked.pop_front();
+                    }
+                }
+                done
             }
             Some(error) => {
                 self.stats.failed_attempts += 1;
-                let status = if attempt.attempt >= self.sim.max_attempts {
-                    self.stats.dead_lettered += 1;
-                    debug!(
-                        event_id = %attempt.event_id,
-                        event_type = attempt.event_type.as_deref().unwrap_or("unknown"),
-                        attempts = attempt.attempt,
-                        error,
-                        "Event dead-lettered."
-                    );
-                    "dead"
-                } else {
-                    "failed"
-                };
-                sqlx::query(AssertSqlSafe(self.sql.fail.clone()))
-                    .bind(&attempt.event_id)
-                    .bind(status)
+                // A throttled attempt is retried however often; an error no retry
+                // can fix is dead-lettered at once.
+                let throttled = error == THROTTLED_ERROR;
+                let permanent = PERMANENT_ERRORS.contains(&error);
+                let statement =
+                    if throttled || (attempt.attempt < self.sim.max_attempts && !permanent) {
+                        &self.sql.fail
+                    } else if attempt.msg.ordering_key == POISON_KEY {
+                        // The key's first version gives up: the key is parked.
+                        self.stats.parked += 1;
+                        self.fault.parked_keys.insert(POISON_KEY.to_owned());
+                        &self.sql.park
+                    } else {
+                        self.stats.dead_lettered += 1;
+                        debug!(
+                            event_id = %id,
+                            event_type = %attempt.msg.event_type,
+                            attempts = attempt.attempt,
+                            error,
+                            "Event dead-lettered."
+                        );
+                        &self.sql.dead
+                    };
+                sqlx::query(AssertSqlSafe(statement.clone()))
                     .bind(error)
+                    .bind(id)
                     .execute(&mut *self.conn)
                     .await?
             }
         };
         if result.rows_affected() == 0 {
-            debug!(event_id = %attempt.event_id, "Row changed under the worker; result dropped.");
+            debug!(event_id = %id, "Row changed under the worker; result dropped.");
         }
         Ok(())
     }
@@ -635,7 +948,7 @@ fn traceparent(rng: &mut fastrand::Rng) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
+    use sqlx::any::AnyPoolOptions;
     use std::collections::BTreeSet;
     use std::path::{Path, PathBuf};
 
@@ -662,14 +975,12 @@ mod tests {
         }
     }
 
-    async fn pool(path: &Path, read_only: bool) -> SqlitePool {
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(!read_only)
-            .read_only(read_only);
-        SqlitePoolOptions::new()
+    async fn pool(path: &Path, read_only: bool) -> AnyPool {
+        sqlx::any::install_default_drivers();
+        let mode = if read_only { "ro" } else { "rwc" };
+        AnyPoolOptions::new()
             .max_connections(2)
-            .connect_with(options)
+            .connect(&format!("sqlite://{}?mode={mode}", path.display()))
             .await
             .expect("test database opens")
     }
@@ -744,7 +1055,7 @@ mod tests {
             .await
             .expect_err("bad table name is refused");
         assert!(matches!(err, sqlx::Error::InvalidArgument(_)), "{err}");
-        let err = create_table(&pool, "a.b")
+        let err = create_table(&pool, Dialect::Sqlite, "a.b", "")
             .await
             .expect_err("bad table name is refused");
         assert!(matches!(err, sqlx::Error::InvalidArgument(_)), "{err}");
@@ -765,7 +1076,7 @@ mod tests {
         };
         let stuck_after = sim.stuck_after;
         let writer_pool = pool(&db.0, false).await;
-        create_table(&writer_pool, &sim.table)
+        create_table(&writer_pool, Dialect::Sqlite, &sim.table, "")
             .await
             .expect("table created");
         let reader = pool(&db.0, true).await;
@@ -845,7 +1156,9 @@ mod tests {
             count(
                 "SELECT count(*) FROM inbox_sim WHERE (status IN ('succeeded','dead')) \
                  != (finished_at IS NOT NULL) OR (attempts > 0) != (started_at IS NOT NULL) \
-                 OR (status = 'dead' AND (attempts != 2 OR last_error IS NULL)) \
+                 OR (status = 'dead' AND NOT (attempts = 2 OR (attempts = 1 AND \
+                 (last_error LIKE 'ValidationError%' OR last_error LIKE 'SchemaError%')))) \
+                 OR (status = 'dead' AND last_error IS NULL) \
                  OR (status = 'succeeded' AND last_error IS NOT NULL) \
                  OR attempts > 2"
             )

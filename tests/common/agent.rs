@@ -206,8 +206,8 @@ enum Config {
     Text(String),
     /// An existing file (several agents sharing one).
     File(PathBuf),
-    /// `inboxwatch demo`: no config.
-    Demo,
+    /// `inboxwatch demo` and these arguments: no config.
+    Demo(Vec<OsString>),
 }
 
 /// How to start an [`Agent`]: [`Agent::run`], [`Agent::run_file`], then environment,
@@ -283,7 +283,11 @@ impl AgentBuilder {
                 run_args(&path, &listen)
             }
             Config::File(path) => run_args(&path, &listen),
-            Config::Demo => ["demo", "--listen", &listen].map(OsString::from).to_vec(),
+            Config::Demo(extra) => ["demo", "--listen", &listen]
+                .map(OsString::from)
+                .into_iter()
+                .chain(extra)
+                .collect(),
         };
         // The agent's log filter: `--log`/INBOXWATCH_LOG (RUST_LOG too, in case).
         let log = std::env::var("INBOXWATCH_TEST_LOG").unwrap_or_else(|_| "info".to_string());
@@ -339,7 +343,13 @@ impl Agent {
 
     /// `inboxwatch demo --listen 127.0.0.1:<free port>` in a fresh working directory.
     pub fn demo() -> Agent {
-        Self::builder(Config::Demo).start()
+        Self::builder(Config::Demo(Vec::new())).start()
+    }
+
+    /// `inboxwatch demo --listen 127.0.0.1:<free port> ARGS…`, to be configured
+    /// further and started.
+    pub fn demo_with(args: &[&str]) -> AgentBuilder {
+        Self::builder(Config::Demo(args.iter().map(OsString::from).collect()))
     }
 
     /// `inboxwatch run` on `config_toml`, to be configured further and started.
