@@ -825,7 +825,7 @@ table = "outbox"
         };
         assert_eq!(billing.columns.deliveries, None);
         assert_eq!(billing.table.cursor, Cursor::None);
-        assert_eq!(billing.statuses.classify("parked"), Some(Status::Dead));
+        assert_eq!(billing.statuses.classify("buried"), Some(Status::Dead));
         let SourceSpec::Inbox(payments) = &cfg.sources[2] else {
             panic!("payments-inbox is an inbox")
         };
