@@ -60,6 +60,7 @@ fn lagging_cluster(topic: &str) -> Cluster {
         FakeGroup {
             members: 1,
             committed: BTreeMap::from([((topic.into(), 0), 1), ((topic.into(), 1), 1)]),
+            ..FakeGroup::default()
         },
     );
     cluster
@@ -672,6 +673,7 @@ async fn records_stamped_in_the_future_are_zero_seconds_old_and_counted_once() {
         FakeGroup {
             members: 1,
             committed: BTreeMap::from([((topic.clone(), 0), 1), ((topic.clone(), 1), 0)]),
+            ..FakeGroup::default()
         },
     );
     let cluster = Arc::new(Mutex::new(cluster));

@@ -4,38 +4,19 @@
 //! ListGroups v5 nor ConsumerGroupDescribe). Its answers are shaped from the
 //! protocol's JSON specs: `ListGroups` v5 with each group's `GroupType`,
 //! `ConsumerGroupDescribe` with members, assignments and the group epoch,
-//! `FindCoordinator` v4 with `Coordinators`, `OffsetFetch` v8 with `Groups`.
-//! Every number checked is one the test's answers fixed.
+//! `FindCoordinator` v4 with `Coordinators`, `OffsetFetch` v8 with `Groups`
+//! (the fake's `Cluster` model). Every number checked is one the test's
+//! cluster fixed.
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use common::fake_kafka::{FakeConfig, FakeKafka, Reply, Req};
+use common::fake_kafka::{Cluster, FakeConfig, FakeGroup, FakeKafka, GroupProtocol};
 use common::{Agent, Cmd, Metrics, READY_TIMEOUT, wait_until};
-use kafka_protocol::messages::consumer_group_describe_response::{
-    Assignment, DescribedGroup, Member, TopicPartitions,
-};
-use kafka_protocol::messages::describe_groups_response::DescribedGroup as ClassicGroup;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::find_coordinator_response::Coordinator;
-use kafka_protocol::messages::list_groups_response::ListedGroup;
-use kafka_protocol::messages::list_offsets_response::{
-    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
-};
-use kafka_protocol::messages::metadata_response::{
-    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
-};
-use kafka_protocol::messages::offset_fetch_response::{
-    OffsetFetchResponseGroup, OffsetFetchResponsePartitions, OffsetFetchResponseTopics,
-};
-use kafka_protocol::messages::*;
-use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::messages::ApiKey;
 
 const TOPIC: &str = "orders";
 /// High watermark of each partition of `orders`.
@@ -58,270 +39,69 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
-fn s(v: &str) -> StrBytes {
-    StrBytes::from_string(v.to_string())
-}
-
 /// The timestamp (ms) of the record at `offset` of partition `p`: fixed, an
 /// hour ago plus the offset in seconds.
 fn timestamp(base: i64, p: i32, offset: i64) -> i64 {
     base + p as i64 * 100_000 + offset * 1_000
 }
 
-/// The fake's answers: one broker (node 0, itself), `orders` with two
-/// partitions it leads, the three groups above.
-fn answer(req: &Req, base: i64, kip848_listed: bool) -> Reply {
-    match req.api_key {
-        ApiKey::Metadata => {
-            let broker = MetadataResponseBroker::default()
-                .with_node_id(BrokerId(0))
-                .with_host(s(&req.broker.ip().to_string()))
-                .with_port(req.broker.port() as i32);
-            let partitions = (0..2)
-                .map(|p| {
-                    MetadataResponsePartition::default()
-                        .with_partition_index(p)
-                        .with_leader_id(BrokerId(0))
-                        .with_replica_nodes(vec![BrokerId(0)])
-                        .with_isr_nodes(vec![BrokerId(0)])
-                })
-                .collect();
-            let topic = MetadataResponseTopic::default()
-                .with_name(Some(TopicName(s(TOPIC))))
-                .with_partitions(partitions);
-            req.answer(
-                &MetadataResponse::default()
-                    .with_brokers(vec![broker])
-                    .with_controller_id(BrokerId(0))
-                    .with_topics(vec![topic]),
-            )
-        }
-        ApiKey::ListOffsets => {
-            let asked: ListOffsetsRequest = req.decode();
-            let topics = asked
-                .topics
-                .iter()
-                .map(|t| {
-                    ListOffsetsTopicResponse::default()
-                        .with_name(t.name.clone())
-                        .with_partitions(
-                            t.partitions
-                                .iter()
-                                .map(|p| {
-                                    ListOffsetsPartitionResponse::default()
-                                        .with_partition_index(p.partition_index)
-                                        .with_offset(HWM[p.partition_index as usize])
-                                        .with_timestamp(-1)
-                                })
-                                .collect(),
-                        )
-                })
-                .collect();
-            req.answer(&ListOffsetsResponse::default().with_topics(topics))
-        }
-        ApiKey::ListGroups => {
-            let listed = |name: &str, group_type: &str, state: &str| {
-                ListedGroup::default()
-                    .with_group_id(GroupId(s(name)))
-                    .with_protocol_type(s(if group_type == "share" {
-                        "share"
-                    } else {
-                        "consumer"
-                    }))
-                    .with_group_state(s(state))
-                    .with_group_type(s(group_type))
-            };
-            let mut groups = vec![
-                listed(CLASSIC, "classic", "Empty"),
-                listed(SHARE, "share", "Stable"),
-            ];
-            if kip848_listed {
-                groups.push(listed(KIP848, "consumer", "Stable"));
-            }
-            req.answer(&ListGroupsResponse::default().with_groups(groups))
-        }
-        ApiKey::FindCoordinator => {
-            let asked: FindCoordinatorRequest = req.decode();
-            let coordinator = |key: &StrBytes| {
-                Coordinator::default()
-                    .with_key(key.clone())
-                    .with_node_id(BrokerId(0))
-                    .with_host(s(&req.broker.ip().to_string()))
-                    .with_port(req.broker.port() as i32)
-            };
-            let resp = if req.version >= 4 {
-                FindCoordinatorResponse::default()
-                    .with_coordinators(asked.coordinator_keys.iter().map(coordinator).collect())
-            } else {
-                FindCoordinatorResponse::default()
-                    .with_node_id(BrokerId(0))
-                    .with_host(s(&req.broker.ip().to_string()))
-                    .with_port(req.broker.port() as i32)
-            };
-            req.answer(&resp)
-        }
-        ApiKey::ConsumerGroupDescribe => {
-            let asked: ConsumerGroupDescribeRequest = req.decode();
-            let groups = asked
-                .group_ids
-                .iter()
-                .map(|g| {
-                    if g.0.as_str() != KIP848 {
-                        // GROUP_ID_NOT_FOUND
-                        return DescribedGroup::default()
-                            .with_group_id(g.clone())
-                            .with_error_code(69);
-                    }
-                    let members = (0..KIP848_MEMBERS as i32)
-                        .map(|m| {
-                            let assigned = TopicPartitions::default()
-                                .with_topic_name(TopicName(s(TOPIC)))
-                                .with_partitions(vec![m]);
-                            Member::default()
-                                .with_member_id(s(&format!("member-{m}")))
-                                .with_member_epoch(KIP848_EPOCH)
-                                .with_client_id(s("payments-consumer"))
-                                .with_client_host(s("/10.0.0.1"))
-                                .with_subscribed_topic_names(vec![TopicName(s(TOPIC))])
-                                .with_assignment(
-                                    Assignment::default().with_topic_partitions(vec![assigned]),
-                                )
-                        })
-                        .collect();
-                    DescribedGroup::default()
-                        .with_group_id(g.clone())
-                        .with_group_state(s("Stable"))
-                        .with_group_epoch(KIP848_EPOCH)
-                        .with_assignment_epoch(KIP848_EPOCH)
-                        .with_assignor_name(s("uniform"))
-                        .with_members(members)
-                })
-                .collect();
-            req.answer(&ConsumerGroupDescribeResponse::default().with_groups(groups))
-        }
-        ApiKey::DescribeGroups => {
-            let asked: DescribeGroupsRequest = req.decode();
-            let groups = asked
-                .groups
-                .iter()
-                .map(|g| {
-                    // A KIP-848 group is not a classic group: as Kafka 4
-                    // answers, no members.
-                    let state = if g.0.as_str() == CLASSIC {
-                        "Empty"
-                    } else {
-                        "Dead"
-                    };
-                    ClassicGroup::default()
-                        .with_group_id(g.clone())
-                        .with_group_state(s(state))
-                        .with_protocol_type(s("consumer"))
-                })
-                .collect();
-            req.answer(&DescribeGroupsResponse::default().with_groups(groups))
-        }
-        ApiKey::OffsetFetch => {
-            let asked: OffsetFetchRequest = req.decode();
-            assert!(
-                req.version >= 8,
-                "OffsetFetch v{} from the agent",
-                req.version
-            );
-            let groups = asked
-                .groups
-                .iter()
-                .map(|g| {
-                    let committed: Vec<(i32, i64)> = match g.group_id.0.as_str() {
-                        KIP848 => vec![(0, KIP848_COMMITTED[0]), (1, KIP848_COMMITTED[1])],
-                        CLASSIC => vec![(0, CLASSIC_COMMITTED)],
-                        _ => vec![],
-                    };
-                    let partitions = committed
-                        .iter()
-                        .map(|&(p, o)| {
-                            OffsetFetchResponsePartitions::default()
-                                .with_partition_index(p)
-                                .with_committed_offset(o)
-                        })
-                        .collect();
-                    OffsetFetchResponseGroup::default()
-                        .with_group_id(g.group_id.clone())
-                        .with_topics(vec![
-                            OffsetFetchResponseTopics::default()
-                                .with_name(TopicName(s(TOPIC)))
-                                .with_partitions(partitions),
-                        ])
-                })
-                .collect();
-            req.answer(&OffsetFetchResponse::default().with_groups(groups))
-        }
-        ApiKey::Fetch => {
-            let asked: FetchRequest = req.decode();
-            let topics = asked
-                .topics
-                .iter()
-                .map(|t| {
-                    let partitions = t
-                        .partitions
-                        .iter()
-                        .map(|p| {
-                            let (index, offset) = (p.partition, p.fetch_offset);
-                            let record = Record {
-                                transactional: false,
-                                control: false,
-                                partition_leader_epoch: 0,
-                                producer_id: -1,
-                                producer_epoch: -1,
-                                timestamp_type: TimestampType::Creation,
-                                offset,
-                                sequence: offset as i32,
-                                timestamp: timestamp(base, index, offset),
-                                key: None,
-                                value: Some(Bytes::from_static(b"v")),
-                                headers: Default::default(),
-                                delete_horizon: false,
-                            };
-                            let mut batch = BytesMut::new();
-                            RecordBatchEncoder::encode(
-                                &mut batch,
-                                [&record],
-                                &RecordEncodeOptions {
-                                    version: 2,
-                                    compression: Compression::None,
-                                },
-                            )
-                            .expect("encode a record batch");
-                            PartitionData::default()
-                                .with_partition_index(index)
-                                .with_high_watermark(HWM[index as usize])
-                                .with_records(Some(batch.freeze()))
-                        })
-                        .collect();
-                    FetchableTopicResponse::default()
-                        .with_topic(t.topic.clone())
-                        .with_partitions(partitions)
-                })
-                .collect();
-            req.answer(&FetchResponse::default().with_responses(topics))
-        }
-        // The agent's election group (it owns the source alone).
-        ApiKey::JoinGroup => {
-            let member = s("agent-1");
-            let resp = JoinGroupResponse::default()
-                .with_generation_id(1)
-                .with_protocol_type(Some(s("inboxwatch")))
-                .with_protocol_name(Some(s("leader")))
-                .with_leader(member.clone())
-                .with_member_id(member.clone())
-                .with_members(vec![
-                    join_group_response::JoinGroupResponseMember::default().with_member_id(member),
-                ]);
-            req.answer(&resp)
-        }
-        ApiKey::SyncGroup => req.answer(&SyncGroupResponse::default()),
-        ApiKey::Heartbeat => req.answer(&HeartbeatResponse::default()),
-        _ => Reply::Close,
-    }
+/// The fake's cluster: `orders` with [`HWM`] records on its two partitions,
+/// the KIP-848 group (listed from ListGroups v5 on), the classic group and
+/// the share group.
+fn cluster(base: i64) -> Arc<Mutex<Cluster>> {
+    let mut c = Cluster::default();
+    c.topics.insert(
+        TOPIC.to_string(),
+        (0..2)
+            .map(|p| {
+                (0..HWM[p as usize])
+                    .map(|o| timestamp(base, p, o))
+                    .collect()
+            })
+            .collect(),
+    );
+    let committed = |offsets: &[i64]| -> BTreeMap<(String, i32), i64> {
+        offsets
+            .iter()
+            .enumerate()
+            .map(|(p, &o)| ((TOPIC.to_string(), p as i32), o))
+            .collect()
+    };
+    c.groups.insert(
+        KIP848.to_string(),
+        FakeGroup {
+            members: KIP848_MEMBERS,
+            committed: committed(&KIP848_COMMITTED),
+            protocol: GroupProtocol::Consumer {
+                epoch: KIP848_EPOCH,
+            },
+        },
+    );
+    c.groups.insert(
+        CLASSIC.to_string(),
+        FakeGroup {
+            members: 0,
+            committed: committed(&[CLASSIC_COMMITTED]),
+            protocol: GroupProtocol::Classic,
+        },
+    );
+    c.groups.insert(
+        SHARE.to_string(),
+        FakeGroup {
+            members: 1,
+            committed: BTreeMap::new(),
+            protocol: GroupProtocol::Share,
+        },
+    );
+    Arc::new(Mutex::new(c))
+}
+
+/// The versions of `key` the agent sent, sorted, once each.
+fn asked(fake: &FakeKafka, key: ApiKey) -> Vec<i16> {
+    let mut v: Vec<i16> = fake.requests_of(key).iter().map(|r| r.version).collect();
+    v.sort();
+    v.dedup();
+    v
 }
 
 fn config(fake: &FakeKafka) -> String {
@@ -353,7 +133,7 @@ fn status(m: &Metrics, group: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kip848_groups_are_described_with_their_members_and_judged_by_them() {
     let base = now_ms() - 3_600_000;
-    let fake = FakeKafka::start(FakeConfig::default(), move |req| answer(req, base, true)).await;
+    let fake = FakeKafka::start(FakeConfig::default(), Cluster::handler(cluster(base))).await;
     let agent = Agent::start(&config(&fake));
     agent.wait_ready(READY_TIMEOUT).await;
 
@@ -436,15 +216,15 @@ async fn kip848_groups_are_described_with_their_members_and_judged_by_them() {
     };
     assert_eq!(uncommitted(KIP848), Some(0.0));
     assert_eq!(uncommitted(CLASSIC), Some(1.0));
-    let asked = |key: ApiKey| {
-        let mut v: Vec<i16> = fake.requests_of(key).iter().map(|r| r.version).collect();
-        v.sort();
-        v.dedup();
-        v
-    };
-    assert_eq!(asked(ApiKey::ListGroups), [5]);
-    assert_eq!(asked(ApiKey::ConsumerGroupDescribe), [1]);
-    assert_eq!(asked(ApiKey::FindCoordinator), [4]);
+    assert_eq!(asked(&fake, ApiKey::ListGroups), [5]);
+    assert_eq!(asked(&fake, ApiKey::ConsumerGroupDescribe), [1]);
+    assert_eq!(asked(&fake, ApiKey::FindCoordinator), [4]);
+    // The source reads offsets batched: OffsetFetch v8 or later only.
+    let fetches = asked(&fake, ApiKey::OffsetFetch);
+    assert!(
+        !fetches.is_empty() && fetches.iter().all(|&v| v >= 8),
+        "OffsetFetch versions {fetches:?}"
+    );
     // Coordinators are kept between cycles: the source (not its election,
     // client id `inboxwatch-election`) sent one FindCoordinator in all, for
     // both groups.
@@ -501,7 +281,7 @@ async fn brokers_without_kip848_fall_back_to_classic_groups() {
             v.2 = 4;
         }
     }
-    let fake = FakeKafka::start(fake_config, move |req| answer(req, base, false)).await;
+    let fake = FakeKafka::start(fake_config, Cluster::handler(cluster(base))).await;
     let agent = Agent::start(&config(&fake));
     agent.wait_ready(READY_TIMEOUT).await;
     let m = wait_until(Duration::from_secs(20), || async {
@@ -539,6 +319,11 @@ async fn brokers_without_kip848_fall_back_to_classic_groups() {
         .collect();
     assert!(versions.iter().all(|v| *v == 4), "{versions:?}");
     assert!(fake.requests_of(ApiKey::ConsumerGroupDescribe).is_empty());
+    let fetches = asked(&fake, ApiKey::OffsetFetch);
+    assert!(
+        !fetches.is_empty() && fetches.iter().all(|&v| v >= 8),
+        "OffsetFetch versions {fetches:?}"
+    );
 }
 
 /// Guards connection reuse (issue 15): the source keeps its connections from
@@ -549,7 +334,7 @@ async fn brokers_without_kip848_fall_back_to_classic_groups() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn connections_are_reused_and_reopened_after_the_broker_closes_them() {
     let base = now_ms() - 3_600_000;
-    let fake = FakeKafka::start(FakeConfig::default(), move |req| answer(req, base, true)).await;
+    let fake = FakeKafka::start(FakeConfig::default(), Cluster::handler(cluster(base))).await;
     let agent = Agent::start(&config(&fake));
     agent.wait_ready(READY_TIMEOUT).await;
     let lag_of = |m: &Metrics| {

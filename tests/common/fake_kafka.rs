@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::api_versions_response::ApiVersion;
+use kafka_protocol::messages::consumer_group_describe_response;
 use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
@@ -46,9 +47,10 @@ use kafka_protocol::messages::offset_fetch_response::{
     OffsetFetchResponseTopic, OffsetFetchResponseTopics,
 };
 use kafka_protocol::messages::{
-    ApiKey, ApiVersionsResponse, BrokerId, DescribeGroupsRequest, DescribeGroupsResponse,
-    FetchRequest, FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId,
-    HeartbeatResponse, JoinGroupRequest, JoinGroupResponse, LeaveGroupResponse, ListGroupsResponse,
+    ApiKey, ApiVersionsResponse, BrokerId, ConsumerGroupDescribeRequest,
+    ConsumerGroupDescribeResponse, DescribeGroupsRequest, DescribeGroupsResponse, FetchRequest,
+    FetchResponse, FindCoordinatorRequest, FindCoordinatorResponse, GroupId, HeartbeatResponse,
+    JoinGroupRequest, JoinGroupResponse, LeaveGroupResponse, ListGroupsResponse,
     ListOffsetsRequest, ListOffsetsResponse, MetadataRequest, MetadataResponse, OffsetFetchRequest,
     OffsetFetchResponse, RequestHeader, ResponseHeader, SaslAuthenticateRequest,
     SaslAuthenticateResponse, SaslHandshakeRequest, SaslHandshakeResponse, SyncGroupResponse,
@@ -741,18 +743,36 @@ pub fn no_handler(_: &Req) -> Reply {
 // A one-broker cluster model
 // ---------------------------------------------------------------------------------
 
-/// A consumer group of a [`Cluster`] (classic protocol).
+/// A consumer group of a [`Cluster`].
 #[derive(Debug, Clone, Default)]
 pub struct FakeGroup {
-    /// Members `DescribeGroups` reports (without assignments).
+    /// Members `DescribeGroups` (classic) or `ConsumerGroupDescribe` (KIP-848)
+    /// reports.
     pub members: usize,
     /// Committed offsets by (topic, partition).
     pub committed: BTreeMap<(String, i32), i64>,
+    pub protocol: GroupProtocol,
+}
+
+/// The group protocol of a [`FakeGroup`], as `ListGroups` v5 types it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GroupProtocol {
+    /// Described by `DescribeGroups` (members without assignments).
+    #[default]
+    Classic,
+    /// KIP-848: listed from `ListGroups` v5 on only (a broker before it has
+    /// none), described by `ConsumerGroupDescribe` (member i assigned
+    /// partition i of each topic the group committed on, at this group
+    /// epoch); `DescribeGroups` answers it `Dead`, as Kafka 4 does.
+    Consumer { epoch: i32 },
+    /// KIP-932: protocol type `share`; `DescribeGroups` answers it `Dead`.
+    Share,
 }
 
 /// A cluster of one broker (the fake itself) that answers what the Kafka
 /// source and the agents' election send: `Metadata`, `ListOffsets`,
-/// `ListGroups`, `DescribeGroups`, `OffsetFetch` (v1–7 and batched v8+),
+/// `ListGroups` (with group types from v5), `DescribeGroups`,
+/// `ConsumerGroupDescribe`, `OffsetFetch` (v1–7 and batched v8+),
 /// `Fetch` (a batch of the records from the asked offset, with the
 /// timestamps the test gave), `FindCoordinator`, and a group coordinator
 /// that makes every member of any other group (the election's) its leader.
@@ -798,6 +818,7 @@ impl Cluster {
             ApiKey::OffsetFetch => req.answer(&self.offset_fetch(req)),
             ApiKey::Fetch => req.answer(&self.fetch(req)),
             ApiKey::FindCoordinator => req.answer(&self.find_coordinator(req)),
+            ApiKey::ConsumerGroupDescribe => req.answer(&self.consumer_group_describe(req)),
             ApiKey::JoinGroup => {
                 let join: JoinGroupRequest = req.decode();
                 let member = if join.member_id.is_empty() {
@@ -904,23 +925,90 @@ impl Cluster {
         ListOffsetsResponse::default().with_topics(topics)
     }
 
-    fn list_groups(&self, _req: &Req) -> ListGroupsResponse {
+    fn list_groups(&self, req: &Req) -> ListGroupsResponse {
         ListGroupsResponse::default().with_groups(
             self.groups
                 .iter()
+                .filter(|(_, g)| {
+                    req.version >= 5 || !matches!(g.protocol, GroupProtocol::Consumer { .. })
+                })
                 .map(|(name, g)| {
+                    let (protocol_type, group_type) = match g.protocol {
+                        GroupProtocol::Classic => ("consumer", "classic"),
+                        GroupProtocol::Consumer { .. } => ("consumer", "consumer"),
+                        GroupProtocol::Share => ("share", "share"),
+                    };
                     ListedGroup::default()
                         .with_group_id(GroupId(StrBytes::from_string(name.clone())))
-                        .with_protocol_type(StrBytes::from_static_str("consumer"))
+                        .with_protocol_type(StrBytes::from_static_str(protocol_type))
                         .with_group_state(StrBytes::from_static_str(if g.members > 0 {
                             "Stable"
                         } else {
                             "Empty"
                         }))
-                        .with_group_type(StrBytes::from_static_str("classic"))
+                        .with_group_type(StrBytes::from_static_str(group_type))
                 })
                 .collect(),
         )
+    }
+
+    fn consumer_group_describe(&self, req: &Req) -> ConsumerGroupDescribeResponse {
+        use consumer_group_describe_response::{
+            Assignment, DescribedGroup, Member, TopicPartitions,
+        };
+        let asked: ConsumerGroupDescribeRequest = req.decode();
+        let groups = asked
+            .group_ids
+            .iter()
+            .map(|id| {
+                let described = DescribedGroup::default().with_group_id(id.clone());
+                let Some((g, epoch)) =
+                    self.groups
+                        .get(id.0.as_str())
+                        .and_then(|g| match g.protocol {
+                            GroupProtocol::Consumer { epoch } => Some((g, epoch)),
+                            _ => None,
+                        })
+                else {
+                    return described.with_error_code(69); // GROUP_ID_NOT_FOUND
+                };
+                let mut topics: Vec<&str> = g.committed.keys().map(|(t, _)| t.as_str()).collect();
+                topics.dedup();
+                let members = (0..g.members as i32)
+                    .map(|m| {
+                        let assigned = topics
+                            .iter()
+                            .map(|t| {
+                                TopicPartitions::default()
+                                    .with_topic_name(TopicName(StrBytes::from_string(
+                                        t.to_string(),
+                                    )))
+                                    .with_partitions(vec![m])
+                            })
+                            .collect();
+                        Member::default()
+                            .with_member_id(StrBytes::from_string(format!("member-{m}")))
+                            .with_member_epoch(epoch)
+                            .with_client_id(StrBytes::from_static_str("fake-consumer"))
+                            .with_client_host(StrBytes::from_static_str("/10.0.0.1"))
+                            .with_subscribed_topic_names(
+                                topics
+                                    .iter()
+                                    .map(|t| TopicName(StrBytes::from_string(t.to_string())))
+                                    .collect(),
+                            )
+                            .with_assignment(Assignment::default().with_topic_partitions(assigned))
+                    })
+                    .collect();
+                described
+                    .with_group_state(StrBytes::from_static_str("Stable"))
+                    .with_group_epoch(epoch)
+                    .with_assignment_epoch(epoch)
+                    .with_assignor_name(StrBytes::from_static_str("uniform"))
+                    .with_members(members)
+            })
+            .collect();
+        ConsumerGroupDescribeResponse::default().with_groups(groups)
     }
 
     fn describe_groups(&self, req: &Req) -> DescribeGroupsResponse {
@@ -933,7 +1021,12 @@ impl Cluster {
                     let described = DescribedGroup::default()
                         .with_group_id(id.clone())
                         .with_protocol_type(StrBytes::from_static_str("consumer"));
-                    match self.groups.get(id.0.as_str()) {
+                    match self
+                        .groups
+                        .get(id.0.as_str())
+                        .filter(|g| g.protocol == GroupProtocol::Classic)
+                    {
+                        // Unknown, or not a classic group.
                         None => described.with_group_state(StrBytes::from_static_str("Dead")),
                         Some(g) => described
                             .with_group_state(StrBytes::from_static_str(if g.members > 0 {
