@@ -330,6 +330,18 @@ fn workers_for(rate_per_sec: f64) -> usize {
     (needed as usize).max(MIN_WORKERS)
 }
 
+/// Whether every attempt of `msg` fails with a permanent error: a drill's own
+/// events (the dead-letter batch, the poison key's versions) while its fault is
+/// on and never after it (the cause is fixed, and by chance they would be parked
+/// or dead-lettered again behind the drill's back); other events when
+/// [`is_poison`] draws them at `share`.
+fn fails_every_attempt(msg: &Message, share: f64, fault_over: bool) -> bool {
+    if msg.event_id.starts_with(BATCH_PREFIX) || msg.ordering_key == POISON_KEY {
+        return !fault_over;
+    }
+    is_poison(&msg.event_id, share)
+}
+
 /// Whether `event_id` is a poison event, drawn once per id (FNV-1a) so that
 /// every attempt of the event, even after a restart, agrees.
 fn is_poison(event_id: &str, share: f64) -> bool {
@@ -774,9 +786,7 @@ impl Consumer {
     /// Whether every attempt of this message fails with a permanent error now.
     fn is_poison(&self, msg: &Message) -> bool {
         let share = self.sim.failure_ratio(Some(&msg.event_type)) * POISON_PER_FAILURE_RATIO;
-        is_poison(&msg.event_id, share)
-            || (msg.event_id.starts_with(BATCH_PREFIX) && !self.fault.over)
-            || (msg.ordering_key == POISON_KEY && !self.fault.over)
+        fails_every_attempt(msg, share, self.fault.over)
     }
 
     /// Claims as many claimable rows as there are idle workers and starts them.
@@ -893,7 +903,7 @@ impl Consumer {
                 let statement =
                     if throttled || (attempt.attempt < self.sim.max_attempts && !permanent) {
                         &self.sql.fail
-                    } else if attempt.msg.ordering_key == POISON_KEY {
+                    } else if attempt.msg.ordering_key == POISON_KEY && !self.fault.over {
                         // The key's first version gives up: the key is parked.
                         self.stats.parked += 1;
                         self.fault.parked_keys.insert(POISON_KEY.to_owned());
@@ -1030,6 +1040,44 @@ mod tests {
         let poison = ids.iter().filter(|id| is_poison(id, 0.008)).count();
         assert!((600..1000).contains(&poison), "{poison} poison ids");
         assert!(!ids.iter().any(|id| is_poison(id, 0.0)));
+    }
+
+    #[test]
+    fn a_drills_own_events_fail_exactly_while_its_fault_is_on() {
+        let mut rng = fastrand::Rng::with_seed(5);
+        let msg = |event_id: String, ordering_key: &str| Message {
+            event_id,
+            event_type: "OrderPlaced".to_owned(),
+            traceparent: String::new(),
+            ordering_key: ordering_key.to_owned(),
+            version: 1,
+        };
+        let ids: Vec<String> = (0..10_000)
+            .map(|i| format!("evt-{i}-{:08x}", rng.u32(..)))
+            .collect();
+        // At a share of a half, thousands of these ids are drawn as poison; none
+        // of the drill's own events may be once the cause is fixed.
+        for id in &ids {
+            for m in [
+                msg(id.clone(), POISON_KEY),
+                msg(
+                    format!("{BATCH_PREFIX}{id}"),
+                    &format!("{BATCH_PREFIX}{id}"),
+                ),
+            ] {
+                assert!(
+                    fails_every_attempt(&m, 0.5, false),
+                    "{m:?} during the fault"
+                );
+                assert!(!fails_every_attempt(&m, 0.5, true), "{m:?} after the fault");
+            }
+        }
+        let drawn = ids
+            .iter()
+            .filter(|id| fails_every_attempt(&msg((*id).clone(), "account-1"), 0.5, true))
+            .count();
+        assert_eq!(drawn, ids.iter().filter(|id| is_poison(id, 0.5)).count());
+        assert!((4_000..6_000).contains(&drawn), "{drawn} poison ids");
     }
 
     #[test]
