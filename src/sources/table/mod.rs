@@ -2,8 +2,9 @@
 //!
 //! Each poll is one read-only transaction that tails the change cursor
 //! (`updated_at`) — or, without one, the arrival and finish times — from the
-//! last high-water mark minus a look-back (every third of the overlap window,
-//! the whole window), so a transaction that commits late is still seen. What
+//! last high-water mark minus a short look-back, and re-reads the slices of
+//! the overlap window that just became a third of it and all of it old
+//! ([`LateReads`]), so a transaction that commits late is still seen. What
 //! a row changed since it was last seen is worked out against a bounded map
 //! of recently seen events, so re-reading never counts twice. The gauges come
 //! from a map of the unfinished rows kept from the same rows ([`backlog`]),
@@ -31,7 +32,7 @@ mod state;
 
 pub use config::{InboxSpec, OutboxSpec, Status, StatusMap, TableSpec};
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
@@ -49,7 +50,7 @@ use dialect::{Param, Sql};
 
 /// How far behind the change cursor every poll looks, for transactions that
 /// commit shortly after setting `updated_at`; older stragglers (up to the
-/// source's `overlap`) are caught by the periodic sweep.
+/// source's `overlap`) are caught by the re-read slices ([`LateReads`]).
 pub const COMMIT_LAG: Duration = Duration::from_secs(2);
 
 /// Text of `last_error` longer than this (in characters) is rejected as a label
@@ -184,12 +185,13 @@ pub struct TableSource<K: TableKind> {
     /// Per tailed column ([`TableKind::cursors`]): the highest value read so
     /// far (microseconds), capped at the database's now.
     highs: Vec<Option<i64>>,
-    /// When the whole overlap window was last re-read.
+    /// When the events log's whole overlap window was last re-read, and the
+    /// NULL-cursor scan last ran.
     last_sweep: Option<Instant>,
-    /// PostgreSQL: the snapshot xmin of the last poll and of the last sweep
-    /// (see [`Sql::unseen`]).
+    /// PostgreSQL: the snapshot xmin of the last poll (see [`Sql::unseen`]).
     poll_xmin: Option<i64>,
-    sweep_xmin: Option<i64>,
+    /// Per tailed column: the re-reads for late commits.
+    late: Vec<LateReads>,
     /// The unfinished rows, for the gauges.
     backlog: Backlog,
     /// When the backlog was last checked against the gauge query.
@@ -236,6 +238,63 @@ struct Seen {
     last: Unfinished,
 }
 
+/// The re-reads that catch a transaction committing later than
+/// [`COMMIT_LAG`] after the cursor value it wrote (up to the source's
+/// `overlap`). On every poll, for each lag in [`LateReads::lags`] (a third of
+/// `overlap`, and `overlap`), the slice of the cursor's range that became
+/// that old since the last poll (by the database's clock) is read again: each
+/// value is re-read once soon and once at the end of the window. That reads
+/// what a sweep of the whole window every third of it would, spread evenly
+/// over the polls instead of in a burst every few polls. On PostgreSQL a slice
+/// returns only rows written by transactions the tails had not seen
+/// ([`Sql::unseen`]); elsewhere every row of the slice, recognised by the map
+/// of recently seen events.
+#[derive(Debug, Default)]
+struct LateReads {
+    /// Per lag: the cursor value (microseconds) up to which the slices have
+    /// read; set by the baseline poll, which reads the whole window.
+    done: [Option<i64>; 2],
+    /// PostgreSQL: `(low, snapshot xmin)` of the recent polls' tails, oldest
+    /// first. After such a tail, every row of a transaction older than the
+    /// xmin with a cursor above the low has been read.
+    tails: VecDeque<(i64, i64)>,
+}
+
+impl LateReads {
+    /// The lags of the slices (microseconds), for an overlap and a look-back.
+    fn lags(overlap: i64, lookback: i64) -> [i64; 2] {
+        [(overlap / 3).max(lookback), overlap]
+    }
+
+    /// The snapshot xmin below which the rows above `from` were all read: the
+    /// latest tail that read from `from` or lower; 0 (every row) if none did.
+    fn seen_before(&self, from: i64) -> i64 {
+        self.tails
+            .iter()
+            .rev()
+            .find(|(low, _)| *low <= from)
+            .map_or(0, |(_, xmin)| *xmin)
+    }
+
+    /// Forgets the tails no slice needs: all before the latest one that read
+    /// from the lowest slice start or lower.
+    fn prune(&mut self) {
+        let Some(from) = self.done.iter().flatten().min().copied() else {
+            return;
+        };
+        if let Some(k) = self.tails.iter().rposition(|(low, _)| *low <= from) {
+            self.tails.drain(..k);
+        }
+        while self.tails.len() > MAX_TAILS_KEPT {
+            self.tails.pop_front();
+        }
+    }
+}
+
+/// A bound on [`LateReads::tails`]: a poll interval far below a second over a
+/// long overlap. Dropping the oldest only makes a slice return more rows.
+const MAX_TAILS_KEPT: usize = 4096;
+
 /// Every this many reconciles the full aggregate runs even when the count of
 /// unfinished rows agrees with the backlog kept (see
 /// [`TableSource::kept_gauges`]).
@@ -268,7 +327,7 @@ impl<K: TableKind> TableSource<K> {
             highs: vec![None; cursors],
             last_sweep: None,
             poll_xmin: None,
-            sweep_xmin: None,
+            late: (0..cursors).map(|_| LateReads::default()).collect(),
             last_reconcile: None,
             cheap_reconciles: 0,
             nulls: NullScan::default(),
@@ -469,19 +528,20 @@ impl<K: TableKind> TableSource<K> {
         let db_now: i64 = now_row.try_get(0).map_err(query_error)?;
         let snapshot_xmin: i64 = now_row.try_get(1).map_err(query_error)?;
         self.kind.begin(db_now);
-        // Most polls look back only COMMIT_LAG, which catches ordinary commit
-        // latency at once; every third of the overlap window a sweep re-reads
-        // the whole window for the rare transaction that commits later still.
-        // Reads stay proportional to the change rate, not to overlap / interval.
+        // Every poll looks back COMMIT_LAG, which catches ordinary commit
+        // latency at once; the rare transaction that commits later still is
+        // caught by the slices of LateReads (the events log: by a sweep of the
+        // whole window every third of it). Reads stay proportional to the
+        // change rate, not to overlap / interval.
         let sweep_every = (self.spec.overlap / 3).max(self.spec.poll_interval);
         let sweep = self.last_sweep.is_none_or(|t| t.elapsed() >= sweep_every);
-        let lookback = if sweep {
+        if sweep {
             self.last_sweep = Some(Instant::now());
-            self.spec.overlap
-        } else {
-            self.spec.overlap.min(COMMIT_LAG)
-        };
+        }
         let baseline = !self.started;
+        let lag = self.spec.overlap.min(COMMIT_LAG);
+        // The first poll reads the whole window, from which the slices go on.
+        let lookback = if baseline { self.spec.overlap } else { lag };
         let mut rows_read = 0u64;
         if baseline {
             self.kind.start(db_now);
@@ -491,35 +551,36 @@ impl<K: TableKind> TableSource<K> {
             rows_read += self.read_unfinished(&mut tx, baseline).await?;
         }
         // Rows up to the high-water mark in the range re-read were read by the
-        // last poll (the last sweep, for a sweep) unless written by a
-        // transaction still running then; 0 (unknown) re-reads them all.
-        let seen_before = if sweep {
-            self.sweep_xmin
-        } else {
-            self.poll_xmin
-        };
+        // last poll unless written by a transaction still running then; 0
+        // (unknown) re-reads them all.
         let seen_before = if baseline {
             0
         } else {
-            seen_before.unwrap_or(0)
+            self.poll_xmin.unwrap_or(0)
         };
+        let micros = |d: Duration| i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
         let window = Window {
             db_now,
-            lookback: i64::try_from(lookback.as_micros()).unwrap_or(i64::MAX),
+            lookback: micros(lookback),
             seen_before,
+            snapshot_xmin,
             baseline,
         };
         for (i, (column, at)) in self.kind.cursors().into_iter().enumerate() {
             rows_read += self.tail(&mut tx, i, &column, at, &window).await?;
+            if !baseline {
+                rows_read += self.reread_late(&mut tx, i, &column, &window).await?;
+            }
         }
-        rows_read += self.tail_events(&mut tx, &window).await?;
+        let events_window = Window {
+            lookback: micros(if sweep { self.spec.overlap } else { lookback }),
+            ..window
+        };
+        rows_read += self.tail_events(&mut tx, &events_window).await?;
         self.started = true;
         self.poll_xmin = Some(snapshot_xmin);
-        if sweep {
-            self.sweep_xmin = Some(snapshot_xmin);
-            if self.spec.cursor == Cursor::UpdatedAt {
-                rows_read += self.scan_nulls(&mut tx).await?;
-            }
+        if sweep && self.spec.cursor == Cursor::UpdatedAt {
+            rows_read += self.scan_nulls(&mut tx).await?;
         }
         if rereads && !baseline && self.events.is_none() {
             rows_read += self.look_up_gone(&mut tx, db_now).await?;
@@ -621,6 +682,11 @@ impl<K: TableKind> TableSource<K> {
         let ties = self.ties_query(column);
         let high = self.highs[i].unwrap_or(w.db_now);
         let mut low = high.saturating_sub(w.lookback);
+        let late = &mut self.late[i];
+        if w.baseline {
+            late.done = [Some(low); 2];
+        }
+        late.tails.push_back((low, w.snapshot_xmin));
         let mut max_seen = high;
         let mut rows_read = 0u64;
         loop {
@@ -672,6 +738,76 @@ impl<K: TableKind> TableSource<K> {
         // A clock ahead of the database must not push the mark into the future.
         self.highs[i] = Some(max_seen.min(w.db_now));
         Ok(rows_read)
+    }
+
+    /// Re-reads, for each lag of [`LateReads`], the slice of the tailed
+    /// column `i` that became that old since the last poll, up to where the
+    /// tail reads anyway. Streamed whole: a slice holds about one poll
+    /// interval of changes.
+    async fn reread_late(
+        &mut self,
+        tx: &mut AnyConnection,
+        i: usize,
+        column: &str,
+        w: &Window,
+    ) -> Result<u64, SourceError> {
+        let overlap = i64::try_from(self.spec.overlap.as_micros()).unwrap_or(i64::MAX);
+        let Some(high) = self.highs[i] else {
+            return Ok(0);
+        };
+        // The tail re-reads from here on every poll.
+        let top = high.saturating_sub(w.lookback);
+        if overlap <= w.lookback {
+            return Ok(0);
+        }
+        let query = self.slice_query(column);
+        let mut rows_read = 0u64;
+        for (j, lag) in LateReads::lags(overlap, w.lookback).into_iter().enumerate() {
+            let late = &self.late[i];
+            let Some(from) = late.done[j] else { continue };
+            let to = w.db_now.saturating_sub(lag).min(top);
+            if to <= from {
+                continue;
+            }
+            let seen_before = late.seen_before(from);
+            let mut q = bind(
+                bind(
+                    sqlx::query(sqlx::AssertSqlSafe(query.clone())),
+                    self.sql.cursor(from),
+                ),
+                self.sql.cursor(to),
+            );
+            if self.xmin {
+                q = q.bind(seen_before);
+            }
+            let mut rows = q.fetch(&mut *tx);
+            while let Some(row) = rows.try_next().await.map_err(query_error)? {
+                rows_read += 1;
+                self.take(&row, false)?;
+            }
+            drop(rows);
+            self.late[i].done[j] = Some(to);
+        }
+        self.late[i].prune();
+        Ok(rows_read)
+    }
+
+    /// The rows whose watermarked column lies in (`$1`, `$2`] (PostgreSQL:
+    /// only those of transactions not older than the xmin `$3`), in no order.
+    fn slice_query(&self, column: &str) -> String {
+        let col = self.sql.ident(column);
+        let unseen = self
+            .sql
+            .unseen(&col, 2, 3)
+            .filter(|_| self.xmin)
+            .map_or(String::new(), |u| format!(" AND {u}"));
+        format!(
+            "SELECT {} FROM {} WHERE {} AND NOT {}{unseen}",
+            self.select_list(),
+            self.sql.table(&self.spec.table),
+            self.sql.after(&col, 1),
+            self.sql.after(&col, 2),
+        )
     }
 
     /// A page of the rows whose change cursor is NULL.
@@ -855,6 +991,8 @@ struct Window {
     lookback: i64,
     /// PostgreSQL: the snapshot xmin of the poll that read the range last.
     seen_before: i64,
+    /// PostgreSQL: this poll's snapshot xmin.
+    snapshot_xmin: i64,
     baseline: bool,
 }
 
@@ -1118,4 +1256,43 @@ pub(crate) fn key_of(event_id: &str) -> u64 {
     let mut h = std::hash::SipHasher::new_with_keys(0x696e_626f_7877_6174, 0x6368_6576_656e_7473);
     event_id.hash(&mut h);
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: i64 = 1_000_000;
+
+    #[test]
+    fn late_reads_lag_a_third_of_the_overlap_and_all_of_it() {
+        assert_eq!(LateReads::lags(30 * S, 2 * S), [10 * S, 30 * S]);
+        // Never closer than the look-back every poll reads anyway.
+        assert_eq!(LateReads::lags(3 * S, 2 * S), [2 * S, 3 * S]);
+    }
+
+    #[test]
+    fn a_slice_skips_only_what_a_tail_from_at_or_below_it_read() {
+        let mut late = LateReads {
+            done: [Some(100 * S), Some(80 * S)],
+            tails: [(70 * S, 7), (90 * S, 9), (100 * S, 10), (105 * S, 11)].into(),
+        };
+        // The latest tail that started at or below the slice's start.
+        assert_eq!(late.seen_before(100 * S), 10);
+        assert_eq!(late.seen_before(99 * S), 9);
+        assert_eq!(late.seen_before(80 * S), 7);
+        // Below every tail kept: nothing is known to be read; all rows return.
+        assert_eq!(late.seen_before(60 * S), 0);
+        // Pruning keeps what the slices still need: the lowest start is 80 s,
+        // read after the tail from 70 s.
+        late.prune();
+        assert_eq!(late.tails.len(), 4);
+        late.done = [Some(104 * S), Some(95 * S)];
+        late.prune();
+        assert_eq!(
+            late.tails.iter().copied().collect::<Vec<_>>(),
+            [(90 * S, 9), (100 * S, 10), (105 * S, 11)]
+        );
+        assert_eq!(late.seen_before(95 * S), 9);
+    }
 }
