@@ -342,9 +342,10 @@ impl Sampler {
 
 /// EXPLAIN (ANALYZE, BUFFERS) of inboxwatch's queries on PostgreSQL, over
 /// the writer's last `poll` seconds (it ended at `end` µs): the tail of a
-/// normal poll and of a sweep (its text as pg_stat_statements recorded it,
-/// cursor $1, high-water mark $2, snapshot xmin $3), and the reconciling
-/// aggregate (rebuilt here: pg_stat_statements keeps it without constants).
+/// normal poll (its text as pg_stat_statements recorded it, cursor $1,
+/// high-water mark $2, snapshot xmin $3), the re-read slice of late commits
+/// (from $1 to $2, xmin $3), and the reconciling count and aggregate
+/// (rebuilt here: pg_stat_statements keeps them without constants).
 pub async fn agent_plans(
     conn: &mut AnyConnection,
     poll: f64,
@@ -354,6 +355,16 @@ pub async fn agent_plans(
     let tail: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
          WHERE r.rolname = '{AGENT_USER}' AND s.query LIKE '%ORDER BY%' AND s.query LIKE '%{}%' \
+         ORDER BY s.calls DESC LIMIT 1",
+        load::TABLE
+    )))
+    .fetch_optional(&mut *conn)
+    .await
+    .unwrap_or_default();
+    let slice: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
+         WHERE r.rolname = '{AGENT_USER}' AND s.query NOT LIKE '%ORDER BY%' \
+         AND s.query LIKE '%AND NOT%' AND s.query LIKE '%xmin%' AND s.query LIKE '%{}%' \
          ORDER BY s.calls DESC LIMIT 1",
         load::TABLE
     )))
@@ -379,9 +390,18 @@ pub async fn agent_plans(
             format!("tail of a normal poll ({poll} s of changes plus the 2 s look-back)"),
             at(high - us(2.0)),
         ));
+    }
+    if let Some(q) = slice {
+        // The slice of the changes that became `overlap` (30 s) old since the
+        // last poll; the one a third of it old costs the same.
+        let to = high - us(30.0);
         runs.push((
-            "tail of a sweep (the 30 s overlap window, every 10 s)".to_string(),
-            at(high - us(30.0)),
+            format!(
+                "re-read of late commits: the {poll} s slice 30 s back (two such slices every poll)"
+            ),
+            q.replace("$1", &(to - us(poll)).to_string())
+                .replace("$2", &to.to_string())
+                .replace("$3", &xmin.to_string()),
         ));
     }
     if no_cursor {
@@ -402,7 +422,15 @@ pub async fn agent_plans(
     }
     let stuck = end - us(600.0);
     runs.push((
-        "reconciling aggregate over the unfinished rows (once a minute)".to_string(),
+        "reconciling count of the unfinished rows (once a minute)".to_string(),
+        format!(
+            "SELECT COUNT(*) FROM \"{}\" WHERE \"status\" IN ('pending', 'processing', 'failed')",
+            load::TABLE
+        ),
+    ));
+    runs.push((
+        "reconciling aggregate over the unfinished rows (every tenth check, or when the count differs)"
+            .to_string(),
         format!(
             "SELECT CAST(\"status\" AS TEXT), CAST(\"event_type\" AS TEXT), COUNT(*), \
              CAST(date_part('epoch', MIN(\"received_at\")) * 1000000 AS BIGINT), \
