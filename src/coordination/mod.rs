@@ -541,6 +541,113 @@ mod tests {
         }
     }
 
+    /// A lock that is always free to take and always renewed, with a fixed
+    /// share; it records when it was tried and released.
+    struct FakeLock {
+        share: Share,
+        heartbeat: Duration,
+        log: std::sync::Arc<Mutex<Vec<(std::time::Instant, &'static str)>>>,
+    }
+
+    impl Lock for FakeLock {
+        fn source(&self) -> &str {
+            "fake"
+        }
+        fn heartbeat(&self) -> Duration {
+            self.heartbeat
+        }
+        async fn try_acquire(&mut self) -> Result<bool, String> {
+            lock(&self.log).push((std::time::Instant::now(), "try"));
+            Ok(true)
+        }
+        async fn renew(&mut self) -> Result<bool, String> {
+            Ok(true)
+        }
+        async fn release(&mut self) {
+            lock(&self.log).push((std::time::Instant::now(), "release"));
+        }
+        async fn share(&mut self) -> Option<Share> {
+            Some(self.share.clone())
+        }
+        fn claim_give_up(&mut self, _every: Duration) -> bool {
+            true
+        }
+    }
+
+    /// Runs `elect` on a [`FakeLock`] until `done` holds for its log (10 s at
+    /// most); returns the start and the log.
+    async fn run_fake(
+        share: Share,
+        heartbeat: Duration,
+        done: impl Fn(&[(std::time::Instant, &'static str)]) -> bool,
+    ) -> (std::time::Instant, Vec<(std::time::Instant, &'static str)>) {
+        let log = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let fake = FakeLock {
+            share,
+            heartbeat,
+            log: log.clone(),
+        };
+        let (tx, _rx) = watch::channel(None);
+        let cancel = CancellationToken::new();
+        let start = std::time::Instant::now();
+        let task = tokio::spawn(elect(
+            fake,
+            std::sync::Arc::new(Leadership::default()),
+            std::sync::Arc::new(Health::default()),
+            tx,
+            cancel.clone(),
+        ));
+        while !done(&lock(&log)) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the election did not get there within 10 s: {:?}",
+                lock(&log)
+                    .iter()
+                    .map(|(t, what)| (*what, *t - start))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cancel.cancel();
+        task.await.expect("the election panicked");
+        let log = lock(&log).clone();
+        (start, log)
+    }
+
+    #[tokio::test]
+    async fn an_agent_owning_more_than_another_contests_a_free_source_after_a_head_start() {
+        let heartbeat = Duration::from_millis(400);
+        // This agent owns 1 of the database's sources, the other agent none.
+        let share = share(3, &[1, 0], Some(0));
+        let (start, log) = run_fake(share, heartbeat, |log| !log.is_empty()).await;
+        let first = log[0].0 - start;
+        eprintln!("first contest {first:?} after the start (heartbeat {heartbeat:?})");
+        assert!(
+            first >= heartbeat.mul_f64(HEAD_START),
+            "contested {first:?} after the start, before the head start of {:?}",
+            heartbeat.mul_f64(HEAD_START)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_owner_above_its_share_gives_the_source_up_and_waits_before_contesting_again() {
+        let heartbeat = Duration::from_millis(200);
+        // Owns 2 of 2 sources, another agent none: above the ceiling of 1.
+        let share = share(2, &[2, 0], Some(0));
+        let (_, log) = run_fake(share, heartbeat, |log| {
+            log.iter().filter(|(_, what)| *what == "try").count() >= 2
+        })
+        .await;
+        let what: Vec<&str> = log.iter().map(|(_, what)| *what).collect();
+        assert_eq!(&what[..3], ["try", "release", "try"], "{what:?}");
+        let pause = log[2].0 - log[1].0;
+        eprintln!("contested again {pause:?} after giving it up (heartbeat {heartbeat:?})");
+        assert!(
+            pause >= heartbeat * YIELD_PAUSE,
+            "contested again {pause:?} after giving it up, within {YIELD_PAUSE} heartbeats"
+        );
+    }
+
     #[test]
     fn standby_sources_are_hidden_except_their_leader_gauge_gap_counters_and_info() {
         let text = "# HELP a x\n\
