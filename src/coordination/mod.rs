@@ -361,10 +361,10 @@ pub async fn elect<L: Lock>(
             }
             delay = heartbeat;
         } else {
-            // An agent gives the agents that own fewer sources a head start;
-            // without shares, one that owns sources waits
-            // a little per source. Either way it then contests the source, so
-            // that a source nobody else takes is still owned.
+            // An agent gives the agents that own fewer sources a head start
+            // (without shares, one that owns sources waits a little per
+            // source), then contests the source: a source nobody else takes
+            // is still owned.
             let wait = match tokio::time::timeout(patience, lock.share()).await {
                 Ok(Some(share)) if share.head_start() => heartbeat.mul_f64(HEAD_START),
                 Ok(Some(_)) => Duration::ZERO,

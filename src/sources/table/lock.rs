@@ -120,6 +120,9 @@ struct SessionState {
     /// The last reading of the agents present (by slot: the configured
     /// sources each one owns), and when.
     presence: Option<(Instant, Vec<(u32, usize)>)>,
+    /// A reading of the agents present was under way and given up (its
+    /// caller timed out): what the session answers next is not known.
+    reading: bool,
 }
 
 impl SessionState {
@@ -131,6 +134,15 @@ impl SessionState {
         self.held.clear();
         self.slot = None;
         self.presence = None;
+        self.reading = false;
+    }
+
+    /// The session, unless a statement on it was given up halfway.
+    fn usable(&mut self) -> &mut Self {
+        if self.reading {
+            self.drop_session();
+        }
+        self
     }
 }
 
@@ -140,13 +152,17 @@ impl LockSession {
     async fn share(&self) -> Option<Share> {
         let keys = lock(&self.keys).clone();
         let mut state = self.state.lock().await;
+        let state = state.usable();
         let present = match &state.presence {
             Some((at, present)) if at.elapsed() < PRESENCE_FRESH => present.clone(),
             _ => {
                 let dialect = self.dsn.dialect();
                 let (group, prefix) = (state.group, state.presence_prefix.clone());
                 let conn = state.conn.as_mut()?;
-                match presence(conn, dialect, group, &prefix, &keys).await {
+                state.reading = true;
+                let read = presence(conn, dialect, group, &prefix, &keys).await;
+                state.reading = false;
+                match read {
                     Ok(present) => {
                         state.presence = Some((Instant::now(), present.clone()));
                         present
@@ -238,6 +254,7 @@ impl SourceLock {
     /// Tries once to take the lock; true when this agent now owns the source.
     async fn try_acquire_db(&mut self) -> Result<bool, sqlx::Error> {
         let mut state = self.session.state.lock().await;
+        let state = state.usable();
         if state.conn.is_none() {
             let mut conn = connect(self.session.dsn.clone(), self.session.lease).await?;
             let group = presence_group(&lock(&self.session.keys));
@@ -293,6 +310,7 @@ impl SourceLock {
         let key = self.key;
         let dialect = self.spec.dsn.dialect();
         let mut state = self.session.state.lock().await;
+        let state = state.usable();
         if self.held_on != Some(state.generation) || state.conn.is_none() {
             self.held_on = None;
             return Err(sqlx::Error::Protocol(
@@ -339,6 +357,7 @@ impl SourceLock {
         };
         let key = self.key;
         let mut state = self.session.state.lock().await;
+        let state = state.usable();
         if state.generation != generation {
             return;
         }
