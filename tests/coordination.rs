@@ -1926,6 +1926,21 @@ async fn spread_over_late_agents(
             ));
         }
         problems.extend(o.violations_problem());
+        // The first agent gave up at least what it owned above its share after
+        // the first batch, each time with an INFO line naming the source, the
+        // share and the number of agents.
+        let gave = spread_log(&cluster.agents[0]);
+        let surplus = n_sources - n_sources.div_ceil(1 + batches[0]);
+        if gave.len() < surplus
+            || !gave
+                .iter()
+                .all(|l| l.contains("source=") && l.contains("share=") && l.contains("agents="))
+        {
+            problems.push(format!(
+                "agent 0 should have logged at least {surplus} sources given up to spread, \
+                 each with the source, the share and the agents: {gave:?}"
+            ));
+        }
         if let (Some(truth), Some(g)) = (&truth, gen_time) {
             for (si, source) in sources.iter().enumerate() {
                 let hs = o.handovers(si);
