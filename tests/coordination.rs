@@ -110,6 +110,21 @@ impl Cluster {
         }
     }
 
+    /// Starts `n` more agents on the config file of [`Cluster::start`]; returns
+    /// their indexes.
+    fn add(&mut self, n: usize) -> Vec<usize> {
+        let config = self.dir.path().join("inboxwatch.toml");
+        let first = self.agents.len();
+        for i in first..first + n {
+            let agent = Agent::run_file(&config)
+                .dir(self.dir.path())
+                .name(&format!("agent{i}"))
+                .start();
+            self.agents.push(agent);
+        }
+        (first..first + n).collect()
+    }
+
     fn ports(&self) -> Vec<u16> {
         self.agents.iter().map(|a| a.port).collect()
     }
@@ -221,6 +236,29 @@ impl Obs {
             violation_count: 0,
             contending: BTreeMap::new(),
         }))
+    }
+
+    /// Scrapes one more agent from the next round on.
+    fn add_agent(&mut self, port: u16) {
+        self.agents.push(AgentView {
+            port,
+            ..AgentView::default()
+        });
+    }
+
+    /// How many sources each agent owns in the last round, and whether every
+    /// source has exactly one owner in it.
+    fn spread_now(&self) -> (Vec<usize>, bool) {
+        let mut owned = vec![0; self.agents.len()];
+        let mut single = !self.rounds.is_empty();
+        for si in 0..self.sources.len() {
+            let owners = self.owners_now(si);
+            single &= owners.len() == 1;
+            for a in owners {
+                owned[a] += 1;
+            }
+        }
+        (owned, single)
     }
 
     fn at(&self, t: Instant) -> String {
@@ -1636,4 +1674,313 @@ async fn three_agents_on_tansu_the_kafka_owner_exports_and_the_others_hide() {
             "agent {a}'s handover gaps (agent {second} took over)"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Spreading: the sources of one database over the agents present on it
+// ---------------------------------------------------------------------------------
+
+/// The agents' heartbeat (`coordination::HEARTBEAT`).
+const HEARTBEAT: Duration = Duration::from_secs(5);
+
+/// How many sources each of `agents` agents owns once `sources` are spread
+/// over them (the floor or the ceiling of `sources / agents`), fewest first.
+fn fair_counts(sources: usize, agents: usize) -> Vec<usize> {
+    (0..agents)
+        .map(|a| sources / agents + usize::from(a >= agents - sources % agents))
+        .collect()
+}
+
+/// Waits (up to 120 s) until every source has exactly one owner and the agents
+/// own `want` sources (fewest first; an agent that is gone owns none); returns
+/// how long it took from `since`.
+async fn wait_for_spread(obs: &Shared, want: &[usize], since: Instant, what: &str) -> Duration {
+    let res = wait_until(Duration::from_secs(120), || async move {
+        let o = lock(obs);
+        let (mut owned, single) = o.spread_now();
+        owned.sort_unstable();
+        if single && owned == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "sources owned per agent {owned:?} (want {want:?}), one owner per source: {single}"
+            ))
+        }
+    })
+    .await;
+    match res {
+        Ok(()) => since.elapsed(),
+        Err(e) => {
+            let o = lock(obs);
+            let timelines: Vec<String> = (0..o.sources.len())
+                .map(|si| format!("{}: {}", o.sources[si], o.timeline(si)))
+                .collect();
+            panic!(
+                "{what}: not spread within 120 s: {e}\n  {}",
+                timelines.join("\n  ")
+            );
+        }
+    }
+}
+
+/// The rounds after `after` in which a source's owners were not exactly
+/// `owners[si]`: the sources moved although they were spread already.
+fn moves_since(o: &Obs, after: Instant, owners: &[usize]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in o.rounds.iter().filter(|r| r.start > after) {
+        for (si, claims) in r.owners.iter().enumerate() {
+            let who: Vec<usize> = claims.iter().map(|c| c.agent).collect();
+            if who != [owners[si]] {
+                out.push(format!(
+                    "{}: {} owned by {who:?}, settled owner agent {}",
+                    o.at(r.start),
+                    o.sources[si],
+                    owners[si]
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The agents' INFO lines about sources given up to spread.
+fn spread_log(agent: &Agent) -> Vec<String> {
+    agent
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("to spread the sources"))
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+/// One agent alone with `n_sources` sources on one database owns them all; then
+/// `batches[i]` more agents start on the same config, batch after batch: after
+/// each, every source must have one owner, each agent the floor or the ceiling
+/// of `n_sources` over the agents, and nothing may move over four heartbeats.
+/// Scraped every 200 ms throughout: never two owners of a source in a round. With
+/// `traffic`, a workload runs on the table the sources share while they move, an
+/// agent is then stopped with SIGTERM (the others must share its sources), and the
+/// counters summed over each source's owners are checked against the ground truth
+/// as in `three_agents_one_owner_per_source_with_failover`.
+async fn spread_over_late_agents(
+    db: &Db,
+    prefix: &str,
+    n_sources: usize,
+    batches: &[usize],
+    traffic: bool,
+) {
+    let t0 = Instant::now();
+    let tables = db.fresh_tables("spread").await;
+    let names: Vec<String> = (0..n_sources).map(|i| format!("{prefix}-{i}")).collect();
+    let sources: Vec<&str> = names.iter().map(String::as_str).collect();
+    let config: String = names
+        .iter()
+        .map(|n| inbox_source_toml(n, &db.dsn, &tables.inbox))
+        .collect();
+    let mut cluster = Cluster::start(&config, 1);
+    let obs = Obs::new(t0, &sources, &cluster.ports());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampler = spawn_sampler(obs.clone(), stop.clone());
+    cluster.wait_ready(READY_TIMEOUT).await;
+    let alone = wait_for_spread(&obs, &[n_sources], cluster.started, "one agent alone").await;
+    eprintln!("agent 0 alone owns all {n_sources} sources {alone:?} after spawn");
+
+    // ~40 s of traffic on the table every source reads: 2 writers, one new event
+    // each every 40 ms.
+    let run = traffic.then(|| {
+        let workload = InboxWorkload {
+            events: 2000,
+            workers: 2,
+            create_every_ms: 40,
+            late_batches: 0,
+            late_by_ms: 0,
+            seed: seed_from_env(),
+        };
+        (workload, target(db, &tables.inbox))
+    });
+    let (run, gen_time) = match run {
+        Some((w, t)) => {
+            let clock = Clock::new(db.now_ms().await + 5);
+            let g = GenTime::of(&clock);
+            (
+                Some(tokio::spawn(async move { w.run(&t, clock).await })),
+                Some(g),
+            )
+        }
+        None => (None, None),
+    };
+
+    let mut n_agents = 1;
+    for &late in batches {
+        let added_at = Instant::now();
+        for a in cluster.add(late) {
+            let port = cluster.agents[a].port;
+            lock(&obs).add_agent(port);
+        }
+        n_agents += late;
+        let want = fair_counts(n_sources, n_agents);
+        let took = wait_for_spread(&obs, &want, added_at, "after the late agents started").await;
+        eprintln!(
+            "SPREAD: {n_agents} agents own {want:?} sources {took:?} after {late} late agents started \
+             (heartbeat {HEARTBEAT:?})"
+        );
+
+        // No churn: nothing moves over four more heartbeats.
+        let settled_at = Instant::now();
+        let settled: Vec<usize> = {
+            let o = lock(&obs);
+            (0..n_sources).map(|si| o.owners_now(si)[0]).collect()
+        };
+        tokio::time::sleep(HEARTBEAT * 4 + Duration::from_secs(2)).await;
+        let moved = moves_since(&lock(&obs), settled_at, &settled);
+        assert!(
+            moved.is_empty(),
+            "sources moved after they were spread ({} rounds):\n  {}",
+            moved.len(),
+            moved[..moved.len().min(20)].join("\n  ")
+        );
+        eprintln!(
+            "no source moved in the {:?} after they were spread",
+            settled_at.elapsed()
+        );
+    }
+
+    if traffic {
+        // One agent stops: the others share its sources.
+        let stopped = 1;
+        let termed_at = cluster.agents[stopped].sigterm();
+        let deadline = Instant::now() + Duration::from_secs(25);
+        while cluster.agents[stopped].exited().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "agent {stopped} did not exit within 25 s of SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        lock(&obs).agents[stopped].gone = true;
+        let mut want = fair_counts(n_sources, n_agents - 1);
+        want.push(0);
+        want.sort_unstable();
+        let took = wait_for_spread(&obs, &want, termed_at, "after SIGTERM").await;
+        eprintln!("SPREAD after SIGTERM of agent {stopped}: {want:?} {took:?} after the signal");
+    }
+
+    let truth = match run {
+        Some(run) => Some(
+            tokio::time::timeout(Duration::from_secs(180), run)
+                .await
+                .expect("the workload did not finish within 180 s")
+                .expect("the workload panicked"),
+        ),
+        None => None,
+    };
+    if let Some(truth) = &truth {
+        eprintln!("ground truth: {}", truth.summary());
+        // Every owner polls a few more times after the last write.
+        let base: Vec<(usize, f64)> = {
+            let o = lock(&obs);
+            sources
+                .iter()
+                .enumerate()
+                .map(|(si, s)| {
+                    let a = o.owners_now(si)[0];
+                    (a, o.value(a, POLLS, s).unwrap_or(0.0))
+                })
+                .collect()
+        };
+        let (base_ref, sources_ref, obs_ref) = (&base, &sources, &obs);
+        wait_until(CONVERGE, || async move {
+            let o = lock(obs_ref);
+            for (si, s) in sources_ref.iter().enumerate() {
+                let (a, p0) = base_ref[si];
+                let p = o.value(a, POLLS, s).unwrap_or(0.0);
+                if o.owners_now(si) != [a] || p < p0 + 4.0 {
+                    return Err(format!(
+                        "{s}: agent {a} polled {p} times (from {p0}); timeline {}",
+                        o.timeline(si)
+                    ));
+                }
+            }
+            Ok(())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("the owners did not poll after the workload: {e}"));
+    }
+    stop.store(true, Ordering::SeqCst);
+    sampler.await.expect("the sampler panicked");
+
+    let problems = {
+        let o = lock(&obs);
+        eprintln!("{} scrape rounds; {}", o.rounds.len(), o.errors());
+        for (si, s) in sources.iter().enumerate() {
+            eprintln!("owners of {s}: {}", o.timeline(si));
+        }
+        for (i, a) in cluster.agents.iter().enumerate() {
+            eprintln!("agent {i} spread log:\n  {}", spread_log(a).join("\n  "));
+        }
+        let mut problems: Vec<String> = Vec::new();
+        if !o.contending.is_empty() {
+            problems.push(format!(
+                "standbys exported {UP} 0 for a reachable database, (agent, source) -> rounds: {:?}",
+                o.contending
+            ));
+        }
+        problems.extend(o.violations_problem());
+        // The first agent gave up at least what it owned above its share after
+        // the first batch, each time with an INFO line naming the source, the
+        // share and the number of agents.
+        let gave = spread_log(&cluster.agents[0]);
+        let surplus = n_sources - n_sources.div_ceil(1 + batches[0]);
+        if gave.len() < surplus
+            || !gave
+                .iter()
+                .all(|l| l.contains("source=") && l.contains("share=") && l.contains("agents="))
+        {
+            problems.push(format!(
+                "agent 0 should have logged at least {surplus} sources given up to spread, \
+                 each with the source, the share and the agents: {gave:?}"
+            ));
+        }
+        if let (Some(truth), Some(g)) = (&truth, gen_time) {
+            for (si, source) in sources.iter().enumerate() {
+                let hs = o.handovers(si);
+                let windows = match windows_of(&hs, g) {
+                    Ok(w) => w,
+                    Err(e) => {
+                        problems.push(format!("{source}: {e}"));
+                        continue;
+                    }
+                };
+                let (p, report) = check_across_owners(source, truth, &windows, &o.leading(source));
+                eprint!("{} handovers; {report}", hs.len());
+                problems.extend(p);
+            }
+        }
+        problems
+    };
+    if !problems.is_empty() {
+        panic!("{} problems:\n{}", problems.len(), render_diff(&problems));
+    }
+    drop(cluster);
+}
+
+/// Guards "the sources of a database spread over the agents present, and stay
+/// spread" (docs/deployment.md, "Owners and standby agents in a DaemonSet"), on
+/// PostgreSQL: 6 sources, one agent alone, then two more (2 each), then one of them
+/// stopped (3 each), with traffic throughout and nothing counted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_sources_spread_over_agents_that_start_late() {
+    let pg = Db::postgres().await;
+    spread_over_late_agents(&pg, "spread-pg", 6, &[2], true).await;
+    pg.cleanup().await;
+}
+
+/// The same on MariaDB, shorter: 4 sources, one agent alone, then one more (2
+/// each), then a third: 2, 1, 1 (the most one agent should own is still 2, so
+/// only the rule for a spread that cannot settle by itself moves a source).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_sources_spread_over_agents_that_start_late() {
+    let my = Db::mysql().await;
+    spread_over_late_agents(&my, "spread-my", 4, &[1, 1], false).await;
+    my.cleanup().await;
 }

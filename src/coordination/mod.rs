@@ -14,6 +14,11 @@
 //! The owner renews every [`HEARTBEAT`]; a renewal that fails stops the export
 //! at once, well before the lock's lease ([`LEASE`] for the database locks)
 //! lets another agent in, so rates are never doubled.
+//!
+//! A lock that knows the agents present and the sources they share (the
+//! database locks: [`Lock::share`]) spreads the sources ([`Share`]): an owner
+//! above its share gives one up per heartbeat, and an agent that owns more
+//! than another lets that one contest a free source first.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -33,8 +38,13 @@ pub const HEARTBEAT: Duration = Duration::from_secs(5);
 pub const LEASE: Duration = Duration::from_secs(20);
 /// Heartbeats an agent waits before it contests a source it gave up.
 const YIELD_PAUSE: u32 = 3;
-/// Head start an agent gives the others per source it already owns.
+/// Head start an agent gives the others per source it already owns, where
+/// the lock cannot tell the agents' shares ([`Lock::share`] is `None`).
 const SPREAD: Duration = Duration::from_secs(1);
+/// Head start, in heartbeats, an agent gives the agents that own fewer sources
+/// than it before it contests a free source: longer than one contest period
+/// (a heartbeat and its 20 % jitter), so each of them tries once first.
+const HEAD_START: f64 = 1.5;
 /// Longest wait for one lock statement.
 const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -155,6 +165,74 @@ pub fn hide_standby(rendered: String, standing_by: &[String], contending: &[Stri
     out
 }
 
+/// Where an agent stands among the agents that share a group of sources (the
+/// sources of one database, with the same configuration: every agent has the
+/// same `configured` sources).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Share {
+    /// Sources configured in the group.
+    pub configured: usize,
+    /// How many of them each present agent owns, in the order of their places
+    /// (this agent's own count included at `me`).
+    pub owned_by: Vec<usize>,
+    /// This agent's index in `owned_by`; `None` when it could not mark itself
+    /// present (every place taken): it is not counted.
+    pub me: Option<usize>,
+    /// How many of them this agent owns.
+    pub mine: usize,
+}
+
+impl Share {
+    /// Agents present (at least this one).
+    pub fn present(&self) -> usize {
+        self.owned_by.len().max(1)
+    }
+
+    /// The fewest and the most sources one agent should own: `configured /
+    /// present` rounded down and up.
+    pub fn bounds(&self) -> (usize, usize) {
+        let n = self.present();
+        (self.configured / n, self.configured.div_ceil(n))
+    }
+
+    /// Whether an owner should give one of its sources up: it owns more than
+    /// the most one agent should; or every source is owned, yet this agent owns
+    /// two more than another, so that the spread cannot settle by itself (7
+    /// sources owned 3, 3, 1 by three agents), and it is the last by place of
+    /// the agents that own the most. An agent that is not counted keeps what
+    /// it owns.
+    pub fn over(&self) -> bool {
+        let Some(me) = self.me else { return false };
+        if self.mine > self.bounds().1 {
+            return true;
+        }
+        let owned: Vec<usize> = self.counts();
+        let (least, most) = (
+            owned.iter().copied().min().unwrap_or(0),
+            owned.iter().copied().max().unwrap_or(0),
+        );
+        let all_owned = owned.iter().sum::<usize>() >= self.configured;
+        let last_of_most = owned.iter().rposition(|&n| n == most) == Some(me);
+        all_owned && self.mine == most && most >= least + 2 && last_of_most
+    }
+
+    /// Whether an agent should let the others contest a free source first:
+    /// another present agent owns fewer sources than this one (or this one is
+    /// not counted). It still takes the source when nobody else does.
+    pub fn head_start(&self) -> bool {
+        self.me.is_none() || self.counts().iter().any(|&n| n < self.mine)
+    }
+
+    /// `owned_by` with this agent's own count.
+    fn counts(&self) -> Vec<usize> {
+        let mut owned = self.owned_by.clone();
+        if let Some(mine) = self.me.and_then(|me| owned.get_mut(me)) {
+            *mine = self.mine;
+        }
+        owned
+    }
+}
+
 /// What decides who owns a source: a lock that can be tried, renewed and
 /// given up. Errors are messages fit for logs (no secrets).
 pub trait Lock: Send + 'static {
@@ -178,6 +256,19 @@ pub trait Lock: Send + 'static {
     /// Drops what a failed operation left behind, before trying again.
     fn abandon(&mut self) -> impl Future<Output = ()> + Send {
         self.release()
+    }
+    /// Where this agent stands in the group of sources this one belongs to;
+    /// `None` when the lock cannot tell (each source is then contested on its
+    /// own, with a head start of [`SPREAD`] per source owned).
+    fn share(&mut self) -> impl Future<Output = Option<Share>> + Send {
+        std::future::ready(None)
+    }
+    /// Asks to give this source up to spread the group: true at most once per
+    /// `every` for the whole group, so that an owner gives one source up at a
+    /// time and sees the others take it before it gives up another.
+    fn claim_give_up(&mut self, every: Duration) -> bool {
+        let _ = every;
+        false
     }
 }
 
@@ -222,7 +313,33 @@ pub async fn elect<L: Lock>(
         }
         if held {
             match tokio::time::timeout(patience, lock.renew()).await {
-                Ok(Ok(true)) => {}
+                Ok(Ok(true)) => {
+                    let share = tokio::time::timeout(patience, lock.share()).await;
+                    if let Ok(Some(share)) = share
+                        && share.over()
+                        && lock.claim_give_up(heartbeat)
+                    {
+                        let (least, most) = share.bounds();
+                        // More than this agent's share: another agent takes
+                        // it (the counting gap of a handover, as always). It
+                        // is contested again after the others had a chance.
+                        held = false;
+                        health.saw_other_owner(&source);
+                        leadership.set(&source, false);
+                        let _ = leader.send(Some(false));
+                        lock.release().await;
+                        info!(
+                            source = %source,
+                            share = %if least == most { format!("{most}") } else { format!("{least} or {most}") },
+                            owned = share.mine,
+                            agents = share.present(),
+                            sources = share.configured,
+                            "Gave the source up to spread the sources over the agents."
+                        );
+                        delay = heartbeat * YIELD_PAUSE;
+                        continue;
+                    }
+                }
                 Ok(Ok(false)) => {
                     held = false;
                     health.saw_other_owner(&source);
@@ -244,13 +361,19 @@ pub async fn elect<L: Lock>(
             }
             delay = heartbeat;
         } else {
-            // An agent that already owns sources gives the others a head start,
-            // so that sources spread over the agents from the first round on.
-            let owned = leadership.led_count() as u32;
-            if owned > 0 {
+            // An agent gives the agents that own fewer sources a head start
+            // (without shares, one that owns sources waits a little per
+            // source), then contests the source: a source nobody else takes
+            // is still owned.
+            let wait = match tokio::time::timeout(patience, lock.share()).await {
+                Ok(Some(share)) if share.head_start() => heartbeat.mul_f64(HEAD_START),
+                Ok(Some(_)) => Duration::ZERO,
+                _ => SPREAD * leadership.led_count() as u32,
+            };
+            if !wait.is_zero() {
                 tokio::select! {
                     _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(SPREAD * owned) => {}
+                    _ = tokio::time::sleep(wait) => {}
                 }
             }
             match tokio::time::timeout(patience, lock.try_acquire()).await {
@@ -294,6 +417,236 @@ pub async fn elect<L: Lock>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The share of the agent at `me` among agents owning `owned_by`.
+    fn share(configured: usize, owned_by: &[usize], me: Option<usize>) -> Share {
+        Share {
+            configured,
+            owned_by: owned_by.to_vec(),
+            me,
+            mine: me.map_or(0, |m| owned_by[m]),
+        }
+    }
+
+    #[test]
+    fn the_bounds_are_the_floor_and_the_ceiling() {
+        assert_eq!(share(6, &[6], Some(0)).bounds(), (6, 6));
+        assert_eq!(share(6, &[6, 0, 0], Some(0)).bounds(), (2, 2));
+        assert_eq!(share(7, &[3, 3, 1], Some(0)).bounds(), (2, 3));
+        assert_eq!(share(1, &[1, 0, 0], Some(0)).bounds(), (0, 1));
+        // Nobody counted yet (not even this agent): as if alone.
+        assert_eq!(share(4, &[], None).bounds(), (4, 4));
+    }
+
+    #[test]
+    fn an_owner_above_the_ceiling_gives_up_whatever_the_others_own() {
+        // Alone with 6: keeps all 6.
+        assert!(!share(6, &[6], Some(0)).over());
+        // Two more agents arrive: 6 > 2, gives up until it owns 2.
+        assert!(share(6, &[6, 0, 0], Some(0)).over());
+        assert!(share(6, &[3, 2, 1], Some(0)).over());
+        assert!(!share(6, &[2, 2, 2], Some(0)).over());
+        // Sources still free: above the ceiling is enough.
+        assert!(share(6, &[4, 0, 0], Some(0)).over());
+        // Not counted (every place taken): keeps what it owns.
+        assert!(!share(6, &[2, 2, 2], None).over());
+    }
+
+    #[test]
+    fn a_spread_that_cannot_settle_by_itself_moves_one_source_from_the_last_of_the_most() {
+        // 7 over 3 after a late arrival: 3, 3, 1. The ceiling is 3, but the
+        // third agent would stay at 1: the second (last of those owning 3)
+        // gives one up; the first keeps.
+        assert!(!share(7, &[3, 3, 1], Some(0)).over());
+        assert!(share(7, &[3, 3, 1], Some(1)).over());
+        assert!(!share(7, &[3, 3, 1], Some(2)).over());
+        // Settled (floor or ceiling everywhere): nothing moves.
+        for me in 0..3 {
+            assert!(!share(7, &[3, 2, 2], Some(me)).over());
+            assert!(!share(7, &[2, 2, 3], Some(me)).over());
+        }
+        // One source for three agents: whoever owns it keeps it.
+        for owner in 0..3 {
+            let mut owned = [0, 0, 0];
+            owned[owner] = 1;
+            for me in 0..3 {
+                assert!(!share(1, &owned, Some(me)).over());
+            }
+        }
+        // A source is free: it goes to the agent owning the fewest, no move.
+        assert!(!share(7, &[3, 2, 1], Some(0)).over());
+        assert!(!share(7, &[3, 3, 0], Some(1)).over());
+    }
+
+    #[test]
+    fn an_agent_owning_the_fewest_contests_at_once_the_others_wait() {
+        assert!(!share(6, &[6, 0, 0], Some(1)).head_start());
+        assert!(!share(6, &[6, 0, 0], Some(2)).head_start());
+        assert!(share(6, &[5, 1, 0], Some(1)).head_start());
+        assert!(!share(6, &[5, 1, 0], Some(2)).head_start());
+        assert!(share(6, &[5, 1, 0], Some(0)).head_start());
+        // Everybody owns as many: nobody waits.
+        assert!(!share(6, &[2, 2, 1], Some(2)).head_start());
+        assert!(!share(4, &[1, 1], Some(0)).head_start());
+        // Not counted: always waits.
+        assert!(share(6, &[2, 2, 2], None).head_start());
+    }
+
+    /// Plays the rules round by round on counts alone (each round: every agent
+    /// above gives one up, then each free source goes to an agent that owns
+    /// the fewest): from any start, the spread ends with the floor or the
+    /// ceiling everywhere and then nothing moves.
+    #[test]
+    fn the_rules_settle_at_the_floor_or_the_ceiling_and_stay() {
+        for configured in 0..10usize {
+            for present in 1..5usize {
+                for first in 0..=configured {
+                    // `first` on the first agent, the rest on the second (or free).
+                    let mut owned = vec![0; present];
+                    owned[0] = first;
+                    if present > 1 {
+                        owned[1] = configured - first;
+                    }
+                    let mut moves = 0;
+                    for _ in 0..(4 * configured + 4) {
+                        let givers: Vec<usize> = (0..present)
+                            .filter(|&me| share(configured, &owned, Some(me)).over())
+                            .collect();
+                        if let Some(&g) = givers.first() {
+                            owned[g] -= 1;
+                            moves += 1;
+                        }
+                        while owned.iter().sum::<usize>() < configured {
+                            let taker = (0..present)
+                                .find(|&me| !share(configured, &owned, Some(me)).head_start())
+                                .expect("somebody contests at once");
+                            owned[taker] += 1;
+                        }
+                    }
+                    let (floor, ceil) = (configured / present, configured.div_ceil(present));
+                    assert!(
+                        owned.iter().all(|&n| n == floor || n == ceil),
+                        "{configured} sources over {present} agents from {first}: {owned:?}"
+                    );
+                    assert!(
+                        (0..present).all(|me| !share(configured, &owned, Some(me)).over()),
+                        "{owned:?} still moves"
+                    );
+                    assert!(
+                        moves <= configured,
+                        "{moves} moves for {configured} sources"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A lock that is always free to take and always renewed, with a fixed
+    /// share; it records when it was tried and released.
+    struct FakeLock {
+        share: Share,
+        heartbeat: Duration,
+        log: std::sync::Arc<Mutex<Vec<(std::time::Instant, &'static str)>>>,
+    }
+
+    impl Lock for FakeLock {
+        fn source(&self) -> &str {
+            "fake"
+        }
+        fn heartbeat(&self) -> Duration {
+            self.heartbeat
+        }
+        async fn try_acquire(&mut self) -> Result<bool, String> {
+            lock(&self.log).push((std::time::Instant::now(), "try"));
+            Ok(true)
+        }
+        async fn renew(&mut self) -> Result<bool, String> {
+            Ok(true)
+        }
+        async fn release(&mut self) {
+            lock(&self.log).push((std::time::Instant::now(), "release"));
+        }
+        async fn share(&mut self) -> Option<Share> {
+            Some(self.share.clone())
+        }
+        fn claim_give_up(&mut self, _every: Duration) -> bool {
+            true
+        }
+    }
+
+    /// Runs `elect` on a [`FakeLock`] until `done` holds for its log (10 s at
+    /// most); returns the start and the log.
+    async fn run_fake(
+        share: Share,
+        heartbeat: Duration,
+        done: impl Fn(&[(std::time::Instant, &'static str)]) -> bool,
+    ) -> (std::time::Instant, Vec<(std::time::Instant, &'static str)>) {
+        let log = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let fake = FakeLock {
+            share,
+            heartbeat,
+            log: log.clone(),
+        };
+        let (tx, _rx) = watch::channel(None);
+        let cancel = CancellationToken::new();
+        let start = std::time::Instant::now();
+        let task = tokio::spawn(elect(
+            fake,
+            std::sync::Arc::new(Leadership::default()),
+            std::sync::Arc::new(Health::default()),
+            tx,
+            cancel.clone(),
+        ));
+        while !done(&lock(&log)) {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "the election did not get there within 10 s: {:?}",
+                lock(&log)
+                    .iter()
+                    .map(|(t, what)| (*what, *t - start))
+                    .collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        cancel.cancel();
+        task.await.expect("the election panicked");
+        let log = lock(&log).clone();
+        (start, log)
+    }
+
+    #[tokio::test]
+    async fn an_agent_owning_more_than_another_contests_a_free_source_after_a_head_start() {
+        let heartbeat = Duration::from_millis(400);
+        // This agent owns 1 of the database's sources, the other agent none.
+        let share = share(3, &[1, 0], Some(0));
+        let (start, log) = run_fake(share, heartbeat, |log| !log.is_empty()).await;
+        let first = log[0].0 - start;
+        eprintln!("first contest {first:?} after the start (heartbeat {heartbeat:?})");
+        assert!(
+            first >= heartbeat.mul_f64(HEAD_START),
+            "contested {first:?} after the start, before the head start of {:?}",
+            heartbeat.mul_f64(HEAD_START)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_owner_above_its_share_gives_the_source_up_and_waits_before_contesting_again() {
+        let heartbeat = Duration::from_millis(200);
+        // Owns 2 of 2 sources, another agent none: above the ceiling of 1.
+        let share = share(2, &[2, 0], Some(0));
+        let (_, log) = run_fake(share, heartbeat, |log| {
+            log.iter().filter(|(_, what)| *what == "try").count() >= 2
+        })
+        .await;
+        let what: Vec<&str> = log.iter().map(|(_, what)| *what).collect();
+        assert_eq!(&what[..3], ["try", "release", "try"], "{what:?}");
+        let pause = log[2].0 - log[1].0;
+        eprintln!("contested again {pause:?} after giving it up (heartbeat {heartbeat:?})");
+        assert!(
+            pause >= heartbeat * YIELD_PAUSE,
+            "contested again {pause:?} after giving it up, within {YIELD_PAUSE} heartbeats"
+        );
+    }
 
     #[test]
     fn standby_sources_are_hidden_except_their_leader_gauge_gap_counters_and_info() {
