@@ -371,6 +371,25 @@ pub async fn agent_plans(
     .fetch_optional(&mut *conn)
     .await
     .unwrap_or_default();
+    // Where the agent's database time went, statement by statement.
+    let statements: Vec<(String, i64, f64, f64, f64)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT left(regexp_replace(s.query, '\\s+', ' ', 'g'), 110), s.calls, \
+         s.total_exec_time::float8, s.mean_exec_time::float8, s.max_exec_time::float8 \
+         FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
+         WHERE r.rolname = '{AGENT_USER}' ORDER BY s.total_exec_time DESC LIMIT 12"
+        )))
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap_or_default();
+    let statements: Vec<String> = std::iter::once(format!(
+        "{:>8} {:>10} {:>8} {:>8}  statement",
+        "calls", "total ms", "mean ms", "max ms"
+    ))
+    .chain(statements.into_iter().map(|(q, calls, total, mean, max)| {
+        format!("{calls:>8} {total:>10.1} {mean:>8.3} {max:>8.1}  {q}")
+    }))
+    .collect();
     let xmin: i64 = sqlx::query_scalar(
         "SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT)",
     )
@@ -380,6 +399,10 @@ pub async fn agent_plans(
     let us = |s: f64| (s * 1e6) as i64;
     let high = end - us(poll);
     let mut runs = Vec::new();
+    let mut out = vec![(
+        "inboxwatch's statements by database time (pg_stat_statements over the run)".to_string(),
+        statements,
+    )];
     if let Some(t) = tail {
         let at = |low: i64| {
             t.replace("$1", &low.to_string())
@@ -418,7 +441,8 @@ pub async fn agent_plans(
         .await
         .unwrap_or_default();
         runs.extend(reread.map(|q| ("re-read of the unfinished rows (every poll)".to_string(), q)));
-        return explain(conn, runs).await;
+        out.extend(explain(conn, runs).await);
+        return out;
     }
     let stuck = end - us(600.0);
     runs.push((
@@ -440,7 +464,8 @@ pub async fn agent_plans(
             load::TABLE
         ),
     ));
-    explain(conn, runs).await
+    out.extend(explain(conn, runs).await);
+    out
 }
 
 /// EXPLAIN (ANALYZE, BUFFERS) of each query.
@@ -911,8 +936,14 @@ impl Report {
         }
         s.push_str("\n</details>\n");
         for (what, plan) in &self.plans {
+            // The statement table is not a plan.
+            let title = if what.starts_with("inboxwatch's statements") {
+                what.clone()
+            } else {
+                format!("EXPLAIN (ANALYZE, BUFFERS), inboxwatch: {what}")
+            };
             s.push_str(&format!(
-                "\n<details><summary>EXPLAIN (ANALYZE, BUFFERS), inboxwatch: {what}</summary>\n\n```\n{}\n```\n\n</details>\n",
+                "\n<details><summary>{title}</summary>\n\n```\n{}\n```\n\n</details>\n",
                 plan.join("\n")
             ));
         }
