@@ -373,11 +373,7 @@ impl<K: TableKind> TableSource<K> {
     /// column's index order (no sort), a page of `batch_size` rows.
     fn tail_query(&self, column: &str) -> String {
         let col = self.sql.ident(column);
-        let unseen = self
-            .sql
-            .unseen(&col, 2, 3)
-            .filter(|_| self.xmin)
-            .map_or(String::new(), |u| format!(" AND {u}"));
+        let unseen = self.unseen(&col);
         format!(
             "SELECT {} FROM {} WHERE {}{unseen} ORDER BY {col} {}",
             self.select_list(),
@@ -792,15 +788,21 @@ impl<K: TableKind> TableSource<K> {
         Ok(rows_read)
     }
 
+    /// PostgreSQL tables: ` AND` the condition that skips the rows up to the
+    /// high-water mark `$2` that a poll with snapshot xmin `$3` read
+    /// ([`Sql::unseen`]); elsewhere nothing.
+    fn unseen(&self, col: &str) -> String {
+        self.sql
+            .unseen(col, 2, 3)
+            .filter(|_| self.xmin)
+            .map_or(String::new(), |u| format!(" AND {u}"))
+    }
+
     /// The rows whose watermarked column lies in (`$1`, `$2`] (PostgreSQL:
     /// only those of transactions not older than the xmin `$3`), in no order.
     fn slice_query(&self, column: &str) -> String {
         let col = self.sql.ident(column);
-        let unseen = self
-            .sql
-            .unseen(&col, 2, 3)
-            .filter(|_| self.xmin)
-            .map_or(String::new(), |u| format!(" AND {u}"));
+        let unseen = self.unseen(&col);
         format!(
             "SELECT {} FROM {} WHERE {} AND NOT {}{unseen}",
             self.select_list(),
