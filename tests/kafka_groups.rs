@@ -397,11 +397,19 @@ async fn connections_are_reused_and_reopened_after_the_broker_closes_them() {
         );
         assert_eq!(lag_of(&m), Some((HWM[0] - KIP848_COMMITTED[0]) as f64));
     }
+    // The agent's election heartbeats (every 2 s) met closed connections too:
+    // they reconnect without giving the source up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
     let m = agent.scrape().await;
     assert_eq!(
         m.sum("inboxwatch_poll_errors_total", &[("source", "kg")]),
         0.0,
         "{}",
+        agent.stderr()
+    );
+    assert!(
+        !agent.stderr().contains("Lost the source's lock"),
+        "the election gave the source up when the broker closed its connection:\n{}",
         agent.stderr()
     );
     assert!(

@@ -221,12 +221,23 @@ impl KafkaElection {
             .with_group_id(self.group_id())
             .with_generation_id(self.generation)
             .with_member_id(StrBytes::from_string(self.member_id.clone()));
-        let conn = self.coordinator().await?;
-        let resp = match conn.send(&req).await {
-            Ok(r) => r,
-            Err(e) => {
-                self.conn = None;
-                return Err(e.to_string());
+        // A connection kept from an earlier heartbeat may have been closed by
+        // the broker since (an idle timeout, a restart, a proxy): one retry on
+        // a new connection before the source is given up. The membership
+        // stays valid until the group's session timeout.
+        let mut retry = self.conn.is_some();
+        let resp = loop {
+            let conn = self.coordinator().await?;
+            match conn.send(&req).await {
+                Ok(r) => break r,
+                Err(e) => {
+                    self.conn = None;
+                    if !retry {
+                        return Err(e.to_string());
+                    }
+                    retry = false;
+                    debug!(group = %self.group, error = %e, "Heartbeat failed on a kept connection; retrying on a new one.");
+                }
             }
         };
         debug!(group = %self.group, code = resp.error_code, "Heartbeat.");
