@@ -353,14 +353,19 @@ async fn drill_case(name: &str, args: &[&str]) {
     assert!(status.success(), "demo exit status after SIGTERM: {status}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_after_commit_on_postgres_leaves_stuck_rows() {
-    let admin = Db::postgres().await;
+/// Runs a drill with `--dsn` on a fresh database of `admin`'s server, checks
+/// that the demo's tables are gone afterwards, and drops the database.
+async fn drill_on_own_database(admin: Db, drill: &str) {
     let (name, db) = fresh_database(&admin, "drill").await;
-    drill_case("kill-after-commit", &["--dsn", &db.dsn]).await;
+    drill_case(drill, &["--dsn", &db.dsn]).await;
     assert_tables_gone(&db).await;
     drop(db);
     drop_database(&admin, &name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_after_commit_on_postgres_leaves_stuck_rows() {
+    drill_on_own_database(Db::postgres().await, "kill-after-commit").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,12 +390,7 @@ async fn dead_letter_replay_spikes_then_replays() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rebalance_on_mariadb_ages_the_backlog() {
-    let admin = Db::mysql().await;
-    let (name, db) = fresh_database(&admin, "drill").await;
-    drill_case("rebalance", &["--dsn", &db.dsn]).await;
-    assert_tables_gone(&db).await;
-    drop(db);
-    drop_database(&admin, &name).await;
+    drill_on_own_database(Db::mysql().await, "rebalance").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
