@@ -37,3 +37,115 @@ async fn postgres_counters_by_error_class_match_the_workload() {
     let db = Db::postgres().await;
     error_classes_ground_truth(&db, "pgcls").await;
 }
+
+/// Guards how the tail reads PostgreSQL times (their binary value):
+/// `timestamp without time zone` columns read as UTC (the oldest pending
+/// event's age is its minute, from the rows read when there is no change
+/// cursor, from the aggregate when there is), and durations are exact to the
+/// microsecond at any date — in the year 2900 too, where seconds since 1970
+/// as a float (`date_part`) are only good to about 4 µs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_times_read_exactly_and_as_utc() {
+    use common::{Agent, READY_TIMEOUT, toml_str, unique_name, wait_until};
+    use std::time::Duration;
+
+    let db = Db::postgres().await;
+    let table = unique_name("inbox", "tz");
+    db.register_table(&table);
+    db.exec(
+        &format!(
+            "CREATE TABLE {table} (event_id TEXT PRIMARY KEY, event_type TEXT, status TEXT NOT NULL, \
+             received_at TIMESTAMP(6) NOT NULL, started_at TIMESTAMP(6), finished_at TIMESTAMP(6), \
+             updated_at TIMESTAMP(6) NOT NULL)"
+        ),
+        &[],
+    )
+    .await;
+    // Processing 0.250007 s and 1.000003 s, end to end 0.350009 s and
+    // 1.000004 s (the first event's times after the agent's start, which
+    // the rows finished before are not counted from); one event pending for
+    // a minute.
+    let insert = |id: &str, status: &str, received: &str, started: &str, finished: &str| {
+        format!(
+            "INSERT INTO {table} VALUES ('{id}', 'tz', '{status}', {received}, {started}, {finished}, \
+             now() AT TIME ZONE 'UTC')"
+        )
+    };
+    // The same table with its change cursor and without (then the backlog
+    // and its age come from the rows read, not from an aggregate).
+    let sources = ["tz-pg", "tz-pg-none"];
+    let config: String = sources
+        .iter()
+        .zip(["updated_at = \"updated_at\" ", ""])
+        .map(|(name, cursor)| {
+            format!(
+                "[[sources]]\nname = {}\nkind = \"inbox\"\ndsn = {}\ntable = {}\npoll_interval = \"300ms\"\n\
+                 columns = {{ event_id = \"event_id\", event_type = \"event_type\", status = \"status\", \
+                 received_at = \"received_at\", started_at = \"started_at\", finished_at = \"finished_at\", \
+                 {cursor}}}\n",
+                toml_str(name),
+                toml_str(&db.dsn),
+                toml_str(&table)
+            )
+        })
+        .collect();
+    let agent = Agent::start(&config);
+    agent.wait_ready(READY_TIMEOUT).await;
+    for sql in [
+        insert(
+            "e1",
+            "succeeded",
+            "date_trunc('second', now() AT TIME ZONE 'UTC') + INTERVAL '2.000001 s'",
+            "date_trunc('second', now() AT TIME ZONE 'UTC') + INTERVAL '2.100003 s'",
+            "date_trunc('second', now() AT TIME ZONE 'UTC') + INTERVAL '2.350010 s'",
+        ),
+        insert(
+            "e2",
+            "succeeded",
+            "'2900-06-01 00:00:00.000001'",
+            "'2900-06-01 00:00:00.000002'",
+            "'2900-06-01 00:00:01.000005'",
+        ),
+        insert(
+            "e3",
+            "pending",
+            "now() AT TIME ZONE 'UTC' - INTERVAL '60 seconds'",
+            "NULL",
+            "NULL",
+        ),
+    ] {
+        db.exec(&sql, &[]).await;
+    }
+    for source in sources {
+        let labels = [("source", source)];
+        let m = wait_until(Duration::from_secs(30), || async {
+            let m = agent.try_scrape().await?;
+            let done = m.sum("inbox_processing_duration_seconds_count", &labels);
+            let pending = m.sum("inbox_backlog_messages", &labels);
+            if done == 2.0 && pending == 1.0 {
+                Ok(m)
+            } else {
+                Err(format!("{done} completions and {pending} pending seen"))
+            }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{source}: the agent did not read the rows: {e}"));
+        let processing = m.sum("inbox_processing_duration_seconds_sum", &labels);
+        let end_to_end = m.sum("inbox_end_to_end_latency_seconds_sum", &labels);
+        assert!(
+            (processing - 1.250010).abs() < 1e-9,
+            "{source}: processing time sum {processing}, expected 1.250010 s"
+        );
+        assert!(
+            (end_to_end - 1.350013).abs() < 1e-9,
+            "{source}: end-to-end latency sum {end_to_end}, expected 1.350013 s"
+        );
+        let age = m.sum("inbox_oldest_unprocessed_age_seconds", &labels);
+        assert!(
+            (60.0..90.0).contains(&age),
+            "{source}: the pending event's age is {age} s, expected its minute"
+        );
+    }
+    agent.kill();
+    db.cleanup().await;
+}

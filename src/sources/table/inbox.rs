@@ -33,7 +33,7 @@ use super::config::{Cursor, InboxSpec, Status};
 use super::dialect::{OUT_OF_RANGE, Sql};
 use super::ordering::Ordering;
 use super::state::{Entry, Flags, Tracked};
-use super::{MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
+use super::{MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, get_time, key_of};
 use crate::journal::{Attempt as JournalAttempt, Journal, Outcome};
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::labels::LabelCap;
@@ -383,15 +383,15 @@ impl Inbox {
             event_id: get::<Option<String>>(row, 0, "event_id")?.unwrap_or_default(),
             event_type: get(row, 1, "event_type")?,
             status: get::<Option<String>>(row, 2, "status")?.unwrap_or_default(),
-            received: get(row, 3, "received_at")?,
-            started: get(row, 4, "started_at")?,
-            finished: get(row, 5, "finished_at")?,
+            received: get_time(row, 3, "received_at")?,
+            started: get_time(row, 4, "started_at")?,
+            finished: get_time(row, 5, "finished_at")?,
             attempts: get(row, 6, "attempts")?,
             deliveries: get(row, 7, "deliveries")?,
             error_len: get(row, 8, "last_error")?,
             error_text: get(row, 9, "last_error")?,
             traceparent: get(row, 10, "traceparent")?,
-            updated: get::<Option<i64>>(row, 11, "updated_at")?.unwrap_or(NO_CURSOR),
+            updated: get_time(row, 11, "updated_at")?.unwrap_or(NO_CURSOR),
             version: 0,
             class: 0,
             meaning: false,
@@ -1048,21 +1048,21 @@ impl TableKind for Inbox {
                 .map_or("NULL".to_string(), |c| f(&sql.ident(c)))
         };
         let updated_at = match self.spec.table.cursor {
-            Cursor::UpdatedAt => opt(&c.updated_at, &|e| sql.micros(e)),
+            Cursor::UpdatedAt => opt(&c.updated_at, &|e| sql.row_time(e)),
             Cursor::None | Cursor::Events => "NULL".to_string(),
         };
         vec![
             ("event_id", sql.text(&sql.ident(&c.event_id))),
             ("event_type", opt(&c.event_type, &|e| sql.text(e))),
             ("status", self.spec.status_select(sql)),
-            ("received_at", sql.micros(&self.spec.received_sql(sql))),
+            ("received_at", sql.row_time(&self.spec.received_sql(sql))),
             (
                 "started_at",
                 self.spec
                     .started_sql(sql)
-                    .map_or("NULL".to_string(), |e| sql.micros(&e)),
+                    .map_or("NULL".to_string(), |e| sql.row_time(&e)),
             ),
-            ("finished_at", opt(&c.finished_at, &|e| sql.micros(e))),
+            ("finished_at", opt(&c.finished_at, &|e| sql.row_time(e))),
             ("attempts", self.spec.attempts_select(sql)),
             ("deliveries", opt(&c.deliveries, &|e| sql.int(e))),
             (
@@ -1321,8 +1321,8 @@ impl TableKind for Inbox {
             return Ok((key, None));
         };
         let et: Option<String> = get(row, 1, "event_type")?;
-        let born = Sql::in_range(get(row, 3, "received_at")?);
-        let started = Sql::in_range(get(row, 4, "started_at")?);
+        let born = Sql::in_range(get_time(row, 3, "received_at")?);
+        let started = Sql::in_range(get_time(row, 4, "started_at")?);
         Ok((
             key,
             Some(Unfinished::new(

@@ -697,7 +697,7 @@ impl<K: TableKind> TableSource<K> {
             rows_read += rows.len() as u64;
             for row in &rows {
                 self.take(row, w.baseline)?;
-                let value: Option<i64> = get(row, at, column).map_err(SourceError::Schema)?;
+                let value = get_time(row, at, column).map_err(SourceError::Schema)?;
                 if let Some(u) = value.filter(|u| *u != dialect::OUT_OF_RANGE) {
                     max_seen = max_seen.max(u);
                 }
@@ -706,7 +706,7 @@ impl<K: TableKind> TableSource<K> {
                 break;
             }
             let last = rows.last().expect("a full page has a last row");
-            let value: Option<i64> = get(last, at, column).map_err(SourceError::Schema)?;
+            let value = get_time(last, at, column).map_err(SourceError::Schema)?;
             // Rows whose value is out of range (`infinity`) sort last: the
             // page holds only such rows from here on, each rejected.
             let Some(last) = value.filter(|c| *c != dialect::OUT_OF_RANGE) else {
@@ -1249,6 +1249,22 @@ where
 {
     row.try_get(i)
         .map_err(|e| format!("column for {meaning} has an unusable type: {e}"))
+}
+
+/// A time of the select list (written with [`Sql::row_time`]; the events
+/// log's list with [`Sql::micros`]): microseconds since the epoch, or
+/// [`dialect::OUT_OF_RANGE`].
+pub(crate) fn get_time(row: &AnyRow, i: usize, meaning: &str) -> Result<Option<i64>, String> {
+    use sqlx::ValueRef;
+    use sqlx::any::AnyTypeInfoKind;
+    let unusable =
+        |e: &dyn std::fmt::Display| format!("column for {meaning} has an unusable type: {e}");
+    let raw = row.try_get_raw(i).map_err(|e| unusable(&e))?;
+    if raw.is_null() || raw.type_info().kind() != AnyTypeInfoKind::Blob {
+        return get(row, i, meaning);
+    }
+    let bytes: &[u8] = row.try_get(i).map_err(|e| unusable(&e))?;
+    Sql::read_time(Some(bytes)).map_err(|e| unusable(&e))
 }
 
 /// A stable 64-bit key of an event id (SipHash with fixed keys).

@@ -14,7 +14,7 @@ use super::config::{Cursor, OutboxSpec};
 use super::dialect::{OUT_OF_RANGE, Sql};
 use super::inbox::seconds;
 use super::state::{Entry, Flags, Tracked};
-use super::{NO_CURSOR, Reject, Rejections, TableKind, get, key_of};
+use super::{NO_CURSOR, Reject, Rejections, TableKind, get, get_time, key_of};
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::labels::LabelCap;
 use crate::tracing_link::{self as link, Publish, SpanSink, TraceParent};
@@ -172,8 +172,8 @@ impl TableKind for Outbox {
                     .as_deref()
                     .map_or("NULL".to_string(), |e| sql.text(&sql.ident(e))),
             ),
-            ("created_at", sql.micros(&sql.ident(&c.created_at))),
-            ("published_at", sql.micros(&sql.ident(&c.published_at))),
+            ("created_at", sql.row_time(&sql.ident(&c.created_at))),
+            ("published_at", sql.row_time(&sql.ident(&c.published_at))),
             (
                 "traceparent",
                 match (&c.traceparent, &self.spans) {
@@ -184,7 +184,7 @@ impl TableKind for Outbox {
             (
                 "updated_at",
                 match (self.spec.table.cursor, &c.updated_at) {
-                    (Cursor::UpdatedAt, Some(u)) => sql.micros(&sql.ident(u)),
+                    (Cursor::UpdatedAt, Some(u)) => sql.row_time(&sql.ident(u)),
                     _ => "NULL".to_string(),
                 },
             ),
@@ -252,10 +252,10 @@ impl TableKind for Outbox {
     fn observe(&mut self, row: &AnyRow, baseline: bool) -> Result<(), String> {
         let event_id: String = get::<Option<String>>(row, 0, "event_id")?.unwrap_or_default();
         let event_type: Option<String> = get(row, 1, "event_type")?;
-        let created: Option<i64> = get(row, 2, "created_at")?;
-        let published: Option<i64> = get(row, 3, "published_at")?;
+        let created = get_time(row, 2, "created_at")?;
+        let published = get_time(row, 3, "published_at")?;
         let traceparent: Option<String> = get(row, 4, "traceparent")?;
-        let mut updated: i64 = get::<Option<i64>>(row, 5, "updated_at")?.unwrap_or(NO_CURSOR);
+        let mut updated: i64 = get_time(row, 5, "updated_at")?.unwrap_or(NO_CURSOR);
         // Without a change cursor, the poll that reads a row stands in for
         // its change time, and its values for its version.
         let version = if self.spec.table.cursor == Cursor::None {
@@ -383,12 +383,12 @@ impl TableKind for Outbox {
     fn unfinished(&mut self, row: &AnyRow) -> Result<(u64, Option<Unfinished>), String> {
         let event_id: Option<String> = get(row, 0, "event_id")?;
         let key = key_of(event_id.as_deref().unwrap_or_default());
-        let published: Option<i64> = get(row, 3, "published_at")?;
+        let published = get_time(row, 3, "published_at")?;
         if published.is_some() {
             return Ok((key, None));
         }
         let et: Option<String> = get(row, 1, "event_type")?;
-        let born = Sql::in_range(get(row, 2, "created_at")?);
+        let born = Sql::in_range(get_time(row, 2, "created_at")?);
         Ok((
             key,
             Some(Unfinished::new(
