@@ -22,8 +22,9 @@
 # updated_at column, i.e. cursor = "none", on the same table and writer),
 # MY_ROWS ("1000000 1000000:5:none"; the same form). --soak: RATE defaults to 1000 (about 300
 # completions/s), SOAK_RETENTIONS ("30,240" seconds), SOAK_BACKLOG (unfinished
-# rows added, 100000), SOAK_WINDOW (samples per plateau, 60), AGENT_BIN (the
-# agent binary to measure, default the release build of this tree).
+# rows added, 100000), SOAK_WINDOW (samples per plateau, 60). AGENT_BIN: the
+# agent binary to measure, in both modes (default the release build of this
+# tree), e.g. another commit's for a comparison in the same conditions.
 #
 # Every database is the benchmark's own: a PostgreSQL 15 cluster (initdb,
 # pg_stat_statements preloaded) and a mariadbd instance (performance_schema
@@ -117,6 +118,7 @@ else
   run_bench() { cargo bench --quiet --bench table -- "$@"; }
 fi
 bench_args=(--rate "$RATE" --seconds "$SECONDS_RUN" --work "$WORK")
+[ -z "${AGENT_BIN:-}" ] || bench_args+=(--agent "$AGENT_BIN")
 sections=()
 # "rows", "rows:poll" or "rows:poll:cursor" -> "--rows R --poll P --cursor C"
 spec_args() {
@@ -195,7 +197,7 @@ fi
   echo "Run on $(date -u '+%Y-%m-%d %H:%M UTC') with \`scripts/bench.sh\` (RATE=$RATE, POLL=$POLL, SECONDS_RUN=$SECONDS_RUN, PG_ROWS=\"$PG_ROWS\", MY_ROWS=\"$MY_ROWS\")."
   echo "Machine: $(nproc) × $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/^Mem:/ {print $2}') GB RAM,"
   echo "$(. /etc/os-release && echo "$PRETTY_NAME"), $("$PGBIN/postgres" --version), $(mariadbd --version | awk '{print $3}'),"
-  echo "prometheus-sql-exporter $(dpkg-query -W -f='${Version}' prometheus-sql-exporter 2>/dev/null || echo unknown); inboxwatch $(git describe --always --dirty)."
+  echo "prometheus-sql-exporter $(dpkg-query -W -f='${Version}' prometheus-sql-exporter 2>/dev/null || echo unknown); inboxwatch $(git describe --always --dirty)${AGENT_BIN:+ (agent: $AGENT_BIN)}."
   echo
   for s in "${sections[@]}"; do cat "$s"; echo; done
   echo "<!-- bench:end -->"
