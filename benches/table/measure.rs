@@ -409,9 +409,10 @@ pub async fn agent_plans(
                 .replace("$2", &high.to_string())
                 .replace("$3", &xmin.to_string())
         };
+        let lag = inboxwatch::sources::table::COMMIT_LAG.as_secs_f64();
         runs.push((
-            format!("tail of a normal poll ({poll} s of changes plus the 2 s look-back)"),
-            at(high - us(2.0)),
+            format!("tail of a normal poll ({poll} s of changes plus the {lag} s look-back)"),
+            at(high - us(lag)),
         ));
     }
     if let Some(q) = slice {
