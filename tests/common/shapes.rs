@@ -42,13 +42,13 @@ pub const LATE_FIRST_MS: i64 = LATE_MS + 100;
 /// is what makes a commit late for the agent (the rows it has read are newer).
 pub const LATE_SPACING_MS: i64 = 1500;
 /// How far behind the newest rows the agent has read a late commit must be to be
-/// caught only by the overlap window (the agent's ordinary look-back is 2 s).
+/// caught only by the overlap window (the agent's ordinary look-back is 1 s).
 pub const LATE_BEHIND_MS: i64 = 2100;
 /// Without an attempts column the agent counts a failed attempt only when it sees a row
 /// move into failed: each failed state, and the processing state before it, lasts at
-/// least this long — more than three 300 ms polls — so that every poll-to-poll gap
+/// least this long — more than six 300 ms polls — so that every poll-to-poll gap
 /// falls inside it at least once, whatever a busy machine does to the poll cadence.
-pub const FAIL_HOLD_MS: i64 = 1000;
+pub const FAIL_HOLD_MS: i64 = 2000;
 /// Deleted on success: the last processing state before the DELETE lasts at least
 /// this long, so that the agent has seen the row unfinished, with its final attempts,
 /// before it disappears (a row inserted and deleted between two polls is never seen).
