@@ -151,20 +151,17 @@ impl Sql {
         }
     }
 
-    /// A time of a [`Sql::row_time`] column: microseconds since the epoch,
-    /// [`OUT_OF_RANGE`] for PostgreSQL's `infinity`, `-infinity` and times
-    /// whose microseconds since 1970 do not fit 64 bits, `None` for NULL.
-    pub fn read_time(value: Option<&[u8]>) -> Result<Option<i64>, String> {
-        let Some(bytes) = value else {
-            return Ok(None);
-        };
+    /// A non-NULL time of a [`Sql::row_time`] column on PostgreSQL:
+    /// microseconds since the epoch, [`OUT_OF_RANGE`] for `infinity`,
+    /// `-infinity` and times whose microseconds since 1970 do not fit 64 bits.
+    pub fn read_time(bytes: &[u8]) -> Result<i64, String> {
         let raw = <[u8; 8]>::try_from(bytes)
             .map(i64::from_be_bytes)
             .map_err(|_| format!("{} bytes where a timestamp has 8", bytes.len()))?;
-        Ok(Some(match raw {
+        Ok(match raw {
             i64::MAX | i64::MIN => OUT_OF_RANGE,
             r => r.checked_add(PG_EPOCH_MICROS).unwrap_or(OUT_OF_RANGE),
-        }))
+        })
     }
 
     /// The earliest time of a column in an aggregate, as microseconds;
@@ -438,18 +435,17 @@ mod tests {
     /// infinities and what does not fit 64 bits since 1970 out of range.
     #[test]
     fn postgres_binary_times_read_as_microseconds_since_1970() {
-        let at = |micros_since_2000: i64| Sql::read_time(Some(&micros_since_2000.to_be_bytes()));
-        assert_eq!(at(0), Ok(Some(946_684_800_000_000)));
+        let at = |micros_since_2000: i64| Sql::read_time(&micros_since_2000.to_be_bytes());
+        assert_eq!(at(0), Ok(946_684_800_000_000));
         // 2026-12-01 12:00:00.123457 UTC, 1969-12-31 23:59:59.999999 UTC.
-        assert_eq!(at(849_441_600_123_457), Ok(Some(1_796_126_400_123_457)));
-        assert_eq!(at(-946_684_800_000_001), Ok(Some(-1)));
-        assert_eq!(at(i64::MAX), Ok(Some(OUT_OF_RANGE)));
-        assert_eq!(at(i64::MIN), Ok(Some(OUT_OF_RANGE)));
+        assert_eq!(at(849_441_600_123_457), Ok(1_796_126_400_123_457));
+        assert_eq!(at(-946_684_800_000_001), Ok(-1));
+        assert_eq!(at(i64::MAX), Ok(OUT_OF_RANGE));
+        assert_eq!(at(i64::MIN), Ok(OUT_OF_RANGE));
         // 294276-12-31 23:59:59 UTC, PostgreSQL's last second.
-        assert_eq!(at(9_223_371_331_199_000_000), Ok(Some(OUT_OF_RANGE)));
-        assert_eq!(Sql::read_time(None), Ok(None));
+        assert_eq!(at(9_223_371_331_199_000_000), Ok(OUT_OF_RANGE));
         assert_eq!(
-            Sql::read_time(Some(&[0; 4])),
+            Sql::read_time(&[0; 4]),
             Err("4 bytes where a timestamp has 8".to_string())
         );
     }

@@ -1266,8 +1266,8 @@ pub(crate) fn get_time(row: &AnyRow, i: usize, meaning: &str) -> Result<Option<i
     if raw.is_null() || raw.type_info().kind() != AnyTypeInfoKind::Blob {
         return get(row, i, meaning);
     }
-    let bytes: &[u8] = row.try_get(i).map_err(|e| unusable(&e))?;
-    Sql::read_time(Some(bytes)).map_err(|e| unusable(&e))
+    let bytes = <&[u8] as sqlx::Decode<sqlx::Any>>::decode(raw).map_err(|e| unusable(&e))?;
+    Sql::read_time(bytes).map(Some).map_err(|e| unusable(&e))
 }
 
 /// A stable 64-bit key of an event id (SipHash with fixed keys).
