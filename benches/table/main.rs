@@ -587,6 +587,24 @@ async fn main() {
         std::fs::write(out, &text).expect("write report");
     }
     if a.check {
+        if !mismatches.is_empty() {
+            // The work directory goes with the script's exit: show why the
+            // agent fell behind (slow or failed polls) while it is at hand.
+            let log = std::fs::read_to_string(a.work.join("inboxwatch.log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            eprintln!(
+                "inboxwatch's last {} log lines:\n{}",
+                lines.len().min(60),
+                lines[lines.len().saturating_sub(60)..].join("\n")
+            );
+            for name in [
+                "inboxwatch_poll_errors_total",
+                "inboxwatch_poll_duration_seconds_count",
+                "inboxwatch_poll_duration_seconds_sum",
+            ] {
+                eprintln!("{name}: {}", m.sum(name, &[]));
+            }
+        }
         assert!(
             mismatches.is_empty(),
             "inboxwatch's counters differ from the ground truth:\n{}",
