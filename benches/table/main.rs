@@ -395,12 +395,13 @@ async fn main() {
             exec(&mut conn, &format!("ANALYZE {}", load::TABLE)).await;
         }
     }
+    let agent_log = a.work.join("inboxwatch.log");
     let mut agent = spawn(
         Command::new(agent_bin)
             .args(["run", "--config"])
             .arg(&config_path)
             .env("INBOXWATCH_LOG", "warn"),
-        a.work.join("inboxwatch.log"),
+        agent_log.clone(),
     );
     wait_for(agent_port, "inboxwatch", Duration::from_secs(120), |m| {
         m.get("inboxwatch_source_up", &[("source", "bench")]) == Some(1.0)
@@ -590,7 +591,7 @@ async fn main() {
         if !mismatches.is_empty() {
             // The work directory goes with the script's exit: show why the
             // agent fell behind (slow or failed polls) while it is at hand.
-            let log = std::fs::read_to_string(a.work.join("inboxwatch.log")).unwrap_or_default();
+            let log = std::fs::read_to_string(&agent_log).unwrap_or_default();
             let lines: Vec<&str> = log.lines().collect();
             eprintln!(
                 "inboxwatch's last {} log lines:\n{}",
