@@ -703,6 +703,9 @@ pub struct Report {
     pub fresh_exporter: Vec<f64>,
     pub fresh_missed: u32,
     pub mismatches: Vec<String>,
+    /// Seconds from the writer's last change to the counters' check: to
+    /// exact counters, or to the deadline when they differ.
+    pub catch_up: f64,
     pub p95: Vec<P95>,
     pub counters_checked: usize,
     pub plans: Vec<(String, Vec<String>)>,
@@ -902,7 +905,7 @@ impl Report {
                     self.mismatches.len(),
                     self.counters_checked
                 )
-            },
+            } + &format!(", {:.1} s after the writer's last change", self.catch_up),
             "no counters (5-min window counts)".to_string(),
             String::new(),
         );
