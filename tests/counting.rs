@@ -3,7 +3,8 @@
 //! out from the rules step by step: a re-drive (a dead event put back to pending and
 //! completed again, with and without its attempts reset), the baseline (rows that
 //! predate the agent), `state_retention` (a late duplicate counted before it runs
-//! out, not after) and `event_type_limit` (types past the limit folded into `other`).
+//! out, not after), `event_type_limit` (types past the limit folded into `other`)
+//! and the quantile gauges (only for types with a measured processing time).
 
 mod common;
 
@@ -418,6 +419,78 @@ async fn event_types_past_the_limit_fold_into_other() {
         ["a.first", "b.second", "other"].map(String::from).into(),
         "the event_type labels of {RECEIVED}"
     );
+    drop(agent);
+    db.cleanup().await;
+}
+
+/// Guards the quantile gauges' labels: an event type gets
+/// `inbox_processing_duration_quantile_seconds` only once one of its events has a
+/// measured processing time (started and finished). One that succeeded after exactly
+/// 1.5 s has its three quantiles at 1.5 s (within the sketch's 1 %); a type whose
+/// event is still pending, and one dead-lettered without ever starting (no
+/// processing time), have no quantile series at all, though both are counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quantiles_only_for_event_types_with_a_measured_duration() {
+    const QUANTILE: &str = "inbox_processing_duration_quantile_seconds";
+    let db = Db::postgres().await;
+    let t = db.fresh_tables("quantiles").await.inbox;
+    let agent = Agent::start(&inbox_source_toml(SOURCE, &db.dsn, &t));
+    agent.wait_ready(READY_TIMEOUT).await;
+    // Received after the agent's start (else they are the baseline, not arrivals).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    sql(&db, &t, "INSERT INTO {t} (event_id, event_type, status, received_at, started_at, \
+                  finished_at, attempts, deliveries, last_error, updated_at) VALUES \
+                  ('q1', 'timed', 'succeeded', now() - interval '3 seconds', now() - interval '2 seconds', now() - interval '0.5 seconds', 1, 1, NULL, clock_timestamp()), \
+                  ('q2', 'waiting', 'pending', now(), NULL, NULL, 0, 1, NULL, clock_timestamp()), \
+                  ('q3', 'unstarted', 'dead', now() - interval '1 second', NULL, now(), 0, 1, 'ValidationError: x', clock_timestamp())").await;
+    let counted: &[Want<'_>] = &[
+        (RECEIVED, &[("event_type", "timed")], 1.0),
+        (RECEIVED, &[("event_type", "waiting")], 1.0),
+        (RECEIVED, &[("event_type", "unstarted")], 1.0),
+        (
+            COMPLETED,
+            &[("event_type", "timed"), ("outcome", "succeeded")],
+            1.0,
+        ),
+        (
+            COMPLETED,
+            &[("event_type", "unstarted"), ("outcome", "dead_lettered")],
+            1.0,
+        ),
+        ("inbox_backlog_messages", &[("event_type", "waiting")], 1.0),
+    ];
+    // Checked after the counts and again several polls later: every poll
+    // refreshes the gauges, and none may add a series.
+    for step in ["the three events are counted", "2 s later"] {
+        stays(&agent, step, Duration::from_secs(2), counted).await;
+        let m = agent.scrape().await;
+        let mut wrong = Vec::new();
+        for s in m.series(QUANTILE, &[("source", SOURCE)]) {
+            let ty = s.labels.get("event_type").map_or("", String::as_str);
+            if ty != "timed" {
+                wrong.push(format!(
+                    "{:?} = {}: no measured duration",
+                    s.labels, s.value
+                ));
+            }
+        }
+        for q in ["0.5", "0.95", "0.99"] {
+            let got = m.get(
+                QUANTILE,
+                &[("source", SOURCE), ("event_type", "timed"), ("quantile", q)],
+            );
+            if !got.is_some_and(|v| (v - 1.5).abs() <= 0.015) {
+                wrong.push(format!(
+                    "timed, quantile {q}: got {got:?}, want 1.5 within 1 %"
+                ));
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "after {step}, {QUANTILE}:\n{}",
+            wrong.join("\n")
+        );
+    }
     drop(agent);
     db.cleanup().await;
 }
