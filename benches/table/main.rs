@@ -531,10 +531,10 @@ async fn main() {
         .await;
 
     // Accuracy: counters against the truth once the agent has caught up.
-    // How long that takes is a measurement, reported: a starved agent (a
-    // debug build on a loaded CI machine polls the re-read unfinished rows
-    // in tens of seconds) catches up late, not wrongly. The deadline only
-    // bounds a run whose counters never come right.
+    // How long that takes is a measurement, reported: an agent short of CPU
+    // (a debug build on a loaded CI machine re-reading the unfinished rows
+    // every poll) may catch up late without counting wrongly. The deadline
+    // only bounds a run whose counters never come right.
     let truth = truth.lock().expect("truth").clone_counts();
     let deadline = Instant::now() + CATCH_UP_DEADLINE;
     let (mismatches, m) = loop {
