@@ -162,10 +162,10 @@ PY
 # their own build made, here the release build; AGENT_BIN does not apply.
 run_tracing() {
   echo "== The span linker: spans per CPU-second, memory with the collector down"
-  cargo nextest run --release --test tracing --no-run
+  cargo nextest run --release --test it --no-run
   local load
   load=$(cut -d' ' -f1-3 /proc/loadavg)
-  cargo nextest run --release --test tracing --run-ignored only --no-capture 2>&1 | tee "$WORK/tracing.log"
+  cargo nextest run --release --test it --run-ignored only --no-capture -E 'test(/^tracing::/)' 2>&1 | tee "$WORK/tracing.log"
   python3 - "$WORK/tracing.log" "$WORK/tracing.md" <<'PY'
 import re, sys
 log = open(sys.argv[1]).read()

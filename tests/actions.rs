@@ -4,13 +4,15 @@
 //! leaves (table and audit table compared whole before and after), and a
 //! running agent counting the replayed events' completions again.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
 use common::scenarios::inbox_source_toml;
 use common::workload::{InboxEvent, Status};
-use common::{Agent, Cmd, Db, Dialect, V, parse_ts, split_statements, toml_str, url_with_user};
+use common::{
+    Agent, Cmd, Db, Dialect, V, parse_ts, split_statements, toml_str, url_with_user, wait_until,
+};
 
 const OPERATOR: &str = "alice@oncall";
 const REASON: &str = "payments API fixed (INC-42); re-drive";
@@ -943,15 +945,56 @@ async fn the_agent_never_opens_the_action_dsn() {
     let port = listener.local_addr().expect("addr").port();
     let action_dsn = format!("postgres://writer@127.0.0.1:{port}/test");
     let toml = config("act-run", &db, &tables.inbox, "", &action_dsn, "");
+    // Dead rows, so that every page that names the replay command has one to show.
+    let seeded = seed(&db, &tables.inbox, "run").await;
     let agent = Agent::start(&toml);
     agent.wait_ready(Duration::from_secs(30)).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let m = agent.scrape().await;
-    assert_eq!(
-        m.get("inboxwatch_source_up", &[("source", "act-run")]),
-        Some(1.0),
-        "the agent polls the source"
-    );
+    // Several polls, counted by the agent itself.
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        let polls = m.sum(
+            "inboxwatch_poll_duration_seconds_count",
+            &[("source", "act-run")],
+        );
+        (polls >= 3.0 && m.get("inboxwatch_source_up", &[("source", "act-run")]) == Some(1.0))
+            .then_some(())
+            .ok_or_else(|| {
+                format!(
+                    "{polls} polls, source_up {:?}",
+                    m.get("inboxwatch_source_up", &[("source", "act-run")])
+                )
+            })
+    })
+    .await
+    .expect("the agent polls the source");
+    // Every page and API answers, the dead letters among them read from the table.
+    let dead = &seeded.dead[0].id;
+    for path in [
+        "/".to_string(),
+        "/dead-letters".into(),
+        "/dead-letters?source=act-run".into(),
+        format!("/events/{dead}"),
+        "/api/v1/status".into(),
+        "/api/v1/dead-letters".into(),
+        "/api/v1/dead-letters?source=act-run".into(),
+        format!("/api/v1/events/{dead}"),
+        "/metrics".into(),
+    ] {
+        let (code, body) = agent.get(&path).await.expect("GET a page");
+        assert_eq!(code, 200, "{path}: {body}");
+        if path.contains("dead-letters") || path.contains("/events/") {
+            for d in &seeded.dead {
+                if path.contains("/events/") && d.id != *dead {
+                    continue;
+                }
+                assert!(
+                    body.contains(&d.id),
+                    "{path} does not show {}: {body}",
+                    d.id
+                );
+            }
+        }
+    }
     match listener.accept() {
         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
         other => panic!("the agent connected to the action DSN: {other:?}"),

@@ -23,7 +23,7 @@
 //! `prometheus` and `prometheus-alertmanager`, which `.ci/run` installs). Without them the tests fail,
 //! saying so; they never skip.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -190,21 +190,107 @@ fn promtool_check_rules_accepts_every_rule_file() {
     );
 }
 
-#[test]
-fn promtool_unit_tests_pass() {
-    let tests = repo_files("alerts/tests", &[".test.yml", ".test.yaml"]);
-    assert!(!tests.is_empty(), "no unit tests (alerts/tests/*.test.yml)");
-    let mut args = vec!["test", "rules"];
-    args.extend(tests.iter().map(String::as_str));
-    let out = run_tool("promtool", &args);
-    assert_success("promtool test rules", &out);
-    let stdout = out.stdout.as_str();
-    assert_eq!(
-        stdout.matches("SUCCESS").count(),
-        tests.len(),
-        "every unit test file passes:\n{}",
-        out.describe()
-    );
+/// `promtool test rules` over each file of `alerts/tests/`, one test per file so that
+/// they run side by side (one call over all of them took about three minutes).
+mod promtool_unit_tests_pass {
+    use super::*;
+
+    /// The unit-test files, each the name of a test below.
+    const FILES: &[&str] = &[
+        "age_backlog",
+        "agent",
+        "dead_letters",
+        "duplicates_retries",
+        "error_classes_owners",
+        "flow",
+        "kafka",
+        "latency",
+        "ordering",
+        "quiet",
+    ];
+
+    fn passes(name: &str) {
+        let file = format!("alerts/tests/{name}.test.yml");
+        let out = run_tool("promtool", &["test", "rules", &file]);
+        assert_success(&format!("promtool test rules {file}"), &out);
+        assert_eq!(
+            out.stdout.as_str().matches("SUCCESS").count(),
+            1,
+            "{file} passes:\n{}",
+            out.describe()
+        );
+    }
+
+    /// Guards the split: the tests below are exactly the files of `alerts/tests/`, so a
+    /// new unit-test file cannot go unrun.
+    #[test]
+    fn one_test_per_file() {
+        let found: Vec<String> = repo_files("alerts/tests", &[".test.yml", ".test.yaml"])
+            .iter()
+            .map(|f| {
+                let name = f.rsplit('/').next().unwrap_or(f);
+                name.trim_end_matches(".yml")
+                    .trim_end_matches(".yaml")
+                    .trim_end_matches(".test")
+                    .to_string()
+            })
+            .collect();
+        let mut want: Vec<String> = FILES.iter().map(|f| f.to_string()).collect();
+        want.sort();
+        let mut found = found;
+        found.sort();
+        assert_eq!(
+            found, want,
+            "alerts/tests/ and promtool_unit_tests_pass::FILES differ: add a test per new file"
+        );
+        for name in FILES {
+            assert!(
+                repo_path(&format!("alerts/tests/{name}.test.yml")).is_file(),
+                "{name}: expected alerts/tests/{name}.test.yml"
+            );
+        }
+    }
+
+    #[test]
+    fn age_backlog() {
+        passes("age_backlog");
+    }
+    #[test]
+    fn agent() {
+        passes("agent");
+    }
+    #[test]
+    fn dead_letters() {
+        passes("dead_letters");
+    }
+    #[test]
+    fn duplicates_retries() {
+        passes("duplicates_retries");
+    }
+    #[test]
+    fn error_classes_owners() {
+        passes("error_classes_owners");
+    }
+    #[test]
+    fn flow() {
+        passes("flow");
+    }
+    #[test]
+    fn kafka() {
+        passes("kafka");
+    }
+    #[test]
+    fn latency() {
+        passes("latency");
+    }
+    #[test]
+    fn ordering() {
+        passes("ordering");
+    }
+    #[test]
+    fn quiet() {
+        passes("quiet");
+    }
 }
 
 /// Guards the unit tests' coverage: every alert is shown firing (an `exp_alerts` entry

@@ -4,7 +4,7 @@
 //! any output; `schema` prints DDL that runs (twice) on PostgreSQL, MariaDB and
 //! SQLite; `--help` lists every subcommand.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;

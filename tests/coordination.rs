@@ -11,9 +11,8 @@
 //! and whatever is missing belongs to events that were received or changed while the
 //! source changed hands.
 
-mod common;
-#[path = "common/kafka.rs"]
-mod kafka_support;
+use crate::common;
+use crate::kafka_support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -6,7 +6,7 @@
 //! out, not after), `event_type_limit` (types past the limit folded into `other`)
 //! and the quantile gauges (only for types with a measured processing time).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -343,7 +343,20 @@ async fn a_late_duplicate_counts_within_state_retention_and_not_after() {
     // Unchanged for longer than state_retention (3 s) plus the forgetting period
     // (every 10 s) and a poll.
     tokio::time::sleep(Duration::from_secs(14)).await;
+    // The only row in the table, unchanged since: rows read grow again only once the
+    // agent has read the UPDATE below, so the counts after it are checked on a poll
+    // that saw the late duplicate, not before.
+    let rows_read = |m: &Metrics| count(m, "inboxwatch_rows_read_total", &[]);
+    let before = rows_read(&agent.scrape().await);
     sql(&db, &t, duplicate).await;
+    wait_until(Duration::from_secs(15), || async {
+        let m = agent.try_scrape().await?;
+        (rows_read(&m) > before)
+            .then_some(())
+            .ok_or_else(|| format!("rows read {} since {before}", rows_read(&m)))
+    })
+    .await
+    .expect("the agent read the late duplicate's UPDATE");
     stays(
         &agent,
         "a duplicate after state_retention",

@@ -7,7 +7,7 @@
 //! production and consumption together and the time to drain without its
 //! "not draining" sentinel.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

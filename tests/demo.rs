@@ -1,7 +1,7 @@
 //! `inboxwatch demo` through the binary: a newcomer sees live metrics with one
 //! command and no services.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -16,7 +16,7 @@
 //! Needs `python3` and `kubernetes-validate` (PyPI; it brings PyYAML, which reads the
 //! manifests here). Without them the tests fail, saying so; they never skip.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

@@ -7,7 +7,7 @@
 //! findings line by line and its exit code: 0 when nothing needs attention, 1
 //! when there is a warning or an error, 2 for a config it cannot use.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;

@@ -24,7 +24,7 @@
 //! MariaDB. Each drill takes about a minute; run with
 //! `cargo nextest run --test drills --no-capture` to see the timelines.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant, SystemTime};
 

@@ -23,9 +23,8 @@
 //! `prometheus prometheus-alertmanager`). Takes about three and a half minutes; run
 //! with `cargo nextest run --test e2e_alerting --no-capture` to see the timeline.
 
-mod common;
-#[path = "common/kafka.rs"]
-mod kafka_support;
+use crate::common;
+use crate::kafka_support;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

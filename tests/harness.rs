@@ -3,7 +3,7 @@
 //! generator (the table must hold exactly the states the generator believes it wrote),
 //! and the fake Kafka broker.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

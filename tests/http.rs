@@ -7,7 +7,7 @@
 //! An SQLite source (PostgreSQL behind a proxy for the probes). Timings are measured and
 //! printed (`--no-capture` shows them); the assertions only use generous deadlines.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 
@@ -119,6 +119,18 @@ async fn half_sent_silent_and_idle_keepalive_connections_are_closed() {
     assert_eq!(scrape_on(&mut keepalive).await, "HTTP/1.1 200 OK");
     let idle_at = Instant::now();
 
+    // The control: a connection opened with the others that sends its request 3 s
+    // later, well within the header-read timeout, is answered — the closes below
+    // are the timeout at work, not a server closing what is slow to start.
+    let mut late = connect(agent.port).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        scrape_on(&mut late).await,
+        "HTTP/1.1 200 OK",
+        "a request sent 3 s after connecting (header_read_timeout {HEADER_READ_TIMEOUT:?})"
+    );
+    drop(late);
+
     let (half_sent_closed, silent_closed, idle_closed) = tokio::join!(
         closed_within(&mut half_sent, deadline),
         closed_within(&mut silent, deadline),
@@ -155,6 +167,21 @@ async fn half_sent_silent_and_idle_keepalive_connections_are_closed() {
 async fn a_client_that_stops_reading_is_closed_after_the_idle_timeout() {
     let (agent, db) = agent("stall", "idle_timeout = \"2s\"").await;
     let body = agent.get("/metrics").await.expect("GET /metrics").1;
+    // The control: a client that keeps the same connection busy for four times the
+    // idle timeout (a scrape every second, each answer read) is answered throughout,
+    // so a close below is the idle timeout at work, not a cap on every connection.
+    let mut busy = connect(agent.port).await;
+    let busy_since = Instant::now();
+    for n in 1..=8 {
+        assert_eq!(
+            scrape_on(&mut busy).await,
+            "HTTP/1.1 200 OK",
+            "scrape {n} on a connection busy for {:?} (idle_timeout 2s)",
+            busy_since.elapsed()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    drop(busy);
     // Far more than the socket buffers on both sides can hold (a few MB at most).
     let requests = (64 * 1024 * 1024 / body.len().max(1)).max(1_000);
     let socket = TcpSocket::new_v4().expect("a TCP socket");

@@ -4,9 +4,8 @@
 //! partitions, group status over the window, dead-letter and retry topics,
 //! the broker going away, and security config errors.
 
-mod common;
-#[path = "common/kafka.rs"]
-mod kafka_support;
+use crate::common;
+use crate::kafka_support;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -247,11 +246,26 @@ async fn lag_in_messages_and_exact_seconds_per_partition_and_topic() {
     );
     // The record-read cache: the two partitions with a lag (billing/0, audit/2) had
     // their record at the committed offset read once; with no offset moving, no
-    // later cycle reads it again (the poll interval is 500 ms: 6 cycles).
+    // later cycle reads it again. The later scrape waits for at least four more
+    // cycles (polls counted by the agent), so the cycles it reasons about ran.
     let reads = |m: &Metrics| m.sum("inboxwatch_kafka_record_reads_total", &[("source", "kp")]);
-    let first = reads(&agent.scrape().await);
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let later = reads(&agent.scrape().await);
+    let polls = |m: &Metrics| {
+        m.sum(
+            "inboxwatch_poll_duration_seconds_count",
+            &[("source", "kp")],
+        )
+    };
+    let m = agent.scrape().await;
+    let (first, first_polls) = (reads(&m), polls(&m));
+    let later = wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        let ran = polls(&m) - first_polls;
+        (ran >= 4.0)
+            .then(|| reads(&m))
+            .ok_or_else(|| format!("{ran} cycles since the first scrape"))
+    })
+    .await
+    .unwrap();
     assert_eq!(
         (first, later),
         (2.0, 2.0),

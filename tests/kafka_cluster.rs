@@ -10,9 +10,8 @@
 //! Its error injection is per API, for whichever client sends the next such
 //! request; the test's own clients send no ListOffsets and no OffsetFetch.
 
-mod common;
-#[path = "common/kafka.rs"]
-mod kafka_support;
+use crate::common;
+use crate::kafka_support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

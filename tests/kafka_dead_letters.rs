@@ -7,9 +7,8 @@
 //! The same reads run against librdkafka's mock cluster, a second
 //! implementation of the broker side (it has no ListGroups).
 
-mod common;
-#[path = "common/kafka.rs"]
-mod kafka_support;
+use crate::common;
+use crate::kafka_support;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, UNIX_EPOCH};

@@ -5,7 +5,7 @@
 //! commands, and records stamped in the future. The fake records every
 //! request and SASL step, which are the ground truth here.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;

@@ -8,7 +8,7 @@
 //! (the fake's `Cluster` model). Every number checked is one the test's
 //! cluster fixed.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -376,9 +376,11 @@ async fn connections_are_reused_and_reopened_after_the_broker_closes_them() {
         "the polls sent requests"
     );
 
+    let mut opened_before_last_close = 0;
     for _ in 0..5 {
         let m = agent.scrape().await;
         let before = polls(&m);
+        opened_before_last_close = fake.connections();
         fake.close_connections();
         wait_until(Duration::from_secs(20), || async {
             let m = agent.try_scrape().await?;
@@ -398,8 +400,23 @@ async fn connections_are_reused_and_reopened_after_the_broker_closes_them() {
         assert_eq!(lag_of(&m), Some((HWM[0] - KIP848_COMMITTED[0]) as f64));
     }
     // The agent's election heartbeats (every 2 s) met closed connections too:
-    // they reconnect without giving the source up.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // they reconnect without giving the source up. Waits for the evidence: a
+    // heartbeat answered on a connection opened after the last close.
+    wait_until(Duration::from_secs(20), || async {
+        let reopened = fake
+            .requests_of(ApiKey::Heartbeat)
+            .iter()
+            .filter(|r| r.conn > opened_before_last_close)
+            .count();
+        (reopened > 0).then_some(()).ok_or_else(|| {
+            format!(
+                "no heartbeat on a connection opened after the last close (connections {opened_before_last_close} before it, {} now)",
+                fake.connections()
+            )
+        })
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
     let m = agent.scrape().await;
     assert_eq!(
         m.sum("inboxwatch_poll_errors_total", &[("source", "kg")]),

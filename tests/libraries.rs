@@ -13,7 +13,7 @@
 //! Needs PostgreSQL (`INBOXWATCH_TEST_PG`), `node` and `tests/libraries/node_modules`:
 //! without them the tests FAIL, they do not skip.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

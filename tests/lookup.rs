@@ -2,7 +2,7 @@
 //! PostgreSQL and MariaDB: generated events with known timestamps, and the
 //! exact text each command must print for them.
 
-mod common;
+use crate::common;
 
 use common::ids::trace_of;
 use common::workload::{InboxEvent, OutboxEvent, Status, Target};

@@ -2,7 +2,7 @@
 //! values out of range, outages of any length. Each test writes what it knows
 //! and compares the agent's counters with it exactly.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

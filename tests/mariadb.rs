@@ -2,7 +2,7 @@
 //! workload writes, and every exported number is compared with what the workload
 //! knows it wrote (`INBOXWATCH_TEST_MYSQL`, default mysql://root@127.0.0.1:3306/test).
 
-mod common;
+use crate::common;
 
 use common::Db;
 use common::scenarios::{error_classes_ground_truth, inbox_ground_truth, outbox_ground_truth};

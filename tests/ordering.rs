@@ -8,7 +8,7 @@
 //! evicted key starts afresh. Duplicate deliveries before and after completion are
 //! counted by `phase`, exactly.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -16,7 +16,7 @@
 //! Needs `chromium` (Debian package; `scripts/test.sh` installs it): without
 //! it the tests fail, they do not skip.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -14,7 +14,7 @@
 //! Needs PostgreSQL (`INBOXWATCH_TEST_PG`), MariaDB (`INBOXWATCH_TEST_MYSQL`) and the
 //! built workloads: without them the tests FAIL, they do not skip.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -16,7 +16,7 @@
 //! Needs PostgreSQL (`INBOXWATCH_TEST_PG`) and the venv: without them the tests FAIL,
 //! they do not skip.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::Command;

@@ -25,7 +25,7 @@
 //! trace of failures, while `OutboxMessage` rows are deleted when sent and carry no
 //! published time.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! missing table or column next to a healthy source, bad rows, and the database
 //! going away in the middle of a workload.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

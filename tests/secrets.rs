@@ -5,7 +5,7 @@
 //! (stderr, stdout, `/metrics`, `/readyz`, `/healthz`) and `doctor` are read for
 //! any piece of it.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

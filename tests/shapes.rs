@@ -5,7 +5,7 @@
 //! number is compared with the ground truth of `common::shapes` (or, for the gauges,
 //! a direct query on the table at the end).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! workload writes (WAL mode), and every exported number is compared with what the
 //! workload knows it wrote.
 
-mod common;
+use crate::common;
 
 use common::Db;
 use common::scenarios::{inbox_ground_truth, outbox_ground_truth};

@@ -5,7 +5,7 @@
 //! and sampling decisions are worked out outside the agent's code
 //! (`common::ids`: Python on the documented recipe, the OpenTelemetry SDK's sampler).
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

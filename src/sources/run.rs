@@ -281,19 +281,50 @@ async fn poll_while_leading<S: Source>(
 mod tests {
     use super::*;
 
+    /// Over many draws (one draw could land anywhere in a wide range): every delay
+    /// within ±20 % of the expected base, and the jitter really spread over that
+    /// range (the smallest and largest draws near its ends, the mean near the base).
     #[test]
     fn backoff_grows_from_the_interval_and_stays_capped() {
-        let i = Duration::from_secs(1);
-        for (failures, lo, hi) in [
-            (1, 0.8, 1.2),
-            (2, 1.6, 2.4),
-            (3, 3.2, 4.8),
-            (10, 24.0, 36.0),
-        ] {
-            let d = backoff(i, failures).as_secs_f64();
-            assert!((lo..=hi).contains(&d), "failures={failures}: {d}");
-        }
+        const DRAWS: usize = 2_000;
+        let short = Duration::from_secs(1);
         let long = Duration::from_secs(60);
-        assert!(backoff(long, 5).as_secs_f64() <= 72.0);
+        // (interval, failures, base): doubling from the interval, capped at
+        // max(interval, 30 s).
+        for (interval, failures, base) in [
+            (short, 1, 1.0),
+            (short, 2, 2.0),
+            (short, 3, 4.0),
+            (short, 5, 16.0),
+            (short, 6, 30.0),
+            (short, 10, 30.0),
+            (short, 40, 30.0),
+            (long, 1, 60.0),
+            (long, 5, 60.0),
+        ] {
+            let draws: Vec<f64> = (0..DRAWS)
+                .map(|_| backoff(interval, failures).as_secs_f64())
+                .collect();
+            let what = format!("interval {interval:?}, failures {failures}");
+            let (lo, hi) = (0.8 * base, 1.2 * base);
+            for d in &draws {
+                assert!((lo..=hi).contains(d), "{what}: {d} s outside [{lo}, {hi}]");
+            }
+            let min = draws.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = draws.iter().copied().fold(0.0, f64::max);
+            let mean = draws.iter().sum::<f64>() / DRAWS as f64;
+            assert!(
+                min < 0.82 * base,
+                "{what}: no draw near the low end ({min} s)"
+            );
+            assert!(
+                max > 1.18 * base,
+                "{what}: no draw near the high end ({max} s)"
+            );
+            assert!(
+                (mean - base).abs() < 0.02 * base,
+                "{what}: mean {mean} s, base {base} s"
+            );
+        }
     }
 }
