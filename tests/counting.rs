@@ -58,11 +58,12 @@ async fn expect(agent: &Agent, step: &str, want: &[Want<'_>]) {
     }
 }
 
-/// Checks that `want` holds now and still holds over `wait` (several polls).
+/// Checks that `want` holds now and still holds after `wait` and at least five
+/// more polls (counted by the agent: a stalled agent would hold anything).
 async fn stays(agent: &Agent, step: &str, wait: Duration, want: &[Want<'_>]) {
     expect(agent, step, want).await;
-    tokio::time::sleep(wait).await;
-    expect(agent, &format!("{step}, {wait:?} later"), want).await;
+    agent.wait_polls(SOURCE, 5, wait).await;
+    expect(agent, &format!("{step}, {wait:?} and 5 polls later"), want).await;
 }
 
 const RECEIVED: &str = "inbox_messages_received_total";

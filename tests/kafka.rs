@@ -502,9 +502,8 @@ async fn dead_letter_and_retry_topics_are_counted_per_topic_and_tier() {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
-    // And they stay exact (nothing counted twice on later cycles).
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let m = agent.scrape().await;
+    // And they stay exact (nothing counted twice on later cycles, which ran).
+    let m = agent.wait_polls("kd", 3, Duration::from_secs(2)).await;
     assert_eq!(
         m.get(
             "kafka_dead_letter_messages_total",

@@ -157,7 +157,7 @@ async fn bulk_transactions_are_counted_whole(db: Db, short: &str) {
         .await;
     }
     // Nothing is counted twice on the re-reads of the overlap window.
-    let m = settle(&agent, Duration::from_secs(4)).await;
+    let m = settle(&agent, &source, Duration::from_secs(4)).await;
     assert_eq!(
         m.sum(
             "inbox_messages_completed_total",
@@ -178,10 +178,10 @@ async fn bulk_transactions_are_counted_whole(db: Db, short: &str) {
     db.cleanup().await;
 }
 
-/// Scrapes again after `d`, for checks that nothing moves any more.
-async fn settle(agent: &Agent, d: Duration) -> Metrics {
-    tokio::time::sleep(d).await;
-    agent.scrape().await
+/// Scrapes again after `d` and at least three more polls of `source`, for checks
+/// that nothing moves any more.
+async fn settle(agent: &Agent, source: &str, d: Duration) -> Metrics {
+    agent.wait_polls(source, 3, d).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -429,7 +429,7 @@ async fn bad_values_are_row_problems_not_source_problems(
     // Re-reads of the overlap window (the bad-cursor row comes back on every
     // poll), sweeps for NULL cursors and the state's tidying (every 10 s)
     // count nothing again.
-    let m = settle(&agent, Duration::from_secs(11)).await;
+    let m = settle(&agent, s, Duration::from_secs(11)).await;
     let diff = exp2.diff(&m);
     assert!(diff.is_empty(), "after 11 s more: {diff:?}");
     assert_eq!(

@@ -493,8 +493,14 @@ async fn ordering_matches_the_plan(db: Db) {
         "the plan leaves gaps"
     );
     // Still equal a few polls later.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    wait_for_live(&agent, Duration::from_secs(5), "ordering, 2 s later", want).await;
+    agent.wait_polls(source, 3, Duration::from_secs(2)).await;
+    wait_for_live(
+        &agent,
+        Duration::from_secs(5),
+        "ordering, 3 polls later",
+        want,
+    )
+    .await;
 
     // The missing versions arrive: every gap closes, each a late arrival.
     let missing: Vec<(usize, i64)> = {
@@ -641,8 +647,10 @@ async fn the_key_limit_is_honoured(db: Db) {
     wait_until(CONVERGE, check)
         .await
         .unwrap_or_else(|e| panic!("after the lower versions: {e}"));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    check().await.unwrap_or_else(|e| panic!("2 s later: {e}"));
+    agent.wait_polls(source, 3, Duration::from_secs(2)).await;
+    check()
+        .await
+        .unwrap_or_else(|e| panic!("3 polls later: {e}"));
     drop(agent);
     db.cleanup().await;
 }
@@ -770,8 +778,9 @@ async fn duplicates_are_counted_by_phase(db: Db) {
     );
     x.close(DUPLICATES, &s);
     common::scenarios::wait_for_expectations(&agent, &x, CONVERGE, "after completion").await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    common::scenarios::wait_for_expectations(&agent, &x, Duration::from_secs(5), "2 s later").await;
+    agent.wait_polls(source, 3, Duration::from_secs(2)).await;
+    common::scenarios::wait_for_expectations(&agent, &x, Duration::from_secs(5), "3 polls later")
+        .await;
     // Every series of the counter carries a phase, and only the two.
     let m = agent.scrape().await;
     for sample in m.series(DUPLICATES, &s) {

@@ -716,7 +716,15 @@ async fn pages_off_leaves_only_the_metrics_endpoints() {
         toml_str(&format!("sqlite://{}", db.display()))
     );
     let agent = Agent::start(&config);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Listening: /healthz answers.
+    wait_until(Duration::from_secs(30), || async {
+        match agent.get("/healthz").await {
+            Ok((200, _)) => Ok(()),
+            other => Err(format!("/healthz: {other:?}")),
+        }
+    })
+    .await
+    .expect("the agent listens");
     for path in [
         "/",
         "/dead-letters",

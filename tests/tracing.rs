@@ -1384,7 +1384,16 @@ async fn memory_with_the_collector_down() {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         } else {
-            tokio::time::sleep(Duration::from_secs(3)).await;
+            // The same rows read, counted by the agent.
+            wait_until(Duration::from_secs(120), || async {
+                let m = agent.try_scrape().await?;
+                let r = m.sum("inboxwatch_rows_read_total", &[]);
+                (r >= N as f64)
+                    .then_some(())
+                    .ok_or_else(|| format!("{r} of {N} rows read"))
+            })
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         }
         rss.push(rss_kb(agent.pid()));
         drop(agent);

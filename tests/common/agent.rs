@@ -10,7 +10,7 @@ use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use super::process::Proc;
-use super::{Metrics, free_port, http_get};
+use super::{Metrics, free_port, http_get, wait_until};
 
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_inboxwatch");
@@ -455,6 +455,37 @@ impl Agent {
     /// GET /metrics and parse it.
     pub async fn try_scrape(&self) -> Result<Metrics, String> {
         try_scrape(self.port).await
+    }
+
+    /// Polls of `source` finished so far (`inboxwatch_poll_duration_seconds_count`).
+    pub fn polls(m: &Metrics, source: &str) -> f64 {
+        m.sum(
+            "inboxwatch_poll_duration_seconds_count",
+            &[("source", source)],
+        )
+    }
+
+    /// Waits until `source` has finished at least `polls` more polls and at least
+    /// `min` has passed, and returns a scrape taken after both: the evidence that a
+    /// check of what "still holds later" looks at polls that ran, not at an agent
+    /// that stalled. Panics (with the agent's log) after 60 s more.
+    pub async fn wait_polls(&self, source: &str, polls: u32, min: Duration) -> Metrics {
+        let started = Instant::now();
+        let from = Self::polls(&self.scrape().await, source);
+        let res = wait_until(min + Duration::from_secs(60), || async {
+            let m = self.try_scrape().await?;
+            let ran = Self::polls(&m, source) - from;
+            (ran >= f64::from(polls) && started.elapsed() >= min)
+                .then_some(m)
+                .ok_or_else(|| {
+                    format!(
+                        "{ran} of {polls} polls of {source} after {:?} (at least {min:?})",
+                        started.elapsed()
+                    )
+                })
+        })
+        .await;
+        res.unwrap_or_else(|e| panic!("{e}\n{}", self.stderr()))
     }
 
     /// GET /metrics and parse it; panics if that fails.
