@@ -12,6 +12,7 @@ mod kafka_support;
 mod actions;
 mod alerting;
 mod cli;
+mod config_effects;
 mod coordination;
 mod counting;
 mod dashboards;
