@@ -11,10 +11,11 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
+use common::http::{closed_within, connect, half_sent, scrape_on};
 use common::scenarios::inbox_source_toml;
 use common::{Agent, Db, wait_until};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpSocket, TcpStream};
+use tokio::net::TcpSocket;
 
 /// The listener's defaults (`[server] header_read_timeout`, `max_http_connections`).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,72 +33,6 @@ async fn agent(short: &str, server: &str) -> (Agent, Db) {
     let agent = Agent::start(&config);
     agent.wait_ready(Duration::from_secs(30)).await;
     (agent, db)
-}
-
-async fn connect(port: u16) -> TcpStream {
-    TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap_or_else(|e| panic!("connect to 127.0.0.1:{port}: {e}"))
-}
-
-/// A connection whose request's headers never end.
-async fn half_sent(port: u16) -> TcpStream {
-    let mut stream = connect(port).await;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: inboxwatch\r\n")
-        .await
-        .expect("write half a request");
-    stream
-}
-
-/// Reads and discards until the server closes the connection (EOF or reset);
-/// returns when, or `None` if it is still open after `deadline`.
-async fn closed_within(stream: &mut TcpStream, deadline: Duration) -> Option<Instant> {
-    let closed = async {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            match stream.read(&mut buf).await {
-                Ok(0) | Err(_) => return Instant::now(),
-                Ok(_) => {}
-            }
-        }
-    };
-    tokio::time::timeout(deadline, closed).await.ok()
-}
-
-/// Reads one response with a `Content-Length` body; returns its status line.
-async fn read_response(stream: &mut TcpStream) -> String {
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 1];
-    while !buf.ends_with(b"\r\n\r\n") {
-        let n = stream.read(&mut byte).await.expect("read a response head");
-        assert_eq!(n, 1, "the server closed the connection mid-response");
-        buf.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&buf).to_string();
-    let length: usize = head
-        .lines()
-        .find_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.eq_ignore_ascii_case("content-length")
-                .then(|| value.trim().parse().ok())?
-        })
-        .unwrap_or_else(|| panic!("no Content-Length in {head:?}"));
-    let mut body = vec![0u8; length];
-    stream
-        .read_exact(&mut body)
-        .await
-        .expect("read a response body");
-    head.lines().next().unwrap_or_default().to_string()
-}
-
-/// A complete keep-alive GET of `/metrics`, from a client that does not close.
-async fn scrape_on(stream: &mut TcpStream) -> String {
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: inboxwatch\r\n\r\n")
-        .await
-        .expect("write a scrape");
-    read_response(stream).await
 }
 
 /// Guards the slowloris defect of issue 16 (60 half-sent or idle connections held

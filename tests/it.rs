@@ -44,6 +44,7 @@ mod preset_python;
 mod preset_recipes;
 mod reliability;
 mod secrets;
+mod server_limits;
 mod shapes;
 mod sqlite;
 mod tracing;
