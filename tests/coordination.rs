@@ -1722,6 +1722,50 @@ async fn wait_for_spread(obs: &Shared, want: &[usize], since: Instant, what: &st
     }
 }
 
+/// [`wait_for_spread`], and then until the same owners have held every source over
+/// the last `hold` (a spread reached through a transient, such as an agent that took
+/// one source more than its share and gives it up, is not yet the settled one).
+async fn wait_for_settled_spread(
+    obs: &Shared,
+    want: &[usize],
+    since: Instant,
+    hold: Duration,
+    what: &str,
+) -> Duration {
+    let spread = wait_for_spread(obs, want, since, what).await;
+    let res = wait_until(Duration::from_secs(120), || async move {
+        let o = lock(obs);
+        let (mut owned, single) = o.spread_now();
+        owned.sort_unstable();
+        if !single || owned != want {
+            return Err(format!(
+                "sources owned per agent {owned:?} (want {want:?}), one owner per source: {single}"
+            ));
+        }
+        let owners: Vec<usize> = (0..o.sources.len()).map(|si| o.owners_now(si)[0]).collect();
+        let Some(window_start) = Instant::now().checked_sub(hold).filter(|w| *w >= since) else {
+            return Err(format!("spread for less than {hold:?}"));
+        };
+        let moved = moves_since(&o, window_start, &owners);
+        match moved.first() {
+            None => Ok(()),
+            Some(m) => Err(format!("moved within the last {hold:?}: {m}")),
+        }
+    })
+    .await;
+    if let Err(e) = res {
+        let o = lock(obs);
+        let timelines: Vec<String> = (0..o.sources.len())
+            .map(|si| format!("{}: {}", o.sources[si], o.timeline(si)))
+            .collect();
+        panic!(
+            "{what}: the spread did not settle within 120 s of {spread:?}: {e}\n  {}",
+            timelines.join("\n  ")
+        );
+    }
+    since.elapsed()
+}
+
 /// The rounds after `after` in which a source's owners were not exactly
 /// `owners[si]`: the sources moved although they were spread already.
 fn moves_since(o: &Obs, after: Instant, owners: &[usize]) -> Vec<String> {
@@ -1860,8 +1904,13 @@ async fn spread_over_late_agents(
         let mut want = fair_counts(n_sources, n_agents - 1);
         want.push(0);
         want.sort_unstable();
-        let took = wait_for_spread(&obs, &want, termed_at, "after SIGTERM").await;
-        eprintln!("SPREAD after SIGTERM of agent {stopped}: {want:?} {took:?} after the signal");
+        // Settled: the same owners over two heartbeats, so that the owners the checks
+        // below follow are the ones that keep the sources.
+        let took =
+            wait_for_settled_spread(&obs, &want, termed_at, HEARTBEAT * 2, "after SIGTERM").await;
+        eprintln!(
+            "SPREAD after SIGTERM of agent {stopped}: {want:?}, settled {took:?} after the signal"
+        );
     }
 
     let truth = match run {
