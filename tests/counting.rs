@@ -7,6 +7,8 @@
 //! and the quantile gauges (only for types with a measured processing time).
 
 use crate::common;
+// One statement on the test's table (`{t}` is its name).
+use common::table_sql as sql;
 
 use std::time::Duration;
 
@@ -17,15 +19,6 @@ const SOURCE: &str = "rules";
 
 /// An expected value: (metric, labels besides `source`, value).
 type Want<'a> = (&'a str, &'a [(&'a str, &'a str)], f64);
-
-/// One statement on the test's table (`{t}` is its name); times from the database.
-async fn sql(db: &Db, table: &str, stmt: &str) {
-    let stmt = stmt.replace("{t}", table);
-    db.pool
-        .raw(&stmt)
-        .await
-        .unwrap_or_else(|e| panic!("{stmt}: {e}"));
-}
 
 /// A named counter of the source (summed over the labels not given), 0 when absent.
 fn count(m: &Metrics, name: &str, labels: &[(&str, &str)]) -> f64 {

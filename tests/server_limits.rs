@@ -14,6 +14,8 @@
 //! printed (`--no-capture` shows them).
 
 use crate::common;
+// One statement on the test's table (`{t}` is its name).
+use common::table_sql as sql;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -30,15 +32,6 @@ const SOURCE: &str = "limits";
 /// How often the status history takes a sample (docs/pages.md: "a sample of those
 /// numbers every 30 s").
 const SAMPLE_EVERY: Duration = Duration::from_secs(30);
-
-/// One statement on the test's table (`{t}` is its name).
-async fn sql(db: &Db, table: &str, stmt: &str) {
-    let stmt = stmt.replace("{t}", table);
-    db.pool
-        .raw(&stmt)
-        .await
-        .unwrap_or_else(|e| panic!("{stmt}: {e}"));
-}
 
 /// The source's sum of `name` over its other labels; `None` when it has no series.
 fn sum_of(m: &Metrics, name: &str) -> Option<f64> {

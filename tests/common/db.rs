@@ -582,3 +582,13 @@ pub fn split_statements(ddl: &str) -> Vec<String> {
         .filter(|s| !s.is_empty())
         .collect()
 }
+
+/// One statement on a test's table, `{t}` standing for `table`'s name; panics with
+/// the statement on failure.
+pub async fn table_sql(db: &Db, table: &str, stmt: &str) {
+    let stmt = stmt.replace("{t}", table);
+    db.pool
+        .raw(&stmt)
+        .await
+        .unwrap_or_else(|e| panic!("{stmt}: {e}"));
+}
