@@ -32,6 +32,7 @@ const LEADER: &str = "inboxwatch_source_leader";
 const UP: &str = "inboxwatch_source_up";
 const RECEIVED: &str = "inbox_messages_received_total";
 const POLLS: &str = "inboxwatch_poll_duration_seconds_count";
+const POLL_SECONDS: &str = "inboxwatch_poll_duration_seconds_sum";
 
 /// The cadence of the background scrapes.
 const SAMPLE_EVERY: Duration = Duration::from_millis(200);
@@ -175,6 +176,10 @@ struct Claim {
     agent: usize,
     /// `inboxwatch_source_up 1` in the same scrape (a poll of this term succeeded).
     up: bool,
+    /// The agent's polls of the source so far (`_count`) and their total duration
+    /// (`_sum`, seconds), from the same scrape: they place its last poll in time.
+    polls: f64,
+    poll_seconds: f64,
 }
 
 /// One round of scrapes (all agents concurrently).
@@ -298,7 +303,12 @@ impl Obs {
                 let leader = m.get(LEADER, &[("source", s)]);
                 if leader == Some(1.0) {
                     let up = m.get(UP, &[("source", s)]) == Some(1.0);
-                    owners[si].push(Claim { agent: a, up });
+                    owners[si].push(Claim {
+                        agent: a,
+                        up,
+                        polls: m.get(POLLS, &[("source", s)]).unwrap_or(0.0),
+                        poll_seconds: m.get(POLL_SECONDS, &[("source", s)]).unwrap_or(0.0),
+                    });
                     self.agents[a]
                         .last_leading
                         .insert(s.clone(), (start, m.clone()));
@@ -429,32 +439,50 @@ impl Obs {
         format!("{name} {}..{}", self.at(first), self.at(last))
     }
 
-    /// Every change of owner of source `si` seen in the rounds.
+    /// Every change of owner of `source`, with where the old owner's last seen poll
+    /// began at the earliest.
     fn handovers(&self, si: usize) -> Vec<Handover> {
         let mut out = Vec::new();
-        // The current owner and the start of the last round it was seen owning in.
-        let mut cur: Option<(usize, Instant)> = None;
+        // The current owner, the start of the last round it was seen owning in, and
+        // its claim then.
+        let mut cur: Option<(usize, Instant, Claim)> = None;
+        // The earliest start of the current owner's last poll that a scrape showed:
+        // the poll completed after the scrape of the owner's claim in `cur` (which
+        // did not show it) and took at most the durations added since.
+        let mut last_poll_from: Option<Instant> = None;
         for (ri, r) in self.rounds.iter().enumerate() {
             let [c] = r.owners[si].as_slice() else {
                 continue;
             };
-            match cur {
-                Some((a, _)) if a == c.agent => cur = Some((a, r.start)),
-                Some((a, last_old)) => {
+            match &cur {
+                Some((a, prev_start, prev)) if *a == c.agent => {
+                    if c.polls > prev.polls {
+                        let took =
+                            Duration::from_secs_f64((c.poll_seconds - prev.poll_seconds).max(0.0));
+                        last_poll_from = prev_start.checked_sub(took);
+                    }
+                    cur = Some((*a, r.start, c.clone()));
+                }
+                Some((a, last_old, _)) => {
+                    // An agent reports the source down from taking its lock until
+                    // a poll of the term succeeds: up again means the new owner's
+                    // start lies before this round.
                     let first_up = self.rounds[ri..]
                         .iter()
                         .find(|r| r.owners[si].iter().any(|x| x.agent == c.agent && x.up))
                         .map(|r| r.end);
                     out.push(Handover {
-                        from: a,
+                        from: *a,
                         to: c.agent,
-                        last_old,
+                        last_old: *last_old,
+                        last_old_poll_from: last_poll_from,
                         first_new: r.end,
                         first_new_up: first_up,
                     });
-                    cur = Some((c.agent, r.start));
+                    cur = Some((c.agent, r.start, c.clone()));
+                    last_poll_from = None;
                 }
-                None => cur = Some((c.agent, r.start)),
+                None => cur = Some((c.agent, r.start, c.clone())),
             }
         }
         out
@@ -487,6 +515,10 @@ struct Handover {
     to: usize,
     /// Start of the last round in which the old owner was seen owning.
     last_old: Instant,
+    /// The earliest the old owner's last poll seen in a scrape can have begun (its
+    /// database snapshot: nothing it counted changed later), when a scrape showed one
+    /// complete. A slow poll, or an owner stopping, leaves it well before `last_old`.
+    last_old_poll_from: Option<Instant>,
     /// End of the first round in which the new owner was seen owning.
     first_new: Instant,
     /// End of the first round in which the new owner was seen owning and up (its
@@ -577,8 +609,10 @@ fn windows_of(handovers: &[Handover], g: GenTime) -> Result<Vec<Window>, String>
                     h.to, h.from
                 )
             })?;
+            let seen = g.ms(h.last_old) - poll_ms;
+            let polled = h.last_old_poll_from.map_or(seen, |t| g.ms(t));
             Ok(Window {
-                lower: g.ms(h.last_old) - poll_ms - MARGIN_MS,
+                lower: seen.min(polled) - MARGIN_MS,
                 upper: g.ms(up) + MARGIN_MS,
                 core: (g.ms(h.last_old), g.ms(up)),
             })
@@ -1957,14 +1991,29 @@ async fn spread_over_late_agents(
     stop.store(true, Ordering::SeqCst);
     sampler.await.expect("the sampler panicked");
 
+    // The problems are printed before the long report, so that a log cut short
+    // still shows them.
+    let mut log = String::new();
     let problems = {
         let o = lock(&obs);
-        eprintln!("{} scrape rounds; {}", o.rounds.len(), o.errors());
+        log += &format!("{} scrape rounds; {}\n", o.rounds.len(), o.errors());
         for (si, s) in sources.iter().enumerate() {
-            eprintln!("owners of {s}: {}", o.timeline(si));
+            log += &format!("owners of {s}: {}\n", o.timeline(si));
+            for h in o.handovers(si) {
+                log += &format!(
+                    "  agent {} -> agent {}: old owner's last poll began after {}, last seen owning at {}; \
+                     new owner seen owning at {}, up at {}\n",
+                    h.from,
+                    h.to,
+                    h.last_old_poll_from.map_or_else(|| "?".into(), |t| o.at(t)),
+                    o.at(h.last_old),
+                    o.at(h.first_new),
+                    h.first_new_up.map_or_else(|| "never".into(), |t| o.at(t)),
+                );
+            }
         }
         for (i, a) in cluster.agents.iter().enumerate() {
-            eprintln!("agent {i} spread log:\n  {}", spread_log(a).join("\n  "));
+            log += &format!("agent {i} spread log:\n  {}\n", spread_log(a).join("\n  "));
         }
         let mut problems: Vec<String> = Vec::new();
         if !o.contending.is_empty() {
@@ -2000,15 +2049,18 @@ async fn spread_over_late_agents(
                     }
                 };
                 let (p, report) = check_across_owners(source, truth, &windows, &o.leading(source));
-                eprint!("{} handovers; {report}", hs.len());
+                log += &format!("{} handovers; {report}", hs.len());
                 problems.extend(p);
             }
         }
         problems
     };
     if !problems.is_empty() {
-        panic!("{} problems:\n{}", problems.len(), render_diff(&problems));
+        let problems = format!("{} problems:\n{}", problems.len(), render_diff(&problems));
+        eprintln!("{problems}\n{log}");
+        panic!("{problems}");
     }
+    eprint!("{log}");
     drop(cluster);
 }
 

@@ -22,7 +22,7 @@
 
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -54,17 +54,22 @@ pub struct Leadership {
     led: Mutex<HashSet<String>>,
     contending: Mutex<HashSet<String>>,
     all: Mutex<HashSet<String>>,
+    /// Held (shared) while `/metrics` renders, and (exclusive) while a source
+    /// changes hands: see [`Leadership::rendering`].
+    gate: RwLock<()>,
 }
 
 impl Leadership {
     /// Registers a source as standing by.
     pub fn register(&self, source: &str) {
+        let _changing = self.gate.write().unwrap_or_else(|e| e.into_inner());
         lock(&self.all).insert(source.to_string());
         metrics::gauge!(metric::SOURCE_LEADER, "source" => source.to_string()).set(0.0);
     }
 
     /// Records whether this agent owns `source` (`false`: another agent does).
     pub fn set(&self, source: &str, leader: bool) {
+        let _changing = self.gate.write().unwrap_or_else(|e| e.into_inner());
         if leader {
             lock(&self.led).insert(source.to_string());
             lock(&self.contending).remove(source);
@@ -82,9 +87,19 @@ impl Leadership {
     /// Records that nobody can be seen to own `source`: its database cannot be
     /// reached. Its `inboxwatch_source_up 0` stays visible.
     pub fn set_contending(&self, source: &str) {
+        let _changing = self.gate.write().unwrap_or_else(|e| e.into_inner());
         lock(&self.led).remove(source);
         lock(&self.contending).insert(source.to_string());
         metrics::gauge!(metric::SOURCE_LEADER, "source" => source.to_string()).set(0.0);
+    }
+
+    /// Runs `render` with the sources this agent stands by for and those out
+    /// of its reach, while none changes hands: the leader gauges it renders
+    /// agree with them. (Read apart, a handover between the two reads showed
+    /// a source with its gauge at 0 and every series of it.)
+    pub fn rendering<T>(&self, render: impl FnOnce() -> T) -> (T, Vec<String>, Vec<String>) {
+        let _rendering = self.gate.read().unwrap_or_else(|e| e.into_inner());
+        (render(), self.standing_by(), self.contending())
     }
 
     /// How many sources this agent owns.
@@ -381,6 +396,10 @@ pub async fn elect<L: Lock>(
                     held = true;
                     // A request to give the source up made before this term is stale.
                     health.take_yield(&source);
+                    // Down until a poll of this term succeeds: an earlier term's
+                    // last poll says nothing of this one (the first term starts
+                    // at 0 too).
+                    metrics::gauge!(metric::SOURCE_UP, "source" => source.clone()).set(0.0);
                     leadership.set(&source, true);
                     let _ = leader.send(Some(true));
                     info!(source = %source, "Took the source's lock; exporting it.");

@@ -230,9 +230,8 @@ pub struct StatusReport {
 /// What `/metrics` renders now: the recorder and the snapshots, without the
 /// sources another agent owns.
 pub fn exposition(state: &AppState) -> String {
-    let standing_by = state.leadership.standing_by();
-    let contending = state.leadership.contending();
-    let mut text = hide_standby(state.metrics.render(), &standing_by, &contending);
+    let (rendered, standing_by, contending) = state.leadership.rendering(|| state.metrics.render());
+    let mut text = hide_standby(rendered, &standing_by, &contending);
     snapshot::render(&mut text, &[standing_by, contending].concat());
     text
 }

@@ -332,7 +332,7 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Gauge,
         None,
         S,
-        "1 when the source's last poll succeeded, 0 when it failed.",
+        "1 when the source's last poll succeeded, 0 when it failed; 0 too from the moment an agent takes the source (a start or a handover) until its first poll of that term succeeds.",
     ),
     def(
         SOURCE_INFO,
