@@ -21,6 +21,8 @@
 //! `cursor = "none"` (docs/metrics.md).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering as Atomic};
 use std::time::Duration;
 
 use super::checks::{Expectations, Tol};
@@ -44,6 +46,10 @@ pub const LATE_SPACING_MS: i64 = 1500;
 /// How far behind the newest rows the agent has read a late commit must be to be
 /// caught only by the overlap window (the agent's ordinary look-back is 1 s).
 pub const LATE_BEHIND_MS: i64 = 2100;
+/// The longest a late transaction is held waiting for another writer to commit a
+/// row `LATE_BEHIND_MS` newer than its times (a loaded machine can slow the others
+/// past `LATE_MS`): its commit stays well inside the 10 s overlap window.
+const LATE_MAX_MS: i64 = 6000;
 /// Without an attempts column the agent counts a failed attempt only when it sees a row
 /// move into failed: each failed state, and the processing state before it, lasts at
 /// least this long — more than six 300 ms polls — so that every poll-to-poll gap
@@ -661,25 +667,31 @@ impl ShapeWorkload {
             self.layout.shape, self.events, self.workers, self.seed
         );
         let mut handles = Vec::new();
+        let newest = Arc::new(AtomicI64::new(i64::MIN));
         for w in 0..self.workers {
             let cfg = self.clone();
             let target = target.clone();
-            handles.push(tokio::spawn(
-                async move { writer(w, cfg, target, clock).await },
-            ));
+            let newest = newest.clone();
+            handles.push(tokio::spawn(async move {
+                writer(w, cfg, target, clock, newest).await
+            }));
         }
         let mut truth = ShapeTruth {
             layout: self.layout.clone(),
             records: Vec::new(),
             base_ms: clock.base(),
             late_writes: 0,
+            late_commits: Vec::new(),
             ghosts: 0,
         };
         for h in handles {
-            let (records, late, ghosts) = h.await.expect("a shape workload writer panicked");
-            truth.records.extend(records);
-            truth.late_writes += late;
-            truth.ghosts += ghosts;
+            let wr = h.await.expect("a shape workload writer panicked");
+            truth.records.extend(wr.slots.into_iter().map(|s| s.rec));
+            truth.late_writes += wr.late_writes;
+            truth
+                .late_commits
+                .extend(wr.late_commits.into_iter().map(|(t, c)| (wr.w, t, c)));
+            truth.ghosts += wr.ghosts;
         }
         truth
     }
@@ -702,6 +714,11 @@ struct Writer {
     slots: Vec<Slot>,
     active: Vec<usize>,
     late_writes: usize,
+    /// Each late transaction's times and when it committed (SQLite: was written).
+    late_commits: Vec<(i64, i64)>,
+    /// The newest time any writer has written and committed outside a late
+    /// transaction: what a late transaction waits to be behind.
+    newest: Arc<AtomicI64>,
     ghosts: usize,
 }
 
@@ -747,6 +764,9 @@ impl Writer {
             rec.insert_stmt(l, self.target.dialect, &self.target.table),
         )
         .await;
+        if !late {
+            self.newest.fetch_max(t, Atomic::SeqCst);
+        }
         let ready_at = t + hold_ms(l, None, plan.front().copied(), &mut self.rng);
         let i = self.slots.len();
         if !plan.is_empty() {
@@ -796,19 +816,37 @@ impl Writer {
         run_stmt(&mut self.conn, stmt).await;
         if late {
             self.late_writes += 1;
+        } else {
+            self.newest.fetch_max(t, Atomic::SeqCst);
         }
     }
 
     /// A late transaction. PostgreSQL and MariaDB: BEGIN, rows received at `t`,
     /// completions at `t` of rows waiting for their final step, and whole lives from
     /// `t` on (received, attempted, finished inside the transaction), committed
-    /// `LATE_MS` later while the other writers go on, so that every time it wrote is
-    /// older than rows the agent has already read. SQLite (a held write lock would
-    /// stop every other writer): the same writes stamped `LATE_MS` in the past.
+    /// `LATE_MS` later — and not before another writer has committed a row
+    /// `LATE_BEHIND_MS` newer — while the other writers go on, so that every time it
+    /// wrote is older than rows the agent has already read. SQLite (a held write lock
+    /// would stop every other writer): the same writes stamped `LATE_MS` in the past,
+    /// once another writer has committed a row `LATE_BEHIND_MS` newer than that.
     async fn late_batch(&mut self) {
         let hold = self.target.dialect != Dialect::Sqlite;
+        if !hold {
+            let start = self.clock.now();
+            while self.clock.now() - start < LATE_MAX_MS - LATE_MS {
+                let now = self.clock.now();
+                let newest = self.newest.load(Atomic::SeqCst);
+                if newest > now - LATE_MS + LATE_BEHIND_MS && newest < now - 50 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         let now = self.clock.now();
         let t = if hold { now } else { now - LATE_MS };
+        if !hold {
+            self.late_commits.push((t, now));
+        }
         if hold {
             self.conn
                 .raw("BEGIN")
@@ -855,6 +893,15 @@ impl Writer {
         self.active.retain(|&i| !slots[i].plan.is_empty());
         if hold {
             tokio::time::sleep(Duration::from_millis(LATE_MS as u64)).await;
+            // Held on until another writer's newer row is committed and 50 ms old.
+            while self.clock.now() - t < LATE_MAX_MS {
+                let newest = self.newest.load(Atomic::SeqCst);
+                if newest > t + LATE_BEHIND_MS && newest < self.clock.now() - 50 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            self.late_commits.push((t, self.clock.now()));
             self.conn
                 .raw("COMMIT")
                 .await
@@ -893,7 +940,8 @@ async fn writer(
     cfg: ShapeWorkload,
     target: Target,
     clock: Clock,
-) -> (Vec<Record>, usize, usize) {
+    newest: Arc<AtomicI64>,
+) -> Writer {
     let quota = cfg.events / cfg.workers + usize::from(w < cfg.events % cfg.workers);
     let rng =
         fastrand::Rng::with_seed(cfg.seed ^ (w as u64 + 7).wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -916,6 +964,8 @@ async fn writer(
         slots: Vec::with_capacity(quota),
         active: Vec::new(),
         late_writes: 0,
+        late_commits: Vec::new(),
+        newest,
         ghosts: 0,
     };
     let mut next_create = clock.now();
@@ -973,11 +1023,7 @@ async fn writer(
         let wait = (wake - now).clamp(1, 20) as u64;
         tokio::time::sleep(Duration::from_millis(wait)).await;
     }
-    (
-        wr.slots.into_iter().map(|s| s.rec).collect(),
-        wr.late_writes,
-        wr.ghosts,
-    )
+    wr
 }
 
 /// Rows that exist before the agent starts, received long before it: never counted,
@@ -1053,6 +1099,9 @@ pub struct ShapeTruth {
     pub base_ms: i64,
     /// Writes in late transactions (or stamped in the past on SQLite).
     pub late_writes: usize,
+    /// Each late transaction: its writer, its times and when it committed (on
+    /// SQLite: when its rows stamped in the past were written).
+    pub late_commits: Vec<(usize, i64, i64)>,
     /// Rows inserted and deleted inside one transaction (never visible).
     pub ghosts: usize,
 }
@@ -1284,30 +1333,44 @@ impl ShapeTruth {
         // A late transaction is late only if the agent read newer rows before it
         // committed: other writers wrote (and committed) rows more than
         // LATE_BEHIND_MS newer than its times while it was held (or, on SQLite,
-        // before its rows stamped in the past were written).
-        let mut batches: Vec<(usize, i64)> = self
-            .records
-            .iter()
-            .filter(|r| r.states[0].late)
-            .map(|r| (r.writer, r.received_ms))
-            .collect();
-        batches.sort_unstable();
-        batches.dedup();
-        for (w, t) in batches {
+        // before its rows stamped in the past were written) — and it committed
+        // inside the overlap window.
+        for &(w, t, commit) in &self.late_commits {
             let newer = self
                 .records
                 .iter()
                 .filter(|o| o.writer != w)
                 .flat_map(|o| &o.states)
-                .filter(|s| !s.late && s.at_ms > t + LATE_BEHIND_MS && s.at_ms < t + LATE_MS - 50)
+                .filter(|s| !s.late && s.at_ms > t + LATE_BEHIND_MS && s.at_ms < commit - 50)
                 .count();
             if newer == 0 {
                 out.push(format!(
-                    "late transaction of writer {w} at {t}: no other writer wrote between {} and {} ms later, so its commit is not late",
+                    "late transaction of writer {w} at {t}: no other writer wrote between {} ms \
+                     later and 50 ms before its commit {} ms later, so its commit is not late",
                     LATE_BEHIND_MS,
-                    LATE_MS - 50
+                    commit - t
                 ));
             }
+            if commit - t > LATE_MAX_MS + 1000 {
+                out.push(format!(
+                    "late transaction of writer {w} at {t}: committed {} ms later, past the \
+                     {LATE_MAX_MS} ms it may be held",
+                    commit - t
+                ));
+            }
+        }
+        let batches = self
+            .records
+            .iter()
+            .filter(|r| r.states[0].late)
+            .map(|r| (r.writer, r.received_ms))
+            .collect::<std::collections::BTreeSet<_>>();
+        if batches.len() > self.late_commits.len() {
+            out.push(format!(
+                "{} late batches wrote rows, {} committed",
+                batches.len(),
+                self.late_commits.len()
+            ));
         }
         out
     }
