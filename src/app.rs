@@ -91,9 +91,17 @@ impl Agent {
         );
         let journal = rt.journal.clone();
         let config = Arc::new(config);
+        // What each poll of a source reads follows from its configuration:
+        // said once at start, and kept for the status page and API.
+        let mut reads = Vec::with_capacity(config.sources.len());
         for spec in config.sources.iter().cloned() {
             leadership.register(spec.name());
             health.register(spec.name());
+            let source_reads = spec.reads();
+            if let Some(r) = &source_reads {
+                info!(source = %spec.name(), "{r}");
+            }
+            reads.push(source_reads);
             spec.start(&mut rt)?;
         }
         let (tasks, linker, owned_outright) = rt.finish();
@@ -109,6 +117,7 @@ impl Agent {
             stopping: cancel.clone(),
             config: config.clone(),
             journal,
+            reads: Arc::new(reads),
             history: http::status::History::started_now(),
             lookups: Arc::new(tokio::sync::Semaphore::new(http::pages::LOOKUPS_AT_ONCE)),
         };

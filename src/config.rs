@@ -470,6 +470,44 @@ table = "inbox"
         assert_eq!(cfg.http, HttpLimits::default());
     }
 
+    /// Guards `full_read_timeout`: 5 m by default, never below `timeout`, and
+    /// refused by key when written below it.
+    #[test]
+    fn full_read_timeout_defaults_to_5m_and_is_at_least_the_timeout() {
+        let table = |text: &str| {
+            let SourceSpec::Inbox(s) = &check(text).expect("valid").sources[0] else {
+                panic!("expected an inbox source")
+            };
+            (s.table.timeout, s.table.full_read_timeout)
+        };
+        let secs = Duration::from_secs;
+        assert_eq!(table(MINIMAL), (secs(5), secs(300)));
+        assert_eq!(
+            table(&format!("{MINIMAL}timeout = \"10m\"\n")),
+            (secs(600), secs(600))
+        );
+        assert_eq!(
+            table(&format!("{MINIMAL}full_read_timeout = \"30s\"\n")),
+            (secs(5), secs(30))
+        );
+        let err = check(&format!(
+            "{MINIMAL}timeout = \"1m\"\nfull_read_timeout = \"30s\"\n"
+        ))
+        .expect_err("invalid");
+        let problems: Vec<(&str, &str)> = err
+            .problems
+            .iter()
+            .map(|p| (p.key.as_str(), p.message.as_str()))
+            .collect();
+        assert_eq!(
+            problems,
+            vec![(
+                "sources[0].full_read_timeout",
+                "must be at least the timeout (1m)"
+            )]
+        );
+    }
+
     /// Guards `attempts_count`: a column of failed attempts (.NET CAP's `Retries`) is
     /// read as attempts started by adding the attempt under way or the one that
     /// succeeded; a bad word, or the key without an attempts column, is named.

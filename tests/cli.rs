@@ -1419,10 +1419,13 @@ async fn schema_config_prints_the_indexes_that_rules_and_watermarks_need() {
         );
     }
     assert!(
-        after
-            .stdout
-            .contains("re-reads every unfinished row: 500 unfinished rows now"),
-        "the doctor counts the unfinished rows the rules select:\n{}",
+        after.stdout.contains(
+            "and every unfinished row, O(backlog) (status_rules: a row's meaning can \
+                       change with the clock or any column): 500 unfinished rows now, read on \
+                       every poll"
+        ),
+        "the doctor counts the unfinished rows the rules select, and says why each poll \
+         reads them:\n{}",
         after.describe()
     );
     assert_eq!(after.code, Some(0), "{}", after.describe());

@@ -11,6 +11,7 @@ mod kafka_support;
 
 mod actions;
 mod alerting;
+mod backlog_growth;
 mod cli;
 mod config_effects;
 mod coordination;

@@ -48,6 +48,9 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Recent failed events' attempts, for `/events/{id}`.
     pub journal: crate::journal::Journal,
+    /// What each poll of each source reads ([`crate::sources::SourceSpec::reads`]),
+    /// in the order of `config.sources`.
+    pub reads: Arc<Vec<Option<String>>>,
     /// The last hour of the status page's numbers.
     pub history: status::History,
     /// Turns to read the databases for the pages ([`pages::LOOKUPS_AT_ONCE`]).

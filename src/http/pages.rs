@@ -215,6 +215,9 @@ pub struct SourceStatus {
     pub error: Option<String>,
     /// This agent polls the source (false: another agent owns it).
     pub leader: bool,
+    /// What each poll reads, with the mode (`cursor = "none": …`); null for
+    /// sources that read no table.
+    pub reads: Option<String>,
     /// What `/metrics` says of it now; none on standby.
     pub numbers: Option<Numbers>,
     /// The last hour, one value per sample and the current one last (null where absent).
@@ -242,7 +245,7 @@ pub fn status_report(state: &AppState) -> StatusReport {
     let health = state.health.snapshot();
     let standing_by = state.leadership.standing_by();
     let mut sources = Vec::new();
-    for spec in state.config.sources.iter() {
+    for (spec, reads) in state.config.sources.iter().zip(state.reads.iter()) {
         let name = spec.name().to_string();
         let h = health.get(&name).cloned().unwrap_or_default();
         let standby = h.standby || standing_by.contains(&name);
@@ -276,6 +279,7 @@ pub fn status_report(state: &AppState) -> StatusReport {
             state: st,
             error: h.error.clone(),
             leader: !standby,
+            reads: reads.clone(),
             numbers: n,
             history,
             name,
@@ -325,6 +329,13 @@ pub async fn status_page(State(state): State<AppState>) -> Response {
                 "standby: another agent owns it"
             }
         );
+        if let Some(r) = &s.reads {
+            let _ = write!(
+                body,
+                "<p class=\"muted\" data-field=\"reads\">{}</p>",
+                escape(r)
+            );
+        }
         if let Some(n) = &s.numbers {
             body.push_str(&numbers_table(s, n));
         }

@@ -96,6 +96,13 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
         async { Ok(None) }
     }
 
+    /// What each poll reads, in words, with the mode (`cursor = "none": …`),
+    /// for `run`'s start line, `doctor`, the status card and API; `None`
+    /// for sources that read no table.
+    fn reads(&self) -> Option<String> {
+        None
+    }
+
     /// The indexes the source's queries need, as DDL in its dialect
     /// (`schema --config`); `None` for sources that read no table.
     fn indexes(&self) -> Option<String> {

@@ -108,6 +108,11 @@ macro_rules! kinds {
                 match self { $(SourceSpec::$variant(s) => s.doctor().await,)+ }
             }
 
+            /// What each poll reads, with the mode; `None` without a table.
+            pub fn reads(&self) -> Option<String> {
+                match self { $(SourceSpec::$variant(s) => s.reads(),)+ }
+            }
+
             /// The indexes the source's queries need, as DDL.
             pub fn indexes(&self) -> Option<String> {
                 match self { $(SourceSpec::$variant(s) => s.indexes(),)+ }

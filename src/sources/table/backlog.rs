@@ -53,6 +53,12 @@ impl Unfinished {
         (self.born != NONE).then_some(self.born)
     }
 
+    /// The status index: 0 pending (an outbox's unpublished), 1 processing,
+    /// 2 failed.
+    pub fn class(&self) -> usize {
+        usize::from(self.class)
+    }
+
     /// The start of a row in processing, if it had one.
     pub fn started(&self) -> Option<i64> {
         (self.stuck_from != NONE).then_some(self.stuck_from)

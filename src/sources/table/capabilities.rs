@@ -476,10 +476,18 @@ pub(crate) fn suggestions(spec: Shape<'_>, present: &[(String, String)]) -> Vec<
                 out.push(format!("{meaning} is not mapped (no column looks like it)"));
             }
         } else if meaning == "updated_at" {
+            let first = present
+                .iter()
+                .map(|(c, _)| c)
+                .find(|c| like.iter().any(|l| l.starts_with(&format!("\"{c}\""))))
+                .map_or("…", |c| c.as_str());
             out.push(format!(
-                "updated_at is not mapped; looks like it: {} — map it only if the consumer sets it \
-                 on every change of a row (claim, failure, retry); most libraries' updated_at \
-                 is not, and cursor = \"none\" is then the right mode",
+                "updated_at is not mapped; looks like it: {} — if the consumer sets it on every \
+                 change of a row (claim, failure, retry), columns.updated_at = \"{first}\" \
+                 (cursor = \"updated_at\") makes each poll read only the rows changed since the \
+                 last one: no tails of the time columns, no look-ups of the rows in flight, and \
+                 no re-read of the unfinished rows; most libraries' updated_at is not set on \
+                 every change, and cursor = \"none\" is then the right mode",
                 like.join(", ")
             ));
         } else if ONLY_IF_LIKELY.contains(&meaning) {

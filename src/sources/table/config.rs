@@ -39,6 +39,9 @@ pub struct RawTable {
     pub overlap: Option<String>,
     /// Statement timeout of one poll (default: the poll interval, at least 1s).
     pub timeout: Option<String>,
+    /// Time limit of a poll that reads every unfinished row: the first, and a
+    /// full reconcile (default `5m`, at least `timeout`).
+    pub full_read_timeout: Option<String>,
     /// Sliding window of the quantile gauges (default `5m`).
     pub quantile_window: Option<String>,
     /// How long the state of a finished event is remembered to count late duplicates (default `15m`).
@@ -230,6 +233,8 @@ pub struct TableSpec {
     pub poll_interval: Duration,
     pub overlap: Duration,
     pub timeout: Duration,
+    /// At least `timeout`.
+    pub full_read_timeout: Duration,
     pub quantile_window: Duration,
     pub state_retention: Duration,
     pub reconcile_every: Duration,
@@ -746,6 +751,20 @@ pub(crate) fn table_spec(
             "must be greater than zero".into(),
         );
     }
+    let full_read_timeout = v.duration(
+        &format!("{key}.full_read_timeout"),
+        raw.full_read_timeout.as_deref(),
+        Duration::from_secs(300),
+    );
+    if raw.full_read_timeout.is_some() && full_read_timeout < timeout {
+        v.problem(
+            &format!("{key}.full_read_timeout"),
+            format!(
+                "must be at least the timeout ({})",
+                humantime::format_duration(timeout)
+            ),
+        );
+    }
     let quantile_window = v.duration(
         &format!("{key}.quantile_window"),
         raw.quantile_window.as_deref(),
@@ -862,6 +881,7 @@ pub(crate) fn table_spec(
         poll_interval,
         overlap,
         timeout,
+        full_read_timeout: full_read_timeout.max(timeout),
         quantile_window,
         state_retention,
         reconcile_every,

@@ -280,15 +280,13 @@ impl Sql {
         }
     }
 
-    /// Statements run once on every new connection: UTC, read-only
-    /// transactions, and the statement timeout.
-    pub fn session_setup(&self, timeout: Duration) -> Vec<String> {
-        let ms = timeout.as_millis().max(1);
+    /// Statements run once on every new connection: UTC and read-only
+    /// transactions (the statement timeout: [`Sql::statement_timeout`]).
+    pub fn session_setup(&self) -> Vec<String> {
         match self.dialect {
             Dialect::Postgres => vec![
                 "SET TIME ZONE 'UTC'".into(),
                 "SET application_name = 'inboxwatch'".into(),
-                format!("SET statement_timeout = {ms}"),
                 "SET SESSION CHARACTERISTICS AS TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
                     .into(),
             ],
@@ -297,6 +295,19 @@ impl Sql {
                 "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY".into(),
             ],
             Dialect::Sqlite => vec![],
+        }
+    }
+
+    /// Settings a server may not have, each tried once and skipped when it
+    /// is refused. PostgreSQL 12 and later: every prepared statement of the
+    /// session planned once (a generic plan). A poll runs the same dozen
+    /// statements with new bounds each time, and re-planning them cost as
+    /// much database time as running them (docs/performance.md); their
+    /// generic plans are the index range scans the bounds ask for.
+    pub fn optional_setup(&self) -> Vec<String> {
+        match self.dialect {
+            Dialect::Postgres => vec!["SET plan_cache_mode = force_generic_plan".into()],
+            Dialect::MySql | Dialect::Sqlite => vec![],
         }
     }
 
@@ -313,6 +324,18 @@ impl Sql {
                     timeout.as_millis().max(1)
                 ),
             ],
+            _ => vec![],
+        }
+    }
+
+    /// The statement timeout of a PostgreSQL session (elsewhere: see
+    /// [`Sql::statement_timeout_variants`]).
+    pub fn statement_timeout(&self, timeout: Duration) -> Vec<String> {
+        match self.dialect {
+            Dialect::Postgres => vec![format!(
+                "SET statement_timeout = {}",
+                timeout.as_millis().max(1)
+            )],
             _ => vec![],
         }
     }

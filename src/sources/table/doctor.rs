@@ -6,7 +6,7 @@ use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
 use super::capabilities;
-use super::config::{Cursor, FinishedRows, InboxSpec, OutboxSpec, Status, TableSpec};
+use super::config::{InboxSpec, OutboxSpec, Status, TableSpec};
 use super::dialect::{Param, Sql};
 use super::schema::create_index;
 use super::{TableKind, TableSource};
@@ -263,27 +263,8 @@ async fn describe_mode<K: TableKind>(
 ) -> Vec<Finding> {
     let table = spec.table();
     let mut out = Vec::new();
-    let mode = match (table.cursor, table.finished_rows) {
-        (Cursor::Events, _) => format!(
-            "cursor = \"events\": each poll reads the events of {} added since the last one \
-             (re-reading the overlap window's), and re-reads every unfinished row for the gauges",
-            table.events.as_ref().map_or("the log", |e| e.table.as_str())
-        ),
-        (Cursor::UpdatedAt, FinishedRows::Kept) => {
-            "cursor = \"updated_at\": each poll reads the rows changed since the last one".to_string()
-        }
-        (Cursor::None, FinishedRows::Kept) => {
-            "cursor = \"none\": each poll reads the rows that arrived or finished since the last one, \
-             and re-reads every unfinished row"
-                .to_string()
-        }
-        (cursor, FinishedRows::Deleted) => format!(
-            "cursor = \"{}\", finished_rows = \"deleted\": each poll re-reads every unfinished row \
-             and looks up the ones that left them",
-            cursor.as_str()
-        ),
-    };
-    if table.rereads_unfinished() {
+    let mode = source.reads();
+    if source.rereads_every_poll() {
         let count = format!(
             "SELECT COUNT(*) FROM {} WHERE {}",
             sql.table(&table.table),
@@ -294,9 +275,9 @@ async fn describe_mode<K: TableKind>(
             .await
         {
             Ok(n) => out.push(Finding::Ok(format!(
-                "{mode}: {n} unfinished rows now, read on every poll (O(backlog); \
-                 over max_tracked_events = {} the gauges come from an aggregate and \
-                 rows that leave are not looked up)",
+                "{mode}: {n} unfinished rows now, read on every poll (over \
+                 max_tracked_events = {} the gauges come from an aggregate and rows that \
+                 leave are not looked up)",
                 table.max_tracked_events
             ))),
             Err(e) => out.push(Finding::Error(format!(

@@ -29,11 +29,13 @@ use std::time::{Duration, Instant};
 use sqlx::any::AnyRow;
 
 use super::backlog::{GaugeMap, Unfinished};
-use super::config::{Cursor, InboxSpec, Status};
+use super::config::{Cursor, FinishedRows, InboxSpec, Status};
 use super::dialect::{OUT_OF_RANGE, Sql};
 use super::ordering::Ordering;
 use super::state::{Entry, Flags, Tracked};
-use super::{MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, get_time, key_of};
+use super::{
+    Incremental, MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, get_time, key_of,
+};
 use crate::journal::{Attempt as JournalAttempt, Journal, Outcome};
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::labels::LabelCap;
@@ -1098,12 +1100,52 @@ impl TableKind for Inbox {
             (Cursor::Events, _) => Vec::new(),
             _ => {
                 let mut out = vec![(c.received_at.clone(), 3)];
+                // Starts are tailed when the in-flight rows are looked up
+                // instead of every unfinished row re-read.
+                if let (Some(s), Some(_)) = (&c.started_at, self.incremental()) {
+                    out.push((s.clone(), 4));
+                }
                 if let Some(f) = &c.finished_at {
                     out.push((f.clone(), 5));
                 }
                 out
             }
         }
+    }
+
+    /// Without a change cursor a row with a status column, a start and a
+    /// finish time changes where no time column shows it only while in
+    /// flight (failing, going back to pending, redelivered): arrivals, starts
+    /// and completions are tailed, the rows in flight looked up. Status rules
+    /// (whose meaning can change with the clock or any column), deleted rows
+    /// (a row that leaves leaves no time) and a missing start or finish time
+    /// keep the re-read of every unfinished row.
+    fn why_every_unfinished_row(&self) -> Option<String> {
+        let t = &self.spec.table;
+        let c = &self.spec.columns;
+        let why = if t.finished_rows == FinishedRows::Deleted {
+            "a row deleted when it finishes leaves no time to tail"
+        } else if self.spec.words_only().is_none() {
+            "status_rules: a row's meaning can change with the clock or any column"
+        } else if c.started_at.is_none() {
+            "no started_at: a start cannot be tailed"
+        } else if c.finished_at.is_none() {
+            "no finished_at: a completion cannot be tailed"
+        } else {
+            return None;
+        };
+        Some(why.to_string())
+    }
+
+    fn incremental(&self) -> Option<Incremental> {
+        let t = &self.spec.table;
+        let eligible = t.cursor == Cursor::None
+            && t.events.is_none()
+            && self.why_every_unfinished_row().is_none();
+        eligible.then(|| Incremental {
+            started: Some(4),
+            horizon: t.overlap.max(self.spec.stuck_after),
+        })
     }
 
     fn event_id(&self) -> &str {

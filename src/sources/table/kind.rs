@@ -107,6 +107,11 @@ macro_rules! table_kind {
                 true
             }
 
+            fn reads(&self) -> Option<String> {
+                let source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
+                Some(source.reads())
+            }
+
             fn indexes(&self) -> Option<String> {
                 let source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
                 Some(doctor::indexes(&source, $shape(self)))

@@ -122,6 +122,17 @@ pub trait TableKind: Send + 'static {
     /// list: the change cursor (`updated_at`), or without one the arrival
     /// and finish times.
     fn cursors(&self) -> Vec<(String, usize)>;
+    /// Without a change cursor, whether a poll may read only what can have
+    /// changed instead of every unfinished row ([`Incremental`]); `None`
+    /// when the shape lets a row change where no time column shows it.
+    fn incremental(&self) -> Option<Incremental> {
+        None
+    }
+    /// Without [`TableKind::incremental`], why every unfinished row is
+    /// re-read on every poll, for [`TableSource::reads`].
+    fn why_every_unfinished_row(&self) -> Option<String> {
+        None
+    }
     /// The event id column: the keyset of the scan for NULL change cursors
     /// and the key rows that left the unfinished ones are looked up by.
     fn event_id(&self) -> &str;
@@ -169,6 +180,27 @@ pub trait TableKind: Send + 'static {
     fn flush(&mut self, gauges: &GaugeMap, db_now: i64, now: Instant);
 }
 
+/// Without a change cursor, the reads that replace re-reading every
+/// unfinished row on every poll. The time columns are tailed (arrivals,
+/// starts, completions: [`TableKind::cursors`]); a row that can change
+/// without moving one of them is one in flight — in `processing` or `failed`
+/// since a start within the last `max(overlap, stuck_after)` — and those are
+/// looked up by id on every poll ([`TableSource::look_up_in_flight`]). What
+/// neither shows (a row deleted or re-driven, a status moved by hand, a
+/// stuck row that fails) is caught by the reconcile of the kept backlog
+/// every `reconcile_every`, which re-reads and counts every unfinished row
+/// when the count (or, every tenth time, the aggregate) differs.
+#[derive(Debug, Clone, Copy)]
+pub struct Incremental {
+    /// The start time's place in the select list; `None` when nothing is
+    /// ever in flight (an outbox row is unpublished or published).
+    pub started: Option<usize>,
+    /// How long after its start a row in flight is looked up on every poll:
+    /// `max(overlap, stuck_after)`; later it is stuck, and its changes show
+    /// when it starts or finishes again, or at the reconcile.
+    pub horizon: Duration,
+}
+
 /// A table source: connection, cursor and the poll transaction.
 pub struct TableSource<K: TableKind> {
     spec: TableSpec,
@@ -201,12 +233,17 @@ pub struct TableSource<K: TableKind> {
     last_reconcile: Option<Instant>,
     /// Reconciles since the last full one (see [`FULL_RECONCILE_EVERY`]).
     cheap_reconciles: u32,
+    /// The next poll is a full reconcile ([`TableSource::kept_gauges`]).
+    full_due: bool,
     /// Rows whose change cursor is NULL, which the tail cannot see.
     nulls: NullScan,
     /// Re-reading the unfinished rows on every poll: which were read.
     unfinished: Reread,
     /// `cursor = "events"`: the tail of the events log.
     events: Option<events::EventsTail>,
+    /// Without a change cursor: the reads that replace the re-read of every
+    /// unfinished row, when the shape allows them.
+    incremental: Option<Incremental>,
 }
 
 /// The scan for rows with a NULL change cursor, a page per sweep: each such
@@ -232,6 +269,9 @@ struct Reread {
     pass: u64,
     /// Keys the tail read in the current poll.
     tailed: HashSet<u64>,
+    /// [`Incremental`]: the rows in flight (their last read showed them
+    /// unfinished and not pending) by key, with their start.
+    in_flight: HashMap<u64, i64>,
 }
 
 #[derive(Debug)]
@@ -313,6 +353,7 @@ impl<K: TableKind> TableSource<K> {
             dialect: spec.dsn.dialect(),
         };
         let cursors = kind.cursors().len();
+        let incremental = kind.incremental().filter(|_| spec.rereads_unfinished());
         let events = spec.events.clone().map(|spec| events::EventsTail {
             spec,
             window: events::IdWindow::default(),
@@ -333,9 +374,11 @@ impl<K: TableKind> TableSource<K> {
             late: (0..cursors).map(|_| LateReads::default()).collect(),
             last_reconcile: None,
             cheap_reconciles: 0,
+            full_due: false,
             nulls: NullScan::default(),
             unfinished: Reread::default(),
             events,
+            incremental,
         }
     }
 
@@ -465,7 +508,7 @@ impl<K: TableKind> TableSource<K> {
             ));
         }
         let seed = self.seed_query();
-        if self.spec.rereads_unfinished() {
+        if self.rereads_every_poll() {
             out.push(("unfinished rows".into(), seed, false));
         } else {
             out.push(("gauges".into(), self.kind.gauge_query(&self.sql, 0), false));
@@ -475,6 +518,62 @@ impl<K: TableKind> TableSource<K> {
             out.push(("parked rows".into(), parked, false));
         }
         out
+    }
+
+    /// Whether every poll re-reads every unfinished row: without a change
+    /// cursor (or with deleted rows) when the shape allows no [`Incremental`].
+    pub fn rereads_every_poll(&self) -> bool {
+        self.spec.rereads_unfinished() && self.incremental.is_none()
+    }
+
+    /// What each poll reads, in words, for `run`'s start line, `doctor` and
+    /// the status API: the mode first (`cursor = "none": …`).
+    pub fn reads(&self) -> String {
+        let mut tails: Vec<String> = self.kind.cursors().into_iter().map(|(c, _)| c).collect();
+        let last = tails.pop().unwrap_or_default();
+        let tails = if tails.is_empty() {
+            last
+        } else {
+            format!("{} or {last}", tails.join(", "))
+        };
+        let every = humantime::format_duration(self.spec.reconcile_every);
+        let mut mode = format!("cursor = \"{}\"", self.spec.cursor.as_str());
+        if self.spec.finished_rows == FinishedRows::Deleted {
+            mode.push_str(", finished_rows = \"deleted\"");
+        }
+        if let Some(tail) = &self.events {
+            return format!(
+                "{mode}: each poll reads the events of {} added since the last one, and every \
+                 unfinished row for the gauges",
+                tail.spec.table
+            );
+        }
+        if self.rereads_every_poll() {
+            let why = self
+                .kind
+                .why_every_unfinished_row()
+                .map_or(String::new(), |w| format!(" ({w})"));
+            return format!(
+                "{mode}: each poll reads the rows whose {tails} passed its watermark, and every \
+                 unfinished row, O(backlog){why}"
+            );
+        }
+        match self.incremental {
+            Some(i) => format!(
+                "{mode}: each poll reads the rows whose {tails} passed its watermark{}; every \
+                 unfinished row only when the reconcile every {every} finds the kept backlog \
+                 differs",
+                if i.started.is_some() {
+                    ", and looks up the rows in flight by id"
+                } else {
+                    ""
+                },
+            ),
+            None => format!(
+                "{mode}: each poll reads the rows whose {tails} passed its watermark; the \
+                 unfinished rows are counted every {every}"
+            ),
+        }
     }
 
     async fn poll_once(&mut self) -> Result<PollStats, SourceError> {
@@ -515,6 +614,16 @@ impl<K: TableKind> TableSource<K> {
     }
 
     async fn poll_on(&mut self, conn: &mut AnyConnection) -> Result<PollStats, SourceError> {
+        // A poll that reads every unfinished row (the first, a full
+        // reconcile) may take `full_read_timeout`: its statements too.
+        let full = self.full_due;
+        let limit = self.timeout();
+        let long = limit > self.spec.timeout;
+        if long {
+            set_statement_timeout(conn, self.sql, limit)
+                .await
+                .map_err(query_error)?;
+        }
         let mut tx = conn.begin().await.map_err(query_error)?;
         let now_row = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT {}, {}",
@@ -545,7 +654,7 @@ impl<K: TableKind> TableSource<K> {
         if baseline {
             self.kind.start(db_now);
         }
-        let rereads = self.spec.rereads_unfinished();
+        let rereads = self.rereads_every_poll();
         if baseline || rereads {
             rows_read += self.read_unfinished(&mut tx, baseline).await?;
         }
@@ -584,6 +693,9 @@ impl<K: TableKind> TableSource<K> {
         if rereads && !baseline && self.events.is_none() {
             rows_read += self.look_up_gone(&mut tx, db_now).await?;
         }
+        if self.incremental.is_some() && !baseline {
+            rows_read += self.look_up_in_flight(&mut tx, db_now).await?;
+        }
         let gauges = if rereads {
             self.unfinished.tailed.clear();
             if self.backlog.is_complete() {
@@ -592,7 +704,8 @@ impl<K: TableKind> TableSource<K> {
                 self.gauge_query(&mut tx, db_now).await?
             }
         } else {
-            let (gauges, n) = self.kept_gauges(&mut tx, db_now).await?;
+            let (gauges, n) = self.kept_gauges(&mut tx, db_now, full).await?;
+            self.unfinished.tailed.clear();
             rows_read += n;
             gauges
         };
@@ -604,6 +717,14 @@ impl<K: TableKind> TableSource<K> {
             self.kind.parked(&row).map_err(SourceError::Schema)?;
         }
         tx.commit().await.map_err(query_error)?;
+        if long {
+            set_statement_timeout(conn, self.sql, self.spec.timeout)
+                .await
+                .map_err(query_error)?;
+        }
+        if full {
+            self.full_due = false;
+        }
         self.kind.flush(&gauges, db_now, Instant::now());
         Ok(PollStats { rows_read })
     }
@@ -627,6 +748,10 @@ impl<K: TableKind> TableSource<K> {
         let mut n = 0usize;
         self.backlog.clear();
         while let Some(row) = rows.try_next().await.map_err(query_error)? {
+            // A read of many rows runs for seconds: each row takes from the
+            // task's budget, so that the other tasks of its thread (the HTTP
+            // server's) run in between.
+            tokio::task::consume_budget().await;
             n += 1;
             if !events {
                 self.kind
@@ -635,25 +760,8 @@ impl<K: TableKind> TableSource<K> {
             }
             let (key, unfinished) = self.kind.unfinished(&row).map_err(SourceError::Schema)?;
             self.backlog.update(key, unfinished);
-            if let Some(last) = unfinished.filter(|_| track) {
-                match self.unfinished.rows.get_mut(&key) {
-                    Some(seen) => {
-                        seen.pass = pass;
-                        seen.last = last;
-                    }
-                    None => {
-                        let id: Option<String> =
-                            get(&row, 0, "event_id").map_err(SourceError::Schema)?;
-                        self.unfinished.rows.insert(
-                            key,
-                            Seen {
-                                id: id.unwrap_or_default().into_boxed_str(),
-                                pass,
-                                last,
-                            },
-                        );
-                    }
-                }
+            if track && unfinished.is_some() {
+                self.track(&row, key, unfinished, pass)?;
             }
         }
         let all = n < self.spec.max_tracked_events;
@@ -662,6 +770,7 @@ impl<K: TableKind> TableSource<K> {
             // Over the cap the re-read is partial: which rows left cannot be
             // told from which were not read.
             self.unfinished.rows.clear();
+            self.unfinished.in_flight.clear();
         }
         self.last_reconcile = Some(Instant::now());
         Ok(n as u64)
@@ -728,14 +837,23 @@ impl<K: TableKind> TableSource<K> {
             )
             .fetch(&mut *tx);
             while let Some(row) = tied.try_next().await.map_err(query_error)? {
+                tokio::task::consume_budget().await;
                 rows_read += 1;
                 self.take(&row, w.baseline)?;
             }
             drop(tied);
             low = last;
         }
-        // A clock ahead of the database must not push the mark into the future.
-        self.highs[i] = Some(max_seen.min(w.db_now));
+        // A clock ahead of the database must not push the mark into the
+        // future; quiet after a burst, the mark follows the database's clock
+        // to `overlap` behind it, so that the look-back stops re-reading the
+        // burst's rows (on MySQL and SQLite every one of them, every poll)
+        // once they are older than any commit the window allows. A time
+        // written by a clock further behind the database's is a commit later
+        // than the window, as everywhere else.
+        let overlap = i64::try_from(self.spec.overlap.as_micros()).unwrap_or(i64::MAX);
+        let floor = w.db_now.saturating_sub(overlap);
+        self.highs[i] = Some(max_seen.max(floor).min(w.db_now));
         Ok(rows_read)
     }
 
@@ -781,6 +899,7 @@ impl<K: TableKind> TableSource<K> {
             }
             let mut rows = q.fetch(&mut *tx);
             while let Some(row) = rows.try_next().await.map_err(query_error)? {
+                tokio::task::consume_budget().await;
                 rows_read += 1;
                 self.take(&row, false)?;
             }
@@ -867,21 +986,41 @@ impl<K: TableKind> TableSource<K> {
             .map(|(k, s)| (*k, s.id.clone(), s.last))
             .collect();
         self.unfinished.rows.retain(|_, s| s.pass == pass);
-        let mut rows_read = 0u64;
+        let rows = &self.unfinished.rows;
+        self.unfinished
+            .in_flight
+            .retain(|k, _| rows.contains_key(k));
         let deleted = self.spec.finished_rows == FinishedRows::Deleted;
-        for chunk in left.chunks(LOOKUP_CHUNK) {
+        self.look_up(tx, &left, db_now, deleted).await
+    }
+
+    /// Looks up tracked rows by id: a row found is taken as it is, a row
+    /// gone from the table is gone for the kind (`deleted`: counted as a
+    /// completion) and forgotten as unfinished. Returns the rows read.
+    async fn look_up(
+        &mut self,
+        tx: &mut AnyConnection,
+        rows: &[(u64, Box<str>, Unfinished)],
+        db_now: i64,
+        deleted: bool,
+    ) -> Result<u64, SourceError> {
+        let mut rows_read = 0u64;
+        for chunk in rows.chunks(LOOKUP_CHUNK) {
             let ids: Vec<&str> = chunk.iter().map(|(_, id, _)| &**id).collect();
-            let rows = sqlx::query(sqlx::AssertSqlSafe(self.lookup_query(&ids)))
+            let found_rows = sqlx::query(sqlx::AssertSqlSafe(self.lookup_query(&ids)))
                 .fetch_all(&mut *tx)
                 .await
                 .map_err(query_error)?;
-            rows_read += rows.len() as u64;
+            rows_read += found_rows.len() as u64;
             let mut found = HashSet::new();
-            for row in &rows {
+            for row in &found_rows {
                 found.insert(self.take(row, false)?);
             }
             for (key, _, last) in chunk.iter().filter(|(k, _, _)| !found.contains(k)) {
                 self.kind.gone(*key, last, db_now, deleted);
+                self.backlog.update(*key, None);
+                self.unfinished.rows.remove(key);
+                self.unfinished.in_flight.remove(key);
             }
         }
         Ok(rows_read)
@@ -902,69 +1041,96 @@ impl<K: TableKind> TableSource<K> {
     }
 
     /// The gauges of a source that tails a change cursor: from the backlog
-    /// kept from the tailed rows, checked against the aggregate every
-    /// `reconcile_every` (and from the aggregate while the backlog is too
-    /// large to keep). Returns them and the rows read.
+    /// kept from the tailed rows, checked every `reconcile_every` (and from
+    /// the aggregate while the backlog is too large to keep). Returns them
+    /// and the rows read.
+    ///
+    /// The check is the count of unfinished rows; when it differs, and every
+    /// tenth time, the next poll is a full reconcile (`full`): the aggregate
+    /// over the unfinished rows, and when it differs from the backlog kept a
+    /// re-read of them. It reads every unfinished row, so it may take
+    /// `full_read_timeout` ([`Source::timeout`]) instead of `timeout`.
     async fn kept_gauges(
         &mut self,
         tx: &mut AnyConnection,
         db_now: i64,
+        full: bool,
     ) -> Result<(GaugeMap, u64), SourceError> {
         let stuck_before = self.kind.stuck_before(db_now);
         let due = self
             .last_reconcile
             .is_none_or(|t| t.elapsed() >= self.spec.reconcile_every);
-        if self.backlog.is_complete() && !due {
-            return Ok((self.backlog.gauges(stuck_before), 0));
-        }
-        if due && self.backlog.is_complete() && self.cheap_reconciles + 1 < FULL_RECONCILE_EVERY {
-            // The cheap check: the number of unfinished rows, which an index
-            // over them answers without visiting each (an index-only scan
-            // where the table's visibility map allows). A deleted row changes
-            // it; only a change that neither moves the cursor nor the count
-            // waits for the next full check.
-            let count = format!(
-                "SELECT COUNT(*) FROM {} WHERE {}",
-                self.sql.table(&self.spec.table),
-                self.kind.unfinished_filter(&self.sql)
-            );
-            let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count))
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(query_error)?;
+        let complete = self.backlog.is_complete();
+        if complete && !full {
             let kept = self.backlog.gauges(stuck_before);
-            let total: u64 = kept.values().flat_map(|g| g.counts).sum();
-            if u64::try_from(n).is_ok_and(|n| n == total) {
-                self.last_reconcile = Some(Instant::now());
-                self.cheap_reconciles += 1;
+            if !due {
                 return Ok((kept, 0));
             }
+            self.last_reconcile = Some(Instant::now());
+            if self.cheap_reconciles + 1 < FULL_RECONCILE_EVERY {
+                // The cheap check: the number of unfinished rows, which an
+                // index over them answers without visiting each (an
+                // index-only scan where the table's visibility map allows).
+                // A deleted row changes it; only a change that neither moves
+                // the cursor nor the count waits for the next full check.
+                let count = format!(
+                    "SELECT COUNT(*) FROM {} WHERE {}",
+                    self.sql.table(&self.spec.table),
+                    self.kind.unfinished_filter(&self.sql)
+                );
+                let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count))
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(query_error)?;
+                let total: u64 = kept.values().flat_map(|g| g.counts).sum();
+                if u64::try_from(n).is_ok_and(|n| n == total) {
+                    self.cheap_reconciles += 1;
+                    return Ok((kept, 0));
+                }
+            }
+            self.full_due = true;
+            return Ok((kept, 0));
+        }
+        let truth = self.gauge_query(tx, db_now).await?;
+        let total: u64 = truth.values().flat_map(|g| g.counts).sum();
+        let fits = usize::try_from(total).is_ok_and(|n| n < self.backlog.cap());
+        if !full {
+            // The backlog is too large to keep: the gauges come from the
+            // aggregate on every poll, and once it fits again a full
+            // reconcile re-reads it.
+            if due {
+                self.last_reconcile = Some(Instant::now());
+                self.full_due = fits;
+            }
+            return Ok((truth, 0));
         }
         self.cheap_reconciles = 0;
-        let truth = self.gauge_query(tx, db_now).await?;
+        self.last_reconcile = Some(Instant::now());
         let mut rows_read = 0;
-        if due {
-            self.last_reconcile = Some(Instant::now());
-            let kept = self.backlog.is_complete();
-            let total: u64 = truth.values().flat_map(|g| g.counts).sum();
-            let fits = usize::try_from(total).is_ok_and(|n| n < self.backlog.cap());
-            if fits && !(kept && self.backlog.gauges(stuck_before) == truth) {
-                // Rows changed where the tail cannot see them (deleted, or
-                // changed without moving the cursor), or the backlog fits
-                // again after being too large: read it afresh.
-                debug!(source = %self.spec.name, kept, "Re-reading the unfinished rows for the gauges.");
-                let mut rows = sqlx::query(sqlx::AssertSqlSafe(self.seed_query())).fetch(&mut *tx);
-                let mut n = 0usize;
-                self.backlog.clear();
-                while let Some(row) = rows.try_next().await.map_err(query_error)? {
-                    n += 1;
-                    let (key, unfinished) =
-                        self.kind.unfinished(&row).map_err(SourceError::Schema)?;
-                    self.backlog.update(key, unfinished);
-                }
-                rows_read += n as u64;
-                self.backlog.filled(n < self.spec.max_tracked_events);
+        if fits && !(complete && self.backlog.gauges(stuck_before) == truth) {
+            // Rows changed where the tail cannot see them (deleted, or
+            // changed without moving the cursor), or the backlog fits again
+            // after being too large: read it afresh.
+            debug!(source = %self.spec.name, complete, "Re-reading the unfinished rows for the gauges.");
+            if self.incremental.is_some() {
+                // Without a change cursor the re-read also counts what
+                // changed where no time column shows it, and looks up the
+                // rows that left the unfinished ones.
+                rows_read += self.read_unfinished(tx, false).await?;
+                rows_read += self.look_up_gone(tx, db_now).await?;
+                return Ok((truth, rows_read));
             }
+            let mut rows = sqlx::query(sqlx::AssertSqlSafe(self.seed_query())).fetch(&mut *tx);
+            let mut n = 0usize;
+            self.backlog.clear();
+            while let Some(row) = rows.try_next().await.map_err(query_error)? {
+                tokio::task::consume_budget().await;
+                n += 1;
+                let (key, unfinished) = self.kind.unfinished(&row).map_err(SourceError::Schema)?;
+                self.backlog.update(key, unfinished);
+            }
+            rows_read += n as u64;
+            self.backlog.filled(n < self.spec.max_tracked_events);
         }
         Ok((truth, rows_read))
     }
@@ -974,11 +1140,93 @@ impl<K: TableKind> TableSource<K> {
         self.kind
             .observe(row, baseline)
             .map_err(SourceError::Schema)?;
-        let key = self.see(row)?;
+        let (key, unfinished) = self.kind.unfinished(row).map_err(SourceError::Schema)?;
+        self.backlog.update(key, unfinished);
         if self.spec.rereads_unfinished() {
             self.unfinished.tailed.insert(key);
+            if self.incremental.is_some() && self.events.is_none() {
+                let pass = self.unfinished.pass;
+                self.track(row, key, unfinished, pass)?;
+            }
         }
         Ok(key)
+    }
+
+    /// Keeps what a read showed of an unfinished row (its id, to look it up
+    /// when it leaves them, and with [`Incremental`] whether it is in
+    /// flight); forgets a row read finished.
+    fn track(
+        &mut self,
+        row: &AnyRow,
+        key: u64,
+        unfinished: Option<Unfinished>,
+        pass: u64,
+    ) -> Result<(), SourceError> {
+        let Some(last) = unfinished else {
+            self.unfinished.rows.remove(&key);
+            self.unfinished.in_flight.remove(&key);
+            return Ok(());
+        };
+        match self.unfinished.rows.get_mut(&key) {
+            Some(seen) => {
+                seen.pass = pass;
+                seen.last = last;
+            }
+            None => {
+                let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
+                self.unfinished.rows.insert(
+                    key,
+                    Seen {
+                        id: id.unwrap_or_default().into_boxed_str(),
+                        pass,
+                        last,
+                    },
+                );
+            }
+        }
+        let started = match self.incremental.and_then(|i| i.started) {
+            Some(at) if last.class() != 0 => {
+                Sql::in_range(get_time(row, at, "started_at").map_err(SourceError::Schema)?)
+            }
+            _ => None,
+        };
+        match started {
+            Some(t) => self.unfinished.in_flight.insert(key, t),
+            None => self.unfinished.in_flight.remove(&key),
+        };
+        Ok(())
+    }
+
+    /// [`Incremental`]: looks up by id the rows in flight that the tails did
+    /// not read this poll — those started within `max(overlap, stuck_after)`,
+    /// which can fail, go back to pending or be redelivered without moving a
+    /// time column. A row gone from the table is forgotten as unfinished.
+    async fn look_up_in_flight(
+        &mut self,
+        tx: &mut AnyConnection,
+        db_now: i64,
+    ) -> Result<u64, SourceError> {
+        let Some(plan) = self.incremental else {
+            return Ok(0);
+        };
+        let horizon = i64::try_from(plan.horizon.as_micros()).unwrap_or(i64::MAX);
+        let since = db_now.saturating_sub(horizon);
+        self.unfinished
+            .in_flight
+            .retain(|_, started| *started >= since);
+        let due: Vec<(u64, Box<str>, Unfinished)> = self
+            .unfinished
+            .in_flight
+            .keys()
+            .filter(|k| !self.unfinished.tailed.contains(k))
+            .filter_map(|k| {
+                self.unfinished
+                    .rows
+                    .get(k)
+                    .map(|s| (*k, s.id.clone(), s.last))
+            })
+            .collect();
+        self.look_up(tx, &due, db_now, false).await
     }
 
     /// Takes a row's current version into the backlog; returns its key.
@@ -1011,7 +1259,32 @@ async fn setup_session(
     sql: Sql,
     timeout: Duration,
 ) -> Result<(), sqlx::Error> {
-    for stmt in sql.session_setup(timeout) {
+    for stmt in sql.session_setup() {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
+            .execute(&mut *conn)
+            .await?;
+    }
+    for stmt in sql.optional_setup() {
+        if let Err(e) = sqlx::raw_sql(sqlx::AssertSqlSafe(stmt.clone()))
+            .execute(&mut *conn)
+            .await
+        {
+            debug!(statement = %stmt, error = %e, "Session setting refused; going on without it.");
+        }
+    }
+    set_statement_timeout(conn, sql, timeout).await
+}
+
+/// Sets the session's statement timeout (PostgreSQL `statement_timeout`;
+/// MariaDB `max_statement_time` or MySQL `max_execution_time`, whichever the
+/// server has). A poll that sets a longer one sets it back when it succeeds;
+/// when it fails, its connection is closed.
+async fn set_statement_timeout(
+    conn: &mut AnyConnection,
+    sql: Sql,
+    timeout: Duration,
+) -> Result<(), sqlx::Error> {
+    for stmt in sql.statement_timeout(timeout) {
         sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
             .execute(&mut *conn)
             .await?;
@@ -1182,8 +1455,14 @@ impl<K: TableKind> Source for TableSource<K> {
         self.spec.poll_interval
     }
 
+    /// `full_read_timeout` for a poll that reads every unfinished row: the
+    /// first, and a full reconcile; `timeout` for the others.
     fn timeout(&self) -> Duration {
-        self.spec.timeout
+        if !self.started || self.full_due {
+            self.spec.full_read_timeout
+        } else {
+            self.spec.timeout
+        }
     }
 
     async fn poll(&mut self) -> Result<PollStats, SourceError> {

@@ -10,11 +10,11 @@ use std::time::Instant;
 use sqlx::any::AnyRow;
 
 use super::backlog::{GaugeMap, Unfinished};
-use super::config::{Cursor, OutboxSpec};
+use super::config::{Cursor, FinishedRows, OutboxSpec};
 use super::dialect::{OUT_OF_RANGE, Sql};
 use super::inbox::seconds;
 use super::state::{Entry, Flags, Tracked};
-use super::{NO_CURSOR, Reject, Rejections, TableKind, get, get_time, key_of};
+use super::{Incremental, NO_CURSOR, Reject, Rejections, TableKind, get, get_time, key_of};
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::labels::LabelCap;
 use crate::tracing_link::{self as link, Publish, SpanSink, TraceParent};
@@ -197,6 +197,23 @@ impl TableKind for Outbox {
             (Cursor::UpdatedAt, Some(u)) => vec![(u.clone(), 5)],
             _ => vec![(c.created_at.clone(), 2), (c.published_at.clone(), 3)],
         }
+    }
+
+    /// Without a change cursor an unpublished row changes only by being
+    /// published (its `published_at` tailed) or deleted (the reconcile).
+    fn incremental(&self) -> Option<Incremental> {
+        let t = &self.spec.table;
+        (t.cursor == Cursor::None && self.why_every_unfinished_row().is_none()).then_some(
+            Incremental {
+                started: None,
+                horizon: std::time::Duration::ZERO,
+            },
+        )
+    }
+
+    fn why_every_unfinished_row(&self) -> Option<String> {
+        (self.spec.table.finished_rows == FinishedRows::Deleted)
+            .then(|| "a row deleted when it is published leaves no time to tail".to_string())
     }
 
     fn event_id(&self) -> &str {
