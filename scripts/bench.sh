@@ -5,7 +5,7 @@
 #   scripts/bench.sh            PostgreSQL 10 M rows (polls every 5 s and every 1 s) and
 #                               1 M rows, MariaDB 1 M rows, each mode of cursor; writes
 #                               the tables into docs/performance.md
-#   scripts/bench.sh --ci       PostgreSQL and MariaDB, 100 k rows, 30 s, debug build,
+#   scripts/bench.sh --ci       PostgreSQL and MariaDB side by side, 100 k rows, 30 s, debug build,
 #                               cursor = "updated_at" and "none";
 #                               fails if a counter is not exact or P95 is off by > 1 %;
 #                               writes nothing into the repository
@@ -14,6 +14,12 @@
 #                               writer, then a block of unfinished rows; bytes per
 #                               remembered and per tracked event (about 8 minutes);
 #                               writes its table into docs/performance.md
+#   scripts/bench.sh --growth   cursor = "none" at 2 M rows with 1 k, 10 k, 100 k and 1 M
+#                               unfinished rows (2000 changes/s, 1 s polls, 60 s each,
+#                               max_tracked_events = 2 M so that every level keeps its
+#                               backlog) on PostgreSQL and MariaDB: the per-poll cost
+#                               against the backlog; writes its table into
+#                               docs/performance.md
 #   scripts/bench.sh --tracing  the span linker's two measurements (the ignored tests of
 #                               tests/tracing.rs, release build, on the test services'
 #                               PostgreSQL at 127.0.0.1:5432): spans per agent CPU-second
@@ -26,7 +32,9 @@
 # ("10000000 10000000:1 1000000 10000000:1:none 1000000:5:none": rows,
 # optionally :refresh interval, optionally :none for the agent without the
 # updated_at column, i.e. cursor = "none", on the same table and writer),
-# MY_ROWS ("1000000 1000000:5:none"; the same form). --soak: RATE defaults to 1000 (about 300
+# MY_ROWS ("1000000 1000000:5:none"; the same form; a spec may add :unfinished
+# rows, :rate and :max_tracked_events, e.g. "1000000:1:none:20000:200"), BLOCK (the
+# results block written). --soak: RATE defaults to 1000 (about 300
 # completions/s), SOAK_RETENTIONS ("30,240" seconds), SOAK_BACKLOG (unfinished
 # rows added, 100000), SOAK_WINDOW (samples per plateau, 60). AGENT_BIN: the
 # agent binary to measure, in both modes (default the release build of this
@@ -39,18 +47,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-CI=0; SOAK=0; TRACING=0
+CI=0; SOAK=0; TRACING=0; GROWTH=0
 MODE=${1:-}
 case "$MODE" in
   "") ;;
   --ci) CI=1 ;;
+  --growth) GROWTH=1 ;;
   --soak) SOAK=1; RATE=${RATE:-1000} ;;
   --tracing) TRACING=1 ;;
-  *) echo "error: unknown option '$1' (expected --ci, --soak, --tracing or none)" >&2; exit 2 ;;
+  *) echo "error: unknown option '$1' (expected --ci, --soak, --growth, --tracing or none)" >&2; exit 2 ;;
 esac
 RATE=${RATE:-2000}
 POLL=${POLL:-5}
-if [ $CI = 1 ]; then
+# The block of docs/performance.md the full run rewrites (another name keeps
+# the main results, e.g. BLOCK=none for the cursor-less targets' run).
+BLOCK_SET=${BLOCK:+1}
+BLOCK=${BLOCK:-bench}
+if [ $GROWTH = 1 ]; then
+  SECONDS_RUN=${SECONDS_RUN:-60}
+  levels="1000 10000 100000 1000000"
+  PG_ROWS=${PG_ROWS:-$(for u in $levels; do printf '2000000:1:none:%s::2000000 ' "$u"; done)}
+  MY_ROWS=${MY_ROWS:-$(for u in $levels; do printf '2000000:1:none:%s::2000000 ' "$u"; done)}
+elif [ $CI = 1 ]; then
   SECONDS_RUN=${SECONDS_RUN:-30}; PG_ROWS=${PG_ROWS:-"100000 100000:5:none"}; MY_ROWS=${MY_ROWS:-"100000 100000:5:none"}
 else
   SECONDS_RUN=${SECONDS_RUN:-120}
@@ -132,11 +150,13 @@ fi
 bench_args=(--rate "$RATE" --seconds "$SECONDS_RUN" --work "$WORK")
 [ -z "${AGENT_BIN:-}" ] || bench_args+=(--agent "$AGENT_BIN")
 sections=()
-# "rows", "rows:poll" or "rows:poll:cursor" -> "--rows R --poll P --cursor C"
+# "rows[:poll[:cursor[:unfinished[:rate[:max_tracked]]]]]" -> "--rows R --poll P
+# --cursor C [--unfinished U] [--rate N] [--max-tracked M]" (after the common
+# arguments, so a spec's rate wins)
 spec_args() {
-  local r p c
-  IFS=: read -r r p c <<< "$1"
-  echo "--rows $r --poll ${p:-$POLL} --cursor ${c:-updated_at}"
+  local r p c u n m
+  IFS=: read -r r p c u n m <<< "$1"
+  echo "--rows $r --poll ${p:-$POLL} --cursor ${c:-updated_at}${u:+ --unfinished $u}${n:+ --rate $n}${m:+ --max-tracked $m}"
 }
 
 # Replaces the block between `<!-- $1:begin` and `<!-- $1:end -->` of
@@ -229,11 +249,47 @@ if [ $SOAK = 1 ]; then
   exit 0
 fi
 
+if [ $CI = 1 ]; then
+  # CI checks the harness (exact counters, P95 within 1 %), not timings: the
+  # two databases run side by side, each on its own server and in its own work
+  # directory, from one build.
+  cargo test --quiet --bench table --no-run
+  start_pg
+  start_mariadb
+  ci_runs() { # dialect, host, specs...
+    local d=$1 h=$2 spec
+    shift 2
+    mkdir -p "$WORK/$d"
+    for spec in "$@"; do
+      echo "== $d, $spec"
+      # shellcheck disable=SC2046
+      run_bench --dialect "$d" --host "$h" --rate "$RATE" --seconds "$SECONDS_RUN" --work "$WORK/$d" \
+        ${AGENT_BIN:+--agent "$AGENT_BIN"} $(spec_args "$spec") --out "$WORK/$d/$spec.md" || return 1
+    done
+  }
+  # shellcheck disable=SC2086
+  ci_runs postgres "127.0.0.1:$PG_PORT" $PG_ROWS >"$WORK/ci-postgres.log" 2>&1 &
+  pg_runs=$!
+  # shellcheck disable=SC2086
+  ci_runs mysql "127.0.0.1:$MY_PORT" $MY_ROWS >"$WORK/ci-mysql.log" 2>&1 &
+  my_runs=$!
+  failed=0
+  wait "$pg_runs" || failed=1
+  wait "$my_runs" || failed=1
+  cat "$WORK/ci-postgres.log" "$WORK/ci-mysql.log"
+  if [ $failed = 1 ]; then
+    echo "error: the benchmark harness failed (above)" >&2
+    exit 1
+  fi
+  echo "Benchmark harness OK (CI size; results not written)."
+  exit 0
+fi
+
 start_pg
 for spec in $PG_ROWS; do
   echo "== PostgreSQL, $spec"
   # shellcheck disable=SC2046
-  run_bench --dialect postgres --host "127.0.0.1:$PG_PORT" $(spec_args "$spec") "${bench_args[@]}" --out "$WORK/pg-$spec.md"
+  run_bench --dialect postgres --host "127.0.0.1:$PG_PORT" "${bench_args[@]}" $(spec_args "$spec") --out "$WORK/pg-$spec.md"
   sections+=("$WORK/pg-$spec.md")
 done
 runuser -u postgres -- "$PGBIN/pg_ctl" -D "$WORK/pg" -m fast -w stop >/dev/null 2>&1 || as_owner postgres "$PGBIN/pg_ctl" -D "$WORK/pg" -m fast -w stop >/dev/null
@@ -243,27 +299,65 @@ start_mariadb
 for spec in $MY_ROWS; do
   echo "== MariaDB, $spec"
   # shellcheck disable=SC2046
-  run_bench --dialect mysql --host "127.0.0.1:$MY_PORT" $(spec_args "$spec") "${bench_args[@]}" --out "$WORK/my-$spec.md"
+  run_bench --dialect mysql --host "127.0.0.1:$MY_PORT" "${bench_args[@]}" $(spec_args "$spec") --out "$WORK/my-$spec.md"
   sections+=("$WORK/my-$spec.md")
 done
 
-if [ $CI = 1 ]; then
-  echo "Benchmark harness OK (CI size; results not written)."
+if [ $GROWTH = 1 ]; then
+  # One line per run from each section's table, then the sections themselves.
+  python3 - "$WORK/growth.md" "${sections[@]}" <<'PY'
+import re, sys
+out, paths = sys.argv[1], sys.argv[2:]
+def cell(text, label, col):
+    m = re.search(r"^\| " + re.escape(label) + r"[^|]*\|([^|]*)\|([^|]*)\|", text, re.M)
+    return m.group(col).strip() if m else "—"
+lines = ["| database | unfinished rows | inboxwatch mean (ms) | median | p95 | rows read per poll | exporter mean (ms) | exporter ÷ inboxwatch (mean) |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|"]
+for p in paths:
+    t = open(p).read()
+    head = re.search(r"^### (\S+) — ([\d ]+) rows \((\d+) unfinished\)", t, re.M)
+    db, unf = (head.group(1), format(int(head.group(3)), ",")) if head else ("?", "?")
+    mean = cell(t, "database time, mean", 1)
+    ratio = re.search(r"^\| database time, mean[^|]*\|[^|]*\|[^|]*\|([^|]*)\|", t, re.M)
+    rows = cell(t, "rows read", 1) if "rows read" in t else cell(t, "rows examined", 1)
+    lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        db, unf, mean, cell(t, "database time, median", 1), cell(t, "database time, p95", 1),
+        rows, cell(t, "database time, mean", 2), ratio.group(1).strip() if ratio else "—"))
+open(out, "w").write("\n".join(lines) + "\n")
+PY
+  {
+    echo "<!-- growth:begin (generated by scripts/bench.sh --growth; edits here are overwritten) -->"
+    echo
+    echo "Run on $(date -u '+%Y-%m-%d %H:%M UTC') with \`scripts/bench.sh --growth\` (RATE=$RATE, POLL=$POLL, SECONDS_RUN=$SECONDS_RUN, PG_ROWS=\"$PG_ROWS\", MY_ROWS=\"$MY_ROWS\");"
+    echo "$(nproc) × $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $("$PGBIN/postgres" --version), $(mariadbd --version | awk '{print $3}'), inboxwatch $(git describe --always --dirty)${AGENT_BIN:+ (agent: $AGENT_BIN)}."
+    echo
+    cat "$WORK/growth.md"
+    echo
+    echo "<details><summary>Each run in full</summary>"
+    echo
+    for s in "${sections[@]}"; do sed 's/^### /#### /' "$s"; echo; done
+    echo "</details>"
+    echo
+    echo "<!-- growth:end -->"
+  } > "$WORK/growth-generated.md"
+  write_block growth "$WORK/growth-generated.md"
+  echo "Wrote the growth table into docs/performance.md."
   exit 0
 fi
 
 # Replace the generated part of docs/performance.md.
 {
-  echo "<!-- bench:begin (generated by scripts/bench.sh; edits here are overwritten) -->"
+  echo "<!-- $BLOCK:begin (generated by scripts/bench.sh; edits here are overwritten) -->"
   echo
-  echo "Run on $(date -u '+%Y-%m-%d %H:%M UTC') with \`scripts/bench.sh\` (RATE=$RATE, POLL=$POLL, SECONDS_RUN=$SECONDS_RUN, PG_ROWS=\"$PG_ROWS\", MY_ROWS=\"$MY_ROWS\")."
+  echo "Run on $(date -u '+%Y-%m-%d %H:%M UTC') with \`scripts/bench.sh\` (RATE=$RATE, POLL=$POLL, SECONDS_RUN=$SECONDS_RUN, PG_ROWS=\"$PG_ROWS\", MY_ROWS=\"$MY_ROWS\"${BLOCK_SET:+, BLOCK=$BLOCK})."
   echo "Machine: $(nproc) × $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(free -g | awk '/^Mem:/ {print $2}') GB RAM,"
   echo "$(. /etc/os-release && echo "$PRETTY_NAME"), $("$PGBIN/postgres" --version), $(mariadbd --version | awk '{print $3}'),"
   echo "prometheus-sql-exporter $(dpkg-query -W -f='${Version}' prometheus-sql-exporter 2>/dev/null || echo unknown); inboxwatch $(git describe --always --dirty)${AGENT_BIN:+ (agent: $AGENT_BIN)}."
   echo
   for s in "${sections[@]}"; do cat "$s"; echo; done
-  echo "<!-- bench:end -->"
+  echo "<!-- $BLOCK:end -->"
 } > "$WORK/generated.md"
-write_block bench "$WORK/generated.md"
+write_block "$BLOCK" "$WORK/generated.md"
 echo "Wrote the results into docs/performance.md."
-run_tracing
+# A run into another block measures what it was asked to, not the span linker.
+[ -n "$BLOCK_SET" ] || run_tracing

@@ -71,12 +71,21 @@ fn event_type_case(h: &str) -> String {
 /// Creates the table, loads `rows` rows of history, builds the recommended
 /// indexes and refreshes the planner's statistics. Returns the unfinished rows.
 ///
-/// The history spans 30 days: 1 % of the rows unfinished (pending,
+/// The history spans 30 days: `unfinished` of the rows unfinished (pending,
 /// processing, failed; spread over the whole span, so the oldest is a month
 /// old and some processing rows are stuck), 0.5 % dead-lettered, about 6 %
 /// retried once or more, 4 % delivered twice, six event types with skewed
 /// weights, error texts on failed and dead rows, and a traceparent on every row.
-pub async fn build(conn: &mut AnyConnection, agent: &str, dialect: Dialect, rows: u64) -> u64 {
+pub async fn build(
+    conn: &mut AnyConnection,
+    agent: &str,
+    dialect: Dialect,
+    rows: u64,
+    unfinished: u64,
+) -> u64 {
+    // Every `every`-th row is unfinished: 30 % of them processing, 20 %
+    // failed, 50 % pending.
+    let every = (rows / unfinished.max(1)).max(1);
     let (table_ddl, index_ddl) = schema(agent, dialect);
     exec(conn, &format!("DROP TABLE IF EXISTS {TABLE}")).await;
     for s in &table_ddl {
@@ -85,26 +94,26 @@ pub async fn build(conn: &mut AnyConnection, agent: &str, dialect: Dialect, rows
     let span_s = 30 * 86_400;
     let step = span_s as f64 / rows as f64;
     let et = event_type_case("(g * 37 % 100)");
-    let status = "CASE WHEN g % 100 = 0 THEN (CASE (g / 100) % 10 WHEN 0 THEN 'processing' WHEN 1 THEN 'processing' \
+    let status = "CASE WHEN g % EVERY = 0 THEN (CASE (g / EVERY) % 10 WHEN 0 THEN 'processing' WHEN 1 THEN 'processing' \
                   WHEN 2 THEN 'processing' WHEN 3 THEN 'failed' WHEN 4 THEN 'failed' ELSE 'pending' END) \
                   WHEN g % 200 = 1 THEN 'dead' ELSE 'succeeded' END";
     let attempts = "(1 + CASE WHEN g % 17 = 0 THEN 1 ELSE 0 END + CASE WHEN g % 51 = 0 THEN 1 ELSE 0 END \
                     + CASE WHEN g % 200 = 1 THEN 3 ELSE 0 END)";
     let deliveries = "(1 + CASE WHEN g % 25 = 3 THEN 1 ELSE 0 END)";
-    let error = "CASE WHEN g % 100 = 0 AND (g / 100) % 10 IN (3, 4) THEN 'TimeoutError: upstream payments-api did not answer within 5s' \
+    let error = "CASE WHEN g % EVERY = 0 AND (g / EVERY) % 10 IN (3, 4) THEN 'TimeoutError: upstream payments-api did not answer within 5s' \
                  WHEN g % 200 = 1 THEN 'ValidationError: order references unknown customer' ELSE NULL END";
     let sql = match dialect {
         Dialect::Postgres => {
             let recv = format!("(now() - ({rows} - g) * interval '{step} seconds')");
             let wait = "((g * 7919 % 400) + 5) * interval '1 millisecond'";
             let dur = "((g * 104729 % 900) + 20 + CASE WHEN g % 53 = 0 THEN (g % 7) * 1000 ELSE 0 END) * interval '1 millisecond'";
-            let unfinished = "g % 100 = 0";
+            let unfinished = "g % EVERY = 0";
             format!(
                 "INSERT INTO {TABLE} (event_id, event_type, status, received_at, started_at, finished_at, attempts, deliveries, last_error, traceparent, updated_at) \
                  SELECT 'hist-' || g, {et}, {status}, {recv}, \
-                 CASE WHEN {unfinished} AND (g / 100) % 10 >= 5 THEN NULL ELSE {recv} + {wait} END, \
+                 CASE WHEN {unfinished} AND (g / EVERY) % 10 >= 5 THEN NULL ELSE {recv} + {wait} END, \
                  CASE WHEN {unfinished} THEN NULL ELSE {recv} + {wait} + {dur} END, \
-                 CASE WHEN {unfinished} AND (g / 100) % 10 >= 5 THEN 0 ELSE {attempts} END, {deliveries}, {error}, \
+                 CASE WHEN {unfinished} AND (g / EVERY) % 10 >= 5 THEN 0 ELSE {attempts} END, {deliveries}, {error}, \
                  '00-' || md5(g::text) || '-' || substr(md5('s' || g), 1, 16) || '-01', \
                  CASE WHEN {unfinished} THEN {recv} + {wait} ELSE {recv} + {wait} + {dur} END \
                  FROM generate_series(1::bigint, {rows}) g"
@@ -116,21 +125,21 @@ pub async fn build(conn: &mut AnyConnection, agent: &str, dialect: Dialect, rows
             );
             let wait = "((g * 7919 % 400) + 5) * 1000";
             let dur = "((g * 104729 % 900) + 20 + CASE WHEN g % 53 = 0 THEN (g % 7) * 1000 ELSE 0 END) * 1000";
-            let unfinished = "g % 100 = 0";
+            let unfinished = "g % EVERY = 0";
             format!(
                 "INSERT INTO {TABLE} (event_id, event_type, status, received_at, started_at, finished_at, attempts, deliveries, last_error, traceparent, updated_at) \
                  SELECT CONCAT('hist-', g), {et}, {status}, {recv}, \
-                 CASE WHEN {unfinished} AND (g DIV 100) % 10 >= 5 THEN NULL ELSE TIMESTAMPADD(MICROSECOND, {wait}, {recv}) END, \
+                 CASE WHEN {unfinished} AND (g DIV EVERY) % 10 >= 5 THEN NULL ELSE TIMESTAMPADD(MICROSECOND, {wait}, {recv}) END, \
                  CASE WHEN {unfinished} THEN NULL ELSE TIMESTAMPADD(MICROSECOND, {wait} + {dur}, {recv}) END, \
-                 CASE WHEN {unfinished} AND (g DIV 100) % 10 >= 5 THEN 0 ELSE {attempts} END, {deliveries}, {error}, \
+                 CASE WHEN {unfinished} AND (g DIV EVERY) % 10 >= 5 THEN 0 ELSE {attempts} END, {deliveries}, {error}, \
                  CONCAT('00-', MD5(g), '-', SUBSTR(MD5(CONCAT('s', g)), 1, 16), '-01'), \
                  CASE WHEN {unfinished} THEN TIMESTAMPADD(MICROSECOND, {wait}, {recv}) ELSE TIMESTAMPADD(MICROSECOND, {wait} + {dur}, {recv}) END \
                  FROM (SELECT seq AS g FROM seq_1_to_{rows}) s"
             )
-            .replace("(g / 100)", "(g DIV 100)")
+            .replace("(g / EVERY)", "(g DIV EVERY)")
         }
     };
-    exec(conn, &sql).await;
+    exec(conn, &sql.replace("EVERY", &every.to_string())).await;
     for s in &index_ddl {
         exec(conn, s).await;
     }
@@ -138,7 +147,13 @@ pub async fn build(conn: &mut AnyConnection, agent: &str, dialect: Dialect, rows
         Dialect::Postgres => exec(conn, &format!("VACUUM ANALYZE {TABLE}")).await,
         Dialect::MySql => exec(conn, &format!("ANALYZE TABLE {TABLE}")).await,
     }
-    rows.div_ceil(100)
+    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {TABLE} WHERE status IN ('pending', 'processing', 'failed')"
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .expect("count the unfinished rows");
+    u64::try_from(n).unwrap_or(0)
 }
 
 /// The user-written SQL for prometheus-sql-exporter: (name, labels, value

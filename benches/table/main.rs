@@ -85,6 +85,10 @@ struct Args {
     agent: Option<String>,
     /// `cursor = "none"`: the agent is not given the `updated_at` column.
     no_cursor: bool,
+    /// Unfinished rows of the history (default 1 % of `rows`).
+    unfinished: Option<u64>,
+    /// The agent's `max_tracked_events` (default: its own default).
+    max_tracked: Option<u64>,
 }
 
 fn args() -> Args {
@@ -101,6 +105,8 @@ fn args() -> Args {
         soak: None,
         agent: None,
         no_cursor: false,
+        unfinished: None,
+        max_tracked: None,
     };
     let mut soak = soak::Plan {
         retentions: (30, 240),
@@ -123,6 +129,8 @@ fn args() -> Args {
             }
             "--host" => a.host = v(),
             "--rows" => a.rows = v().parse().expect("--rows N"),
+            "--unfinished" => a.unfinished = Some(v().parse().expect("--unfinished N")),
+            "--max-tracked" => a.max_tracked = Some(v().parse().expect("--max-tracked N")),
             "--seconds" => a.seconds = v().parse().expect("--seconds N"),
             "--rate" => a.rate = v().parse().expect("--rate N"),
             "--poll" => a.poll = v().parse().expect("--poll SECONDS"),
@@ -299,7 +307,14 @@ async fn main() {
 
     eprintln!("building {} rows of history...", a.rows);
     let t0 = Instant::now();
-    let unfinished = load::build(&mut conn, agent_bin, d, a.rows).await;
+    let unfinished = load::build(
+        &mut conn,
+        agent_bin,
+        d,
+        a.rows,
+        a.unfinished.unwrap_or(a.rows / 100),
+    )
+    .await;
     let load_s = t0.elapsed().as_secs_f64();
     eprintln!("table built in {load_s:.0} s");
     let size: i64 = match d {
@@ -369,14 +384,16 @@ async fn main() {
     let poll_ms = (a.poll * 1000.0).round() as u64;
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{agent_port}\"\n\n[[sources]]\nname = \"bench\"\nkind = \"inbox\"\n\
-         dsn = \"{}\"\ntable = \"{}\"\npoll_interval = \"{poll_ms}ms\"\n{}",
+         dsn = \"{}\"\ntable = \"{}\"\npoll_interval = \"{poll_ms}ms\"\n{}{}",
         url(AGENT_USER, Some(PASSWORD)),
         load::TABLE,
         if a.no_cursor {
             load::COLUMNS_NO_CURSOR
         } else {
             load::COLUMNS
-        }
+        },
+        a.max_tracked
+            .map_or(String::new(), |n| format!("max_tracked_events = {n}\n"))
     );
     let config_path = a.work.join("inboxwatch.toml");
     std::fs::write(&config_path, config).expect("write agent config");
