@@ -344,16 +344,18 @@ async fn exact(agent: &Agent, db: &Db, t: &str, truth: &Truth, when: &str) {
         d.extend(diff(m, IN_FLIGHT, truth, backlog));
         d
     };
-    let res = wait_until(Duration::from_secs(90), || async {
-        let m = agent.try_scrape().await?;
-        let d = both(&m);
-        if d.is_empty() {
-            Ok(())
-        } else {
-            Err(d.join("\n"))
-        }
-    })
-    .await;
+    // At least 90 s, and ten polls of each source: a full reconcile re-reads the
+    // whole backlog, a minute and more beside other suites.
+    let res = agent
+        .wait_for_polls(&[SOURCE, IN_FLIGHT], Duration::from_secs(90), 10, |m| {
+            let d = both(m);
+            if d.is_empty() {
+                Ok(())
+            } else {
+                Err(d.join("\n"))
+            }
+        })
+        .await;
     if let Err(e) = res {
         panic!("{when}: the agent is not exact:\n{e}");
     }
@@ -580,9 +582,9 @@ async fn full_reads_take_their_own_time_limit(db: Db) {
     );
     create_indexes(&db, &config).await;
     let agent = Agent::start(&config);
-    // Ready once the first poll has read the backlog: seconds here, more
-    // beside other suites.
-    agent.wait_ready(Duration::from_secs(120)).await;
+    // Ready once the first poll has read the backlog: seconds here, more than a
+    // minute beside other suites, and at most `full_read_timeout` (5 m).
+    agent.wait_ready(Duration::from_secs(330)).await;
     let s = ("source", SOURCE);
     let gauges = |m: &Metrics| {
         ["pending", "processing", "failed"]
@@ -660,26 +662,28 @@ async fn full_reads_take_their_own_time_limit(db: Db) {
         ("inbox_messages_completed_total", 10.0),
         ("inbox_deliveries_total", 0.0),
     ];
-    let reconciled = wait_until(Duration::from_secs(90), || async {
-        let m = agent.try_scrape().await?;
-        let mut d: Vec<String> = want
-            .iter()
-            .filter(|(name, v)| m.sum(name, &[s]) != *v)
-            .map(|(name, v)| format!("{name}: got {}, want {v}", m.sum(name, &[s])))
-            .collect();
-        if gauges(&m) != [pending, 0.0, 0.0] {
-            d.push(format!(
-                "backlog: got {:?}, want [{pending}, 0, 0]",
-                gauges(&m)
-            ));
-        }
-        if d.is_empty() {
-            Ok(m)
-        } else {
-            Err(d.join("\n"))
-        }
-    })
-    .await;
+    // At least 90 s, and ten polls: the full reconcile re-reads the whole
+    // backlog, as long as the first poll took.
+    let reconciled = agent
+        .wait_for_polls(&[SOURCE], Duration::from_secs(90), 10, |m| {
+            let mut d: Vec<String> = want
+                .iter()
+                .filter(|(name, v)| m.sum(name, &[s]) != *v)
+                .map(|(name, v)| format!("{name}: got {}, want {v}", m.sum(name, &[s])))
+                .collect();
+            if gauges(m) != [pending, 0.0, 0.0] {
+                d.push(format!(
+                    "backlog: got {:?}, want [{pending}, 0, 0]",
+                    gauges(m)
+                ));
+            }
+            if d.is_empty() {
+                Ok(())
+            } else {
+                Err(d.join("\n"))
+            }
+        })
+        .await;
     reconciled.unwrap_or_else(|e| {
         panic!(
             "the full reconcile did not re-read and count: {e}\n{}",

@@ -18,6 +18,10 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_inboxwatch");
 /// How long to wait for the agent's `/readyz` after spawning it.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long past its `min` a wait for polls gives a stalled agent before failing
+/// ([`Agent::wait_polls`], [`Agent::wait_for_polls`]).
+pub const POLLS_CAP: Duration = Duration::from_secs(300);
+
 /// How long a [`Cmd`] may run unless it says otherwise.
 const RUN_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -468,11 +472,13 @@ impl Agent {
     /// Waits until `source` has finished at least `polls` more polls and at least
     /// `min` has passed, and returns a scrape taken after both: the evidence that a
     /// check of what "still holds later" looks at polls that ran, not at an agent
-    /// that stalled. Panics (with the agent's log) after 60 s more.
+    /// that stalled. Panics (with the agent's log) after [`POLLS_CAP`] more: a
+    /// poll that reads a large backlog takes a minute and more on a loaded
+    /// machine, and the cap only bounds how long a stalled agent takes to fail.
     pub async fn wait_polls(&self, source: &str, polls: u32, min: Duration) -> Metrics {
         let started = Instant::now();
         let from = Self::polls(&self.scrape().await, source);
-        let res = wait_until(min + Duration::from_secs(60), || async {
+        let res = wait_until(min + POLLS_CAP, || async {
             let m = self.try_scrape().await?;
             let ran = Self::polls(&m, source) - from;
             (ran >= f64::from(polls) && started.elapsed() >= min)
@@ -486,6 +492,45 @@ impl Agent {
         })
         .await;
         res.unwrap_or_else(|e| panic!("{e}\n{}", self.stderr()))
+    }
+
+    /// Waits until `check` holds on a scrape, and returns what it returned. Gives
+    /// up (with the last difference) only once `min` has passed and each of
+    /// `sources` has finished `polls` polls since the wait began, or after
+    /// [`POLLS_CAP`] past `min`: evidence that the agent had its polls to get
+    /// there, not only the time, since a poll that reads a large backlog beside
+    /// other suites takes a minute and more.
+    pub async fn wait_for_polls<T>(
+        &self,
+        sources: &[&str],
+        min: Duration,
+        polls: u32,
+        mut check: impl FnMut(&Metrics) -> Result<T, String>,
+    ) -> Result<T, String> {
+        let started = Instant::now();
+        let first = self.scrape().await;
+        let from: Vec<f64> = sources.iter().map(|s| Self::polls(&first, s)).collect();
+        loop {
+            let m = self.try_scrape().await?;
+            let last = match check(&m) {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            };
+            let ran: Vec<f64> = sources
+                .iter()
+                .zip(&from)
+                .map(|(s, f)| Self::polls(&m, s) - f)
+                .collect();
+            let polled = ran.iter().all(|r| *r >= f64::from(polls));
+            let waited = started.elapsed();
+            if waited >= min && (polled || waited >= min + POLLS_CAP) {
+                return Err(format!(
+                    "after {waited:?} and {ran:?} polls of {sources:?} (at least {min:?} and \
+                     {polls} polls each); last state:\n{last}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// GET /metrics and parse it; panics if that fails.
