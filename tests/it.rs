@@ -26,6 +26,7 @@ mod e2e_alerting;
 mod harness;
 mod http;
 mod image;
+mod in_flight;
 mod kafka;
 mod kafka_cluster;
 mod kafka_dead_letters;

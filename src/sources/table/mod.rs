@@ -184,20 +184,22 @@ pub trait TableKind: Send + 'static {
 /// unfinished row on every poll. The time columns are tailed (arrivals,
 /// starts, completions: [`TableKind::cursors`]); a row that can change
 /// without moving one of them is one in flight — in `processing` or `failed`
-/// since a start within the last `max(overlap, stuck_after)` — and those are
-/// looked up by id on every poll ([`TableSource::look_up_in_flight`]). What
-/// neither shows (a row deleted or re-driven, a status moved by hand, a
-/// stuck row that fails) is caught by the reconcile of the kept backlog
-/// every `reconcile_every`, which re-reads and counts every unfinished row
-/// when the count (or, every tenth time, the aggregate) differs.
+/// — and those are looked up by id ([`TableSource::look_up_in_flight`]): on
+/// every poll those started within the last `max(overlap, stuck_after)`,
+/// and the ones started earlier (stuck, or waiting long for a retry) in
+/// turn, each about once per `overlap`. What neither shows (a row deleted or
+/// re-driven, a status moved by hand) is caught by the reconcile of the kept
+/// backlog every `reconcile_every`, which re-reads and counts every
+/// unfinished row when the count (or, every tenth time, the aggregate)
+/// differs.
 #[derive(Debug, Clone, Copy)]
 pub struct Incremental {
     /// The start time's place in the select list; `None` when nothing is
     /// ever in flight (an outbox row is unpublished or published).
     pub started: Option<usize>,
     /// How long after its start a row in flight is looked up on every poll:
-    /// `max(overlap, stuck_after)`; later it is stuck, and its changes show
-    /// when it starts or finishes again, or at the reconcile.
+    /// `max(overlap, stuck_after)`; later it is stuck, and is looked up in
+    /// turn with the other stuck rows, each about once per `overlap`.
     pub horizon: Duration,
 }
 
@@ -272,6 +274,9 @@ struct Reread {
     /// [`Incremental`]: the rows in flight (their last read showed them
     /// unfinished and not pending) by key, with their start.
     in_flight: HashMap<u64, i64>,
+    /// [`Incremental`]: numbers the look-ups of the rows in flight, to take
+    /// the rows started before the horizon in turn.
+    turn: u64,
 }
 
 #[derive(Debug)]
@@ -1198,9 +1203,13 @@ impl<K: TableKind> TableSource<K> {
     }
 
     /// [`Incremental`]: looks up by id the rows in flight that the tails did
-    /// not read this poll — those started within `max(overlap, stuck_after)`,
-    /// which can fail, go back to pending or be redelivered without moving a
-    /// time column. A row gone from the table is forgotten as unfinished.
+    /// not read this poll, which can fail, go back to pending or be
+    /// redelivered without moving a time column: every poll those started
+    /// within `max(overlap, stuck_after)`, and of those started earlier one
+    /// in [`in_flight_rounds`] on each poll, by key, so that each is looked up
+    /// about once per `overlap` (a stuck row that a reaper fails, a failed row
+    /// whose retry waits long) at a cost of their number over the rounds. A
+    /// row gone from the table is forgotten as unfinished.
     async fn look_up_in_flight(
         &mut self,
         tx: &mut AnyConnection,
@@ -1211,15 +1220,16 @@ impl<K: TableKind> TableSource<K> {
         };
         let horizon = i64::try_from(plan.horizon.as_micros()).unwrap_or(i64::MAX);
         let since = db_now.saturating_sub(horizon);
-        self.unfinished
-            .in_flight
-            .retain(|_, started| *started >= since);
+        let rounds = in_flight_rounds(self.spec.overlap, self.spec.poll_interval);
+        self.unfinished.turn = self.unfinished.turn.wrapping_add(1);
+        let turn = self.unfinished.turn % rounds;
         let due: Vec<(u64, Box<str>, Unfinished)> = self
             .unfinished
             .in_flight
-            .keys()
-            .filter(|k| !self.unfinished.tailed.contains(k))
-            .filter_map(|k| {
+            .iter()
+            .filter(|(k, started)| **started >= since || **k % rounds == turn)
+            .filter(|(k, _)| !self.unfinished.tailed.contains(k))
+            .filter_map(|(k, _)| {
                 self.unfinished
                     .rows
                     .get(k)
@@ -1247,6 +1257,15 @@ struct Window {
     /// PostgreSQL: this poll's snapshot xmin.
     snapshot_xmin: i64,
     baseline: bool,
+}
+
+/// In how many polls the rows in flight started before the horizon are
+/// looked up in turn: `overlap` over `poll_interval`, at least one.
+fn in_flight_rounds(overlap: Duration, poll_interval: Duration) -> u64 {
+    let interval = poll_interval.as_micros().max(1);
+    u64::try_from(overlap.as_micros().div_ceil(interval))
+        .unwrap_or(u64::MAX)
+        .max(1)
 }
 
 fn query_error(e: sqlx::Error) -> SourceError {
@@ -1594,5 +1613,28 @@ mod tests {
             [(90 * S, 9), (100 * S, 10), (105 * S, 11)]
         );
         assert_eq!(late.seen_before(95 * S), 9);
+    }
+
+    #[test]
+    fn stuck_rows_in_flight_are_looked_up_in_turn_once_per_overlap() {
+        let ms = Duration::from_millis;
+        // 10 s of overlap at 300 ms polls: each stuck row every 34th poll.
+        assert_eq!(in_flight_rounds(ms(10_000), ms(300)), 34);
+        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000)), 30);
+        // An overlap shorter than a poll: every stuck row on every poll.
+        assert_eq!(in_flight_rounds(ms(500), ms(1_000)), 1);
+        assert_eq!(in_flight_rounds(ms(0), ms(0)), 1);
+        // Keys spread evenly over the rounds (event ids hashed by key_of):
+        // every key has its turn once in `rounds` polls.
+        let rounds = in_flight_rounds(ms(10_000), ms(300));
+        let mut per_turn = vec![0u32; rounds as usize];
+        for i in 0..34_000 {
+            per_turn[(key_of(&format!("evt-{i}")) % rounds) as usize] += 1;
+        }
+        let (lo, hi) = (per_turn.iter().min(), per_turn.iter().max());
+        assert!(
+            lo.is_some_and(|l| *l > 850) && hi.is_some_and(|h| *h < 1150),
+            "{per_turn:?}"
+        );
     }
 }

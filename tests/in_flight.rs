@@ -1,0 +1,182 @@
+//! Without a change cursor the rows in flight are looked up by id, since they
+//! change where no time column shows it (docs/metrics.md, "Without a change
+//! cursor"): those started within `max(overlap, stuck_after)` on every poll,
+//! and those started earlier — stuck, or failed and waiting long for a retry —
+//! in turn, each about once per `overlap`. Here rows stay in `processing` past
+//! that horizon and then fail (a reaper, or the consumer's own timeout) without
+//! any time column moving: the failures, their error class and the backlog by
+//! status must show within a few rounds, with `reconcile_every` an hour, so no
+//! reconcile can be what saw them. Before the stuck rows were taken in turn,
+//! nothing but a full reconcile (every tenth one) would ever have seen them.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::{Agent, Db, Dialect, Metrics, READY_TIMEOUT, toml_str, wait_until};
+
+const SOURCE: &str = "stuck";
+/// The rows that get stuck and then fail.
+const ROWS: u32 = 40;
+/// `overlap` and `stuck_after`: the horizon is the larger, 3 s.
+const OVERLAP_S: u64 = 3;
+const STUCK_AFTER_S: u64 = 2;
+
+/// The database's clock as each dialect writes it.
+fn now(d: Dialect) -> &'static str {
+    match d {
+        Dialect::Postgres => "clock_timestamp()",
+        Dialect::Mysql => "UTC_TIMESTAMP(6)",
+        Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f','now')",
+    }
+}
+
+/// The unfinished rows by status as the agent shows them.
+fn backlog(m: &Metrics) -> [f64; 3] {
+    ["pending", "processing", "failed"].map(|status| {
+        m.sum(
+            "inbox_backlog_messages",
+            &[("source", SOURCE), ("status", status)],
+        )
+    })
+}
+
+async fn stuck_rows_that_fail_are_counted(db: Db) {
+    let t = db.fresh_tables("stuck").await.inbox;
+    let config = format!(
+        "[[sources]]\nname = \"{SOURCE}\"\nkind = \"inbox\"\ndsn = {}\ntable = {}\n\
+         poll_interval = \"300ms\"\noverlap = \"{OVERLAP_S}s\"\nstuck_after = \"{STUCK_AFTER_S}s\"\n\
+         reconcile_every = \"1h\"\n\
+         columns = {{ event_id = \"event_id\", event_type = \"event_type\", status = \"status\", \
+         received_at = \"received_at\", started_at = \"started_at\", finished_at = \"finished_at\", \
+         attempts = \"attempts\", deliveries = \"deliveries\", last_error = \"last_error\" }}\n",
+        toml_str(&db.dsn),
+        toml_str(&t),
+    );
+    let agent = Agent::start(&config);
+    agent.wait_ready(READY_TIMEOUT).await;
+    let now = now(db.dialect);
+    let ids: Vec<String> = (1..=ROWS).map(|i| format!("'stuck-{i}'")).collect();
+    let ids = format!("({})", ids.join(", "));
+    for i in 1..=ROWS {
+        db.exec(
+            &format!(
+                "INSERT INTO {t} (event_id, event_type, status, received_at, attempts, \
+                 deliveries, updated_at) VALUES ('stuck-{i}', 'orders.created', 'pending', \
+                 {now}, 0, 1, {now})"
+            ),
+            &[],
+        )
+        .await;
+    }
+    let n = db
+        .exec(
+            &format!(
+                "UPDATE {t} SET status = 'processing', started_at = {now}, attempts = 1 \
+                 WHERE event_id IN {ids}"
+            ),
+            &[],
+        )
+        .await;
+    assert_eq!(n, u64::from(ROWS));
+    let s = ("source", SOURCE);
+    let rows = f64::from(ROWS);
+    let seen = wait_until(Duration::from_secs(60), || async {
+        let m = agent.try_scrape().await?;
+        let got = (m.sum("inbox_messages_received_total", &[s]), backlog(&m));
+        if got == (rows, [0.0, rows, 0.0]) {
+            Ok(())
+        } else {
+            Err(format!(
+                "received and backlog {got:?}, want ({rows}, [0, {rows}, 0])"
+            ))
+        }
+    })
+    .await;
+    if let Err(e) = seen {
+        panic!(
+            "the rows were not read in processing: {e}\n{}",
+            agent.stderr()
+        );
+    }
+    // Past the horizon (3 s) and every read of the overlap window (the tail's
+    // 1 s look-back behind a mark at most `overlap` behind the clock, and the
+    // late-commit slices up to `overlap` back), then two more polls: from here
+    // only a look-up by id can see the rows change.
+    let started = db.now_ms().await;
+    wait_until(Duration::from_secs(60), || async {
+        let waited = db.now_ms().await - started;
+        if waited >= 2 * 1000 * i64::try_from(OVERLAP_S).unwrap_or(0) + 2000 {
+            Ok(())
+        } else {
+            Err(format!("{waited} ms since the start"))
+        }
+    })
+    .await
+    .expect("the database's clock moves");
+    let before = agent.wait_polls(SOURCE, 2, Duration::ZERO).await;
+    assert_eq!(
+        (
+            before.sum("inbox_attempt_failures_total", &[s]),
+            before.sum("inbox_stuck_messages", &[s])
+        ),
+        (0.0, rows),
+        "before the failures: none counted, every row stuck"
+    );
+    // Failed where no time column shows it, as a reaper does.
+    let n = db
+        .exec(
+            &format!(
+                "UPDATE {t} SET status = 'failed', last_error = 'TimeoutError: worker lost' \
+                 WHERE event_id IN {ids}"
+            ),
+            &[],
+        )
+        .await;
+    assert_eq!(n, u64::from(ROWS));
+    // Each stuck row is looked up once in overlap / poll_interval = 10 polls:
+    // give it three rounds, counted by the agent's own polls.
+    let res = agent
+        .wait_for_polls(&[SOURCE], Duration::ZERO, 30, |m| {
+            let got = (
+                m.sum("inbox_attempt_failures_total", &[s]),
+                m.sum(
+                    "inbox_attempt_failures_total",
+                    &[s, ("error_class", "timeout")],
+                ),
+                backlog(m),
+                m.sum("inbox_stuck_messages", &[s]),
+            );
+            if got == (rows, rows, [0.0, 0.0, rows], 0.0) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "failures, of them timeout, backlog by status, stuck: {got:?}, want \
+                     ({rows}, {rows}, [0, 0, {rows}], 0)"
+                ))
+            }
+        })
+        .await;
+    if let Err(e) = res {
+        panic!(
+            "the stuck rows' failures were not seen without a reconcile:\n{e}\n{}",
+            agent.stderr()
+        );
+    }
+    db.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_rows_that_fail_are_counted_without_a_reconcile_postgres() {
+    stuck_rows_that_fail_are_counted(Db::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_rows_that_fail_are_counted_without_a_reconcile_mariadb() {
+    stuck_rows_that_fail_are_counted(Db::mysql().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_rows_that_fail_are_counted_without_a_reconcile_sqlite() {
+    stuck_rows_that_fail_are_counted(Db::sqlite().await).await;
+}
