@@ -274,9 +274,11 @@ struct Reread {
     /// [`Incremental`]: the rows in flight (their last read showed them
     /// unfinished and not pending) by key, with their start.
     in_flight: HashMap<u64, i64>,
-    /// [`Incremental`]: numbers the look-ups of the rows in flight, to take
-    /// the rows started before the horizon in turn.
+    /// [`Incremental`]: the rows in flight started before the horizon are
+    /// looked up in turn, those whose key is `turn` modulo `rounds` on each
+    /// poll; `rounds` is set anew when a cycle ends ([`in_flight_rounds`]).
     turn: u64,
+    rounds: u64,
 }
 
 #[derive(Debug)]
@@ -1208,8 +1210,8 @@ impl<K: TableKind> TableSource<K> {
     /// within `max(overlap, stuck_after)`, and of those started earlier one
     /// in [`in_flight_rounds`] on each poll, by key, so that each is looked up
     /// about once per `overlap` (a stuck row that a reaper fails, a failed row
-    /// whose retry waits long) at a cost of their number over the rounds. A
-    /// row gone from the table is forgotten as unfinished.
+    /// whose retry waits long), and about [`LOOKUP_CHUNK`] of them a poll at
+    /// most. A row gone from the table is forgotten as unfinished.
     async fn look_up_in_flight(
         &mut self,
         tx: &mut AnyConnection,
@@ -1220,9 +1222,14 @@ impl<K: TableKind> TableSource<K> {
         };
         let horizon = i64::try_from(plan.horizon.as_micros()).unwrap_or(i64::MAX);
         let since = db_now.saturating_sub(horizon);
-        let rounds = in_flight_rounds(self.spec.overlap, self.spec.poll_interval);
-        self.unfinished.turn = self.unfinished.turn.wrapping_add(1);
-        let turn = self.unfinished.turn % rounds;
+        let r = &mut self.unfinished;
+        r.turn += 1;
+        if r.turn >= r.rounds {
+            let stuck = r.in_flight.values().filter(|s| **s < since).count();
+            r.turn = 0;
+            r.rounds = in_flight_rounds(self.spec.overlap, self.spec.poll_interval, stuck);
+        }
+        let (turn, rounds) = (r.turn, r.rounds);
         let due: Vec<(u64, Box<str>, Unfinished)> = self
             .unfinished
             .in_flight
@@ -1259,13 +1266,15 @@ struct Window {
     baseline: bool,
 }
 
-/// In how many polls the rows in flight started before the horizon are
-/// looked up in turn: `overlap` over `poll_interval`, at least one.
-fn in_flight_rounds(overlap: Duration, poll_interval: Duration) -> u64 {
+/// In how many polls the `stuck` rows in flight started before the horizon
+/// are looked up in turn: `overlap` over `poll_interval` (each about once
+/// per `overlap`), or more where that would take over [`LOOKUP_CHUNK`] of
+/// them a poll (about one look-up query); at least one.
+fn in_flight_rounds(overlap: Duration, poll_interval: Duration, stuck: usize) -> u64 {
     let interval = poll_interval.as_micros().max(1);
-    u64::try_from(overlap.as_micros().div_ceil(interval))
-        .unwrap_or(u64::MAX)
-        .max(1)
+    let per_overlap = u64::try_from(overlap.as_micros().div_ceil(interval)).unwrap_or(u64::MAX);
+    let per_chunk = u64::try_from(stuck.div_ceil(LOOKUP_CHUNK)).unwrap_or(u64::MAX);
+    per_overlap.max(per_chunk).max(1)
 }
 
 fn query_error(e: sqlx::Error) -> SourceError {
@@ -1619,14 +1628,18 @@ mod tests {
     fn stuck_rows_in_flight_are_looked_up_in_turn_once_per_overlap() {
         let ms = Duration::from_millis;
         // 10 s of overlap at 300 ms polls: each stuck row every 34th poll.
-        assert_eq!(in_flight_rounds(ms(10_000), ms(300)), 34);
-        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000)), 30);
+        assert_eq!(in_flight_rounds(ms(10_000), ms(300), 40), 34);
+        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000), 10_000), 30);
         // An overlap shorter than a poll: every stuck row on every poll.
-        assert_eq!(in_flight_rounds(ms(500), ms(1_000)), 1);
-        assert_eq!(in_flight_rounds(ms(0), ms(0)), 1);
+        assert_eq!(in_flight_rounds(ms(500), ms(1_000), 0), 1);
+        assert_eq!(in_flight_rounds(ms(0), ms(0), 0), 1);
+        // About one look-up query of them a poll at most: 100,000 stuck rows
+        // take 200 polls of about 500.
+        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000), 100_000), 200);
+        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000), 100_001), 201);
         // Keys spread evenly over the rounds (event ids hashed by key_of):
         // every key has its turn once in `rounds` polls.
-        let rounds = in_flight_rounds(ms(10_000), ms(300));
+        let rounds = in_flight_rounds(ms(10_000), ms(300), 0);
         let mut per_turn = vec![0u32; rounds as usize];
         for i in 0..34_000 {
             per_turn[(key_of(&format!("evt-{i}")) % rounds) as usize] += 1;
