@@ -598,8 +598,21 @@ struct Window {
     core: (i64, i64),
 }
 
-fn windows_of(handovers: &[Handover], g: GenTime) -> Result<Vec<Window>, String> {
+/// The slack below a window's lower edge: [`MARGIN_MS`], or more when a write of
+/// this run took longer from its stamp to its commit (a loaded machine): a change
+/// stamped that long before the old owner's last seen poll may have committed
+/// after it, and was counted by neither owner.
+fn lower_margin(truth: &InboxTruth) -> i64 {
+    MARGIN_MS.max(truth.max_write_lag_ms + 100)
+}
+
+fn windows_of(
+    handovers: &[Handover],
+    g: GenTime,
+    truth: &InboxTruth,
+) -> Result<Vec<Window>, String> {
     let poll_ms = POLL.as_millis() as i64;
+    let below = lower_margin(truth);
     handovers
         .iter()
         .map(|h| {
@@ -612,7 +625,7 @@ fn windows_of(handovers: &[Handover], g: GenTime) -> Result<Vec<Window>, String>
             let seen = g.ms(h.last_old) - poll_ms;
             let polled = h.last_old_poll_from.map_or(seen, |t| g.ms(t));
             Ok(Window {
-                lower: seen.min(polled) - MARGIN_MS,
+                lower: seen.min(polled) - below,
                 upper: g.ms(up) + MARGIN_MS,
                 core: (g.ms(h.last_old), g.ms(up)),
             })
@@ -638,6 +651,7 @@ fn subset(truth: &InboxTruth, keep: impl Fn(&InboxEvent) -> bool) -> InboxTruth 
         events: truth.events.iter().filter(|e| keep(e)).cloned().collect(),
         base_ms: truth.base_ms,
         late_writes: 0,
+        max_write_lag_ms: truth.max_write_lag_ms,
     }
 }
 
@@ -726,9 +740,11 @@ fn check_across_owners(
         }
     }
     let mut report = format!(
-        "{source}: {} events; received within the handover windows: {} (between the old owner's last \
-         scrape and the new owner's first poll: {}); events changed within a window: {}\n",
+        "{source}: {} events (the longest write took {} ms to commit); received within the \
+         handover windows: {} (between the old owner's last scrape and the new owner's first \
+         poll: {}); events changed within a window: {}\n",
         truth.events.len(),
+        truth.max_write_lag_ms,
         received_in.events.len(),
         received_core.events.len(),
         touched.events.len()
@@ -1103,7 +1119,7 @@ async fn three_agents_one_owner_per_source_with_failover() {
                     h.first_new.saturating_duration_since(h.last_old)
                 );
             }
-            let windows = match windows_of(&hs, g) {
+            let windows = match windows_of(&hs, g, truth) {
                 Ok(w) => w,
                 Err(e) => {
                     problems.push(format!("{source}: {e}"));
@@ -1292,10 +1308,12 @@ async fn an_owner_cut_off_from_its_database_stops_before_another_takes_over() {
         // The old owner counts nothing from the cut on, although it is seen owning
         // until its lock renewal times out: the window opens at the cut.
         let cut_ms = gen_time.ms(cut_at);
-        let windows = windows_of(&hs, gen_time).map(|ws| {
+        let windows = windows_of(&hs, gen_time, &truth).map(|ws| {
             ws.into_iter()
                 .map(|w| Window {
-                    lower: w.lower.min(cut_ms - POLL.as_millis() as i64 - MARGIN_MS),
+                    lower: w
+                        .lower
+                        .min(cut_ms - POLL.as_millis() as i64 - lower_margin(&truth)),
                     core: (w.core.0.min(cut_ms), w.core.1),
                     ..w
                 })
@@ -2041,7 +2059,7 @@ async fn spread_over_late_agents(
         if let (Some(truth), Some(g)) = (&truth, gen_time) {
             for (si, source) in sources.iter().enumerate() {
                 let hs = o.handovers(si);
-                let windows = match windows_of(&hs, g) {
+                let windows = match windows_of(&hs, g, truth) {
                     Ok(w) => w,
                     Err(e) => {
                         problems.push(format!("{source}: {e}"));

@@ -467,15 +467,18 @@ impl InboxWorkload {
         }
         let mut events = Vec::with_capacity(self.events);
         let mut late_writes = 0;
+        let mut max_write_lag_ms = 0;
         for h in handles {
-            let (evs, late) = h.await.expect("an inbox workload writer panicked");
+            let (evs, late, lag) = h.await.expect("an inbox workload writer panicked");
             events.extend(evs);
             late_writes += late;
+            max_write_lag_ms = max_write_lag_ms.max(lag);
         }
         InboxTruth {
             events,
             base_ms: clock.base(),
             late_writes,
+            max_write_lag_ms,
         }
     }
 }
@@ -623,7 +626,7 @@ async fn inbox_worker(
     cfg: InboxWorkload,
     target: Target,
     clock: Clock,
-) -> (Vec<InboxEvent>, usize) {
+) -> (Vec<InboxEvent>, usize, i64) {
     let quota = cfg.events / cfg.workers + usize::from(w < cfg.events % cfg.workers);
     let mut rng =
         fastrand::Rng::with_seed(cfg.seed ^ (w as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -644,6 +647,9 @@ async fn inbox_worker(
         late_writes: 0,
     };
     let mut next_create = clock.now();
+    // The longest an ordinary write (not a late batch's) took from its stamp to
+    // its commit: how long a change can stay invisible after the time it shows.
+    let mut max_lag = 0i64;
     loop {
         let now = clock.now();
         let late_due = late_marks.front().is_some_and(|&m| wr.slots.len() >= m)
@@ -656,6 +662,7 @@ async fn inbox_worker(
         }
         if wr.slots.len() < quota && now >= next_create {
             wr.create(now).await;
+            max_lag = max_lag.max(clock.now() - now);
             next_create += wr.cfg.create_every_ms;
             continue;
         }
@@ -667,6 +674,7 @@ async fn inbox_worker(
             let i = wr.active[p];
             let t = clock.now().max(wr.slots[i].ev.updated_ms + 1);
             wr.step(i, t).await;
+            max_lag = max_lag.max(clock.now() - t);
             if wr.slots[i].plan.is_empty() {
                 wr.active.swap_remove(p);
             }
@@ -686,7 +694,11 @@ async fn inbox_worker(
         let wait = (wake - now).clamp(1, 20) as u64;
         tokio::time::sleep(Duration::from_millis(wait)).await;
     }
-    (wr.slots.into_iter().map(|s| s.ev).collect(), wr.late_writes)
+    (
+        wr.slots.into_iter().map(|s| s.ev).collect(),
+        wr.late_writes,
+        max_lag,
+    )
 }
 
 /// Rows that exist before the agent starts (received long before its start time `S`):
@@ -747,6 +759,9 @@ pub struct InboxTruth {
     pub base_ms: i64,
     /// Rows written by late batches (stamped older than rows already written).
     pub late_writes: usize,
+    /// The longest any other write took from the time it stamped to its
+    /// commit (ms, the generator's clock).
+    pub max_write_lag_ms: i64,
 }
 
 /// Names of the inbox counters and histogram series whose every value is known.
