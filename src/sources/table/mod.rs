@@ -353,6 +353,14 @@ const FULL_RECONCILE_EVERY: u32 = 10;
 /// Event ids per lookup query of the rows that left the unfinished ones.
 const LOOKUP_CHUNK: usize = 500;
 
+/// About how many of the rows in flight started before the horizon one poll
+/// looks up at most ([`in_flight_rounds`]). Each costs about 8 µs of
+/// PostgreSQL time (its index entry and a heap page of its own:
+/// docs/performance.md, "Stuck rows looked up in turn"); past this many, a
+/// round takes longer, and the full reconcile (whose aggregate by status a
+/// stuck row's failure changes) bounds how late one is seen.
+const STUCK_PER_POLL: usize = 100;
+
 impl<K: TableKind> TableSource<K> {
     /// A source that connects on its first poll.
     pub fn new(spec: TableSpec, kind: K) -> Self {
@@ -1210,8 +1218,8 @@ impl<K: TableKind> TableSource<K> {
     /// within `max(overlap, stuck_after)`, and of those started earlier one
     /// in [`in_flight_rounds`] on each poll, by key, so that each is looked up
     /// about once per `overlap` (a stuck row that a reaper fails, a failed row
-    /// whose retry waits long), and about [`LOOKUP_CHUNK`] of them a poll at
-    /// most. A row gone from the table is forgotten as unfinished.
+    /// whose retry waits long), and about [`STUCK_PER_POLL`] of them a poll
+    /// at most. A row gone from the table is forgotten as unfinished.
     async fn look_up_in_flight(
         &mut self,
         tx: &mut AnyConnection,
@@ -1268,13 +1276,13 @@ struct Window {
 
 /// In how many polls the `stuck` rows in flight started before the horizon
 /// are looked up in turn: `overlap` over `poll_interval` (each about once
-/// per `overlap`), or more where that would take over [`LOOKUP_CHUNK`] of
-/// them a poll (about one look-up query); at least one.
+/// per `overlap`), or more where that would take over [`STUCK_PER_POLL`]
+/// of them a poll; at least one.
 fn in_flight_rounds(overlap: Duration, poll_interval: Duration, stuck: usize) -> u64 {
     let interval = poll_interval.as_micros().max(1);
     let per_overlap = u64::try_from(overlap.as_micros().div_ceil(interval)).unwrap_or(u64::MAX);
-    let per_chunk = u64::try_from(stuck.div_ceil(LOOKUP_CHUNK)).unwrap_or(u64::MAX);
-    per_overlap.max(per_chunk).max(1)
+    let per_cap = u64::try_from(stuck.div_ceil(STUCK_PER_POLL)).unwrap_or(u64::MAX);
+    per_overlap.max(per_cap).max(1)
 }
 
 fn query_error(e: sqlx::Error) -> SourceError {
@@ -1629,14 +1637,14 @@ mod tests {
         let ms = Duration::from_millis;
         // 10 s of overlap at 300 ms polls: each stuck row every 34th poll.
         assert_eq!(in_flight_rounds(ms(10_000), ms(300), 40), 34);
-        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000), 10_000), 30);
+        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000), 2_000), 30);
         // An overlap shorter than a poll: every stuck row on every poll.
         assert_eq!(in_flight_rounds(ms(500), ms(1_000), 0), 1);
         assert_eq!(in_flight_rounds(ms(0), ms(0), 0), 1);
-        // About one look-up query of them a poll at most: 100,000 stuck rows
-        // take 200 polls of about 500.
-        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000), 100_000), 200);
-        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000), 100_001), 201);
+        // About 100 of them a poll at most: 10,000 stuck rows take 100 polls.
+        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000), 10_000), 100);
+        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000), 10_001), 101);
+        assert_eq!(in_flight_rounds(ms(30_000), ms(1_000), 3_000), 30);
         // Keys spread evenly over the rounds (event ids hashed by key_of):
         // every key has its turn once in `rounds` polls.
         let rounds = in_flight_rounds(ms(10_000), ms(300), 0);
