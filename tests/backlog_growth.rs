@@ -58,11 +58,7 @@ const SETTLED: Duration = Duration::from_secs(OVERLAP_S + 10);
 
 /// The database's clock as each dialect writes it.
 fn now(d: Dialect) -> &'static str {
-    match d {
-        Dialect::Postgres => "clock_timestamp()",
-        Dialect::Mysql => "UTC_TIMESTAMP(6)",
-        Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f','now')",
-    }
+    d.clock_sql()
 }
 
 /// The ids `p{phase}-{from}` … `p{phase}-{to}` as an SQL list.

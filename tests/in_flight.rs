@@ -13,7 +13,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{Agent, Db, Dialect, Metrics, READY_TIMEOUT, toml_str, wait_until};
+use common::{Agent, Db, Metrics, READY_TIMEOUT, toml_str, wait_until};
 
 const SOURCE: &str = "stuck";
 /// The rows that get stuck and then fail.
@@ -21,15 +21,6 @@ const ROWS: u32 = 40;
 /// `overlap` and `stuck_after`: the horizon is the larger, 3 s.
 const OVERLAP_S: u64 = 3;
 const STUCK_AFTER_S: u64 = 2;
-
-/// The database's clock as each dialect writes it.
-fn now(d: Dialect) -> &'static str {
-    match d {
-        Dialect::Postgres => "clock_timestamp()",
-        Dialect::Mysql => "UTC_TIMESTAMP(6)",
-        Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f','now')",
-    }
-}
 
 /// The unfinished rows by status as the agent shows them.
 fn backlog(m: &Metrics) -> [f64; 3] {
@@ -55,7 +46,7 @@ async fn stuck_rows_that_fail_are_counted(db: Db) {
     );
     let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;
-    let now = now(db.dialect);
+    let now = db.dialect.clock_sql();
     let ids: Vec<String> = (1..=ROWS).map(|i| format!("'stuck-{i}'")).collect();
     let ids = format!("({})", ids.join(", "));
     for i in 1..=ROWS {

@@ -139,6 +139,15 @@ pub enum Dialect {
 }
 
 impl Dialect {
+    /// The database's clock as SQL, as a writer stamps a time column with it.
+    pub fn clock_sql(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "clock_timestamp()",
+            Dialect::Mysql => "UTC_TIMESTAMP(6)",
+            Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f','now')",
+        }
+    }
+
     /// The value of `inboxwatch schema --dialect`.
     pub fn cli_name(self) -> &'static str {
         match self {
