@@ -56,11 +56,6 @@ const OVERLAP_S: u64 = 15;
 /// and a poll here can take seconds.
 const SETTLED: Duration = Duration::from_secs(OVERLAP_S + 10);
 
-/// The database's clock as each dialect writes it.
-fn now(d: Dialect) -> &'static str {
-    d.clock_sql()
-}
-
 /// The ids `p{phase}-{from}` … `p{phase}-{to}` as an SQL list.
 fn ids(phase: u32, from: u32, to: u32) -> String {
     let list: Vec<String> = (from..=to).map(|i| format!("'p{phase}-{i}'")).collect();
@@ -70,8 +65,8 @@ fn ids(phase: u32, from: u32, to: u32) -> String {
 /// The database's clock an hour ago.
 fn an_hour_ago(d: Dialect) -> String {
     match d {
-        Dialect::Postgres => format!("{} - INTERVAL '1 hour'", now(d)),
-        Dialect::Mysql => format!("{} - INTERVAL 1 HOUR", now(d)),
+        Dialect::Postgres => format!("{} - INTERVAL '1 hour'", d.clock_sql()),
+        Dialect::Mysql => format!("{} - INTERVAL 1 HOUR", d.clock_sql()),
         Dialect::Sqlite => "strftime('%Y-%m-%d %H:%M:%f','now','-1 hour')".into(),
     }
 }
@@ -82,10 +77,11 @@ fn an_hour_ago(d: Dialect) -> String {
 const CHUNK: u32 = 5_000;
 
 /// Inserts `batch` pending rows `p{phase}-1` … in statements of [`CHUNK`] rows, each
-/// received at its statement's `now`. One statement of 50,000 rows took MariaDB over
-/// 15 s (the `overlap`) to commit in a CI run beside seven other tests, so its rows,
-/// stamped when it began, were older than any read of the window when they became
-/// visible; a statement's commit must stay inside `overlap`, and each is checked.
+/// received at its statement's `now`. In a CI run beside seven other tests the
+/// hourly-reconcile source never saw the rows of one 50,000-row statement on MariaDB:
+/// most likely it committed more than 15 s (the `overlap`) after its stamp, so its
+/// rows were older than any read of the window when they became visible. A
+/// statement's commit must stay inside `overlap`, and each is checked.
 async fn insert_batch(db: &Db, t: &str, phase: u32, batch: u32, now: &str) {
     let cols = "(event_id, event_type, status, received_at, attempts, deliveries, updated_at)";
     let mut from = 1;
@@ -149,7 +145,7 @@ struct Truth {
 async fn change(db: &Db, t: &str, set: &str, phase: u32, range: (u32, u32)) -> f64 {
     let sql = format!(
         "UPDATE {t} SET {set}, updated_at = {} WHERE event_id IN {}",
-        now(db.dialect),
+        db.dialect.clock_sql(),
         ids(phase, range.0, range.1)
     );
     let n = db.exec(&sql, &[]).await;
@@ -168,7 +164,7 @@ async fn phase(
     truth: &mut Truth,
     dead_before: Option<Instant>,
 ) -> Instant {
-    let now = now(db.dialect);
+    let now = db.dialect.clock_sql();
     insert_batch(db, t, k, batch, now).await;
     truth.received += f64::from(batch);
     truth.deliveries += f64::from(batch);
@@ -634,7 +630,7 @@ async fn full_reads_take_their_own_time_limit(db: Db) {
     // the overlap window, seen only by a full reconcile: the ten re-driven to
     // pending (each showed its attempt as the one that finished it, now as
     // failed) and 50 pending rows deleted by an operator (gone, not completed).
-    let now = now(db.dialect);
+    let now = db.dialect.clock_sql();
     change(
         &db,
         &t,

@@ -187,7 +187,8 @@ pub trait TableKind: Send + 'static {
 /// — and those are looked up by id ([`TableSource::look_up_in_flight`]): on
 /// every poll those started within the last `max(overlap, stuck_after)`,
 /// and the ones started earlier (stuck, or waiting long for a retry) in
-/// turn, each about once per `overlap`. What neither shows (a row deleted or
+/// turn, each about once per `overlap` (less often when there are more than
+/// [`STUCK_PER_POLL`] a poll's share). What neither shows (a row deleted or
 /// re-driven, a status moved by hand) is caught by the reconcile of the kept
 /// backlog every `reconcile_every`, which re-reads and counts every
 /// unfinished row when the count (or, every tenth time, the aggregate)
@@ -199,7 +200,7 @@ pub struct Incremental {
     pub started: Option<usize>,
     /// How long after its start a row in flight is looked up on every poll:
     /// `max(overlap, stuck_after)`; later it is stuck, and is looked up in
-    /// turn with the other stuck rows, each about once per `overlap`.
+    /// turn with the other stuck rows ([`in_flight_rounds`]).
     pub horizon: Duration,
 }
 
