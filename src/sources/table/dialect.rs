@@ -24,6 +24,16 @@ pub enum Param {
     Text(String),
 }
 
+/// How a look-up by event id names the ids ([`Sql::id_bind`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdBind {
+    /// As bound text parameters, each cast to this type where one is given.
+    Params(Option<&'static str>),
+    /// As literals in the statement, which the database converts to the
+    /// column's type itself.
+    Literals,
+}
+
 /// SQL fragments for one dialect.
 #[derive(Debug, Clone, Copy)]
 pub struct Sql {
@@ -61,6 +71,41 @@ impl Sql {
     pub fn in_list(&self, words: &[&str]) -> String {
         let items: Vec<String> = words.iter().map(|w| self.literal(w)).collect();
         format!("({})", items.join(", "))
+    }
+
+    /// How the event ids of a look-up are compared with an id column of
+    /// type `data_type` (as `information_schema.columns` or SQLite's
+    /// `pragma_table_info` names it): bound as text parameters, which
+    /// MariaDB and SQLite convert to the column's type as they do a
+    /// literal; on PostgreSQL each is cast to the column's type, known for
+    /// the usual id types. Another PostgreSQL type (an enum, a domain, a
+    /// `character(n)` a cast would pad) keeps literals in the statement.
+    pub fn id_bind(&self, data_type: &str) -> IdBind {
+        match self.dialect {
+            Dialect::MySql | Dialect::Sqlite => IdBind::Params(None),
+            Dialect::Postgres => match data_type {
+                "bigint" => IdBind::Params(Some("BIGINT")),
+                "integer" => IdBind::Params(Some("INTEGER")),
+                "smallint" => IdBind::Params(Some("SMALLINT")),
+                "numeric" => IdBind::Params(Some("NUMERIC")),
+                "uuid" => IdBind::Params(Some("UUID")),
+                "text" => IdBind::Params(Some("TEXT")),
+                "character varying" => IdBind::Params(Some("VARCHAR")),
+                _ => IdBind::Literals,
+            },
+        }
+    }
+
+    /// `column IN (…)` of `n` event ids as [`Sql::id_bind`] says, from
+    /// parameter 1: one statement per `n`, prepared once.
+    pub fn id_params(&self, column: &str, n: usize, bind: IdBind) -> String {
+        let items: Vec<String> = (1..=n)
+            .map(|i| match bind {
+                IdBind::Params(Some(ty)) => format!("CAST({} AS {ty})", self.placeholder(i)),
+                _ => self.placeholder(i),
+            })
+            .collect();
+        format!("{column} IN ({})", items.join(", "))
     }
 
     /// A column (or expression) as text, whatever its type (uuid, enum, varchar).
@@ -412,6 +457,39 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn look_ups_bind_ids_cast_to_the_column_type_or_fall_back_to_literals() {
+        let pg = Sql {
+            dialect: Dialect::Postgres,
+        };
+        assert_eq!(
+            pg.id_params("\"id\"", 2, pg.id_bind("uuid")),
+            "\"id\" IN (CAST($1 AS UUID), CAST($2 AS UUID))"
+        );
+        assert_eq!(pg.id_bind("bigint"), IdBind::Params(Some("BIGINT")));
+        assert_eq!(
+            pg.id_bind("character varying"),
+            IdBind::Params(Some("VARCHAR"))
+        );
+        // A cast to `character` would be `character(1)`; an enum or a domain
+        // has a name of its own: literals, as before.
+        for other in ["character", "USER-DEFINED", "ARRAY", ""] {
+            assert_eq!(pg.id_bind(other), IdBind::Literals, "{other}");
+        }
+        let my = Sql {
+            dialect: Dialect::MySql,
+        };
+        assert_eq!(my.id_bind("bigint"), IdBind::Params(None));
+        assert_eq!(
+            my.id_params("`id`", 3, IdBind::Params(None)),
+            "`id` IN (?, ?, ?)"
+        );
+        let lite = Sql {
+            dialect: Dialect::Sqlite,
+        };
+        assert_eq!(lite.id_bind("INTEGER"), IdBind::Params(None));
+    }
 
     #[test]
     fn sqlite_time_matches_strftime_format() {

@@ -35,8 +35,8 @@ pub(crate) async fn check<K: TableKind>(
 ) -> Vec<Finding> {
     let mut out = Vec::new();
     let mut conn = match source.opener().open().await {
-        Ok((c, xmin)) => {
-            source.set_xmin(xmin);
+        Ok((c, checked)) => {
+            source.set_checked(checked);
             c
         }
         Err(e) => {

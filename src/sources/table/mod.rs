@@ -46,7 +46,7 @@ use crate::sources::run::{PollStats, Source, SourceError};
 use crate::telemetry::catalogue as metric;
 use backlog::{Backlog, GaugeMap, Unfinished};
 use config::{Cursor, FinishedRows};
-use dialect::{Param, Sql};
+use dialect::{IdBind, Param, Sql};
 
 /// How far behind the change cursor every poll looks, for transactions that
 /// commit shortly after setting `updated_at`; older stragglers (up to the
@@ -218,6 +218,9 @@ pub struct TableSource<K: TableKind> {
     /// PostgreSQL: whether the rows carry `xmin` (a table, not a view), so
     /// the tail can skip rows an earlier poll read.
     xmin: bool,
+    /// How look-ups by event id bind the ids, from the id column's type
+    /// (literals until the schema check has read it).
+    id_bind: IdBind,
     /// Whether the first (baseline) poll has run.
     started: bool,
     /// Per tailed column ([`TableKind::cursors`]): the highest value read so
@@ -352,7 +355,13 @@ const MAX_TAILS_KEPT: usize = 4096;
 const FULL_RECONCILE_EVERY: u32 = 10;
 
 /// Event ids per lookup query of the rows that left the unfinished ones.
-const LOOKUP_CHUNK: usize = 500;
+const LOOKUP_CHUNK: usize = 512;
+
+/// The size a look-up's list of `n` ids is padded to: the next power of two
+/// (at most [`LOOKUP_CHUNK`]), so that ten statements serve every list.
+fn lookup_size(n: usize) -> usize {
+    n.next_power_of_two().min(LOOKUP_CHUNK)
+}
 
 /// About how many of the rows in flight started before the horizon one poll
 /// looks up at most ([`in_flight_rounds`]). Each costs about 8 µs of
@@ -383,6 +392,7 @@ impl<K: TableKind> TableSource<K> {
             pool: None,
             schema_checked: false,
             xmin: sql.snapshot_xmin().is_some(),
+            id_bind: IdBind::Literals,
             started: false,
             highs: vec![None; cursors],
             last_sweep: None,
@@ -417,6 +427,7 @@ impl<K: TableKind> TableSource<K> {
             spec: self.spec.clone(),
             sql: self.sql,
             columns: self.kind.columns(),
+            event_id: self.kind.event_id().to_string(),
         }
     }
 
@@ -484,21 +495,28 @@ impl<K: TableKind> TableSource<K> {
         )
     }
 
-    /// The rows of some event ids, found by the id column's own index: the
-    /// ids are literals, which each dialect converts to the column's type.
+    /// The rows of `n` event ids, found by the id column's own index: bound
+    /// as [`Sql::id_bind`] says, one statement per `n` (the look-ups pad
+    /// their lists to a power of two: [`lookup_size`]); where the ids cannot
+    /// be bound, as literals, which each dialect converts to the column's
+    /// type.
     fn lookup_query(&self, ids: &[&str]) -> String {
+        let column = self.sql.ident(self.kind.event_id());
+        let filter = match self.id_bind {
+            IdBind::Literals => format!("{column} IN {}", self.sql.in_list(ids)),
+            bind => self.sql.id_params(&column, ids.len(), bind),
+        };
         format!(
-            "SELECT {} FROM {} WHERE {} IN {}",
+            "SELECT {} FROM {} WHERE {filter}",
             self.select_list(),
             self.sql.table(&self.spec.table),
-            self.sql.ident(self.kind.event_id()),
-            self.sql.in_list(ids),
         )
     }
 
-    /// Says whether the rows carry `xmin`, as [`Opener::open`] found.
-    pub fn set_xmin(&mut self, xmin: bool) {
-        self.xmin = xmin;
+    /// Takes what [`Opener::open`] found of the table.
+    pub fn set_checked(&mut self, checked: Checked) {
+        self.xmin = checked.xmin;
+        self.id_bind = checked.id_bind;
     }
 
     /// The condition of the unfinished rows, for `doctor`'s estimate.
@@ -600,7 +618,8 @@ impl<K: TableKind> TableSource<K> {
             })?;
             let result = async {
                 if !self.schema_checked {
-                    self.xmin = self.opener().check_schema(&mut conn).await?;
+                    let checked = self.opener().check_schema(&mut conn).await?;
+                    self.set_checked(checked);
                     self.schema_checked = true;
                 }
                 self.poll_on(&mut conn).await
@@ -619,8 +638,8 @@ impl<K: TableKind> TableSource<K> {
         let mut conn = match self.conn.take() {
             Some(c) => c,
             None => {
-                let (conn, xmin) = self.opener().open().await?;
-                self.xmin = xmin;
+                let (conn, checked) = self.opener().open().await?;
+                self.set_checked(checked);
                 conn
             }
         };
@@ -1022,11 +1041,24 @@ impl<K: TableKind> TableSource<K> {
     ) -> Result<u64, SourceError> {
         let mut rows_read = 0u64;
         for chunk in rows.chunks(LOOKUP_CHUNK) {
-            let ids: Vec<&str> = chunk.iter().map(|(_, id, _)| &**id).collect();
-            let found_rows = sqlx::query(sqlx::AssertSqlSafe(self.lookup_query(&ids)))
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(query_error)?;
+            let mut ids: Vec<&str> = chunk.iter().map(|(_, id, _)| &**id).collect();
+            let found_rows = if self.id_bind == IdBind::Literals {
+                sqlx::query(sqlx::AssertSqlSafe(self.lookup_query(&ids)))
+                    .fetch_all(&mut *tx)
+                    .await
+            } else {
+                // The last id repeated up to the list's size: the same few
+                // statements serve every look-up.
+                let last = ids[ids.len() - 1];
+                ids.resize(lookup_size(ids.len()), last);
+                let sql = self.lookup_query(&ids);
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for id in &ids {
+                    q = q.bind(*id);
+                }
+                q.fetch_all(&mut *tx).await
+            }
+            .map_err(query_error)?;
             rows_read += found_rows.len() as u64;
             let mut found = HashSet::new();
             for row in &found_rows {
@@ -1400,13 +1432,23 @@ pub struct Opener {
     spec: TableSpec,
     sql: Sql,
     columns: Vec<(String, String)>,
+    event_id: String,
+}
+
+/// What [`Opener::check_schema`] found of a table.
+#[derive(Debug, Clone, Copy)]
+pub struct Checked {
+    /// PostgreSQL: whether the rows carry `xmin`.
+    pub xmin: bool,
+    /// How look-ups bind event ids, from the id column's type.
+    pub id_bind: IdBind,
 }
 
 impl Opener {
     /// Connects, sets the session up (UTC, read-only, statement timeout) and
-    /// checks the table and its mapped columns; also says whether its rows
-    /// carry PostgreSQL's `xmin` (see [`Opener::check_schema`]).
-    pub async fn open(self) -> Result<(AnyConnection, bool), SourceError> {
+    /// checks the table and its mapped columns; also says what it found of
+    /// them (see [`Opener::check_schema`]).
+    pub async fn open(self) -> Result<(AnyConnection, Checked), SourceError> {
         let url = connect_url(&self.spec);
         let connect_err = |e: sqlx::Error| SourceError::Connect {
             dsn: self.spec.dsn.to_string(),
@@ -1416,15 +1458,16 @@ impl Opener {
         setup_session(&mut conn, self.sql, self.spec.timeout)
             .await
             .map_err(connect_err)?;
-        let xmin = self.check_schema(&mut conn).await?;
-        Ok((conn, xmin))
+        let checked = self.check_schema(&mut conn).await?;
+        Ok((conn, checked))
     }
 
     /// Names the missing table or columns before the first query fails on
-    /// them. Returns whether the rows carry PostgreSQL's `xmin`, which the
+    /// them. Returns how look-ups bind event ids (from the id column's
+    /// type) and whether the rows carry PostgreSQL's `xmin`, which the
     /// tail filters re-read rows by: a table does, a view (or a foreign
     /// table) does not, and is then read without that filter.
-    async fn check_schema(&self, conn: &mut AnyConnection) -> Result<bool, SourceError> {
+    async fn check_schema(&self, conn: &mut AnyConnection) -> Result<Checked, SourceError> {
         let rows = sqlx::query(sqlx::AssertSqlSafe(
             self.sql.columns_query(&self.spec.table),
         ))
@@ -1468,8 +1511,14 @@ impl Opener {
         if !missing.is_empty() {
             return Err(SourceError::Schema(missing.join("; ")));
         }
+        let id_bind = self
+            .sql
+            .id_bind(present.get(&self.event_id).map_or("", String::as_str));
         if self.sql.snapshot_xmin().is_none() {
-            return Ok(false);
+            return Ok(Checked {
+                xmin: false,
+                id_bind,
+            });
         }
         let kind: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT CAST(relkind AS TEXT) FROM pg_class WHERE oid = to_regclass({})",
@@ -1479,7 +1528,10 @@ impl Opener {
         .await
         .map_err(|e| SourceError::Query(e.to_string()))?;
         // Tables, partitioned tables and materialized views have row versions.
-        Ok(matches!(kind.as_deref(), Some("r" | "p" | "m")))
+        Ok(Checked {
+            xmin: matches!(kind.as_deref(), Some("r" | "p" | "m")),
+            id_bind,
+        })
     }
 }
 
@@ -1631,6 +1683,17 @@ mod tests {
             [(90 * S, 9), (100 * S, 10), (105 * S, 11)]
         );
         assert_eq!(late.seen_before(95 * S), 9);
+    }
+
+    #[test]
+    fn look_up_lists_are_padded_to_ten_sizes() {
+        assert_eq!(lookup_size(1), 1);
+        assert_eq!(lookup_size(3), 4);
+        assert_eq!(lookup_size(100), 128);
+        assert_eq!(lookup_size(257), LOOKUP_CHUNK);
+        assert_eq!(lookup_size(LOOKUP_CHUNK), LOOKUP_CHUNK);
+        let sizes: HashSet<usize> = (1..=LOOKUP_CHUNK).map(lookup_size).collect();
+        assert_eq!(sizes.len(), 10);
     }
 
     #[test]
