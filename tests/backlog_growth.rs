@@ -26,7 +26,7 @@
 //! change; the gauges' is the table itself, read by the test.
 //!
 //! A backlog that takes longer than `timeout` to read (300,000 rows; `timeout`
-//! a third of what the test's own read of them takes) is taken by the first
+//! half of what the test's own read of them takes) is taken by the first
 //! poll and re-read and counted by a full reconcile, each within
 //! `full_read_timeout`, on PostgreSQL and MariaDB.
 
@@ -537,11 +537,13 @@ const LARGE: u32 = 300_000;
 /// is chosen from, so that the buckets tell which polls took longer.
 const TIMEOUTS: [f64; 4] = [0.1, 0.25, 0.5, 1.0];
 
-/// The source's `timeout`: about a third of what a read of every unfinished
-/// row takes here through the test's own client (the agent's reads take more
-/// per row), rounded down to a bucket bound; its other statements (a count over
-/// an index, empty tails) take far less.
-async fn a_third_of_a_full_read(db: &Db, t: &str) -> f64 {
+/// The source's `timeout`: about half of what a read of every unfinished row
+/// takes here through the test's own client (the agent's reads take more per
+/// row: 22 s against the test's 1.5 s beside other suites), rounded down to a
+/// bucket bound; its other polls (a count over an index, empty tails) take far
+/// less. A third left them 0.5 s, and two cold CI passes on a slower machine
+/// each saw one of them take longer beside the other suites.
+async fn half_a_full_read(db: &Db, t: &str) -> f64 {
     let started = std::time::Instant::now();
     let columns = [
         "event_id",
@@ -565,10 +567,10 @@ async fn a_third_of_a_full_read(db: &Db, t: &str) -> f64 {
         )
         .await;
     assert_eq!(rows.len(), LARGE as usize);
-    let third = started.elapsed().as_secs_f64() / 3.0;
+    let half = started.elapsed().as_secs_f64() / 2.0;
     TIMEOUTS
         .into_iter()
-        .rfind(|b| *b <= third)
+        .rfind(|b| *b <= half)
         .unwrap_or(TIMEOUTS[0])
 }
 
@@ -585,8 +587,8 @@ async fn full_reads_take_their_own_time_limit(db: Db) {
         // becomes an index-only scan, well within `timeout` beside other suites.
         db.exec(&format!("VACUUM ANALYZE {t}"), &[]).await;
     }
-    let timeout = a_third_of_a_full_read(&db, &t).await;
-    eprintln!("timeout = {timeout} s: about a third of a read of the {LARGE} rows here");
+    let timeout = half_a_full_read(&db, &t).await;
+    eprintln!("timeout = {timeout} s: about half of a read of the {LARGE} rows here");
     let config = format!(
         "[[sources]]\nname = \"{SOURCE}\"\nkind = \"inbox\"\ndsn = {}\ntable = {}\n\
          poll_interval = \"1s\"\ntimeout = \"{}ms\"\nreconcile_every = \"2s\"\noverlap = \"2s\"\n\
