@@ -1042,23 +1042,20 @@ impl<K: TableKind> TableSource<K> {
         let mut rows_read = 0u64;
         for chunk in rows.chunks(LOOKUP_CHUNK) {
             let mut ids: Vec<&str> = chunk.iter().map(|(_, id, _)| &**id).collect();
-            let found_rows = if self.id_bind == IdBind::Literals {
-                sqlx::query(sqlx::AssertSqlSafe(self.lookup_query(&ids)))
-                    .fetch_all(&mut *tx)
-                    .await
-            } else {
+            let bound = self.id_bind != IdBind::Literals;
+            if bound {
                 // The last id repeated up to the list's size: the same few
                 // statements serve every look-up.
                 let last = ids[ids.len() - 1];
                 ids.resize(lookup_size(ids.len()), last);
-                let sql = self.lookup_query(&ids);
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+            }
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(self.lookup_query(&ids)));
+            if bound {
                 for id in &ids {
                     q = q.bind(*id);
                 }
-                q.fetch_all(&mut *tx).await
             }
-            .map_err(query_error)?;
+            let found_rows = q.fetch_all(&mut *tx).await.map_err(query_error)?;
             rows_read += found_rows.len() as u64;
             let mut found = HashSet::new();
             for row in &found_rows {
