@@ -32,8 +32,30 @@ fn backlog(m: &Metrics) -> [f64; 3] {
     })
 }
 
-async fn stuck_rows_that_fail_are_counted(db: Db) {
+/// The `i`-th row's event id as SQL, for an id column of type `id_type`
+/// (`None`: the test table's own text column).
+fn id_sql(id_type: Option<&str>, i: u32) -> String {
+    match id_type {
+        Some("uuid") => format!("'00000000-0000-4000-8000-{i:012}'"),
+        Some("bigint") => i.to_string(),
+        _ => format!("'stuck-{i}'"),
+    }
+}
+
+/// `id_type`: PostgreSQL only, the event id column made of that type (the
+/// look-ups bind the ids cast to it).
+async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>) {
     let t = db.fresh_tables("stuck").await.inbox;
+    if let Some(ty) = id_type {
+        db.exec(
+            &format!(
+                "ALTER TABLE {t} ALTER COLUMN event_id TYPE {ty} \
+                 USING CAST(CAST(event_id AS TEXT) AS {ty})"
+            ),
+            &[],
+        )
+        .await;
+    }
     let config = format!(
         "[[sources]]\nname = \"{SOURCE}\"\nkind = \"inbox\"\ndsn = {}\ntable = {}\n\
          poll_interval = \"300ms\"\noverlap = \"{OVERLAP_S}s\"\nstuck_after = \"{STUCK_AFTER_S}s\"\n\
@@ -47,13 +69,14 @@ async fn stuck_rows_that_fail_are_counted(db: Db) {
     let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;
     let now = db.dialect.clock_sql();
-    let ids: Vec<String> = (1..=ROWS).map(|i| format!("'stuck-{i}'")).collect();
+    let ids: Vec<String> = (1..=ROWS).map(|i| id_sql(id_type, i)).collect();
     let ids = format!("({})", ids.join(", "));
     for i in 1..=ROWS {
+        let id = id_sql(id_type, i);
         db.exec(
             &format!(
                 "INSERT INTO {t} (event_id, event_type, status, received_at, attempts, \
-                 deliveries, updated_at) VALUES ('stuck-{i}', 'orders.created', 'pending', \
+                 deliveries, updated_at) VALUES ({id}, 'orders.created', 'pending', \
                  {now}, 0, 1, {now})"
             ),
             &[],
@@ -159,15 +182,25 @@ async fn stuck_rows_that_fail_are_counted(db: Db) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_rows_that_fail_are_counted_without_a_reconcile_postgres() {
-    stuck_rows_that_fail_are_counted(Db::postgres().await).await;
+    stuck_rows_that_fail_are_counted(Db::postgres().await, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_rows_with_uuid_ids_are_looked_up_postgres() {
+    stuck_rows_that_fail_are_counted(Db::postgres().await, Some("uuid")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_rows_with_bigint_ids_are_looked_up_postgres() {
+    stuck_rows_that_fail_are_counted(Db::postgres().await, Some("bigint")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_rows_that_fail_are_counted_without_a_reconcile_mariadb() {
-    stuck_rows_that_fail_are_counted(Db::mysql().await).await;
+    stuck_rows_that_fail_are_counted(Db::mysql().await, None).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_rows_that_fail_are_counted_without_a_reconcile_sqlite() {
-    stuck_rows_that_fail_are_counted(Db::sqlite().await).await;
+    stuck_rows_that_fail_are_counted(Db::sqlite().await, None).await;
 }
