@@ -285,7 +285,29 @@ fn the_build_stage_builds_from_what_the_dockerfile_copies() {
         .to_path_buf();
     let cargo = option_env!("CARGO").unwrap_or("cargo");
     let started = std::time::Instant::now();
-    let out = Command::new(cargo)
+    let mut command = Command::new(cargo);
+    // Without what cargo sets for this test's own run (`CARGO_MANIFEST_DIR`,
+    // `CARGO_PKG_*`, …): build scripts that read them (ring's, rustls') would see
+    // an environment the suite's other builds do not have, re-run, and leave
+    // those crates and everything above them to be rebuilt by the next `cargo`
+    // in this target directory.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        if key.starts_with("CARGO_PKG_")
+            || key.starts_with("CARGO_BIN_EXE_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+            ]
+            .contains(&key.as_ref())
+        {
+            command.env_remove(key.as_ref());
+        }
+    }
+    let out = command
         .args(&args)
         .current_dir(&context)
         .env("CARGO_TARGET_DIR", &target_dir)
