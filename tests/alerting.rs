@@ -206,6 +206,7 @@ mod promtool_unit_tests_pass {
         "kafka",
         "latency",
         "ordering",
+        "owner_joins",
         "quiet",
     ];
 
@@ -288,6 +289,10 @@ mod promtool_unit_tests_pass {
         passes("ordering");
     }
     #[test]
+    fn owner_joins() {
+        passes("owner_joins");
+    }
+    #[test]
     fn quiet() {
         passes("quiet");
     }
@@ -347,19 +352,50 @@ fn every_alert_is_unit_tested_firing_and_silent() {
     );
 }
 
+/// The owners a unit-test block's input gives each source (`inboxwatch_source_info`) and
+/// each Kafka consumer group (`kafka_consumer_group_info`), keyed `source=…` / `group=…`.
+fn block_owners(block: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let label = |series: &str, name: &str| -> Option<String> {
+        let at = series.find(&format!("{name}=\""))? + name.len() + 2;
+        let rest = &series[at..];
+        Some(rest[..rest.find('"')?].to_string())
+    };
+    let mut owners: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in block.lines() {
+        let Some(series) = line.trim().strip_prefix("- series:") else {
+            continue;
+        };
+        let key = if series.contains("inboxwatch_source_info{") {
+            label(series, "source").map(|s| format!("source={s}"))
+        } else if series.contains("kafka_consumer_group_info{") {
+            label(series, "group").map(|g| format!("group={g}"))
+        } else {
+            None
+        };
+        if let (Some(key), Some(owner)) = (key, label(series, "owner")) {
+            owners.entry(key).or_default().insert(owner);
+        }
+    }
+    owners
+}
+
 /// Every alert carries `owner`, proven by promtool: in `alerts/tests/` (which
 /// `promtool_unit_tests_pass` runs, and where promtool compares the labels exactly) every
 /// alert fires at least once with an `owner` label, and every expected alert has one, except
-/// in a test that exports a source without an owner (`owner=""`), where its absence is
-/// what is tested.
+/// where its test gives its source (or, for a group alert, its group) no owner to join: an
+/// owner of "" (a source without one), no info series at all, or two owners at once.
+/// And every critical alert that joins an owner is shown firing without one in both of the
+/// last two cases (`alerts/tests/owner_joins.test.yml`): the join never loses a page.
 #[test]
 fn every_alert_carries_owner_in_the_unit_tests() {
     let mut owned = BTreeSet::new();
+    let mut without_info = BTreeSet::new();
+    let mut two_owners = BTreeSet::new();
     let mut problems = Vec::new();
     for file in repo_files("alerts/tests", &[".test.yml", ".test.yaml"]) {
         let text = repo_read(&file);
         for (i, block) in text.split("\n  - interval:").enumerate().skip(1) {
-            let ownerless_source = block.contains("owner=\"\"");
+            let owners = block_owners(block);
             let lines: Vec<&str> = block.lines().collect();
             let mut name = String::new();
             for (j, line) in lines.iter().enumerate() {
@@ -370,19 +406,33 @@ fn every_alert_carries_owner_in_the_unit_tests() {
                 if t != "- exp_labels:" {
                     continue;
                 }
-                let owner = lines[j + 1..]
+                let labels: BTreeMap<&str, &str> = lines[j + 1..]
                     .iter()
                     .map(|l| l.trim())
                     .take_while(|l| !l.starts_with("exp_annotations:") && !l.starts_with('-'))
-                    .find_map(|l| l.strip_prefix("owner:"))
-                    .map(str::trim);
-                match owner {
-                    Some(o) if !o.is_empty() => {
-                        owned.insert(name.clone());
+                    .filter_map(|l| l.split_once(':'))
+                    .map(|(k, v)| (k.trim(), v.trim()))
+                    .collect();
+                if labels.get("owner").is_some_and(|o| !o.is_empty()) {
+                    owned.insert(name.clone());
+                    continue;
+                }
+                let key = match (labels.get("group"), labels.get("source")) {
+                    (Some(g), _) => format!("group={g}"),
+                    (None, Some(s)) => format!("source={s}"),
+                    (None, None) => String::new(),
+                };
+                match owners.get(&key) {
+                    None => {
+                        without_info.insert(name.clone());
                     }
-                    _ if ownerless_source => {}
-                    _ => problems.push(format!(
-                        "{file}, test {i}: {name} is expected without an owner label"
+                    Some(o) if o.len() > 1 => {
+                        two_owners.insert(name.clone());
+                    }
+                    Some(o) if o.contains("") => {}
+                    Some(_) => problems.push(format!(
+                        "{file}, test {i}: {name} is expected without an owner label, though \
+                         its {key} has one"
                     )),
                 }
             }
@@ -394,6 +444,23 @@ fn every_alert_carries_owner_in_the_unit_tests() {
                 "{}: no unit test shows it firing with an owner label",
                 rule.name
             ));
+        }
+        let joins = rule
+            .get("expr")
+            .is_some_and(|e| e.contains("group_left(owner)"));
+        if joins && rule.get("severity") == Some("critical") {
+            if !without_info.contains(&rule.name) {
+                problems.push(format!(
+                    "{}: no unit test shows it firing when its source has no info series",
+                    rule.name
+                ));
+            }
+            if !two_owners.contains(&rule.name) {
+                problems.push(format!(
+                    "{}: no unit test shows it firing when two agents give its source two owners",
+                    rule.name
+                ));
+            }
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
