@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use crate::config::Config;
 use crate::sources::SourceSpec;
-use crate::sources::kind::{ActionError, ActionRequest, timestamp};
+use crate::sources::kind::{ActionError, ActionRequest, printable, timestamp};
 
 /// Why the command did nothing at all.
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +64,7 @@ pub async fn run(
     let mut all = true;
     for o in &outcomes {
         all &= o.done;
-        let _ = writeln!(out, "{}", o.line);
+        let _ = writeln!(out, "{}", printable(&o.line));
     }
     Ok((out, all))
 }
@@ -96,7 +96,7 @@ pub async fn history(
     let mut out = String::from(
         "event_id\taction\toperator\treason\tat\tprevious_status\tattempts\tlast_error\n",
     );
-    let cell = |s: Option<&str>| s.map_or("-".to_string(), |s| s.replace(['\t', '\n', '\r'], " "));
+    let cell = |s: Option<&str>| s.map_or("-".to_string(), printable);
     for e in entries {
         let _ = writeln!(
             out,

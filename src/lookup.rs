@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::sources::SourceSpec;
-use crate::sources::kind::{ERROR_SHOWN, VALUE_PREFIX, bytes_text as escape, timestamp};
+use crate::sources::kind::{ERROR_SHOWN, VALUE_PREFIX, bytes_text as escape, printable, timestamp};
 use crate::tracing_link::{self as link, to_hex};
 
 /// Why a lookup could not answer.
@@ -70,7 +70,7 @@ pub async fn trace(
 ) -> Result<String, LookupError> {
     let sources = selected(config, source)?;
     let mut out = String::new();
-    let _ = writeln!(out, "event {event_id}");
+    let _ = writeln!(out, "event {}", printable(event_id));
     let _ = writeln!(
         out,
         "trace id {}  (derived from the event id)",
@@ -134,15 +134,17 @@ pub async fn dead_letters(
                 out,
                 "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
                 spec.name(),
-                r.event_id,
-                r.event_type.as_deref().unwrap_or("unknown"),
+                printable(&r.event_id),
+                r.event_type
+                    .as_deref()
+                    .map_or("unknown".to_string(), printable),
                 r.received.map_or("-".to_string(), timestamp),
                 r.dead_at.map_or("-".to_string(), timestamp),
                 r.attempts.map_or("-".to_string(), |a| a.to_string()),
                 to_hex(&link::trace_id(&r.event_id)),
                 r.last_error
                     .as_deref()
-                    .map_or("-".to_string(), |e| one_line(&link::truncate(
+                    .map_or("-".to_string(), |e| printable(&link::truncate(
                         e,
                         ERROR_SHOWN
                     ))),

@@ -212,7 +212,9 @@ fn main() -> ExitCode {
                 apply: args.yes,
             };
             if !request.apply {
-                eprintln!("dry run: nothing is written; add --yes to apply");
+                eprintln!(
+                    "dry run: nothing is written; add --yes before the event ids (and their --) to apply"
+                );
             }
             match runtime().block_on(actions::run(&cfg, &args.source, &request)) {
                 Ok((text, all)) => {

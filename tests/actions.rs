@@ -314,7 +314,9 @@ async fn replay_and_ignore(db: Db, tag: &str) {
         .collect();
     assert_eq!(out, format!("{would}{refusals}"), "dry-run lines");
     assert!(
-        err.contains("dry run: nothing is written; add --yes to apply"),
+        err.contains(
+            "dry run: nothing is written; add --yes before the event ids (and their --) to apply"
+        ),
         "{err}"
     );
     assert_eq!(
@@ -568,7 +570,13 @@ async fn replay_and_ignore(db: Db, tag: &str) {
         lines[1].starts_with(&format!("{}\treplay\t{OPERATOR}\t{REASON}\t", d2.id))
             && lines[1].ends_with(&format!(
                 "\tdead\t2\t{}",
-                d2.last_error.as_deref().expect("error").replace('\n', " ")
+                // Escaped as every printed field of table data is: a backslash
+                // doubled, a control character as \xNN.
+                d2.last_error
+                    .as_deref()
+                    .expect("error")
+                    .replace('\\', "\\\\")
+                    .replace('\n', "\\x0a")
             )),
         "history of a replay: {}",
         lines[1]

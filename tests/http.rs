@@ -343,3 +343,104 @@ async fn probes_say_starting_ready_and_shutting_down() {
     drop(proxy);
     db.cleanup().await;
 }
+
+/// One GET with `Connection: close`: the status code, the head (lower-cased)
+/// and the body.
+async fn get_with_head(port: u16, path: &str) -> (u16, String, String) {
+    let mut s = connect(port).await;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.expect("write a request");
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf))
+        .await
+        .unwrap_or_else(|_| panic!("GET {path}: no answer within 30 s"))
+        .expect("read the response");
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("GET {path}: bad status line in {head:?}"));
+    (code, head.to_ascii_lowercase(), body.to_string())
+}
+
+/// Issue 35, hostile requests to the pages: every page and API answer (they show
+/// row data) carries `X-Content-Type-Options: nosniff`, `Referrer-Policy:
+/// no-referrer` and `Cache-Control: no-store`; a `since` past ten years is a 400
+/// naming the parameter (was 200 with the database's range error), on the page,
+/// the API and `dead-letters --since`; an event id holding NUL is a plain 404
+/// on PostgreSQL, whose text cannot hold one (was the driver's "invalid byte
+/// sequence" in the answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_are_private_to_caches_and_refuse_hostile_parameters() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("hostile_http").await;
+    let config = inbox_source_toml("hostile", &db.dsn, &tables.inbox);
+    let agent = Agent::start(&config);
+    agent.wait_ready(Duration::from_secs(30)).await;
+
+    for path in [
+        "/",
+        "/dead-letters",
+        "/events/some-id",
+        "/api/v1/status",
+        "/api/v1/dead-letters",
+        "/api/v1/events/some-id",
+    ] {
+        let (code, head, body) = get_with_head(agent.port, path).await;
+        assert!(code == 200 || code == 404, "GET {path}: {code}\n{body}");
+        for header in [
+            "x-content-type-options: nosniff",
+            "referrer-policy: no-referrer",
+            "cache-control: no-store",
+        ] {
+            assert!(
+                head.lines().any(|l| l.trim() == header),
+                "GET {path} lacks `{header}`:\n{head}"
+            );
+        }
+    }
+
+    for path in [
+        "/dead-letters?since=99999999999d",
+        "/api/v1/dead-letters?since=99999999999d",
+    ] {
+        let (code, _, body) = get_with_head(agent.port, path).await;
+        assert_eq!(code, 400, "GET {path}:\n{body}");
+        assert!(
+            body.contains("since: \"99999999999d\" is longer than 3650d (ten years)"),
+            "GET {path} does not name the parameter and its bound:\n{body}"
+        );
+    }
+    // Ten years is still an answer.
+    let (code, _, body) = get_with_head(agent.port, "/api/v1/dead-letters?since=3650d").await;
+    assert_eq!(code, 200, "since=3650d:\n{body}");
+
+    let (code, _, body) = get_with_head(agent.port, "/api/v1/events/%00").await;
+    assert_eq!(code, 404, "/api/v1/events/%00:\n{body}");
+    let report: serde_json::Value = serde_json::from_str(&body).expect("the event report is JSON");
+    assert_eq!(
+        report["errors"],
+        serde_json::json!([]),
+        "a NUL in an event id reached the database:\n{body}"
+    );
+    let (code, _, body) = get_with_head(agent.port, "/events/%00").await;
+    assert_eq!(code, 404, "/events/%00:\n{body}");
+    assert!(
+        !body.contains("invalid byte sequence"),
+        "/events/%00:\n{body}"
+    );
+
+    let dir = agent.dir().join("inboxwatch.toml");
+    let out = common::Cmd::new(["dead-letters", "--since", "99999999999d", "--config"])
+        .arg(&dir)
+        .output();
+    assert_eq!(out.code, Some(2), "{}", out.describe());
+    assert!(
+        out.stderr.contains("--since") && out.stderr.contains("is longer than 3650d (ten years)"),
+        "dead-letters --since does not name its bound:\n{}",
+        out.describe()
+    );
+    db.cleanup().await;
+}

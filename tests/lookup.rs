@@ -310,3 +310,187 @@ async fn postgres_trace_and_dead_letters_print_the_exact_facts() {
 async fn mariadb_trace_and_dead_letters_print_the_exact_facts() {
     lookups(Db::mysql().await, "lkmy").await;
 }
+
+/// Table data escaped the way `dead-letters` documents it, worked out here:
+/// a backslash doubled, each byte of a control character as `\xNN`.
+fn escaped(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => {
+                let mut buf = [0u8; 4];
+                for b in c.encode_utf8(&mut buf).bytes() {
+                    out.push_str(&format!("\\x{b:02x}"));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// No control character but the line ends, and no tab but the columns'.
+fn assert_printable(what: &str, out: &str, columns: Option<usize>) {
+    for (i, line) in out.lines().enumerate() {
+        let bad: Vec<char> = line
+            .chars()
+            .filter(|c| c.is_control() && (*c != '\t' || columns.is_none()))
+            .collect();
+        assert!(
+            bad.is_empty(),
+            "{what}, line {i}: raw control characters {bad:?} reach the terminal: {line:?}"
+        );
+        if let Some(n) = columns.filter(|_| !line.is_empty()) {
+            assert_eq!(
+                line.split('\t').count(),
+                n,
+                "{what}, line {i}: a field split the row: {line:?}"
+            );
+        }
+    }
+}
+
+/// Hostile table data through the binary (issue 35): an event id that clears
+/// the screen and retitles the terminal (`ESC [2J`, `ESC ]0;…BEL`), one that
+/// looks like a flag (`--yes`), and an event type and error text with tabs,
+/// CR and newlines. `trace`, `dead-letters`, `dead-letters ignore` and
+/// `dead-letters history` print each escaped, and keep one row per line with
+/// its columns; `--` before the ids makes `--yes` an id, not the flag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_table_data_is_printed_escaped_sqlite() {
+    let db = Db::sqlite().await;
+    let tables = db.fresh_tables("hostile").await;
+    let audit = common::unique_name("audit", "hostile");
+    db.register_table(&audit);
+    let base = db.now_ms().await - 10 * 60_000;
+    let hostile = "esc-\x1b[2J\x1b]0;pwned\x07-id";
+    let event_type = "order\tpaid\r\nX";
+    let error = "boom\x1b[31m red\nsecond line\tcol\\";
+    let ev = |id: &str| InboxEvent {
+        id: id.to_string(),
+        event_type: Some(event_type.into()),
+        status: Status::Dead,
+        received_ms: base,
+        started_ms: Some(base + 1_000),
+        finished_ms: Some(base + 1_500),
+        attempts: 2,
+        deliveries: 1,
+        last_error: Some(error.into()),
+        traceparent: None,
+        updated_ms: base + 1_500,
+    };
+    for e in [ev(hostile), ev("--yes")] {
+        let (sql, args) = e.insert_stmt(db.dialect, &tables.inbox);
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .expect("insert inbox row");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = dir.path().join("inboxwatch.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "{}[sources.dead_letter_actions]\ndsn = {dsn}\naudit_table = {}\n",
+            common::scenarios::inbox_source_toml("hostile", &db.dsn, &tables.inbox),
+            toml_str(&audit),
+            dsn = toml_str(&db.dsn),
+        ),
+    )
+    .expect("write config");
+    let cfg = cfg.to_str().expect("utf-8 path");
+    let (code, ddl, err) = run(&["schema", "--config", cfg]);
+    assert_eq!(code, 0, "schema --config: {err}");
+    for stmt in common::split_statements(&ddl) {
+        if stmt.contains(&audit) {
+            db.pool.raw(&stmt).await.expect("create the audit table");
+        }
+    }
+
+    let (code, out, err) = run(&["trace", "--config", cfg, "--", hostile]);
+    assert_eq!(code, 0, "trace: {err}");
+    assert_printable("trace", &out, None);
+    for want in [
+        format!("event {}\n", escaped(hostile)),
+        format!("  event type      {}\n", escaped(event_type)),
+        format!("  last error      {}\n", escaped(error)),
+    ] {
+        assert!(out.contains(&want), "trace lacks {want:?}:\n{out}");
+    }
+
+    let (code, out, err) = run(&["dead-letters", "--config", cfg]);
+    assert_eq!(code, 0, "dead-letters: {err}");
+    assert_printable("dead-letters", &out, Some(8));
+    for id in [hostile, "--yes"] {
+        let row = format!("hostile\t{}\t{}\t", escaped(id), escaped(event_type));
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&row))
+            .unwrap_or_else(|| panic!("dead-letters lacks a row starting {row:?}:\n{out}"));
+        assert!(
+            line.ends_with(&format!("\t{}", escaped(error))),
+            "dead-letters' last_error of {id:?}: {line:?}"
+        );
+    }
+
+    // `--yes` after `--` is an event id: ignored for real only with the flag
+    // before `--`, and then only that row.
+    let ignore = |apply: &[&str]| {
+        let mut args = vec![
+            "dead-letters",
+            "ignore",
+            "--config",
+            cfg,
+            "--source",
+            "hostile",
+            "--operator",
+            "alice",
+            "--reason",
+            "test",
+        ];
+        args.extend_from_slice(apply);
+        args.extend(["--", "--yes", hostile]);
+        run(&args)
+    };
+    let (code, out, err) = ignore(&[]);
+    assert_eq!(code, 0, "a dry run: {err}");
+    assert!(
+        err.contains("dry run: nothing is written"),
+        "`--yes` after `--` was taken as the flag:\n{err}"
+    );
+    assert_printable("dead-letters ignore (dry run)", &out, None);
+    assert!(
+        out.contains(&format!("would ignore {}:", escaped(hostile)))
+            && out.contains("would ignore --yes:"),
+        "the dry run names both ids, escaped:\n{out}"
+    );
+    let (code, out, err) = ignore(&["--yes"]);
+    assert_eq!(code, 0, "ignore: {err}\n{out}");
+    assert_printable("dead-letters ignore", &out, None);
+
+    let (code, out, err) = run(&[
+        "dead-letters",
+        "history",
+        "--config",
+        cfg,
+        "--source",
+        "hostile",
+        "--",
+        hostile,
+        "--yes",
+    ]);
+    assert_eq!(code, 0, "history: {err}");
+    assert_printable("dead-letters history", &out, Some(8));
+    for id in [hostile, "--yes"] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("{}\tignore\talice\ttest\t", escaped(id))))
+            .unwrap_or_else(|| panic!("history lacks the ignore of {id:?}:\n{out}"));
+        assert!(
+            line.ends_with(&format!("\tdead\t2\t{}", escaped(error))),
+            "history's last_error of {id:?}: {line:?}"
+        );
+    }
+    db.cleanup().await;
+}

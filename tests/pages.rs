@@ -495,7 +495,7 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
     let cfg = cfg.to_str().expect("a UTF-8 path");
     assert!(
         unescape(&r).contains(&format!(
-            "inboxwatch dead-letters replay --config {cfg} --source pages-pg --operator \"$USER\" --reason '…' pg-dead-1"
+            "inboxwatch dead-letters replay --config {cfg} --source pages-pg --operator \"$USER\" --reason '…' -- pg-dead-1"
         )),
         "the replay command names the agent's config: {r}"
     );
@@ -662,8 +662,9 @@ async fn the_demo_has_a_status_page_that_matches_its_metrics() {
     );
     screenshot(agent.port, "/dead-letters", "dead-letters-demo");
 
-    // The ignore command the page prints runs as it is, and its audit row
-    // shows on the page.
+    // The ignore command the page prints runs as it is, with `--yes` added
+    // where the dry run says (before the ids' `--`), and its audit row shows on
+    // the page.
     let (_, body) = agent.get("/api/v1/dead-letters").await.expect("GET");
     let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     let first = &v["dead_letters"][0];
@@ -674,10 +675,11 @@ async fn the_demo_has_a_status_page_that_matches_its_metrics() {
     let rest = command
         .strip_prefix("inboxwatch ")
         .expect("the command starts with inboxwatch")
-        .replace("'…'", "'a drill'");
+        .replace("'…'", "'a drill'")
+        .replacen(" -- ", " --yes -- ", 1);
     let out = Command::new("sh")
         .arg("-c")
-        .arg(format!("\"$BIN\" {rest} --yes"))
+        .arg(format!("\"$BIN\" {rest}"))
         .env("BIN", common::BIN)
         .env("USER", "demo-operator")
         .output()

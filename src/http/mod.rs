@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -64,15 +64,33 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz));
     if state.config.pages {
-        r = r
-            .route("/", get(pages::status_page))
-            .route("/dead-letters", get(pages::dead_letters_page))
-            .route("/events/{id}", get(pages::event_page))
-            .route("/api/v1/status", get(pages::api_status))
-            .route("/api/v1/dead-letters", get(pages::api_dead_letters))
-            .route("/api/v1/events/{id}", get(pages::api_event));
+        r = r.merge(
+            Router::new()
+                .route("/", get(pages::status_page))
+                .route("/dead-letters", get(pages::dead_letters_page))
+                .route("/events/{id}", get(pages::event_page))
+                .route("/api/v1/status", get(pages::api_status))
+                .route("/api/v1/dead-letters", get(pages::api_dead_letters))
+                .route("/api/v1/events/{id}", get(pages::api_event))
+                .layer(axum::middleware::map_response(private)),
+        );
     }
     r.with_state(state)
+}
+
+/// The headers of every page and API answer, which show row data: the type
+/// as sent (no sniffing), no address of the page in a link's `Referer`, and
+/// nothing kept by a browser's or proxy's cache.
+async fn private(mut response: Response) -> Response {
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "no-referrer"),
+        (header::CACHE_CONTROL, "no-store"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    response
 }
 
 /// Takes a sample of every source's numbers for the status page's

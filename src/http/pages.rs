@@ -20,7 +20,9 @@ use super::status::{self, Numbers};
 use crate::coordination::hide_standby;
 use crate::journal::{FIRST_KEPT, Trail};
 use crate::sources::SourceSpec;
-use crate::sources::kind::{AuditEntry, DeadLetter, DeadRecord, bytes_text, timestamp};
+use crate::sources::kind::{
+    AuditEntry, DeadLetter, DeadRecord, bytes_text, parse_since, timestamp,
+};
 use crate::telemetry::snapshot;
 use crate::tracing_link::{self as link, to_hex};
 
@@ -578,8 +580,7 @@ fn filters(uri: &Uri) -> Result<Filters, String> {
             "source" if !v.is_empty() => f.source = Some(v.into_owned()),
             "error_class" if !v.is_empty() => f.error_class = Some(v.into_owned()),
             "since" if !v.is_empty() => {
-                f.since = humantime::parse_duration(&v)
-                    .map_err(|e| format!("since: {v:?} is not a duration like 1h or 2d: {e}"))?;
+                f.since = parse_since(&v).map_err(|e| format!("since: {e}"))?;
             }
             "source" | "since" | "error_class" => {}
             other => {
@@ -768,7 +769,7 @@ fn trace_link(state: &AppState, trace_id: &str) -> Option<String> {
 
 fn command(state: &AppState, action: &str, source: &str, event_id: &str) -> String {
     format!(
-        "inboxwatch dead-letters {action} --config {} --source {} --operator \"$USER\" --reason '…' {}",
+        "inboxwatch dead-letters {action} --config {} --source {} --operator \"$USER\" --reason '…' -- {}",
         shell(state.config.path.as_deref().unwrap_or("inboxwatch.toml")),
         shell(source),
         shell(event_id)

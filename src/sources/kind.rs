@@ -491,6 +491,31 @@ pub fn bytes_text(bytes: &[u8], max: usize) -> String {
     out
 }
 
+/// Table data as text for a terminal or a tab-separated line, whole:
+/// [`bytes_text`] without a cut. An event id, status word or error text that
+/// holds ESC, BEL, CR, a tab or a newline cannot move the cursor, retitle
+/// the terminal or split a row.
+pub fn printable(text: &str) -> String {
+    bytes_text(text.as_bytes(), usize::MAX)
+}
+
+/// The farthest back a dead-letter listing looks (`?since=`, `--since`): 3650
+/// days, as [`parse_since`] says. Farther would reach past what the databases' time types hold
+/// (MariaDB's `TIMESTAMP` begins in 1970) and fail in the driver.
+pub const MAX_SINCE: Duration = Duration::from_secs(3650 * 86_400);
+
+/// A `since` duration: `1h`, `2d`, … up to [`MAX_SINCE`].
+pub fn parse_since(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text)
+        .map_err(|e| format!("{text:?} is not a duration like 1h or 2d: {e}"))?;
+    if d > MAX_SINCE {
+        return Err(format!(
+            "{text:?} is longer than 3650d (ten years), the farthest back a listing looks"
+        ));
+    }
+    Ok(d)
+}
+
 /// Characters of `last_error` the lookups show.
 pub const ERROR_SHOWN: usize = 200;
 

@@ -11,7 +11,8 @@ use sqlx::{AnyConnection, Connection};
 use super::config::{InboxSpec, OutboxSpec, Status};
 use super::dialect::{Param, Sql};
 use super::{TableKind, TableSource, get};
-use crate::sources::kind::{DeadLetter, ERROR_SHOWN, ms, timestamp};
+use crate::dsn::Dialect;
+use crate::sources::kind::{DeadLetter, ERROR_SHOWN, ms, printable, timestamp};
 use crate::tracing_link::{self as link, TraceParent, to_hex};
 
 /// A connection for one lookup, and the source's dialect.
@@ -68,7 +69,10 @@ fn producer(tp: Option<&str>) -> String {
         None => "none (no traceparent stored)".to_string(),
         Some(t) => match TraceParent::parse(t) {
             Some(p) => format!("{} (parent span {})", p.trace_hex(), to_hex(&p.span_id)),
-            None => format!("unreadable traceparent \"{}\"", link::truncate(t, 80)),
+            None => format!(
+                "unreadable traceparent \"{}\"",
+                printable(&link::truncate(t, 80))
+            ),
         },
     }
 }
@@ -94,6 +98,11 @@ async fn inbox_event(
     s: &InboxSpec,
     event_id: &str,
 ) -> Result<Option<String>, String> {
+    if sql.dialect == Dialect::Postgres && event_id.contains('\0') {
+        // PostgreSQL's text cannot hold NUL: no row has this id (asking would
+        // only fail with the driver's "invalid byte sequence").
+        return Ok(None);
+    }
     let c = &s.columns;
     let query = format!(
         "SELECT {}, {}, {}, {}, {}, {}, {}, {}, {}, {} FROM {} WHERE {} = {}",
@@ -141,10 +150,12 @@ async fn inbox_event(
     let _ = writeln!(
         out,
         "  event type      {}",
-        event_type.as_deref().unwrap_or("unknown")
+        event_type
+            .as_deref()
+            .map_or("unknown".to_string(), printable)
     );
     let meaning = status.map_or("not in the status map", Status::as_str);
-    let _ = writeln!(out, "  status          {word} ({meaning})");
+    let _ = writeln!(out, "  status          {} ({meaning})", printable(&word));
     let mut lines: Vec<(i64, String)> = Vec::new();
     if let Some(r) = received {
         lines.push((r, "received".to_string()));
@@ -194,7 +205,11 @@ async fn inbox_event(
         );
     }
     if let Some(e) = &last_error {
-        let _ = writeln!(out, "  last error      {}", link::truncate(e, ERROR_SHOWN));
+        let _ = writeln!(
+            out,
+            "  last error      {}",
+            printable(&link::truncate(e, ERROR_SHOWN))
+        );
     }
     if let Some(a) = attempt {
         let a = u32::try_from(a).unwrap_or(u32::MAX);
@@ -225,6 +240,11 @@ async fn outbox_event(
     s: &OutboxSpec,
     event_id: &str,
 ) -> Result<Option<String>, String> {
+    if sql.dialect == Dialect::Postgres && event_id.contains('\0') {
+        // PostgreSQL's text cannot hold NUL: no row has this id (asking would
+        // only fail with the driver's "invalid byte sequence").
+        return Ok(None);
+    }
     let c = &s.columns;
     let query = format!(
         "SELECT {}, {}, {}, {} FROM {} WHERE {} = {}",
@@ -257,7 +277,9 @@ async fn outbox_event(
     let _ = writeln!(
         out,
         "  event type      {}",
-        event_type.as_deref().unwrap_or("unknown")
+        event_type
+            .as_deref()
+            .map_or("unknown".to_string(), printable)
     );
     if let Some(c) = created {
         let _ = writeln!(out, "  {}  created", timestamp(c));
