@@ -79,3 +79,58 @@ async fn demo_exports_every_inbox_metric_with_a_nonzero_sample_within_30s() {
     let dir = db.parent().expect("the database lives in a directory");
     assert!(!dir.exists(), "{} is left behind", dir.display());
 }
+
+/// Issue 35: `inboxwatch demo` with its port taken exits 1 at once with the
+/// message `run` gives, and leaves no directory behind (it hung before, holding
+/// the SQLite pool for a consumer it had started first, deaf to Ctrl-C, its
+/// directory left in the temp dir).
+#[test]
+fn demo_with_its_port_taken_exits_1_and_cleans_up() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a port");
+    let addr = taken.local_addr().expect("its address");
+    let tmp = tempfile::tempdir().expect("a temp dir");
+    let out = common::Cmd::new(["demo", "--listen", &addr.to_string()])
+        .env("TMPDIR", tmp.path())
+        .timeout(Duration::from_secs(60))
+        .output();
+    assert_eq!(out.code, Some(1), "{}", out.describe());
+    assert!(
+        out.stderr
+            .contains(&format!("server.listen: {addr} is already in use")),
+        "{}",
+        out.describe()
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("read the temp dir")
+        .map(|e| e.expect("an entry").path())
+        .collect();
+    assert!(left.is_empty(), "the demo left {left:?} behind");
+    drop(taken);
+}
+
+/// Issue 35: the demo's config (it holds the DSN) is readable by its user only,
+/// in a directory only its user can enter.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demos_config_is_private_to_its_user() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let tmp = tempfile::tempdir().expect("a temp dir");
+    let agent = Agent::demo_with(&[]).env("TMPDIR", tmp.path()).start();
+    agent.wait_ready(Duration::from_secs(30)).await;
+    let dirs: Vec<_> = std::fs::read_dir(tmp.path())
+        .expect("read the temp dir")
+        .map(|e| e.expect("an entry").path())
+        .collect();
+    assert_eq!(dirs.len(), 1, "one demo directory: {dirs:?}");
+    let mode = |p: &std::path::Path| {
+        std::fs::metadata(p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .permissions()
+            .mode()
+            & 0o777
+    };
+    assert_eq!(mode(&dirs[0]), 0o700, "{}", dirs[0].display());
+    let config = dirs[0].join("inboxwatch.toml");
+    assert_eq!(mode(&config), 0o600, "{}", config.display());
+    agent.terminate(Duration::from_secs(30));
+}

@@ -31,6 +31,27 @@ fn readme_stays_under_250_lines() {
     );
 }
 
+/// The README states the minimum Rust version beside its first command, the
+/// one Cargo.toml's `rust-version` gives (issue 35).
+#[test]
+fn readme_states_the_minimum_rust_version() {
+    let manifest = fs::read_to_string(root().join("Cargo.toml")).expect("read Cargo.toml");
+    let version = manifest
+        .lines()
+        .find_map(|l| l.strip_prefix("rust-version = \""))
+        .and_then(|v| v.strip_suffix('"'))
+        .expect("Cargo.toml sets rust-version");
+    let readme = fs::read_to_string(root().join("README.md")).expect("read README.md");
+    let quick_start = &readme[readme
+        .find("## Quick start")
+        .expect("a Quick start section")..];
+    let first_command = quick_start.find("```sh").expect("a first command");
+    assert!(
+        quick_start[..first_command].contains(&format!("Rust {version} or newer")),
+        "README.md does not say \"Rust {version} or newer\" before its first command"
+    );
+}
+
 #[test]
 fn every_relative_link_and_anchor_resolves() {
     let root = root();

@@ -133,6 +133,16 @@ fn private_dir(dir: &Path) -> std::io::Result<()> {
     builder.create(dir)
 }
 
+/// Writes `text` to a new file readable and writable by its user only.
+fn private_file(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(text.as_bytes())
+}
+
 async fn run_sqlite(dir: &Path, options: &Options) -> anyhow::Result<()> {
     let db: PathBuf = dir.join("inbox.db");
     let dsn = format!("sqlite://{}", db.display());
@@ -293,10 +303,11 @@ async fn run_on(dir: &Path, target: &Target<'_>, options: &Options) -> anyhow::R
     };
     // The config is a file beside the database, so that the replay and
     // ignore commands the pages print can be run as they are.
+    // It holds the DSN: readable by its user only, as the directory.
     let path = dir.join("inboxwatch.toml");
-    std::fs::write(
+    private_file(
         &path,
-        demo_config(
+        &demo_config(
             &target.dsn,
             target.table,
             target.audit_table,
@@ -316,8 +327,19 @@ async fn run_on(dir: &Path, target: &Target<'_>, options: &Options) -> anyhow::R
     }
     mark_table(&target.pool, target.dialect, target.audit_table).await?;
     let consumer = tokio::spawn(simulate::run(target.pool.clone(), sim, cancel.clone()));
-    let handle = app::install_recorder()?;
-    let agent = Agent::start(cfg.clone(), handle).await?;
+    let started = async { Agent::start(cfg.clone(), app::install_recorder()?).await }.await;
+    let agent = match started {
+        Ok(agent) => agent,
+        Err(e) => {
+            // Its port taken, say: the consumer stops and gives back the pool's
+            // connections, so the demo exits at once and cleans up (it held
+            // them, and the pool's close waited for ever).
+            cancel.cancel();
+            consumer.abort();
+            let _ = consumer.await;
+            return Err(e);
+        }
+    };
     println!(
         "inboxwatch demo: the status page is http://{addr}/\n\
          \n\
