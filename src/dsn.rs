@@ -65,6 +65,10 @@ const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
 /// Shown instead of a connection string that does not parse.
 pub const UNPARSABLE: &str = "<unparsable DSN>";
 
+/// What a DSN whose password was not encoded is told.
+const ENCODE_HINT: &str = "a password with / ? # or @ must be percent-encoded (%2F %3F %23 %40), \
+                           or come from ${VAR}, which is encoded";
+
 /// Why a DSN is refused. The message never carries the DSN or any part of its userinfo.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DsnError {
@@ -149,7 +153,19 @@ impl Dsn {
                 "{shown} (expected postgres://, mysql:// or sqlite://)"
             ))
         })?;
-        let url = Url::parse(text).map_err(|e| invalid(format!("{UNPARSABLE}: {e}")))?;
+        let url = Url::parse(text).map_err(|e| {
+            // `u:ab/cd@host` parses as host `u` and port `ab`: the parser's
+            // "invalid port number" is a password's `/ ? #` not encoded.
+            let userinfo = text
+                .split_once("://")
+                .and_then(|(_, rest)| rest.rsplit_once('@'))
+                .map(|(userinfo, _)| userinfo);
+            if userinfo.is_some_and(|u| u.contains(['/', '?', '#'])) {
+                invalid(format!("{UNPARSABLE}: {e}; {ENCODE_HINT}"))
+            } else {
+                invalid(format!("{UNPARSABLE}: {e}"))
+            }
+        })?;
         let decoded = |part: &str, what: &str| {
             percent_decode_str(part)
                 .decode_utf8()
@@ -289,13 +305,11 @@ fn check_network(url: &Url, dialect: Dialect) -> Result<(), DsnError> {
     if !url.has_authority() {
         return invalid(format!("not of the form {form} (the // is missing)"));
     }
-    let encode_hint = "a password with / ? # or @ must be percent-encoded (%2F %3F %23 %40), \
-                       or come from ${VAR}, which is encoded";
     if url.fragment().is_some() {
-        return invalid(format!("has a # after the host; {encode_hint}"));
+        return invalid(format!("has a # after the host; {ENCODE_HINT}"));
     }
     if url.path().contains('@') || url.query().is_some_and(|q| q.contains('@')) {
-        return invalid(format!("has an @ after the host; {encode_hint}"));
+        return invalid(format!("has an @ after the host; {ENCODE_HINT}"));
     }
     let host_param = match dialect {
         Dialect::MySql => "socket",

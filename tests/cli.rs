@@ -603,6 +603,12 @@ fn check_config_refuses_a_dsn_sqlx_would_misread_without_printing_it() {
             "postgres://u:Lk9qA/Zt8wB@127.0.0.1:5432/db",
             "<unparsable DSN>",
         ),
+        // Issue 35: the parser's "invalid port number" (host `u`, port
+        // `Lk9qA`) carries the hint the `#` case gives.
+        (
+            "postgres://u:Lk9qA/Zt8wB@127.0.0.1:5432/db",
+            "percent-encoded",
+        ),
         ("postgres://u:1/Lk9qA@127.0.0.1:5432/db", "percent-encoded"),
         ("postgres://u:1?Lk9qA@127.0.0.1:5432/db", "percent-encoded"),
         ("mysql://u:1#Lk9qA@127.0.0.1:3306/db", "percent-encoded"),

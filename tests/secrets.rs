@@ -131,3 +131,60 @@ async fn a_password_with_url_characters_connects_and_is_printed_nowhere() {
     pg.cleanup().await;
     my.cleanup().await;
 }
+
+/// Issue 35: a login the database refuses was logged and shown as "cannot
+/// reach the database to contest the source's lock". It says access denied, in
+/// the driver's words naming the user, on MariaDB (a wrong password) and
+/// PostgreSQL (a user that does not exist), and the password stays out of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_login_says_access_denied_for_which_user() {
+    let pg = Db::postgres().await;
+    let my = Db::mysql().await;
+    let pg_tables = pg.fresh_tables("denied").await;
+    let my_tables = my.fresh_tables("denied").await;
+    let pg_user = common::unique_name("iwnobody", "pg");
+    let config = format!(
+        "{}{}",
+        inbox_source_toml(
+            "pg-denied",
+            &url_with_user(&pg.dsn, &pg_user, "${IW_SECRET_PW}"),
+            &pg_tables.inbox
+        ),
+        inbox_source_toml(
+            "maria-denied",
+            &url_with_user(&my.dsn, "root", "${IW_SECRET_PW}"),
+            &my_tables.inbox
+        ),
+    );
+    let env = [("IW_SECRET_PW", PASSWORD)];
+    let agent = Agent::start_with_env(&config, &env);
+    let said = wait_until(Duration::from_secs(60), || async {
+        let (_, readyz) = agent.get("/readyz").await?;
+        let stderr = agent.stderr();
+        let pg_said = format!("access denied: error returned from database: role \"{pg_user}\"");
+        let my_said = "access denied: error returned from database: 1045 (28000): Access denied \
+                       for user 'root'";
+        if [&readyz, &stderr]
+            .iter()
+            .all(|t| t.contains(&pg_said) && t.contains(my_said))
+        {
+            Ok((readyz, stderr))
+        } else {
+            Err(format!(
+                "not yet both access denied in /readyz and the log:\n{readyz}\n--- stderr ---\n{stderr}"
+            ))
+        }
+    })
+    .await;
+    let (readyz, stderr) = said.unwrap_or_else(|e| panic!("{e}"));
+    agent.terminate(Duration::from_secs(20));
+    for (what, text) in [("/readyz", &readyz), ("stderr", &stderr)] {
+        assert!(
+            !text.contains("cannot reach the database"),
+            "{what} says a refused login is a database out of reach:\n{text}"
+        );
+        assert_nothing_leaks(what, text);
+    }
+    pg.cleanup().await;
+    my.cleanup().await;
+}

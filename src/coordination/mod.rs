@@ -416,9 +416,11 @@ pub async fn elect<L: Lock>(
                     };
                     warn!(source = %source, error = %error, "Could not contest the source's lock.");
                     leader.send_if_modified(|v| v.take().is_some());
-                    unreachable(format!(
-                        "cannot reach the database to contest the source's lock: {error}"
-                    ));
+                    unreachable(if error.starts_with("access denied") {
+                        format!("{error} (contesting the source's lock)")
+                    } else {
+                        format!("cannot reach the database to contest the source's lock: {error}")
+                    });
                     lock.abandon().await;
                 }
             }

@@ -38,22 +38,36 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+impl SourceLock {
+    /// A driver error as the agent says it: a login the database refused
+    /// (SQLSTATE class 28: a wrong password, an unknown user) says "access
+    /// denied" with the driver's text, which names the user, rather than
+    /// passing for a database out of reach.
+    fn lock_error(&self, e: &sqlx::Error) -> String {
+        let text = self.spec.dsn.scrub(&e.to_string());
+        match e {
+            sqlx::Error::Database(d) if d.code().is_some_and(|c| c.starts_with("28")) => {
+                format!("access denied: {text}")
+            }
+            _ => text,
+        }
+    }
+}
+
 impl Lock for SourceLock {
     fn source(&self) -> &str {
         &self.spec.name
     }
 
     async fn try_acquire(&mut self) -> Result<bool, String> {
-        self.try_acquire_db()
-            .await
-            .map_err(|e| self.spec.dsn.scrub(&e.to_string()))
+        self.try_acquire_db().await.map_err(|e| self.lock_error(&e))
     }
 
     async fn renew(&mut self) -> Result<bool, String> {
         self.renew_db()
             .await
             .map(|()| true)
-            .map_err(|e| self.spec.dsn.scrub(&e.to_string()))
+            .map_err(|e| self.lock_error(&e))
     }
 
     async fn release(&mut self) {
