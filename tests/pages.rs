@@ -322,7 +322,7 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         .expect("create the audit table");
     let config = format!(
         "[server]\ntrace_url = \"http://traces.example/explore?trace={{trace_id}}\"\n\n\
-         [[sources]]\nname = \"pages-pg\"\nkind = \"inbox\"\ndsn = {dsn}\ntable = {table}\n\
+         [[sources]]\nname = \"pages-pg\"\nkind = \"inbox\"\ndsn = {dsn}\ntable = {table}\nowner = \"team-pages\"\n\
          poll_interval = \"300ms\"\noverlap = \"10s\"\ntimeout = \"2s\"\n\
          objectives = {{ oldest_age = \"30s\", p95 = \"2s\" }}\n\
          columns = {{ event_id = \"event_id\", event_type = \"event_type\", status = \"status\", \
@@ -473,6 +473,14 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
             .map(|c| c[1].to_string())
             .unwrap_or_else(|| panic!("no {f} in {row}"))
     };
+    // Issue 35: the owner on the page (it was in the JSON only), and the
+    // window as people say it ("within 1 h", not humantime's "1h"; "1 day",
+    // not "1day").
+    assert_eq!(field(&r, "owner"), "team-pages");
+    assert!(
+        listed.contains("newest first · within 1 h ·"),
+        "the dead-letter page's window: {listed}"
+    );
     assert_eq!(field(&r, "business_key"), "order-1002");
     assert_eq!(field(&r, "summary"), format!("sha256:{:064}", 1));
     assert_eq!(field(&r, "attempts"), "4");

@@ -56,6 +56,22 @@ pub fn escape(text: &str) -> String {
     out
 }
 
+/// A span of time as a person says it: `49 s`, `15 min`, `2 h`, `1 day`,
+/// `3 days`, in the largest unit that divides it (not humantime's `1day` or
+/// `1h 30m`: `90 min`).
+fn span(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        _ if s >= 86_400 && s.is_multiple_of(86_400) => match s / 86_400 {
+            1 => "1 day".to_string(),
+            n => format!("{n} days"),
+        },
+        _ if s >= 3_600 && s.is_multiple_of(3_600) => format!("{} h", s / 3_600),
+        _ if s >= 60 && s.is_multiple_of(60) => format!("{} min", s / 60),
+        _ => format!("{s} s"),
+    }
+}
+
 /// Percent-encodes a path segment or a query value.
 fn url_part(text: &str) -> String {
     percent_encoding::utf8_percent_encode(text, percent_encoding::NON_ALPHANUMERIC).to_string()
@@ -535,8 +551,8 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
         "dead letters, last 15 min".to_string()
     } else {
         format!(
-            "dead letters since the agent started ({} min ago)",
-            window / 60
+            "dead letters since the agent started ({} ago)",
+            span(Duration::from_secs(window))
         )
     };
     row(
@@ -960,7 +976,7 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
         body,
         "<p class=\"muted\">newest first · within {} · source {} · error class {} · \
          filters: <code>?source=</code> <code>?since=1h</code> <code>?error_class=</code></p>",
-        escape(&humantime::format_duration(f.since).to_string()),
+        span(f.since),
         f.source.as_deref().map_or("any".to_string(), escape),
         f.error_class.as_deref().map_or("any".to_string(), escape),
     );
@@ -981,7 +997,7 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
         );
     }
     body.push_str(
-        "<table id=\"dead-letters\"><tr><th>source</th><th>event id</th><th>event type</th>\
+        "<table id=\"dead-letters\"><tr><th>source</th><th>owner</th><th>event id</th><th>event type</th>\
          <th>business key</th><th>summary</th><th>first received</th><th>dead-lettered</th>\
          <th>attempts</th><th>error class</th><th>last error</th><th>trace id</th><th>replay / ignore</th></tr>",
     );
@@ -993,11 +1009,12 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
         let o = |v: &Option<String>| v.as_deref().map_or("–".to_string(), escape);
         let _ = write!(
             body,
-            "<tr class=\"dead-letter\"><td>{}</td><td data-field=\"event_id\"><a href=\"/events/{}\">{}</a></td>\
+            "<tr class=\"dead-letter\"><td>{}</td><td data-field=\"owner\">{}</td><td data-field=\"event_id\"><a href=\"/events/{}\">{}</a></td>\
              <td>{}</td><td data-field=\"business_key\">{}</td><td data-field=\"summary\">{}</td><td>{}</td><td>{}</td>\
              <td data-field=\"attempts\">{}</td><td data-field=\"error_class\">{}</td><td><pre data-field=\"last_error\">{}</pre></td>\
              <td data-field=\"trace_id\">{trace}</td><td>{}{}</td></tr>",
             escape(&d.source),
+            o(&d.owner),
             url_part(&d.event_id),
             escape(&d.event_id),
             o(&d.event_type),
@@ -1301,6 +1318,19 @@ pub async fn api_event(State(state): State<AppState>, Path(id): Path<String>) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_read_as_people_say_them() {
+        let s = |secs| span(Duration::from_secs(secs));
+        assert_eq!(s(49), "49 s");
+        assert_eq!(s(0), "0 s");
+        assert_eq!(s(900), "15 min");
+        assert_eq!(s(5_400), "90 min");
+        assert_eq!(s(7_200), "2 h");
+        assert_eq!(s(86_400), "1 day");
+        assert_eq!(s(3 * 86_400), "3 days");
+        assert_eq!(s(86_401), "86401 s");
+    }
 
     #[test]
     fn escapes_markup_and_quotes() {
