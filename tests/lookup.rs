@@ -330,6 +330,19 @@ fn escaped(text: &str) -> String {
     out
 }
 
+/// What `trace` and the commands' error messages print, as lines: each
+/// control character but the newline as `\xNN`, the rest (a backslash too) as
+/// it is.
+fn terminal(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' => "\n".to_string(),
+            c if c.is_control() => escaped(&c.to_string()),
+            c => c.to_string(),
+        })
+        .collect()
+}
+
 /// No control character but the line ends, and no tab but the columns'.
 fn assert_printable(what: &str, out: &str, columns: Option<usize>) {
     for (i, line) in out.lines().enumerate() {
@@ -412,12 +425,21 @@ async fn hostile_table_data_is_printed_escaped_sqlite() {
     assert_eq!(code, 0, "trace: {err}");
     assert_printable("trace", &out, None);
     for want in [
-        format!("event {}\n", escaped(hostile)),
-        format!("  event type      {}\n", escaped(event_type)),
-        format!("  last error      {}\n", escaped(error)),
+        format!("event {}\n", terminal(hostile)),
+        format!("  event type      {}\n", terminal(event_type)),
+        format!("  last error      {}\n", terminal(error)),
     ] {
         assert!(out.contains(&want), "trace lacks {want:?}:\n{out}");
     }
+    // An id found nowhere is named in the error as printed text too.
+    let missing = "gone-\x1b]0;pwned\x07";
+    let (code, _, err) = run(&["trace", "--config", cfg, "--", missing]);
+    assert_eq!(code, 1, "trace of an unknown id: {err}");
+    assert_printable("trace's error", &err, None);
+    assert!(
+        err.contains(&format!("event \"{}\" not found", terminal(missing))),
+        "trace's error names the id escaped: {err}"
+    );
 
     let (code, out, err) = run(&["dead-letters", "--config", cfg]);
     assert_eq!(code, 0, "dead-letters: {err}");

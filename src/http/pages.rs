@@ -56,18 +56,19 @@ pub fn escape(text: &str) -> String {
     out
 }
 
-/// A span of time as a person says it: `49 s`, `15 min`, `2 h`, `1 day`,
-/// `3 days`, in the largest unit that divides it (not humantime's `1day` or
-/// `1h 30m`: `90 min`).
+/// A span of time as a person says it: `500 ms`, `49 s`, `7 min`, `2 h`,
+/// `1 day`, `3 days` — days or hours when they divide it, else whole minutes
+/// from two minutes on (not humantime's `1day` or `7m 17s`).
 fn span(d: Duration) -> String {
     let s = d.as_secs();
     match s {
+        0 => format!("{} ms", d.as_millis()),
         _ if s >= 86_400 && s.is_multiple_of(86_400) => match s / 86_400 {
             1 => "1 day".to_string(),
             n => format!("{n} days"),
         },
         _ if s >= 3_600 && s.is_multiple_of(3_600) => format!("{} h", s / 3_600),
-        _ if s >= 60 && s.is_multiple_of(60) => format!("{} min", s / 60),
+        _ if s >= 120 => format!("{} min", s / 60),
         _ => format!("{s} s"),
     }
 }
@@ -1323,13 +1324,15 @@ mod tests {
     fn spans_read_as_people_say_them() {
         let s = |secs| span(Duration::from_secs(secs));
         assert_eq!(s(49), "49 s");
-        assert_eq!(s(0), "0 s");
+        assert_eq!(s(119), "119 s");
+        assert_eq!(s(437), "7 min");
+        assert_eq!(span(Duration::from_millis(500)), "500 ms");
         assert_eq!(s(900), "15 min");
         assert_eq!(s(5_400), "90 min");
         assert_eq!(s(7_200), "2 h");
         assert_eq!(s(86_400), "1 day");
         assert_eq!(s(3 * 86_400), "3 days");
-        assert_eq!(s(86_401), "86401 s");
+        assert_eq!(s(86_401), "1440 min");
     }
 
     #[test]

@@ -499,6 +499,25 @@ pub fn printable(text: &str) -> String {
     bytes_text(text.as_bytes(), usize::MAX)
 }
 
+/// Text for a terminal, its lines kept: each control character but the
+/// newline as `\xNN` (ESC, BEL, CR, a tab), the rest as it is. For what is
+/// printed as lines rather than as tab-separated fields: `trace`, and the
+/// error messages of the lookups and actions (a driver's error can echo an id).
+pub fn terminal_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' {
+            let mut buf = [0u8; 4];
+            for b in c.encode_utf8(&mut buf).bytes() {
+                let _ = write!(out, "\\x{b:02x}");
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// The farthest back a dead-letter listing looks (`?since=`, `--since`): 3650
 /// days, as [`parse_since`] says. Farther would reach past what the databases' time types hold
 /// (MariaDB's `TIMESTAMP` begins in 1970) and fail in the driver.

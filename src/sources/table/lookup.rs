@@ -12,7 +12,7 @@ use super::config::{InboxSpec, OutboxSpec, Status};
 use super::dialect::{Param, Sql};
 use super::{TableKind, TableSource, get};
 use crate::dsn::Dialect;
-use crate::sources::kind::{DeadLetter, ERROR_SHOWN, ms, printable, timestamp};
+use crate::sources::kind::{DeadLetter, ERROR_SHOWN, ms, timestamp};
 use crate::tracing_link::{self as link, TraceParent, to_hex};
 
 /// A connection for one lookup, and the source's dialect.
@@ -69,10 +69,7 @@ fn producer(tp: Option<&str>) -> String {
         None => "none (no traceparent stored)".to_string(),
         Some(t) => match TraceParent::parse(t) {
             Some(p) => format!("{} (parent span {})", p.trace_hex(), to_hex(&p.span_id)),
-            None => format!(
-                "unreadable traceparent \"{}\"",
-                printable(&link::truncate(t, 80))
-            ),
+            None => format!("unreadable traceparent \"{}\"", link::truncate(t, 80)),
         },
     }
 }
@@ -150,12 +147,10 @@ async fn inbox_event(
     let _ = writeln!(
         out,
         "  event type      {}",
-        event_type
-            .as_deref()
-            .map_or("unknown".to_string(), printable)
+        event_type.as_deref().unwrap_or("unknown")
     );
     let meaning = status.map_or("not in the status map", Status::as_str);
-    let _ = writeln!(out, "  status          {} ({meaning})", printable(&word));
+    let _ = writeln!(out, "  status          {word} ({meaning})");
     let mut lines: Vec<(i64, String)> = Vec::new();
     if let Some(r) = received {
         lines.push((r, "received".to_string()));
@@ -205,11 +200,7 @@ async fn inbox_event(
         );
     }
     if let Some(e) = &last_error {
-        let _ = writeln!(
-            out,
-            "  last error      {}",
-            printable(&link::truncate(e, ERROR_SHOWN))
-        );
+        let _ = writeln!(out, "  last error      {}", link::truncate(e, ERROR_SHOWN));
     }
     if let Some(a) = attempt {
         let a = u32::try_from(a).unwrap_or(u32::MAX);
@@ -277,9 +268,7 @@ async fn outbox_event(
     let _ = writeln!(
         out,
         "  event type      {}",
-        event_type
-            .as_deref()
-            .map_or("unknown".to_string(), printable)
+        event_type.as_deref().unwrap_or("unknown")
     );
     if let Some(c) = created {
         let _ = writeln!(out, "  {}  created", timestamp(c));
