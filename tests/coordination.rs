@@ -2102,3 +2102,61 @@ async fn mariadb_sources_spread_over_agents_that_start_late() {
     spread_over_late_agents(&my, "spread-my", 4, &[1, 1], false).await;
     my.cleanup().await;
 }
+
+/// Found by a cold CI run of `drills::rebalance_on_mariadb_ages_the_backlog`
+/// beside `drills::dsn_on_mariadb_…`: MariaDB's `GET_LOCK` names are
+/// server-wide, and a source's lock was named by its name and table alone, so
+/// two agents watching a source of the same name and table in two databases of
+/// one server (two demos; staging and production on one server) contended for
+/// one lock: one stood by, and took over with a counting gap when the other
+/// stopped. Each now owns its own: both lead, both ready, together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_sources_of_one_name_in_two_databases_each_have_an_owner() {
+    let admin = Db::mysql().await;
+    let (first_name, first) = common::library::fresh_database(&admin, "locka").await;
+    let (second_name, second) = common::library::fresh_database(&admin, "lockb").await;
+    let mut agents = Vec::new();
+    for db in [&first, &second] {
+        let table = db.fresh_tables("samename").await.inbox;
+        // The same table name in both databases.
+        db.pool
+            .raw(&format!("CREATE TABLE inbox_same LIKE {table}"))
+            .await
+            .expect("create inbox_same");
+        agents.push(Agent::start(&inbox_source_toml(
+            "orders",
+            &db.dsn,
+            "inbox_same",
+        )));
+    }
+    for agent in &agents {
+        agent.wait_ready(Duration::from_secs(60)).await;
+    }
+    let both = wait_until(Duration::from_secs(30), || async {
+        let mut leaders = Vec::new();
+        for agent in &agents {
+            let m = agent.try_scrape().await?;
+            leaders.push(m.get(LEADER, &[("source", "orders")]));
+        }
+        if leaders.iter().all(|l| *l == Some(1.0)) {
+            Ok(())
+        } else {
+            Err(format!(
+                "inboxwatch_source_leader of the two agents: {leaders:?}"
+            ))
+        }
+    })
+    .await;
+    if let Err(e) = both {
+        panic!(
+            "{e}\n--- first ---\n{}\n--- second ---\n{}",
+            agents[0].stderr(),
+            agents[1].stderr()
+        );
+    }
+    drop(agents);
+    drop(first);
+    drop(second);
+    common::library::drop_database(&admin, &first_name).await;
+    common::library::drop_database(&admin, &second_name).await;
+}
