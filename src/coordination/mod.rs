@@ -416,11 +416,9 @@ pub async fn elect<L: Lock>(
                     };
                     warn!(source = %source, error = %error, "Could not contest the source's lock.");
                     leader.send_if_modified(|v| v.take().is_some());
-                    unreachable(if error.starts_with("access denied") {
-                        format!("{error} (contesting the source's lock)")
-                    } else {
-                        format!("cannot reach the database to contest the source's lock: {error}")
-                    });
+                    // The lock's error says why (out of reach, access denied):
+                    // the kind's own words, not guessed here.
+                    unreachable(format!("cannot contest the source's lock: {error}"));
                     lock.abandon().await;
                 }
             }
