@@ -1519,6 +1519,106 @@ fn presets_list_every_file_and_print_settings_check_config_accepts_back() {
     );
 }
 
+/// One paragraph of `presets NAME`'s comment header (`# Measures: …` up to
+/// the next `#` line), as one line without the head.
+fn preset_paragraph(out: &str, head: &str) -> String {
+    let lines: Vec<&str> = out
+        .lines()
+        .map(|l| l.strip_prefix('#').unwrap_or(l).trim())
+        .collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with(head))
+        .unwrap_or_else(|| panic!("no `# {head}` paragraph in:\n{out}"));
+    lines[start..]
+        .iter()
+        .take_while(|l| !l.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ")
+        .strip_prefix(head)
+        .expect("the head")
+        .trim()
+        .to_string()
+}
+
+/// Issue 35: `presets graphile-worker` said it measured stuck jobs, then
+/// that `inbox_stuck_messages` is always 0. Each preset's printed claims now
+/// agree with what its file maps: a claim that needs a column (or the
+/// events log) is under "Measures" exactly when the preset maps it, and
+/// under "Cannot" otherwise, worked out here from the file itself.
+#[test]
+fn presets_claim_only_what_their_columns_give() {
+    let dir = common::repo_path("presets");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).expect("the presets directory") {
+        let path = entry.expect("a directory entry").path();
+        let name = path
+            .file_stem()
+            .and_then(|n| n.to_str())
+            .expect("a preset file name")
+            .to_string();
+        let file: toml::Table = toml::from_str(&std::fs::read_to_string(&path).expect("read"))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let source = file["source"].as_table().expect("[source]");
+        let text = |k: &str| source.get(k).and_then(|v| v.as_str()).unwrap_or("");
+        let columns = source.get("columns").and_then(|c| c.as_table());
+        let mapped = |k: &str| {
+            columns
+                .and_then(|c| c.get(k))
+                .and_then(|v| v.as_str())
+                .is_some_and(|c| !c.is_empty())
+        };
+        let events = text("cursor") == "events";
+        let deleted = text("finished_rows") == "deleted" && !events;
+        let deleted_ends = deleted
+            && source
+                .get("deleted_durations")
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false);
+        let ends = mapped("finished_at") || events || deleted_ends;
+        let starts = mapped("started_at") || events;
+        let mut expected = vec![
+            ("by event type", mapped("event_type")),
+            ("trace links", mapped("traceparent")),
+        ];
+        if text("kind") == "inbox" {
+            expected.extend([
+                ("stuck rows", starts),
+                ("processing time", starts && ends),
+                ("end-to-end latency", ends),
+                ("deliveries and duplicate deliveries", mapped("deliveries")),
+                ("error classes", mapped("last_error")),
+            ]);
+        }
+        let out = run_cli(&["presets", &name]);
+        assert_eq!(out.code, Some(0), "{}", out.describe());
+        let measures = preset_paragraph(&out.stdout, "Measures:");
+        let cannot = preset_paragraph(&out.stdout, "Cannot:");
+        for (claim, measured) in expected {
+            assert_eq!(
+                (measures.contains(claim), cannot.contains(claim)),
+                (measured, !measured),
+                "preset {name}: \"{claim}\" should be under {}\nMeasures: {measures}\nCannot: {cannot}",
+                if measured { "Measures" } else { "Cannot" }
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 14, "{checked} presets checked");
+    let graphile = run_cli(&["presets", "graphile-worker"]).stdout;
+    assert!(
+        !preset_paragraph(&graphile, "Measures:").contains("stuck")
+            && !preset_paragraph(&graphile, "Notes:").contains("stuck"),
+        "graphile-worker claims stuck jobs:\n{graphile}"
+    );
+    assert!(
+        preset_paragraph(&graphile, "Cannot:")
+            .contains("stuck rows (always 0: no started_at column)"),
+        "{graphile}"
+    );
+}
+
 /// `config OK: N sources` first, whatever follows (the effective settings of presets).
 fn assert_config_ok_with(out: &Outcome, sources: usize) {
     assert_eq!(out.code, Some(0), "{}", out.describe());

@@ -16,6 +16,7 @@ use toml::de::{DeTable, DeValue};
 
 use crate::sources::SourceSpec;
 use crate::sources::table::capabilities::{self, Capability, How};
+use crate::telemetry::catalogue as metric;
 
 /// Every preset: its name and the text of its file. Adding a preset is one
 /// file under `presets/` and one line here (and the test that proves it).
@@ -102,10 +103,10 @@ pub struct Preset {
     pub test: String,
     /// One line: the table and what a row is.
     pub summary: String,
-    /// What the library's tables let the agent measure.
-    pub measures: String,
-    /// What they do not.
-    pub cannot: String,
+    /// How the library writes its tables, where it matters to what the
+    /// numbers mean. What the preset measures and cannot is not written
+    /// here: it is worked out from what it maps ([`claims`]).
+    pub notes: String,
     /// The databases it runs on (`postgres`, `mysql`, `sqlite`; default
     /// `postgres`): the dialect its capabilities are worked out for.
     #[serde(default = "postgres_only")]
@@ -319,9 +320,8 @@ impl PresetUse {
     }
 }
 
-/// What each metric of a source on the preset (and nothing else) will be:
-/// exact, bounded, not exported, as `doctor` prints it.
-pub fn capabilities(p: &Preset) -> Vec<Capability> {
+/// A source on the preset and nothing else.
+fn spec(p: &Preset) -> SourceSpec {
     let scheme = match p.databases.first().map(String::as_str) {
         Some("mysql") => "mysql://u@localhost/db",
         Some("sqlite") => "sqlite:///tmp/db.sqlite",
@@ -333,20 +333,130 @@ pub fn capabilities(p: &Preset) -> Vec<Capability> {
     );
     let cfg = super::parse_str(&text)
         .unwrap_or_else(|e| panic!("preset {} is not a valid source: {e}", p.name));
-    match &cfg.sources[0] {
+    cfg.sources
+        .into_iter()
+        .next()
+        .expect("a preset's config has its one source")
+}
+
+/// What each metric of a source on the preset (and nothing else) will be:
+/// exact, bounded, not exported, as `doctor` prints it.
+pub fn capabilities(p: &Preset) -> Vec<Capability> {
+    match &spec(p) {
         SourceSpec::Inbox(s) => capabilities::inbox(s),
         SourceSpec::Outbox(s) => capabilities::outbox(s),
         _ => Vec::new(),
     }
 }
 
+/// Each metric in the words of a preset's claims; metrics of one meaning
+/// share their words (and are claimed once).
+const WORDS: &[(&str, &str)] = &[
+    (metric::INBOX_RECEIVED, "arrivals"),
+    (metric::INBOX_COMPLETED, "successes and dead letters"),
+    (metric::INBOX_ATTEMPT_FAILURES, "failed attempts"),
+    (
+        metric::INBOX_DELIVERIES,
+        "deliveries and duplicate deliveries",
+    ),
+    (
+        metric::INBOX_DUPLICATES,
+        "deliveries and duplicate deliveries",
+    ),
+    (metric::INBOX_PROCESSING_DURATION, "processing time"),
+    (metric::INBOX_DURATION_QUANTILE, "processing time"),
+    (metric::INBOX_END_TO_END, "end-to-end latency"),
+    (metric::INBOX_ATTEMPTS, "attempts per completed event"),
+    (metric::INBOX_BACKLOG, "backlog by status"),
+    (metric::INBOX_OLDEST_AGE, "oldest unprocessed age"),
+    (metric::INBOX_STUCK, "stuck rows"),
+    (metric::INBOX_OUT_OF_ORDER_ARRIVALS, "out-of-order arrivals"),
+    (
+        metric::INBOX_OUT_OF_ORDER_COMPLETIONS,
+        "out-of-order completions",
+    ),
+    (metric::INBOX_VERSION_GAPS, "version gaps"),
+    (metric::INBOX_OLDEST_GAP_AGE, "version gaps"),
+    (metric::ORDERING_KEYS_EVICTED, "ordering keys evicted"),
+    (metric::INBOX_PARKED, "parked events"),
+    (metric::INBOX_OLDEST_PARKED_AGE, "parked events"),
+    (metric::INBOX_PARKED_KEYS, "parked ordering keys"),
+    (metric::OUTBOX_PUBLISHED, "messages published"),
+    (metric::OUTBOX_PUBLISH_DELAY, "publish delay"),
+    (metric::OUTBOX_BACKLOG, "backlog"),
+    (metric::OUTBOX_OLDEST_AGE, "oldest unpublished age"),
+];
+
+fn words(metric: &str) -> &str {
+    WORDS
+        .iter()
+        .find(|(m, _)| *m == metric)
+        .map_or(metric, |(_, w)| w)
+}
+
+/// What a preset measures and what it cannot (each with why), worked out
+/// from what it maps: its metrics' capabilities, and the columns that give
+/// event types, error classes and trace links.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claims {
+    pub measures: Vec<String>,
+    pub cannot: Vec<String>,
+}
+
+pub fn claims(p: &Preset) -> Claims {
+    let mut measures: Vec<String> = Vec::new();
+    let mut cannot: Vec<String> = Vec::new();
+    let mut said: Vec<&str> = Vec::new();
+    for c in capabilities(p) {
+        let w = words(c.metric);
+        if said.contains(&w) {
+            continue;
+        }
+        said.push(w);
+        match &c.how {
+            How::Exact => measures.push(w.to_string()),
+            How::Bounded(_) => measures.push(format!("{w} (bounded)")),
+            How::Absent(why) => cannot.push(format!("{w} ({why})")),
+            How::Zero(why) => cannot.push(format!("{w} (always 0: {why})")),
+        }
+    }
+    let (event_type, last_error, traceparent) = match spec(p) {
+        SourceSpec::Inbox(s) => (
+            s.columns.event_type,
+            Some(s.columns.last_error),
+            s.columns.traceparent,
+        ),
+        SourceSpec::Outbox(s) => (s.columns.event_type, None, s.columns.traceparent),
+        _ => (None, None, None),
+    };
+    let mut by = |column: Option<String>, what: &str, without: &str| match column {
+        Some(c) => measures.push(format!("{what} (column {c})")),
+        None => cannot.push(format!("{what} ({without})")),
+    };
+    by(
+        event_type,
+        "by event type",
+        "no event_type column: every event is of type unknown",
+    );
+    if let Some(last_error) = last_error {
+        by(
+            last_error,
+            "error classes",
+            "no last_error column: every failure is of class unknown",
+        );
+    }
+    by(traceparent, "trace links", "no traceparent column");
+    Claims { measures, cannot }
+}
+
 /// The capability tables of every preset, as docs/presets.md holds them.
 pub fn capability_markdown() -> String {
     let mut out = String::new();
     for p in all() {
+        let claims = claims(&p);
         out.push_str(&format!(
             "### `{}`\n\n{} ({}, {} against {} {}, proven by `{}`).\n\n\
-             **Measures:** {}\n\n**Cannot:** {}\n\n| metric | what it will be |\n|---|---|\n",
+             **Measures:** {}\n\n**Cannot:** {}\n\n**Notes:** {}\n\n| metric | what it will be |\n|---|---|\n",
             p.name,
             p.summary,
             p.kind(),
@@ -354,8 +464,9 @@ pub fn capability_markdown() -> String {
             p.library,
             p.versions.join(", "),
             p.test,
-            one_line(&p.measures),
-            one_line(&p.cannot),
+            listed(&claims.measures),
+            listed(&claims.cannot),
+            one_line(&p.notes),
         ));
         for c in capabilities(&p) {
             let how = match &c.how {
@@ -423,9 +534,10 @@ pub fn listing() -> String {
 
 /// `inboxwatch presets NAME`: what it measures, what it cannot, its settings.
 pub fn detail(p: &Preset) -> String {
+    let claims = claims(p);
     format!(
         "# {name}: {summary}\n# {proof} against {library} {versions} ({registry}); proven by {test}\n#\n\
-         # {measures}\n#\n# {cannot}\n#\n\
+         # {measures}\n#\n# {cannot}\n#\n# {notes}\n#\n\
          # What each metric will be:\n{capabilities}#\n\
          # Use: `preset = \"{name}\"`, with a `name` and a `dsn`.\n\
          # Any key below that the entry also writes overrides the preset's.\n{settings}",
@@ -436,14 +548,24 @@ pub fn detail(p: &Preset) -> String {
         versions = p.versions.join(", "),
         registry = p.registry,
         test = p.test,
-        measures = wrap_comment("Measures:", &p.measures),
-        cannot = wrap_comment("Cannot:", &p.cannot),
+        measures = wrap_comment("Measures:", &listed(&claims.measures)),
+        cannot = wrap_comment("Cannot:", &listed(&claims.cannot)),
+        notes = wrap_comment("Notes:", &p.notes),
         settings = p.settings_toml(),
         capabilities = capabilities(p)
             .iter()
             .map(|c| format!("#   {}\n", c.line()))
             .collect::<String>(),
     )
+}
+
+/// Claims as one sentence: `a, b, c.`, or `nothing.`
+fn listed(claims: &[String]) -> String {
+    if claims.is_empty() {
+        "nothing.".to_string()
+    } else {
+        format!("{}.", claims.join(", "))
+    }
 }
 
 fn one_line(text: &str) -> String {
