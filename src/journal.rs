@@ -93,6 +93,19 @@ impl Trail {
     pub fn last_number(&self) -> u32 {
         self.attempts.last().map_or(0, |a| a.number)
     }
+
+    /// When the event's first attempt failed (microseconds since the epoch),
+    /// if the agent saw it end: the first attempt kept is attempt 1, observed,
+    /// and not a success. `None` when it failed between two polls or before
+    /// the agent watched it.
+    pub fn first_failure(&self) -> Option<i64> {
+        let first = self.attempts.first()?;
+        if first.number <= 1 && first.observed && first.outcome != Outcome::Succeeded {
+            first.ended
+        } else {
+            None
+        }
+    }
 }
 
 type Key = (Arc<str>, String);
@@ -298,6 +311,18 @@ mod tests {
             .map(|a| a.outcome)
             .collect();
         assert_eq!(outcomes, vec![Outcome::Failed, Outcome::Succeeded]);
+    }
+
+    #[test]
+    fn the_first_failure_is_known_only_when_attempt_one_was_seen_ending() {
+        let j = Journal::default();
+        let s: Arc<str> = Arc::from("orders");
+        j.record(&s, "seen", None, None, 1..1, failed(1, "x"));
+        j.record(&s, "seen", None, None, 2..2, failed(2, "y"));
+        assert_eq!(j.trail("orders", "seen").unwrap().first_failure(), Some(15));
+        // Attempts 1 and 2 failed between two polls: their times are unknown.
+        j.record(&s, "missed", None, None, 1..3, failed(3, "z"));
+        assert_eq!(j.trail("orders", "missed").unwrap().first_failure(), None);
     }
 
     #[test]

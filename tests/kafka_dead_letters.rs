@@ -235,8 +235,13 @@ async fn check_reads(bootstrap: &str, dlq: &str, truth: &Truth) {
     );
     assert_eq!(out.stdout, want);
 
-    // The agent's dead-letter page and API list the same records.
-    let agent = common::Agent::start(&kafka_source_toml("kd", bootstrap, ""));
+    // The agent's dead-letter page and API list the same records, each with
+    // the source's owner (issue 35: it was in the JSON only).
+    let agent = common::Agent::start(&kafka_source_toml(
+        "kd",
+        bootstrap,
+        "owner = \"team-dlq\"\n",
+    ));
     agent.wait_ready(common::READY_TIMEOUT).await;
     let (code, body) = agent
         .get("/api/v1/dead-letters?source=kd")
@@ -285,6 +290,12 @@ async fn check_reads(bootstrap: &str, dlq: &str, truth: &Truth) {
         page.matches("<tr class=\"dead-record\">").count(),
         expected.len(),
         "rows of the page"
+    );
+    assert_eq!(
+        page.matches("<td data-field=\"owner\">team-dlq</td>")
+            .count(),
+        expected.len(),
+        "the owner on every row of the page:\n{page}"
     );
 }
 

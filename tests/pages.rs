@@ -296,6 +296,8 @@ fn event(id: &str, status: Status, base: i64) -> InboxEvent {
 }
 
 const HOSTILE_ID: &str = "evt-<script>document.title='pwned'</script>\"&'x";
+/// Issue 35: the event page shows the business key, as text.
+const HOSTILE_KEY: &str = "<b>k&1</b>";
 const HOSTILE_ERROR: &str = "ValidationError: <img src=x onerror=\"document.title='pwned'\">\n\
                              second line with \"double\" and 'single' quotes & <b>bold</b>";
 
@@ -361,7 +363,7 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
             "order-1001",
         ),
         ("PermissionDenied: 403 from ledger", "order-1002"),
-        (HOSTILE_ERROR, "order-<1003>"),
+        (HOSTILE_ERROR, HOSTILE_KEY),
     ]
     .iter()
     .enumerate()
@@ -398,10 +400,7 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         let (sql, args) = e.insert_stmt(target.dialect, &target.table);
         db.pool.execute(&sql, &args).await.expect("insert a row");
     }
-    for (i, key) in ["order-1001", "order-1002", "order-<1003>"]
-        .iter()
-        .enumerate()
-    {
+    for (i, key) in ["order-1001", "order-1002", HOSTILE_KEY].iter().enumerate() {
         let id = if i == 2 {
             HOSTILE_ID.to_string()
         } else {
@@ -557,7 +556,7 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         HOSTILE_ERROR,
         "the hostile error shows as written"
     );
-    assert_eq!(unescape(&field(&hostile, "business_key")), "order-<1003>");
+    assert_eq!(unescape(&field(&hostile, "business_key")), HOSTILE_KEY);
     screenshot(
         agent.port,
         "/dead-letters?since=1h",
@@ -569,7 +568,21 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
     let ev = dom(agent.port, &path);
     assert_eq!(title(&ev), "event · inboxwatch", "no script ran");
     let ev_body = &ev[ev.find("<body").expect("a body")..];
-    assert!(!ev_body.contains("<script") && !ev_body.contains("<img"));
+    for tag in ["<script", "<img", "<b>"] {
+        assert!(
+            !ev_body.contains(tag),
+            "{tag} became an element:\n{ev_body}"
+        );
+    }
+    let trace_text = Regex::new(r#"(?s)<pre data-field="trace">(.*?)</pre>"#)
+        .unwrap()
+        .captures(ev_body)
+        .map(|c| unescape(&c[1]))
+        .expect("the trace text");
+    assert!(
+        trace_text.contains(&format!("\n  business key    {HOSTILE_KEY}\n")),
+        "the business key on the event page: {trace_text}"
+    );
     let shown_id = Regex::new(r#"<code data-field="event_id">(.*?)</code>"#)
         .unwrap()
         .captures(&ev)
@@ -583,6 +596,12 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
     screenshot(agent.port, &path, "event-postgres");
 
     db.cleanup().await;
+}
+
+/// Milliseconds since the epoch as the pages print times.
+fn rfc3339(ms: i64) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + Duration::from_millis(ms as u64))
+        .to_string()
 }
 
 fn percent(s: &str) -> String {
@@ -890,6 +909,8 @@ async fn postgres_event_page_shows_the_retry_trajectory_the_agent_saw() {
     let now = db.now_ms().await;
     let mut e = event(id, Status::Failed, now);
     e.last_error = Some("TimeoutError: ledger did not answer in 2s".into());
+    // The row shows its first failed attempt with this change time.
+    let first_failed = rfc3339(e.updated_ms);
     let (sql, args) = e.insert_stmt(db.dialect, t);
     db.pool.execute(&sql, &args).await.expect("insert");
 
@@ -1017,12 +1038,29 @@ async fn postgres_event_page_shows_the_retry_trajectory_the_agent_saw() {
         "event-trajectory-postgres",
     );
 
+    // Issue 35: the dead-letter page shows when the first attempt failed,
+    // the time the row showed it (the replay does not move it).
+    let listed = dom(agent.port, "/dead-letters?since=1h");
+    let shown = Regex::new(r#"data-field="first_failed_at">(.*?)</td>"#)
+        .unwrap()
+        .captures(&listed)
+        .map(|c| c[1].to_string())
+        .unwrap_or_else(|| panic!("no first_failed_at on the page:\n{listed}"));
+    assert_eq!(
+        shown, first_failed,
+        "the first failure on the dead-letter page"
+    );
+
     // The dead letter carries its class, and the class filters the list.
     let (_, body) = agent
         .get("/api/v1/dead-letters?since=1h&error_class=invalid")
         .await
         .expect("GET");
     let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(
+        v["dead_letters"][0]["first_failed_at"].as_str(),
+        Some(first_failed.as_str())
+    );
     let listed: Vec<&str> = v["dead_letters"]
         .as_array()
         .expect("dead_letters")
@@ -1068,6 +1106,13 @@ async fn postgres_event_page_shows_the_retry_trajectory_the_agent_saw() {
     let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     assert_eq!(v["dead_letters"].as_array().map(Vec::len), Some(200));
     assert_eq!(v["cut"], serde_json::json!(["traj-pg"]));
+    // Dead at first sight, after 3 attempts no poll saw: no first failure.
+    assert_eq!(
+        v["dead_letters"][0]["first_failed_at"],
+        serde_json::Value::Null,
+        "{}",
+        v["dead_letters"][0]
+    );
     let (_, body) = agent
         .get("/api/v1/dead-letters?since=1h&error_class=invalid")
         .await
@@ -1085,5 +1130,109 @@ async fn postgres_event_page_shows_the_retry_trajectory_the_agent_saw() {
         "the class filter looks past the newest 200"
     );
     assert_eq!(v["cut"], serde_json::json!([]));
+    db.cleanup().await;
+}
+
+/// Issue 35: a burst of dead letters colours the status card. `BURST`
+/// events dead-lettered within a minute on one source, more than the 30 in 5
+/// minutes of `InboxDeadLetterSpike`'s floor, show red with their count; a
+/// quieter source's few dead letters in the same minutes do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_status_card_shows_a_dead_letter_burst_in_red() {
+    const BURST: usize = 45;
+    const QUIET: usize = 3;
+    let db = Db::postgres().await;
+    let busy = db.fresh_tables("burst").await.inbox;
+    let quiet = db.fresh_tables("quiet").await.inbox;
+    let source = |name: &str, table: &str| {
+        format!(
+            "[[sources]]\nname = \"{name}\"\nkind = \"inbox\"\ndsn = {dsn}\ntable = {table}\n\
+             poll_interval = \"300ms\"\noverlap = \"10s\"\ntimeout = \"2s\"\n{}\n",
+            common::scenarios::INBOX_COLUMNS,
+            dsn = toml_str(&db.dsn),
+            table = toml_str(table),
+        )
+    };
+    let agent = Agent::start(&format!(
+        "{}{}",
+        source("burst-pg", &busy),
+        source("quiet-pg", &quiet)
+    ));
+    agent.wait_ready(READY_TIMEOUT).await;
+    let now = db.now_ms().await;
+    for (table, prefix, count) in [(&busy, "burst", BURST), (&quiet, "quiet", QUIET)] {
+        for i in 0..count {
+            let base = now + i as i64 * 20;
+            let mut e = event(&format!("{prefix}-{i}"), Status::Dead, base);
+            e.attempts = 3;
+            e.finished_ms = Some(base + 200);
+            e.updated_ms = base + 200;
+            e.last_error = Some("ValidationError: amount must be positive".into());
+            let (sql, args) = e.insert_stmt(db.dialect, table);
+            db.pool
+                .execute(&sql, &args)
+                .await
+                .expect("insert a dead letter");
+        }
+    }
+    let dead = |m: &Metrics, source: &str| {
+        m.sum(
+            "inbox_messages_completed_total",
+            &[("source", source), ("outcome", "dead_lettered")],
+        )
+    };
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        let got = (dead(&m, "burst-pg"), dead(&m, "quiet-pg"));
+        if got == (BURST as f64, QUIET as f64) {
+            Ok(())
+        } else {
+            Err(format!("dead letters {got:?}"))
+        }
+    })
+    .await
+    .expect("the agent counts every dead letter");
+
+    let page = dom(agent.port, "/");
+    let burst = |card: &str| -> (String, f64) {
+        let c = Regex::new(
+            r#"<span class="(\w+)" data-field="dead_letter_burst"><span data-value="dead_letters_5m">([^<]*)</span>"#,
+        )
+        .unwrap()
+        .captures(card)
+        .unwrap_or_else(|| panic!("no dead-letter burst on the card:\n{card}"));
+        (c[1].to_string(), c[2].parse().expect("a count"))
+    };
+    assert_eq!(
+        burst(card(&page, "burst-pg")),
+        ("over".to_string(), BURST as f64),
+        "the burst is red"
+    );
+    assert_eq!(
+        burst(card(&page, "quiet-pg")),
+        ("ok".to_string(), QUIET as f64),
+        "a few dead letters are not a burst"
+    );
+    let (_, body) = agent.get("/api/v1/status").await.expect("GET");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let five: Vec<(String, Option<f64>)> = v["sources"]
+        .as_array()
+        .expect("sources")
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().expect("a name").to_string(),
+                s["numbers"]["dead_letters_5m"].as_f64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        five,
+        vec![
+            ("burst-pg".to_string(), Some(BURST as f64)),
+            ("quiet-pg".to_string(), Some(QUIET as f64))
+        ]
+    );
+    screenshot(agent.port, "/", "status-burst-postgres");
     db.cleanup().await;
 }

@@ -284,6 +284,12 @@ pub fn status_report(state: &AppState) -> StatusReport {
             if let Some(total) = n.dead_letters_total {
                 n.dead_letters_recent = Some(state.history.dead_letters_recent(&name, total));
                 n.dead_letters_recent_seconds = Some(state.history.recent_window().as_secs());
+                n.dead_letters_5m = Some(state.history.dead_letters_within(
+                    &name,
+                    total,
+                    status::BURST,
+                ));
+                n.dead_letters_5m_seconds = Some(state.history.window(status::BURST).as_secs());
             }
             for (k, v) in state.history.series(&name, n) {
                 history.insert(
@@ -390,6 +396,31 @@ fn against(key: &str, v: Option<f64>, objective: Option<f64>, unit: &str) -> Str
         ),
         _ => shown,
     }
+}
+
+/// The dead letters of the last 5 minutes, red above the paging alert's
+/// floor (a burst); nothing while there are none.
+fn burst(n: &Numbers) -> String {
+    let Some(count) = n.dead_letters_5m.filter(|c| *c > 0.0) else {
+        return String::new();
+    };
+    let window = n.dead_letters_5m_seconds.unwrap_or(status::BURST.as_secs());
+    let within = if window >= status::BURST.as_secs() {
+        "in the last 5 min".to_string()
+    } else {
+        format!("in the agent's first {}", span(Duration::from_secs(window)))
+    };
+    format!(
+        " · <span class=\"{}\" data-field=\"dead_letter_burst\">{} {within}</span> \
+         <span class=\"muted\">(a burst above {}: InboxDeadLetterSpike's floor)</span>",
+        if count > status::BURST_THRESHOLD {
+            "over"
+        } else {
+            "ok"
+        },
+        val("dead_letters_5m", count),
+        number(status::BURST_THRESHOLD)
+    )
 }
 
 fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
@@ -561,10 +592,11 @@ fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
         "dead_letters_recent",
         &title,
         format!(
-            "<a href=\"/dead-letters?source={}&amp;since={}s\">{}</a>",
+            "<a href=\"/dead-letters?source={}&amp;since={}s\">{}</a>{}",
             url_part(&s.name),
             window.max(1),
-            opt_val("dead_letters_recent", n.dead_letters_recent)
+            opt_val("dead_letters_recent", n.dead_letters_recent),
+            burst(n)
         ),
         h.get("dead_letters"),
     );
@@ -620,6 +652,10 @@ pub struct DeadLetterView {
     pub business_key: Option<String>,
     pub summary: Option<String>,
     pub first_received: Option<String>,
+    /// When its first attempt failed, as the agent saw it (the journal);
+    /// null when that attempt ended between two polls or before the agent
+    /// watched the event.
+    pub first_failed_at: Option<String>,
     pub dead_lettered_at: Option<String>,
     pub attempts: Option<i64>,
     pub error_class: Option<String>,
@@ -802,6 +838,11 @@ fn view(
     d: DeadLetter,
 ) -> DeadLetterView {
     let trace_id = to_hex(&link::trace_id(&d.event_id));
+    let first_failed_at = state
+        .journal
+        .trail(spec.name(), &d.event_id)
+        .and_then(|t| t.first_failure())
+        .map(timestamp);
     DeadLetterView {
         source: spec.name().to_string(),
         owner: owner(spec),
@@ -815,6 +856,7 @@ fn view(
         business_key: d.business_key,
         summary: d.summary,
         first_received: d.received.map(timestamp),
+        first_failed_at,
         dead_lettered_at: d.dead_at.map(timestamp),
         attempts: d.attempts,
         error_class: d.error_class,
@@ -999,8 +1041,8 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
     }
     body.push_str(
         "<table id=\"dead-letters\"><tr><th>source</th><th>owner</th><th>event id</th><th>event type</th>\
-         <th>business key</th><th>summary</th><th>first received</th><th>dead-lettered</th>\
-         <th>attempts</th><th>error class</th><th>last error</th><th>trace id</th><th>replay / ignore</th></tr>",
+         <th>business key</th><th>summary</th><th>first received</th><th>first failed</th>\
+         <th>dead-lettered</th><th>attempts</th><th>error class</th><th>last error</th><th>trace id</th><th>replay / ignore</th></tr>",
     );
     for d in &report.dead_letters {
         let trace = match &d.trace_url {
@@ -1011,8 +1053,8 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
         let _ = write!(
             body,
             "<tr class=\"dead-letter\"><td>{}</td><td data-field=\"owner\">{}</td><td data-field=\"event_id\"><a href=\"/events/{}\">{}</a></td>\
-             <td>{}</td><td data-field=\"business_key\">{}</td><td data-field=\"summary\">{}</td><td>{}</td><td>{}</td>\
-             <td data-field=\"attempts\">{}</td><td data-field=\"error_class\">{}</td><td><pre data-field=\"last_error\">{}</pre></td>\
+             <td>{}</td><td data-field=\"business_key\">{}</td><td data-field=\"summary\">{}</td><td>{}</td>\
+             <td data-field=\"first_failed_at\">{}</td><td>{}</td><td data-field=\"attempts\">{}</td><td data-field=\"error_class\">{}</td><td><pre data-field=\"last_error\">{}</pre></td>\
              <td data-field=\"trace_id\">{trace}</td><td>{}{}</td></tr>",
             escape(&d.source),
             o(&d.owner),
@@ -1022,6 +1064,7 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
             o(&d.business_key),
             o(&d.summary),
             o(&d.first_received),
+            o(&d.first_failed_at),
             o(&d.dead_lettered_at),
             d.attempts.map_or("–".to_string(), |a| a.to_string()),
             o(&d.error_class),
@@ -1048,7 +1091,7 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
         body.push_str(
             "<h2>Kafka dead-letter topics</h2><p class=\"muted\">the latest records of each partition, \
              newest first, read without a consumer group</p><table id=\"dead-records\"><tr><th>source</th>\
-             <th>topic</th><th>partition</th><th>offset</th><th>timestamp</th><th>key</th>\
+             <th>owner</th><th>topic</th><th>partition</th><th>offset</th><th>timestamp</th><th>key</th>\
              <th>original topic</th><th>exception</th><th>headers</th><th>value (first bytes)</th></tr>",
         );
         for r in &report.kafka_records {
@@ -1061,10 +1104,11 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
                 .join("<br>");
             let _ = write!(
                 body,
-                "<tr class=\"dead-record\"><td>{}</td><td data-field=\"topic\">{}</td><td data-field=\"partition\">{}</td>\
+                "<tr class=\"dead-record\"><td>{}</td><td data-field=\"owner\">{}</td><td data-field=\"topic\">{}</td><td data-field=\"partition\">{}</td>\
                  <td data-field=\"offset\">{}</td><td>{}</td><td data-field=\"key\">{}</td><td>{}</td>\
                  <td>{}{}</td><td>{headers}</td><td><pre data-field=\"value\">{}</pre>{}</td></tr>",
                 escape(&r.source),
+                o(&r.owner),
                 escape(&r.topic),
                 r.partition,
                 r.offset,

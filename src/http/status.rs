@@ -19,6 +19,11 @@ pub const SAMPLE_EVERY: Duration = Duration::from_secs(30);
 pub const SAMPLES: usize = 120;
 /// The window of "dead letters lately".
 pub const RECENT: Duration = Duration::from_secs(15 * 60);
+/// The window of a dead-letter burst, and the count within it above which
+/// the status card shows the burst in red: the floor of the paging alert
+/// `InboxDeadLetterSpike`, 0.1 dead letters/s over 5 minutes.
+pub const BURST: Duration = Duration::from_secs(5 * 60);
+pub const BURST_THRESHOLD: f64 = 30.0;
 
 /// One line of the exposition text.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,6 +131,11 @@ pub struct Numbers {
     pub dead_letters_recent: Option<f64>,
     /// The window of `dead_letters_recent`: 900, or the agent's age in seconds if less.
     pub dead_letters_recent_seconds: Option<u64>,
+    /// Dead letters within the last 5 minutes (since the agent started, if
+    /// later); more than [`BURST_THRESHOLD`] is a burst.
+    pub dead_letters_5m: Option<f64>,
+    /// The window of `dead_letters_5m`: 300, or the agent's age in seconds if less.
+    pub dead_letters_5m_seconds: Option<u64>,
     pub published_total: Option<f64>,
     /// Kafka: the groups of the cluster.
     pub groups: Vec<Group>,
@@ -329,7 +339,12 @@ impl History {
     /// The window "dead letters lately" covers: [`RECENT`], or the agent's
     /// age if it is younger (its counters start at 0).
     pub fn recent_window(&self) -> Duration {
-        Duration::from_secs(now_secs().saturating_sub(self.started)).min(RECENT)
+        self.window(RECENT)
+    }
+
+    /// `longest`, or the agent's age if it is younger.
+    pub fn window(&self, longest: Duration) -> Duration {
+        Duration::from_secs(now_secs().saturating_sub(self.started)).min(longest)
     }
 
     /// Adds one sample of every source.
@@ -390,8 +405,14 @@ impl History {
     /// total at the latest sample at least that old (or 0, the total when the
     /// agent started, if the history is younger).
     pub fn dead_letters_recent(&self, source: &str, total: f64) -> f64 {
+        self.dead_letters_within(source, total, RECENT)
+    }
+
+    /// Dead letters of one source within `window`, as [`Self::dead_letters_recent`]
+    /// counts them within [`RECENT`] (to the sample: one every [`SAMPLE_EVERY`]).
+    pub fn dead_letters_within(&self, source: &str, total: f64, window: Duration) -> f64 {
         let g = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let cutoff = now_secs().saturating_sub(RECENT.as_secs());
+        let cutoff = now_secs().saturating_sub(window.as_secs());
         let before = g
             .get(source)
             .and_then(|r| r.iter().rev().find(|p| p.at <= cutoff))
@@ -403,6 +424,27 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The card's burst threshold is the paging alert's floor: 30 dead
+    /// letters in 5 minutes is `rate5m > 0.1`.
+    #[test]
+    fn the_burst_threshold_is_the_floor_of_the_spike_alert() {
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("alerts/inboxwatch.rules.yml");
+        let rules = std::fs::read_to_string(path).expect("the alert rules");
+        let spike = &rules[rules
+            .find("- alert: InboxDeadLetterSpike")
+            .expect("the spike alert")..];
+        let spike = &spike[..spike[1..].find("- alert:").map_or(spike.len(), |e| e + 1)];
+        let floor = format!(
+            "source:inbox_dead_letters:rate5m > {}",
+            BURST_THRESHOLD / BURST.as_secs_f64()
+        );
+        assert!(
+            spike.contains(&floor),
+            "InboxDeadLetterSpike has no `{floor}`:\n{spike}"
+        );
+    }
 
     #[test]
     fn parses_labels_with_escapes_and_special_values() {
@@ -483,6 +525,10 @@ mod tests {
         h.record_at(now - 20 * 60, &at(1.0));
         h.record_at(now - 16 * 60, &at(3.0));
         assert_eq!(h.dead_letters_recent("s", 9.0), 6.0);
+        // A burst: the last 5 minutes subtract the sample 5 minutes old.
+        h.record_at(now - 6 * 60, &at(4.0));
+        h.record_at(now - 4 * 60, &at(8.0));
+        assert_eq!(h.dead_letters_within("s", 9.0, BURST), 5.0);
         for i in 0..500 {
             h.record_at(now + i, &at(5.0));
         }

@@ -102,7 +102,7 @@ async fn inbox_event(
     }
     let c = &s.columns;
     let query = format!(
-        "SELECT {}, {}, {}, {}, {}, {}, {}, {}, {}, {} FROM {} WHERE {} = {}",
+        "SELECT {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} FROM {} WHERE {} = {}",
         opt_col(sql, &c.event_type, |e| sql.text(e)),
         s.status_select(&sql),
         sql.micros(&s.received_sql(&sql)),
@@ -114,6 +114,8 @@ async fn inbox_event(
             .text(&sql.prefix(e, ERROR_SHOWN + 1))),
         opt_col(sql, &c.traceparent, |e| sql.text(e)),
         opt_col(sql, &c.updated_at, |e| sql.micros(e)),
+        opt_col(sql, &c.business_key, |e| sql
+            .text(&sql.prefix(e, ERROR_SHOWN + 1))),
         sql.table(&s.table.table),
         sql.ident(&c.event_id),
         sql.literal(event_id),
@@ -131,6 +133,7 @@ async fn inbox_event(
     let last_error: Option<String> = get(&row, 7, "last_error")?;
     let traceparent: Option<String> = get(&row, 8, "traceparent")?;
     let updated: Option<i64> = get(&row, 9, "updated_at")?;
+    let business_key: Option<String> = get(&row, 10, "business_key")?;
     let status = s.meaning_of(&word);
     let service = s
         .table
@@ -149,6 +152,9 @@ async fn inbox_event(
         "  event type      {}",
         event_type.as_deref().unwrap_or("unknown")
     );
+    if let Some(k) = &business_key {
+        let _ = writeln!(out, "  business key    {}", link::truncate(k, ERROR_SHOWN));
+    }
     let meaning = status.map_or("not in the status map", Status::as_str);
     let _ = writeln!(out, "  status          {word} ({meaning})");
     let mut lines: Vec<(i64, String)> = Vec::new();
