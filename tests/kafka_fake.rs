@@ -773,3 +773,37 @@ async fn records_stamped_in_the_future_are_zero_seconds_old_and_counted_once() {
         .collect();
     assert!(lags.iter().all(|&s| s >= 0.0), "{lags:?}");
 }
+
+/// Guards an election given up halfway (issue 34, item 3): the coordinator
+/// answers the first SyncGroup only after 16 s, past the join's request
+/// timeout (9 s) and the election's patience (13 s), when JoinGroup had
+/// already given this lone agent its member id, its generation and the
+/// leadership. Heartbeats of that generation answer "ok", so an agent that
+/// kept the generation but not the leadership stood by for ever ("standby
+/// (another agent owns it)", no `kafka_*` series). The next attempt must
+/// start clean: the agent owns the source and exports exact lag.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_election_given_up_halfway_starts_clean() {
+    let topic = unique_name("slowsync", "s");
+    let mut cluster = lagging_cluster(&topic);
+    cluster.sync_delays.push_back(Duration::from_secs(16));
+    let cluster = Arc::new(Mutex::new(cluster));
+    let fake = FakeKafka::start(FakeConfig::default(), Cluster::handler(cluster)).await;
+    let agent = Agent::start(&source("ss", &fake.addr(), ""));
+    // The first attempt gives up after 13 s; the next one starts 2 s later.
+    let exported = wait_until(Duration::from_secs(45), || async {
+        let m = agent.try_scrape().await?;
+        lag_is_exact(&m, "ss", &topic)
+    })
+    .await;
+    if let Err(e) = exported {
+        let ready = agent.get("/readyz").await;
+        panic!("{e}\n/readyz: {ready:?}\n{}", agent.stderr());
+    }
+    let syncs = fake.requests_of(kafka_protocol::messages::ApiKey::SyncGroup);
+    assert!(
+        syncs.len() >= 2,
+        "the agent completed a second round after giving the first up: {} SyncGroup",
+        syncs.len()
+    );
+}

@@ -259,6 +259,9 @@ pub enum Reply {
     Answer(Bytes),
     /// Close the connection without answering.
     Close,
+    /// The frame, written only after the delay (the connection waits; others
+    /// are answered meanwhile).
+    Delayed(Duration, Bytes),
 }
 
 /// What the connection tasks share with the test.
@@ -488,6 +491,12 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
         });
         match reply {
             Reply::Answer(frame) => {
+                if stream.write_all(&frame).await.is_err() {
+                    return;
+                }
+            }
+            Reply::Delayed(delay, frame) => {
+                tokio::time::sleep(delay).await;
                 if stream.write_all(&frame).await.is_err() {
                     return;
                 }
@@ -786,6 +795,9 @@ pub struct Cluster {
     /// offset is its index.
     pub topics: BTreeMap<String, Vec<Vec<i64>>>,
     pub groups: BTreeMap<String, FakeGroup>,
+    /// Delays of the next SyncGroup answers, one each, first first (a
+    /// coordinator slow to complete a rebalance).
+    pub sync_delays: std::collections::VecDeque<Duration>,
     /// Members the coordinator has handed out ids to.
     joined: u64,
 }
@@ -796,6 +808,7 @@ impl Default for Cluster {
             node_id: 1,
             topics: BTreeMap::new(),
             groups: BTreeMap::new(),
+            sync_delays: Default::default(),
             joined: 0,
         }
     }
@@ -840,7 +853,13 @@ impl Cluster {
                         ]),
                 )
             }
-            ApiKey::SyncGroup => req.answer(&SyncGroupResponse::default()),
+            ApiKey::SyncGroup => match (
+                req.answer(&SyncGroupResponse::default()),
+                self.sync_delays.pop_front(),
+            ) {
+                (Reply::Answer(frame), Some(delay)) => Reply::Delayed(delay, frame),
+                (reply, _) => reply,
+            },
             ApiKey::Heartbeat => req.answer(&HeartbeatResponse::default()),
             ApiKey::LeaveGroup => req.answer(&LeaveGroupResponse::default()),
             _ => Reply::Close,

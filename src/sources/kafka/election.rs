@@ -128,8 +128,14 @@ impl KafkaElection {
     }
 
     /// Joins (or rejoins) the group and completes the round; true when this
-    /// agent is the leader.
+    /// agent is the leader. The generation is kept only once the round is
+    /// complete: a round given up halfway (an error, or the caller's patience
+    /// running out before SyncGroup answers) leaves none, so the next attempt
+    /// rejoins instead of heartbeating a generation whose leadership it never
+    /// learned. The member id is kept: a rejoin under it needs no new member.
     async fn join(&mut self) -> Result<bool, String> {
+        self.generation = -1;
+        self.leader = false;
         // The join waits for the rebalance: its own, longer, timeout.
         let addr = self.coordinator().await?.addr().to_string();
         let mut conn = self
@@ -152,11 +158,11 @@ impl KafkaElection {
             match resp.error_code {
                 0 => {
                     self.member_id = resp.member_id.to_string();
-                    self.generation = resp.generation_id;
+                    let generation = resp.generation_id;
                     let leader = resp.leader.as_str() == self.member_id;
                     debug!(
                         group = %self.group,
-                        generation = self.generation,
+                        generation,
                         member = %self.member_id,
                         leader = %resp.leader.as_str(),
                         members = resp.members.len(),
@@ -175,7 +181,7 @@ impl KafkaElection {
                     };
                     let sync = SyncGroupRequest::default()
                         .with_group_id(self.group_id())
-                        .with_generation_id(self.generation)
+                        .with_generation_id(generation)
                         .with_member_id(StrBytes::from_string(self.member_id.clone()))
                         .with_protocol_type(Some(StrBytes::from_static_str(ELECTION_PROTOCOL)))
                         .with_protocol_name(Some(StrBytes::from_static_str("leader")))
@@ -199,6 +205,7 @@ impl KafkaElection {
                         // all the same, and its heartbeats say if it is not.
                         debug!(group = %self.group, code, "SyncGroup refused a follower.");
                     }
+                    self.generation = generation;
                     self.leader = leader;
                     return Ok(leader);
                 }
