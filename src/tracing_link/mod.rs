@@ -558,6 +558,58 @@ mod tests {
         assert!(!sampled(&trace_id("x"), 0.0));
     }
 
+    /// Guards the span boundary of `[[server.redact]]`: the status message
+    /// and `error.type` leave masked, the rest of the span as it was.
+    #[test]
+    fn sent_spans_carry_masked_error_texts() {
+        let env = |_: &str| None;
+        let mut v = crate::checks::Validator::new("", crate::checks::Environment::Process, &env);
+        let rules = [crate::redact::RawRule {
+            pattern: Some(r"Acme\w*".into()),
+            replace: Some("[acme]".into()),
+        }];
+        let redact = crate::redact::validate(&mut v, &rules, &["email".to_string()]);
+        assert!(v.into_problems().is_empty());
+        let identity = SourceIdentity {
+            source: "s".into(),
+            service: "svc".into(),
+            messaging_system: "kafka".into(),
+            consumer_group: "g".into(),
+        };
+        let (tx, mut rx) = mpsc::channel(1);
+        let mut sink = SpanSink::new(tx, 0, identity.clone(), 1.0, None, Arc::new(redact));
+        let attempt = Attempt {
+            event_id: "evt-1",
+            event_type: Some("order.paid"),
+            outcome: "failed",
+            attempt: 1,
+            attempts: Some(1),
+            deliveries: Some(1),
+            received: 0,
+            started: Some(1_000),
+            end: 2_000,
+            last_error: Some("AcmeError: no answer for ann@example.com"),
+            traceparent: None,
+        };
+        let span = consumer_span(&identity, &attempt);
+        sink.send(span.clone());
+        let (_, sent) = rx.try_recv().expect("the span was queued");
+        assert_eq!(
+            sent.status,
+            Status::error("[acme]: no answer for [email]".to_string())
+        );
+        let class = |s: &SpanData| {
+            s.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == "error.type")
+                .map(|kv| kv.value.as_str().into_owned())
+        };
+        assert_eq!(class(&span).as_deref(), Some("AcmeError"));
+        assert_eq!(class(&sent).as_deref(), Some("[acme]"));
+        assert_eq!(sent.attributes.len(), span.attributes.len());
+        assert_eq!(sent.name, span.name);
+    }
+
     #[test]
     fn error_classes_are_bounded() {
         assert_eq!(
