@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 
-use regex::{Regex, RegexBuilder};
+use regex::Regex;
 use serde::Deserialize;
 
 use crate::checks::Validator;
@@ -23,11 +23,6 @@ pub const CARD_MASK: &str = "[card]";
 
 /// The built-ins `redact_builtins` takes.
 const BUILTINS: [&str; 2] = ["email", "card"];
-
-/// A compiled pattern is capped at this size: a pattern is written once by
-/// an operator, and this keeps a mistaken `{1000000}` from taking the
-/// agent's memory.
-const PATTERN_SIZE_LIMIT: usize = 1 << 20;
 
 /// One `[[server.redact]]` entry as written.
 #[derive(Debug, Default, Deserialize)]
@@ -68,10 +63,9 @@ pub fn validate(v: &mut Validator<'_>, rules: &[RawRule], builtins: &[String]) -
             );
             continue;
         };
-        match RegexBuilder::new(pattern)
-            .size_limit(PATTERN_SIZE_LIMIT)
-            .build()
-        {
+        // `regex`'s own bound on a compiled pattern (10 MiB) keeps a mistaken
+        // `{1000000}` from taking the agent's memory.
+        match Regex::new(pattern) {
             Ok(re) if re.is_match("") => v.problem(
                 &format!("{key}.pattern"),
                 format!(
@@ -85,6 +79,14 @@ pub fn validate(v: &mut Validator<'_>, rules: &[RawRule], builtins: &[String]) -
                     .clone()
                     .unwrap_or_else(|| DEFAULT_REPLACE.to_string()),
             }),
+            Err(regex::Error::CompiledTooBig(limit)) => v.problem(
+                &format!("{key}.pattern"),
+                format!(
+                    "compiles to more than {} MiB: use a narrower class (`[A-Za-z0-9]` \
+                     rather than `\\w`) or fewer repetitions",
+                    limit >> 20
+                ),
+            ),
             Err(e) => v.problem(
                 &format!("{key}.pattern"),
                 format!("not a regular expression: {}", one_line(&e.to_string())),
@@ -341,7 +343,13 @@ mod tests {
     #[test]
     fn bad_patterns_and_builtins_are_named_by_key() {
         let (_, problems) = built(
-            &[("ok", None), ("(unclosed", None), ("x*", None)],
+            &[
+                ("ok", None),
+                ("(unclosed", None),
+                ("x*", None),
+                (r"\w{50,}", None),
+                (r"\w{2000}", None),
+            ],
             &["card", "phone"],
         );
         let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
@@ -350,8 +358,16 @@ mod tests {
             [
                 "server.redact[1].pattern",
                 "server.redact[2].pattern",
+                "server.redact[4].pattern",
                 "server.redact_builtins[1]"
             ]
+        );
+        assert!(
+            problems[2]
+                .message
+                .starts_with("compiles to more than 10 MiB"),
+            "{}",
+            problems[2].message
         );
         assert_eq!(
             problems[0].message,
@@ -363,9 +379,9 @@ mod tests {
             problems[1].message
         );
         assert!(
-            problems[2].message.contains("\"phone\""),
+            problems[3].message.contains("\"phone\""),
             "{}",
-            problems[2].message
+            problems[3].message
         );
     }
 }
