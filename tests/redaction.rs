@@ -359,6 +359,12 @@ async fn check_side(side: &Side, s: &Secrets, rows: &[Row]) -> Vec<(String, Stri
         texts.push((path, page));
     }
 
+    // The status page and its JSON show none of the three columns; they
+    // are searched for the secrets all the same.
+    for path in ["/", "/api/v1/status"] {
+        texts.push((path.into(), get(&side.agent, path).await));
+    }
+
     // The commands.
     for r in rows {
         let out = run(&["trace", "--config", &side.config, &r.event.id]);
@@ -524,6 +530,7 @@ async fn masks(db: Db, tag: &str) {
             .unwrap_or_else(|| panic!("{} not listed: {api}", long.id));
         assert_eq!(d3["last_error"], want.as_str(), "the cut last_error");
         texts.push(("/api/v1/dead-letters (d3)".into(), api));
+        texts.push(("the agent's log".into(), side.agent.stderr()));
         if side.on {
             for (what, text) in &texts {
                 for secret in s.all().into_iter().chain(s.starts()) {
