@@ -195,16 +195,13 @@ fn cards(re: &Regex, text: &str) -> Option<String> {
     let mut out = String::new();
     let mut last = 0;
     for m in re.find_iter(text) {
-        let groups: Vec<(usize, usize)> = text[m.start()..m.end()]
-            .match_indices(|c: char| c.is_ascii_digit())
-            .fold(Vec::new(), |mut acc: Vec<(usize, usize)>, (i, _)| {
-                let at = m.start() + i;
-                match acc.last_mut() {
-                    Some(g) if g.1 == at => g.1 = at + 1,
-                    _ => acc.push((at, at + 1)),
-                }
-                acc
-            });
+        // The pattern puts exactly one separator between two groups.
+        let mut groups: Vec<(usize, usize)> = Vec::new();
+        let mut at = m.start();
+        for g in m.as_str().split([' ', '-']) {
+            groups.push((at, at + g.len()));
+            at += g.len() + 1;
+        }
         let mut i = 0;
         while i < groups.len() {
             match longest_card(text, &groups[i..]) {
