@@ -108,7 +108,12 @@ pub async fn history(
             timestamp(e.at),
             cell(e.previous_status.as_deref()),
             e.attempts.map_or("-".to_string(), |a| a.to_string()),
-            cell(e.last_error.as_deref()),
+            cell(
+                e.last_error
+                    .as_deref()
+                    .map(|e| config.redact.text(e))
+                    .as_deref()
+            ),
         );
     }
     Ok(out)

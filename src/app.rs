@@ -81,7 +81,10 @@ impl Agent {
         let health = Arc::new(Health::default());
         let cancel = CancellationToken::new();
         let leadership = Arc::new(Leadership::default());
-        let linker = config.tracing.clone().map(crate::tracing_link::Linker::new);
+        let linker = config
+            .tracing
+            .clone()
+            .map(|t| crate::tracing_link::Linker::new(t, config.redact.clone()));
         let mut rt = Runtime::new(
             health.clone(),
             leadership.clone(),

@@ -10,6 +10,7 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -21,6 +22,7 @@ pub use crate::checks::{
 };
 use crate::checks::{Document, Validator, keys_at};
 pub mod presets;
+use crate::redact::Redactor;
 use crate::sources::SourceSpec;
 use crate::tracing_link::config::{RawTracing, TracingConfig};
 
@@ -53,6 +55,11 @@ pub struct RawServer {
     /// A trace viewer's URL with `{trace_id}` in it: the pages link each
     /// trace id there (e.g. a Grafana Explore or Jaeger URL).
     pub trace_url: Option<String>,
+    /// `[[server.redact]]`: patterns masked in `last_error`, `business_key`
+    /// and `summary` wherever they leave the agent (none by default).
+    pub redact: Option<Vec<crate::redact::RawRule>>,
+    /// The built-in masks switched on: `"email"`, `"card"` (none by default).
+    pub redact_builtins: Option<Vec<String>>,
 }
 
 /// A validated configuration.
@@ -74,6 +81,9 @@ pub struct Config {
     pub pages: bool,
     /// `[server] trace_url`, checked to hold `{trace_id}`.
     pub trace_url: Option<String>,
+    /// `[[server.redact]]` and `redact_builtins`: the one redactor every
+    /// output of table text applies.
+    pub redact: Arc<Redactor>,
     /// The file it was read from (the pages print commands that name it).
     pub path: Option<String>,
     /// The sources written on a preset, with their effective settings.
@@ -210,6 +220,11 @@ fn read(text: &str, v: &mut Validator<'_>) -> Option<Config> {
         }
         ok
     });
+    let redact = crate::redact::validate(
+        v,
+        server.redact.as_deref().unwrap_or_default(),
+        server.redact_builtins.as_deref().unwrap_or_default(),
+    );
     let (sources, presets) = read_sources(v, sources);
     let tracing: Option<RawTracing> = tracing.and_then(|t| section(v, "tracing", Some(t)));
     let tracing = crate::tracing_link::config::validate(tracing.as_ref(), v);
@@ -222,6 +237,7 @@ fn read(text: &str, v: &mut Validator<'_>) -> Option<Config> {
         tracing,
         pages: server.pages.unwrap_or(true),
         trace_url,
+        redact: Arc::new(redact),
         path: None,
         presets,
     })

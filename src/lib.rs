@@ -15,6 +15,7 @@ pub mod health;
 pub mod http;
 pub mod journal;
 pub mod lookup;
+pub mod redact;
 pub mod sources;
 pub mod telemetry;
 pub mod tracing_link;

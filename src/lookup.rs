@@ -81,7 +81,7 @@ pub async fn trace(
     let mut found = false;
     for spec in &sources {
         let text = spec
-            .trace_event(event_id)
+            .trace_event(event_id, &config.redact)
             .await
             .map_err(|message| LookupError::Source {
                 source_name: spec.name().to_string(),
@@ -149,7 +149,7 @@ pub async fn dead_letters(
                 r.last_error
                     .as_deref()
                     .map_or("-".to_string(), |e| printable(&link::truncate(
-                        e,
+                        &config.redact.prefix(e, ERROR_SHOWN),
                         ERROR_SHOWN
                     ))),
             );

@@ -44,6 +44,7 @@ mod preset_apalis;
 mod preset_pgboss;
 mod preset_python;
 mod preset_recipes;
+mod redaction;
 mod reliability;
 mod secrets;
 mod server_limits;

@@ -19,12 +19,13 @@ use super::AppState;
 use super::status::{self, Numbers};
 use crate::coordination::hide_standby;
 use crate::journal::{FIRST_KEPT, Trail};
+use crate::redact::Redactor;
 use crate::sources::SourceSpec;
 use crate::sources::kind::{
-    AuditEntry, DeadLetter, DeadRecord, bytes_text, parse_since, timestamp,
+    AuditEntry, DeadLetter, DeadRecord, ERROR_SHOWN, bytes_text, parse_since, timestamp,
 };
 use crate::telemetry::snapshot;
-use crate::tracing_link::{self as link, to_hex};
+use crate::tracing_link::{self as link, ERROR_TEXT_LEN, to_hex};
 
 /// Dead letters listed per source at most.
 const DEAD_LETTERS_SHOWN: usize = 200;
@@ -696,11 +697,12 @@ impl From<AuditEntry> for ActionView {
     }
 }
 
-/// The audit history of `ids` in one source, by event id; an error is a
-/// note, not a failure of the page.
+/// The audit history of `ids` in one source, by event id, its texts masked
+/// by `redact`; an error is a note, not a failure of the page.
 async fn histories(
     spec: &SourceSpec,
     ids: &[String],
+    redact: &Redactor,
     errors: &mut Vec<(String, String)>,
 ) -> BTreeMap<String, Vec<ActionView>> {
     let mut out: BTreeMap<String, Vec<ActionView>> = BTreeMap::new();
@@ -710,7 +712,10 @@ async fn histories(
     match tokio::time::timeout(LOOKUP_TIMEOUT, spec.dead_letter_history(ids)).await {
         Ok(Ok(entries)) => {
             for e in entries {
-                out.entry(e.event_id.clone()).or_default().push(e.into());
+                let id = e.event_id.clone();
+                let mut v = ActionView::from(e);
+                v.last_error = redact.owned(v.last_error);
+                out.entry(id).or_default().push(v);
             }
         }
         Ok(Err(e)) => errors.push((spec.name().to_string(), format!("audit history: {e}"))),
@@ -843,6 +848,7 @@ fn view(
         .trail(spec.name(), &d.event_id)
         .and_then(|t| t.first_failure())
         .map(timestamp);
+    let redact = &state.config.redact;
     DeadLetterView {
         source: spec.name().to_string(),
         owner: owner(spec),
@@ -853,14 +859,18 @@ fn view(
         trace_url: trace_link(state, &trace_id),
         trace_id,
         event_type: d.event_type,
-        business_key: d.business_key,
-        summary: d.summary,
+        business_key: redact.owned(d.business_key),
+        summary: d
+            .summary
+            .map(|s| redact.prefix(&s, ERROR_SHOWN).into_owned()),
         first_received: d.received.map(timestamp),
         first_failed_at,
         dead_lettered_at: d.dead_at.map(timestamp),
         attempts: d.attempts,
         error_class: d.error_class,
-        last_error: d.last_error,
+        last_error: d
+            .last_error
+            .map(|e| redact.prefix(&e, ERROR_SHOWN).into_owned()),
         event_id: d.event_id,
     }
 }
@@ -946,7 +956,7 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
                     cut.push(spec.name().to_string());
                 }
                 let ids: Vec<String> = rows.iter().map(|d| d.event_id.clone()).collect();
-                let mut history = histories(spec, &ids, &mut errors).await;
+                let mut history = histories(spec, &ids, &state.config.redact, &mut errors).await;
                 let configured = spec.audit_ddl().is_some();
                 for d in rows {
                     let at = d.dead_at;
@@ -1175,7 +1185,8 @@ pub struct EventReport {
     pub errors: Vec<(String, String)>,
 }
 
-fn trajectory(source: &str, t: Trail) -> TrajectoryView {
+/// One journal trail as shown, its error texts masked by `redact`.
+fn trajectory(source: &str, t: Trail, redact: &Redactor) -> TrajectoryView {
     TrajectoryView {
         source: source.to_string(),
         event_type: t.event_type,
@@ -1191,25 +1202,28 @@ fn trajectory(source: &str, t: Trail) -> TrajectoryView {
                 ended: a.ended.map(timestamp),
                 outcome: a.outcome.as_str(),
                 error_class: a.error_class.map(|c| c.to_string()),
-                error: a.error,
+                error: a
+                    .error
+                    .map(|e| redact.prefix(&e, ERROR_TEXT_LEN).into_owned()),
             })
             .collect(),
     }
 }
 
 async fn event_report(state: &AppState, event_id: &str) -> EventReport {
+    let redact = &state.config.redact;
     let trace_id = to_hex(&link::trace_id(event_id));
     let mut text = String::new();
     let mut found = false;
     let mut errors = Vec::new();
     let mut actions = Vec::new();
     for spec in state.config.sources.iter().filter(|s| s.keeps_events()) {
-        match tokio::time::timeout(LOOKUP_TIMEOUT, spec.trace_event(event_id)).await {
+        match tokio::time::timeout(LOOKUP_TIMEOUT, spec.trace_event(event_id, redact)).await {
             Ok(Ok(Some(t))) => {
                 found = true;
                 text.push_str(&t);
                 let ids = [event_id.to_string()];
-                if let Some((_, h)) = histories(spec, &ids, &mut errors).await.pop_first() {
+                if let Some((_, h)) = histories(spec, &ids, redact, &mut errors).await.pop_first() {
                     actions.push((spec.name().to_string(), h));
                 }
             }
@@ -1230,7 +1244,7 @@ async fn event_report(state: &AppState, event_id: &str) -> EventReport {
             .journal
             .get(event_id)
             .into_iter()
-            .map(|(s, t)| trajectory(&s, t))
+            .map(|(s, t)| trajectory(&s, t, redact))
             .collect(),
         actions,
         errors,

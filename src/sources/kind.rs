@@ -21,6 +21,7 @@ use crate::checks::{Unknown, Validator, keys_at, knows};
 use crate::coordination::{Leadership, Lock, elect};
 use crate::health::Health;
 use crate::journal::Journal;
+use crate::redact::Redactor;
 use crate::sources::run::{Source, run_loop};
 use crate::tracing_link::Linker;
 
@@ -87,11 +88,13 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
         Vec::new()
     }
 
-    /// What the source knows of one event, as `trace` prints it; `None`
-    /// when it has no row of that event.
+    /// What the source knows of one event, as `trace` prints it, the
+    /// table's texts masked by `redact`; `None` when it has no row of that
+    /// event.
     fn trace_event(
         &self,
         _event_id: &str,
+        _redact: &Redactor,
     ) -> impl Future<Output = Result<Option<String>, String>> + Send {
         async { Ok(None) }
     }

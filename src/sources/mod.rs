@@ -17,6 +17,7 @@ use toml::Spanned;
 use toml::de::DeValue;
 
 use crate::checks::Validator;
+use crate::redact::Redactor;
 use crate::telemetry::catalogue as metric;
 use kind::{
     ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, DeadRecords, Finding, Kind,
@@ -128,9 +129,13 @@ macro_rules! kinds {
                 match self { $(SourceSpec::$variant(s) => s.error_classes(),)+ }
             }
 
-            /// What the source knows of one event.
-            pub async fn trace_event(&self, event_id: &str) -> Result<Option<String>, String> {
-                match self { $(SourceSpec::$variant(s) => s.trace_event(event_id).await,)+ }
+            /// What the source knows of one event, its table texts masked by `redact`.
+            pub async fn trace_event(
+                &self,
+                event_id: &str,
+                redact: &Redactor,
+            ) -> Result<Option<String>, String> {
+                match self { $(SourceSpec::$variant(s) => s.trace_event(event_id, redact).await,)+ }
             }
 
             /// The events dead-lettered lately.

@@ -17,6 +17,7 @@ pub mod config;
 pub mod export;
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{
@@ -27,6 +28,7 @@ use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
+use crate::redact::Redactor;
 use crate::telemetry::catalogue as metric;
 
 /// Characters of `last_error` carried in a span's status message.
@@ -345,18 +347,37 @@ pub fn producer_span(id: &SourceIdentity, p: &Publish<'_>) -> SpanData {
     }
 }
 
+/// Masks the parts of a span that come from the row's `last_error`.
+fn redact(redact: &Redactor, span: &mut SpanData) {
+    if let Status::Error { description } = &mut span.status {
+        *description = Cow::Owned(redact.prefix(description, ERROR_TEXT_LEN).into_owned());
+    }
+    for kv in span
+        .attributes
+        .iter_mut()
+        .filter(|kv| kv.key.as_str() == "error.type")
+    {
+        let class = kv.value.as_str();
+        if let Cow::Owned(masked) = redact.text(&class) {
+            kv.value = masked.into();
+        }
+    }
+}
+
 /// Wires sources to one exporter: the export task and a sink per source.
 pub struct Linker {
     exporter: export::Exporter,
     sample_ratio: f64,
+    redact: Arc<Redactor>,
 }
 
 impl Linker {
-    /// A linker exporting with `config`.
-    pub fn new(config: config::TracingConfig) -> Linker {
+    /// A linker exporting with `config`, its spans' error texts masked by `redact`.
+    pub fn new(config: config::TracingConfig, redact: Arc<Redactor>) -> Linker {
         Linker {
             sample_ratio: config.sample_ratio,
             exporter: export::Exporter::new(config),
+            redact,
         }
     }
 
@@ -387,6 +408,7 @@ impl Linker {
             identity,
             self.sample_ratio,
             slow_after,
+            self.redact.clone(),
         ))
     }
 
@@ -410,6 +432,7 @@ pub struct SpanSink {
     pub sample_ratio: f64,
     /// Processing slower than this is always kept (the source's P95 objective).
     pub slow_after: Option<Duration>,
+    redact: Arc<Redactor>,
     dropped: u64,
     created: bool,
 }
@@ -422,6 +445,7 @@ impl SpanSink {
         identity: SourceIdentity,
         sample_ratio: f64,
         slow_after: Option<Duration>,
+        redact: Arc<Redactor>,
     ) -> SpanSink {
         SpanSink {
             tx,
@@ -429,6 +453,7 @@ impl SpanSink {
             identity,
             sample_ratio,
             slow_after,
+            redact,
             dropped: 0,
             created: false,
         }
@@ -444,8 +469,13 @@ impl SpanSink {
         failed || slow || sampled(&trace_id(event_id), self.sample_ratio)
     }
 
-    /// Queues a span without waiting; a full queue drops it.
-    pub fn send(&mut self, span: SpanData) {
+    /// Queues a span without waiting, its error text masked (the status
+    /// message, from `last_error`, and `error.type`, its class); a full
+    /// queue drops it.
+    pub fn send(&mut self, mut span: SpanData) {
+        if self.redact.is_on() {
+            redact(&self.redact, &mut span);
+        }
         if self.tx.try_send((self.resource, span)).is_err() {
             self.dropped += 1;
         }
@@ -526,6 +556,58 @@ mod tests {
         assert!((4_700..=5_300).contains(&kept), "{kept}");
         assert!(sampled(&trace_id("x"), 1.0));
         assert!(!sampled(&trace_id("x"), 0.0));
+    }
+
+    /// Guards the span boundary of `[[server.redact]]`: the status message
+    /// and `error.type` leave masked, the rest of the span as it was.
+    #[test]
+    fn sent_spans_carry_masked_error_texts() {
+        let env = |_: &str| None;
+        let mut v = crate::checks::Validator::new("", crate::checks::Environment::Process, &env);
+        let rules = [crate::redact::RawRule {
+            pattern: Some(r"Acme\w*".into()),
+            replace: Some("[acme]".into()),
+        }];
+        let redact = crate::redact::validate(&mut v, &rules, &["email".to_string()]);
+        assert!(v.into_problems().is_empty());
+        let identity = SourceIdentity {
+            source: "s".into(),
+            service: "svc".into(),
+            messaging_system: "kafka".into(),
+            consumer_group: "g".into(),
+        };
+        let (tx, mut rx) = mpsc::channel(1);
+        let mut sink = SpanSink::new(tx, 0, identity.clone(), 1.0, None, Arc::new(redact));
+        let attempt = Attempt {
+            event_id: "evt-1",
+            event_type: Some("order.paid"),
+            outcome: "failed",
+            attempt: 1,
+            attempts: Some(1),
+            deliveries: Some(1),
+            received: 0,
+            started: Some(1_000),
+            end: 2_000,
+            last_error: Some("AcmeError: no answer for ann@example.com"),
+            traceparent: None,
+        };
+        let span = consumer_span(&identity, &attempt);
+        sink.send(span.clone());
+        let (_, sent) = rx.try_recv().expect("the span was queued");
+        assert_eq!(
+            sent.status,
+            Status::error("[acme]: no answer for [email]".to_string())
+        );
+        let class = |s: &SpanData| {
+            s.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == "error.type")
+                .map(|kv| kv.value.as_str().into_owned())
+        };
+        assert_eq!(class(&span).as_deref(), Some("AcmeError"));
+        assert_eq!(class(&sent).as_deref(), Some("[acme]"));
+        assert_eq!(sent.attributes.len(), span.attributes.len());
+        assert_eq!(sent.name, span.name);
     }
 
     #[test]

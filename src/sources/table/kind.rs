@@ -22,6 +22,7 @@ use super::outbox::Outbox;
 use super::{Pools, TableSource, actions, lookup, schema};
 use crate::checks::{Validator, keys_at, knows};
 use crate::coordination::LEASE;
+use crate::redact::Redactor;
 use crate::sources::kind::{
     ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, Finding, Kind, Read, Runtime,
 };
@@ -117,8 +118,12 @@ macro_rules! table_kind {
                 Some(doctor::indexes(&source, $shape(self)))
             }
 
-            async fn trace_event(&self, event_id: &str) -> Result<Option<String>, String> {
-                $trace(self, event_id).await
+            async fn trace_event(
+                &self,
+                event_id: &str,
+                redact: &Redactor,
+            ) -> Result<Option<String>, String> {
+                $trace(self, event_id, redact).await
             }
 
             $($own)*

@@ -12,6 +12,7 @@ use super::config::{InboxSpec, OutboxSpec, Status};
 use super::dialect::{Param, Sql};
 use super::{TableKind, TableSource, get};
 use crate::dsn::Dialect;
+use crate::redact::Redactor;
 use crate::sources::kind::{DeadLetter, ERROR_SHOWN, ms, timestamp};
 use crate::tracing_link::{self as link, TraceParent, to_hex};
 
@@ -24,20 +25,28 @@ pub(super) async fn open<K: TableKind>(
     Ok((conn, sql))
 }
 
-/// What an inbox table knows of one event.
-pub(crate) async fn trace_inbox(s: &InboxSpec, event_id: &str) -> Result<Option<String>, String> {
+/// What an inbox table knows of one event, its `last_error` masked by `redact`.
+pub(crate) async fn trace_inbox(
+    s: &InboxSpec,
+    event_id: &str,
+    redact: &Redactor,
+) -> Result<Option<String>, String> {
     let (mut conn, sql) = open(TableSource::new(
         s.table.clone(),
         super::inbox::Inbox::new(s.clone()),
     ))
     .await?;
-    let found = inbox_event(&mut conn, sql, s, event_id).await;
+    let found = inbox_event(&mut conn, sql, s, event_id, redact).await;
     let _ = conn.close().await;
     found
 }
 
-/// What an outbox table knows of one event.
-pub(crate) async fn trace_outbox(s: &OutboxSpec, event_id: &str) -> Result<Option<String>, String> {
+/// What an outbox table knows of one event (no text of its own to mask).
+pub(crate) async fn trace_outbox(
+    s: &OutboxSpec,
+    event_id: &str,
+    _redact: &Redactor,
+) -> Result<Option<String>, String> {
     let (mut conn, sql) = open(TableSource::new(
         s.table.clone(),
         super::outbox::Outbox::new(s.clone()),
@@ -94,6 +103,7 @@ async fn inbox_event(
     sql: Sql,
     s: &InboxSpec,
     event_id: &str,
+    redact: &Redactor,
 ) -> Result<Option<String>, String> {
     if sql.dialect == Dialect::Postgres && event_id.contains('\0') {
         // PostgreSQL's text cannot hold NUL: no row has this id (asking would
@@ -153,7 +163,11 @@ async fn inbox_event(
         event_type.as_deref().unwrap_or("unknown")
     );
     if let Some(k) = &business_key {
-        let _ = writeln!(out, "  business key    {}", link::truncate(k, ERROR_SHOWN));
+        let _ = writeln!(
+            out,
+            "  business key    {}",
+            link::truncate(&redact.prefix(k, ERROR_SHOWN), ERROR_SHOWN)
+        );
     }
     let meaning = status.map_or("not in the status map", Status::as_str);
     let _ = writeln!(out, "  status          {word} ({meaning})");
@@ -206,7 +220,11 @@ async fn inbox_event(
         );
     }
     if let Some(e) = &last_error {
-        let _ = writeln!(out, "  last error      {}", link::truncate(e, ERROR_SHOWN));
+        let _ = writeln!(
+            out,
+            "  last error      {}",
+            link::truncate(&redact.prefix(e, ERROR_SHOWN), ERROR_SHOWN)
+        );
     }
     if let Some(a) = attempt {
         let a = u32::try_from(a).unwrap_or(u32::MAX);
