@@ -153,6 +153,17 @@ async fn https_get(
     ca: &Path,
     credentials: Option<(&str, &str)>,
 ) -> Result<Answer, String> {
+    https_get_as(port, path, ca, credentials, None).await
+}
+
+/// [`https_get`] presenting a client certificate (`{name}.crt`, `{name}.key` in `certs`).
+async fn https_get_as(
+    port: u16,
+    path: &str,
+    ca: &Path,
+    credentials: Option<(&str, &str)>,
+    client: Option<(&Certs, &str)>,
+) -> Result<Answer, String> {
     let mut roots = rustls::RootCertStore::empty();
     let pem = std::fs::read(ca).map_err(|e| format!("read {}: {e}", ca.display()))?;
     for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
@@ -165,8 +176,23 @@ async fn https_get(
     ))
     .with_safe_default_protocol_versions()
     .map_err(|e| e.to_string())?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    .with_root_certificates(roots);
+    let config = match client {
+        None => config.with_no_client_auth(),
+        Some((certs, name)) => {
+            let pem = std::fs::read(certs.path(&format!("{name}.crt"))).expect("a client cert");
+            let chain = rustls::pki_types::pem::PemObject::pem_slice_iter(&pem)
+                .collect::<Result<Vec<rustls::pki_types::CertificateDer<'static>>, _>>()
+                .expect("a PEM chain");
+            let key = rustls::pki_types::pem::PemObject::from_pem_file(
+                certs.path(&format!("{name}.key")),
+            )
+            .expect("a client key");
+            config
+                .with_client_auth_cert(chain, key)
+                .map_err(|e| e.to_string())?
+        }
+    };
     let exchange = async {
         let tcp = TcpStream::connect(("127.0.0.1", port))
             .await
@@ -196,8 +222,13 @@ async fn https_get(
             .await
             .map_err(|e| format!("write: {e}"))?;
         let mut buf = Vec::new();
-        // A peer that closes without close_notify is fine for a test.
-        let _ = tls.read_to_end(&mut buf).await;
+        // A peer that closes without close_notify is fine for a test; a TLS
+        // 1.3 server refuses a client certificate after the handshake.
+        if let Err(e) = tls.read_to_end(&mut buf).await
+            && buf.is_empty()
+        {
+            return Err(format!("read: {e}"));
+        }
         Ok::<_, String>((buf, certificate))
     };
     let (buf, certificate) = tokio::time::timeout(Duration::from_secs(5), exchange)
@@ -485,6 +516,64 @@ async fn a_certificate_replaced_on_disk_is_served_without_a_restart() {
         "the configured header: {}",
         a.head
     );
+}
+
+/// Guards `client_auth_type: RequireAndVerifyClientCert` with `client_ca_file`:
+/// a client certificate the CA signed is served (with basic auth still asked),
+/// one from another CA and none at all are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_are_required_and_verified() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let certs = Certs::new(dir.path());
+    certs.issue("client");
+    let other = tempfile::tempdir().expect("temp dir");
+    let stranger = Certs::new(other.path());
+    let verify = format!(
+        "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
+        yaml_str(&certs.path("ca.crt").to_string_lossy())
+    );
+    let yml = web_yml(&certs, "").replacen(
+        "\nbasic_auth_users:",
+        &format!("\n{verify}basic_auth_users:"),
+        1,
+    );
+    let web = dir.path().join("web.yml");
+    std::fs::write(&web, &yml).expect("write web.yml");
+    let server = format!("web_config_file = {}", toml_str(&web.to_string_lossy()));
+    let agent = Agent::run(&agent_toml(dir.path(), &server)).start();
+    let ca = certs.path("ca.crt");
+    let signed = wait_until(READY_TIMEOUT, || async {
+        https_get_as(
+            agent.port,
+            "/healthz",
+            &ca,
+            Some((USER, PASSWORD)),
+            Some((&certs, "client")),
+        )
+        .await
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", agent.stderr()));
+    assert_eq!(signed.code, 200, "a client certificate the CA signed");
+    let unauthenticated = https_get_as(agent.port, "/healthz", &ca, None, Some((&certs, "client")))
+        .await
+        .expect("an answer");
+    assert_eq!(unauthenticated.code, 401, "basic auth is still asked");
+    for (what, client) in [
+        ("no client certificate", None),
+        (
+            "a client certificate of another CA",
+            Some((&stranger, "server")),
+        ),
+    ] {
+        let refused =
+            https_get_as(agent.port, "/healthz", &ca, Some((USER, PASSWORD)), client).await;
+        assert!(
+            refused.is_err(),
+            "{what} was served: {}",
+            refused.map(|a| a.code).unwrap_or(0)
+        );
+    }
 }
 
 /// Guards the pages' private default: on a listener other hosts reach (0.0.0.0)
