@@ -235,42 +235,76 @@ pub async fn serve(
             },
         );
         let tls = web.current().tls.clone();
-        let shutdown = shutdown.clone();
-        connections.spawn(async move {
-            let _held = (slot, client);
-            match tls {
-                None => connection(stream, app, limits, shutdown).await,
-                Some(tls) => {
-                    let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
-                    match tokio::time::timeout(limits.header_read_timeout, handshake).await {
-                        Ok(Ok(stream)) => connection(stream, app, limits, shutdown).await,
-                        Ok(Err(e)) => {
-                            debug!(client = %peer.ip(), error = %e, "TLS handshake failed.")
-                        }
-                        Err(_) => debug!(client = %peer.ip(), "TLS handshake timed out."),
-                    }
-                }
-            }
-        });
+        connections.spawn(secured(
+            stream,
+            tls,
+            app,
+            limits,
+            shutdown.clone(),
+            (slot, client),
+        ));
     }
     drop(listener);
     while connections.join_next().await.is_some() {}
     Ok(())
 }
 
-/// Serves one connection until the client closes it, a limit closes it, or
-/// shutdown drains it.
-async fn connection<S, A>(stream: S, app: A, limits: HttpLimits, shutdown: CancellationToken)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    A: tower::Service<
+/// What serves a connection's requests: the router, with the client's address
+/// put on each request.
+trait App:
+    tower::Service<
+        Request<hyper::body::Incoming>,
+        Response = Response,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<T> App for T where
+    T: tower::Service<
             Request<hyper::body::Incoming>,
             Response = Response,
             Error = std::convert::Infallible,
+            Future: Send + 'static,
         > + Clone
         + Send
-        + 'static,
-    A::Future: Send + 'static,
+        + 'static
+{
+}
+
+/// Serves one accepted connection, over TLS when the web config asks for it
+/// (the handshake within `header_read_timeout`), holding its slots until it ends.
+async fn secured(
+    stream: tokio::net::TcpStream,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    app: impl App,
+    limits: HttpLimits,
+    shutdown: CancellationToken,
+    _slots: (tokio::sync::OwnedSemaphorePermit, ClientTurn),
+) {
+    let Some(tls) = tls else {
+        return connection(stream, app, limits, shutdown).await;
+    };
+    let peer = stream.peer_addr().ok().map(|p| p.ip());
+    let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        done = tokio::time::timeout(limits.header_read_timeout, handshake) => match done {
+            Ok(Ok(stream)) => connection(stream, app, limits, shutdown).await,
+            Ok(Err(e)) => debug!(client = ?peer, error = %e, "TLS handshake failed."),
+            Err(_) => debug!(client = ?peer, "TLS handshake timed out."),
+        },
+    }
+}
+
+/// Serves one connection until the client closes it, a limit closes it, or
+/// shutdown drains it.
+async fn connection<S>(stream: S, app: impl App, limits: HttpLimits, shutdown: CancellationToken)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let started = Instant::now();
     let last_io = Arc::new(AtomicU64::new(0));
