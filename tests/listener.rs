@@ -675,6 +675,23 @@ async fn pages_are_private_by_default_on_a_listener_other_hosts_reach() {
             .stderr()
             .contains("asks every client for TLS and basic auth")
     );
+    // A new file without basic auth would open the pages: it is refused.
+    let unlocked = web_yml(&certs, "");
+    let unlocked = &unlocked[..unlocked.find("basic_auth_users:").expect("the users")];
+    std::fs::write(&web, unlocked).expect("rewrite web.yml");
+    wait_until(Duration::from_secs(10), || async {
+        agent
+            .stderr()
+            .contains("no longer asks for both TLS and basic auth")
+            .then_some(())
+            .ok_or_else(|| "not refused yet".to_string())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {}", agent.stderr()));
+    let page = https_get(agent.port, "/", &ca, None)
+        .await
+        .expect("the status page without credentials");
+    assert_eq!(page.code, 401, "the pages still ask for credentials");
 }
 
 /// Guards the web config file's checks: each bad file is refused by
