@@ -24,6 +24,8 @@ lane_system() {
   command -v prometheus-alertmanager >/dev/null 2>&1 || missing+=(prometheus-alertmanager)
   # Headless Chromium for the page tests (tests/pages.rs).
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  # The listener's test certificates (tests/listener.rs).
+  command -v openssl >/dev/null 2>&1 || missing+=(openssl)
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     missing+=(nodejs npm)
   fi

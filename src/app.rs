@@ -78,6 +78,20 @@ impl Agent {
             .await
             .map_err(|e| listen_error(config.listen, &e))?;
         let addr = listener.local_addr()?;
+        let web_config = match &config.web_config_file {
+            None => crate::config::web::WebConfig::none(),
+            Some(path) => crate::config::web::load(path).map_err(|problems| {
+                let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+                anyhow::anyhow!(lines.join("\n"))
+            })?,
+        };
+        let (pages, why) = http::pages_served(config.pages, addr, web_config.locked());
+        let keep_locked = pages && config.pages.is_none() && !addr.ip().is_loopback();
+        let web = Arc::new(http::web::Web::new(
+            config.web_config_file.clone(),
+            web_config,
+            keep_locked,
+        ));
         let health = Arc::new(Health::default());
         let cancel = CancellationToken::new();
         let leadership = Arc::new(Leadership::default());
@@ -123,16 +137,30 @@ impl Agent {
             reads: Arc::new(reads),
             history: http::status::History::started_now(),
             lookups: Arc::new(tokio::sync::Semaphore::new(http::pages::LOOKUPS_AT_ONCE)),
+            pages,
         };
         let mut tasks = tasks;
-        if config.pages {
+        if pages {
             tasks.spawn(http::sample_history(state.clone(), cancel.clone()));
         }
-        let http = tokio::spawn(http::serve(listener, state, config.http, stop_http.clone()));
-        if config.pages {
-            info!(listen = %addr, "Serving the status page (/), /metrics, /healthz and /readyz.");
+        tasks.spawn(web.clone().watch(cancel.clone()));
+        let locked = match (web.current().tls.is_some(), !web.current().users.is_empty()) {
+            (true, true) => "TLS, basic auth",
+            (true, false) => "TLS, no basic auth",
+            (false, true) => "no TLS, basic auth",
+            (false, false) => "no TLS, no basic auth",
+        };
+        let http = tokio::spawn(http::serve(
+            listener,
+            state,
+            web,
+            config.http,
+            stop_http.clone(),
+        ));
+        if pages {
+            info!(listen = %addr, security = locked, why = %why, "Serving the pages (/, /dead-letters, /events/…, /api/v1/…), /metrics, /healthz and /readyz.");
         } else {
-            info!(listen = %addr, "Serving /metrics, /healthz and /readyz.");
+            info!(listen = %addr, security = locked, why = %why, "Serving /metrics, /healthz and /readyz; not the pages (/, /dead-letters, /events/…, /api/v1/…).");
         }
         Ok(Agent {
             addr,

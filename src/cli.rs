@@ -31,6 +31,10 @@ pub enum Command {
         /// Listen address, overriding `server.listen`.
         #[arg(long)]
         listen: Option<SocketAddr>,
+        /// The exporter-toolkit web config file (TLS, basic auth, headers),
+        /// overriding `server.web_config_file`.
+        #[arg(long = "web.config.file", value_name = "FILE")]
+        web_config_file: Option<PathBuf>,
     },
     /// Run the embedded demo: an SQLite inbox fed by a simulated consumer, watched live.
     Demo {

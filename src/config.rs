@@ -9,7 +9,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,6 +22,8 @@ pub use crate::checks::{
 };
 use crate::checks::{Document, Validator, keys_at};
 pub mod presets;
+pub mod web;
+
 use crate::redact::Redactor;
 use crate::sources::SourceSpec;
 use crate::tracing_link::config::{RawTracing, TracingConfig};
@@ -49,9 +51,16 @@ pub struct RawServer {
     pub idle_timeout: Option<String>,
     /// HTTP connections served at once; more wait until one closes (default 256).
     pub max_http_connections: Option<i64>,
+    /// HTTP connections one client address may hold open at once; its next
+    /// ones are closed at once (default 32).
+    pub max_http_connections_per_client: Option<i64>,
     /// Serve the pages (`/`, `/dead-letters`, `/events/{id}`) and the JSON
-    /// API (`/api/v1/…`) beside `/metrics` (default true).
+    /// API (`/api/v1/…`) beside `/metrics` (default: on a loopback listener,
+    /// or behind TLS and basic auth; off on a listener other hosts reach).
     pub pages: Option<bool>,
+    /// The exporter-toolkit web config file (TLS, basic auth, headers),
+    /// re-read when it changes (docs/configuration.md).
+    pub web_config_file: Option<String>,
     /// A trace viewer's URL with `{trace_id}` in it: the pages link each
     /// trace id there (e.g. a Grafana Explore or Jaeger URL).
     pub trace_url: Option<String>,
@@ -77,8 +86,11 @@ pub struct Config {
     pub sources: Vec<SourceSpec>,
     /// Span export, when `[tracing]` is configured.
     pub tracing: Option<TracingConfig>,
-    /// `[server] pages`: the pages and the JSON API are served.
-    pub pages: bool,
+    /// `[server] pages` as written; unset, the listener decides
+    /// ([`crate::http::pages_served`]).
+    pub pages: Option<bool>,
+    /// `[server] web_config_file` (or `--web.config.file`), checked.
+    pub web_config_file: Option<PathBuf>,
     /// `[server] trace_url`, checked to hold `{trace_id}`.
     pub trace_url: Option<String>,
     /// `[[server.redact]]` and `redact_builtins`: the one redactor every
@@ -103,6 +115,9 @@ pub struct HttpLimits {
     /// Connections served at once (`max_http_connections`); the next ones wait in the listen backlog
     /// until one closes.
     pub max_connections: usize,
+    /// Connections one client address may hold at once
+    /// (`max_http_connections_per_client`); its next ones are closed.
+    pub max_connections_per_client: usize,
 }
 
 impl Default for HttpLimits {
@@ -117,7 +132,21 @@ impl Default for HttpLimits {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             max_connections: 256,
+            max_connections_per_client: 32,
         }
+    }
+}
+
+impl Config {
+    /// Serves with this web config file (`run --web.config.file`) instead of
+    /// `[server] web_config_file`, once it is checked.
+    pub fn use_web_config_file(&mut self, path: PathBuf) -> Result<(), ConfigError> {
+        web::load(&path).map_err(|problems| ConfigError {
+            path: Some(path.display().to_string()),
+            problems,
+        })?;
+        self.web_config_file = Some(path);
+        Ok(())
     }
 }
 
@@ -209,6 +238,13 @@ fn read(text: &str, v: &mut Validator<'_>) -> Option<Config> {
         1_000,
     ) as u32;
     let http = http_limits(v, &server);
+    if let Some(file) = &server.web_config_file
+        && let Err(problems) = web::load(Path::new(file))
+    {
+        for p in problems {
+            v.problem(&p.key, p.message);
+        }
+    }
     let trace_url = server.trace_url.clone().filter(|u| {
         let ok =
             u.contains("{trace_id}") && (u.starts_with("http://") || u.starts_with("https://"));
@@ -235,7 +271,8 @@ fn read(text: &str, v: &mut Validator<'_>) -> Option<Config> {
         http,
         sources,
         tracing,
-        pages: server.pages.unwrap_or(true),
+        pages: server.pages,
+        web_config_file: server.web_config_file.as_ref().map(PathBuf::from),
         trace_url,
         redact: Arc::new(redact),
         path: None,
@@ -437,6 +474,12 @@ fn http_limits(v: &mut Validator<'_>, server: &RawServer) -> HttpLimits {
             "server.max_http_connections",
             server.max_http_connections,
             default.max_connections,
+            65_536,
+        ),
+        max_connections_per_client: v.positive(
+            "server.max_http_connections_per_client",
+            server.max_http_connections_per_client,
+            default.max_connections_per_client,
             65_536,
         ),
     }
@@ -792,13 +835,13 @@ table = "outbox"
         let source =
             "[[sources]]\nname = \"a\"\nkind = \"inbox\"\ntable = \"t\"\ndsn = \"sqlite://x.db\"\n";
         let cfg = parse_str(source).expect("valid");
-        assert!(cfg.pages, "pages are on by default");
+        assert_eq!(cfg.pages, None, "unset, the listener decides");
         assert_eq!(cfg.trace_url, None);
         let cfg = parse_str(&format!(
             "[server]\npages = false\ntrace_url = \"https://jaeger.example/trace/{{trace_id}}\"\n{source}"
         ))
         .expect("valid");
-        assert!(!cfg.pages);
+        assert_eq!(cfg.pages, Some(false));
         assert_eq!(
             cfg.trace_url.as_deref(),
             Some("https://jaeger.example/trace/{trace_id}")

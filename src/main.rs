@@ -92,6 +92,7 @@ fn main() -> ExitCode {
         Command::Run {
             config: path,
             listen,
+            web_config_file,
         } => {
             let mut cfg = match config::load(&path) {
                 Ok(c) => c,
@@ -99,6 +100,11 @@ fn main() -> ExitCode {
             };
             if let Some(l) = listen {
                 cfg.listen = l;
+            }
+            if let Some(file) = web_config_file
+                && let Err(e) = cfg.use_web_config_file(file)
+            {
+                return config_failure(&e);
             }
             finish(runtime().block_on(app::run(cfg)))
         }

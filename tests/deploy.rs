@@ -22,6 +22,7 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 
+use base64::Engine as _;
 use common::process::run_in_root;
 use common::{Cmd, Outcome, repo_path, repo_read};
 
@@ -30,13 +31,18 @@ const INSTALL_HINT: &str = "install it with `python3 -m pip install kubernetes-v
      (it brings PyYAML too; CI's scripts/test.sh installs it)";
 
 /// Manifests that are examples to copy, not resources of the kustomization.
-const NOT_RESOURCES: &[&str] = &["kustomization.yaml", "secret.example.yaml"];
+const NOT_RESOURCES: &[&str] = &[
+    "kustomization.yaml",
+    "secret.example.yaml",
+    "web-secret.example.yaml",
+];
 
 /// Objects kubernetes-validate must validate against its schemas: (kind, name).
 const CORE_OBJECTS: &[(&str, &str)] = &[
     ("ServiceAccount", "inboxwatch"),
     ("ConfigMap", "inboxwatch-config"),
     ("Secret", "inboxwatch-db"),
+    ("Secret", "inboxwatch-web"),
     ("DaemonSet", "inboxwatch"),
     ("Service", "inboxwatch"),
 ];
@@ -404,10 +410,25 @@ fn daemonset_runs_the_agent_locked_down_with_probes_and_sized_resources() {
             .any(|p| p["name"] == "metrics" && p["containerPort"] == 9469),
         "the container exposes 9469 as `metrics`"
     );
+    // The probes log in over TLS as the web config file's "kubelet" user.
+    let web_config = web_config_of_the_example_secret();
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         let get = &c[probe]["httpGet"];
         assert_eq!(get["path"], path, "{probe}");
         assert_eq!(get["port"], "metrics", "{probe}");
+        assert_eq!(get["scheme"], "HTTPS", "{probe}");
+        let auth = get["httpHeaders"][0]["value"]
+            .as_str()
+            .expect("an Authorization header");
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(auth.strip_prefix("Basic ").expect("basic auth"))
+            .expect("base64");
+        let user = String::from_utf8(decoded).expect("UTF-8");
+        let user = user.split(':').next().expect("user:password");
+        assert!(
+            web_config.contains(&format!("\n  {user}: $2y$")),
+            "{probe} logs in as {user}, a user of the web config file:\n{web_config}"
+        );
     }
 
     let res = &c["resources"];
@@ -419,11 +440,51 @@ fn daemonset_runs_the_agent_locked_down_with_probes_and_sized_resources() {
         "no CPU limit: throttling would delay lock renewals"
     );
 
-    // The config file the agent is told to read is the mounted ConfigMap's key.
+    // The config file the agent is told to read is the mounted ConfigMap's key,
+    // and the web config file the mounted Secret's.
     assert_eq!(
         c["args"],
-        serde_json::json!(["run", "--config", "/etc/inboxwatch/inboxwatch.toml"])
+        serde_json::json!([
+            "run",
+            "--config",
+            "/etc/inboxwatch/inboxwatch.toml",
+            "--web.config.file",
+            "/etc/inboxwatch/web/web-config.yml"
+        ])
     );
+    let web_mount = c["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .find(|m| m["mountPath"] == "/etc/inboxwatch/web")
+        .expect("the web config is mounted at /etc/inboxwatch/web");
+    let web_volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == web_mount["name"])
+        .expect("the mounted web volume");
+    let web_secret = object("web-secret.example.yaml", "Secret");
+    assert_eq!(
+        web_volume["secret"]["secretName"],
+        web_secret["metadata"]["name"]
+    );
+    let projected: BTreeSet<&str> = web_volume["secret"]["items"]
+        .as_array()
+        .expect("items: only what the agent reads")
+        .iter()
+        .map(|i| i["key"].as_str().expect("a key"))
+        .collect();
+    assert_eq!(
+        projected,
+        BTreeSet::from(["web-config.yml", "tls.crt", "tls.key"])
+    );
+    for file in ["tls.crt", "tls.key"] {
+        assert!(
+            web_config.contains(&format!("_file: {file}\n")),
+            "{file} in\n{web_config}"
+        );
+    }
     let mount = c["volumeMounts"]
         .as_array()
         .expect("volumeMounts")
@@ -458,6 +519,20 @@ fn daemonset_runs_the_agent_locked_down_with_probes_and_sized_resources() {
     assert_eq!(labels["app.kubernetes.io/name"], "inboxwatch");
 }
 
+/// The web config file of `web-secret.example.yaml`.
+fn web_config_of_the_example_secret() -> String {
+    let secret = object("web-secret.example.yaml", "Secret");
+    format!(
+        "\n{}",
+        secret["stringData"]["web-config.yml"]
+            .as_str()
+            .expect("web-config.yml")
+            .lines()
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    )
+}
+
 #[test]
 fn service_and_podmonitor_find_the_agents_as_job_inboxwatch() {
     let pod_labels =
@@ -486,6 +561,23 @@ fn service_and_podmonitor_find_the_agents_as_job_inboxwatch() {
     assert_eq!(endpoints.len(), 1);
     assert_eq!(endpoints[0]["port"], "metrics");
     assert_eq!(endpoints[0]["interval"], "15s");
+    // Over TLS with basic auth, from the keys of the web Secret.
+    let web_secret = object("web-secret.example.yaml", "Secret");
+    let keys = web_secret["stringData"].as_object().expect("stringData");
+    assert_eq!(endpoints[0]["scheme"], "https");
+    let tls = &endpoints[0]["tlsConfig"];
+    assert_eq!(tls["serverName"], "inboxwatch");
+    let auth = &endpoints[0]["basicAuth"];
+    for reference in [&tls["ca"]["secret"], &auth["username"], &auth["password"]] {
+        assert_eq!(reference["name"], web_secret["metadata"]["name"]);
+        let key = reference["key"].as_str().expect("a key");
+        assert!(keys.contains_key(key), "the Secret has no key {key}");
+    }
+    let user = keys["scrape-username"].as_str().expect("a user");
+    assert!(
+        web_config_of_the_example_secret().contains(&format!("\n  {user}: $2y$")),
+        "Prometheus scrapes as {user}, a user of the web config file"
+    );
     // The rules expect job="inboxwatch": the job comes from this pod label.
     let job_label = monitor["spec"]["jobLabel"].as_str().expect("jobLabel");
     assert_eq!(pod_labels[job_label], "inboxwatch");
@@ -531,8 +623,12 @@ fn dockerfile_matches_the_daemonset() {
     let c = &pod["containers"][0];
     let uid = &pod["securityContext"]["runAsUser"];
     let port = &c["ports"][0]["containerPort"];
-    // The image's default command is the one the DaemonSet spells out.
-    let cmd = serde_json::to_string(&c["args"]).expect("args as JSON");
+    // The image's default command is the one the DaemonSet spells out, but
+    // the web config file, which comes from a Kubernetes Secret.
+    let mut args = c["args"].as_array().expect("args").clone();
+    assert_eq!(args[args.len() - 2], "--web.config.file");
+    args.truncate(args.len() - 2);
+    let cmd = serde_json::to_string(&args).expect("args as JSON");
     let dockerfile = repo_read("Dockerfile");
     for line in [
         format!("USER {uid}:{uid}"),

@@ -34,6 +34,7 @@ mod kafka_fake;
 mod kafka_groups;
 mod layers;
 mod libraries;
+mod listener;
 mod lookup;
 mod lossless;
 mod mariadb;

@@ -41,7 +41,7 @@ fn chromium() -> PathBuf {
     path
 }
 
-fn browser(args: &[&str]) -> String {
+pub(crate) fn browser(args: &[&str]) -> String {
     let profile = tempfile::tempdir().expect("a browser profile directory");
     let out = Command::new(chromium())
         .args([

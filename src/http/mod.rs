@@ -1,9 +1,11 @@
 //! `/metrics`, `/healthz`, `/readyz` and the pages (`pages`, `status`) on one
 //! listener. A scrape only renders what the sources last recorded; it never polls. The listener bounds what a
-//! client can hold: connections, the time to send a request's headers, and the
-//! time a connection may stall (issue 16).
+//! client can hold: connections (in all, and per client address), the time to
+//! send a request's headers, and the time a connection may stall (issue 16);
+//! and it serves TLS and asks for basic auth as the web config file says (`web`).
 
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -20,8 +22,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -29,6 +31,7 @@ use tracing::{debug, warn};
 
 pub mod pages;
 pub mod status;
+pub mod web;
 
 use crate::config::{Config, HttpLimits};
 use crate::coordination::Leadership;
@@ -55,15 +58,40 @@ pub struct AppState {
     pub history: status::History,
     /// Turns to read the databases for the pages ([`pages::LOOKUPS_AT_ONCE`]).
     pub lookups: Arc<Semaphore>,
+    /// The pages and the JSON API are served ([`pages_served`]).
+    pub pages: bool,
+}
+
+/// Whether the pages and the JSON API, which show row data, are served, and
+/// why: `[server] pages` when written; unset, on a loopback listener, or on
+/// one that asks every client for TLS and basic auth (`locked`), and not on a
+/// listener other hosts reach in the clear.
+pub fn pages_served(written: Option<bool>, listen: SocketAddr, locked: bool) -> (bool, String) {
+    match written {
+        Some(true) => (true, "[server] pages = true".into()),
+        Some(false) => (false, "[server] pages = false".into()),
+        None if listen.ip().is_loopback() => (true, format!("{listen} is a loopback address")),
+        None if locked => (
+            true,
+            "the web config file asks every client for TLS and basic auth".into(),
+        ),
+        None => (
+            false,
+            format!(
+                "{listen} is reachable from other hosts without TLS and basic auth \
+                 (set server.web_config_file, or [server] pages = true)"
+            ),
+        ),
+    }
 }
 
 /// The router of the agent's HTTP endpoints.
-pub fn router(state: AppState) -> Router {
+pub fn router(state: AppState, web: Arc<web::Web>) -> Router {
     let mut r = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz));
-    if state.config.pages {
+    if state.pages {
         r = r.merge(
             Router::new()
                 .route("/", get(pages::status_page))
@@ -75,7 +103,9 @@ pub fn router(state: AppState) -> Router {
                 .layer(axum::middleware::map_response(private)),
         );
     }
-    r.with_state(state)
+    r.fallback(|| async { StatusCode::NOT_FOUND })
+        .layer(axum::middleware::from_fn_with_state(web, web::guard))
+        .with_state(state)
 }
 
 /// The headers of every page and API answer, which show row data: the type
@@ -164,11 +194,13 @@ pub const READ_BUFFER: usize = 16 * 1024;
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
+    web: Arc<web::Web>,
     limits: HttpLimits,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = router(state);
+    let app = router(state, web.clone());
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let clients = Clients::new(limits.max_connections_per_client);
     let mut connections = JoinSet::new();
     loop {
         let slot = tokio::select! {
@@ -177,10 +209,10 @@ pub async fn serve(
                 slot.expect("the connection semaphore is never closed")
             }
         };
-        let stream = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok(accepted) => accepted,
                 Err(e) => {
                     // Out of file descriptors, or a connection reset before it
                     // was accepted: wait a little rather than spin.
@@ -190,13 +222,26 @@ pub async fn serve(
                 }
             },
         };
+        let Some(client) = clients.take(peer) else {
+            debug!(client = %peer.ip(), "Closing a connection over max_http_connections_per_client.");
+            continue;
+        };
         while connections.try_join_next().is_some() {}
-        connections.spawn(connection(
-            stream,
+        let app = tower::ServiceExt::map_request(
             app.clone(),
+            move |mut r: Request<hyper::body::Incoming>| {
+                r.extensions_mut().insert(web::Peer(peer));
+                r
+            },
+        );
+        let tls = web.current().tls.clone();
+        connections.spawn(secured(
+            stream,
+            tls,
+            app,
             limits,
             shutdown.clone(),
-            slot,
+            (slot, client),
         ));
     }
     drop(listener);
@@ -204,15 +249,63 @@ pub async fn serve(
     Ok(())
 }
 
-/// Serves one connection until the client closes it, a limit closes it, or
-/// shutdown drains it. The slot is given back when this returns.
-async fn connection(
-    stream: TcpStream,
-    app: Router,
+/// What serves a connection's requests: the router, with the client's address
+/// put on each request.
+trait App:
+    tower::Service<
+        Request<hyper::body::Incoming>,
+        Response = Response,
+        Error = std::convert::Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<T> App for T where
+    T: tower::Service<
+            Request<hyper::body::Incoming>,
+            Response = Response,
+            Error = std::convert::Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+/// Serves one accepted connection, over TLS when the web config asks for it
+/// (the handshake within `header_read_timeout`), holding its slots until it ends.
+async fn secured(
+    stream: tokio::net::TcpStream,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    app: impl App,
     limits: HttpLimits,
     shutdown: CancellationToken,
-    _slot: OwnedSemaphorePermit,
+    _slots: (tokio::sync::OwnedSemaphorePermit, ClientTurn),
 ) {
+    let Some(tls) = tls else {
+        return connection(stream, app, limits, shutdown).await;
+    };
+    let peer = stream.peer_addr().ok().map(|p| p.ip());
+    let handshake = tokio_rustls::TlsAcceptor::from(tls).accept(stream);
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        done = tokio::time::timeout(limits.header_read_timeout, handshake) => match done {
+            Ok(Ok(stream)) => connection(stream, app, limits, shutdown).await,
+            Ok(Err(e)) => debug!(client = ?peer, error = %e, "TLS handshake failed."),
+            Err(_) => debug!(client = ?peer, "TLS handshake timed out."),
+        },
+    }
+}
+
+/// Serves one connection until the client closes it, a limit closes it, or
+/// shutdown drains it.
+async fn connection<S>(stream: S, app: impl App, limits: HttpLimits, shutdown: CancellationToken)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let started = Instant::now();
     let last_io = Arc::new(AtomicU64::new(0));
     let io = TokioIo::new(Watched {
@@ -270,15 +363,72 @@ async fn quiet_for(started: Instant, last_io: &AtomicU64, limit: Duration) {
     }
 }
 
+/// Open connections per client address, each at most `max`
+/// (`max_http_connections_per_client`): one address holding many idle
+/// connections cannot take the slots of another's scrapes.
+#[derive(Clone)]
+struct Clients {
+    open: Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>,
+    max: usize,
+}
+
+impl Clients {
+    fn new(max: usize) -> Clients {
+        Clients {
+            open: Arc::default(),
+            max,
+        }
+    }
+
+    /// A turn for one more connection of `peer`'s address, or `None` at its cap.
+    fn take(&self, peer: SocketAddr) -> Option<ClientTurn> {
+        let mut open = self
+            .open
+            .lock()
+            .expect("the client counts are not poisoned");
+        let count = open.entry(peer.ip()).or_default();
+        if *count >= self.max {
+            return None;
+        }
+        *count += 1;
+        Some(ClientTurn {
+            clients: self.clone(),
+            ip: peer.ip(),
+        })
+    }
+}
+
+/// One open connection of a client address; given back on drop.
+struct ClientTurn {
+    clients: Clients,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for ClientTurn {
+    fn drop(&mut self) {
+        let mut open = self
+            .clients
+            .open
+            .lock()
+            .expect("the client counts are not poisoned");
+        if let Some(count) = open.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// A stream that notes when it last moved a byte, for the idle timeout.
-struct Watched {
-    inner: TcpStream,
+struct Watched<S> {
+    inner: S,
     started: Instant,
     /// Milliseconds after `started`.
     last_io: Arc<AtomicU64>,
 }
 
-impl Watched {
+impl<S> Watched<S> {
     fn moved(&self, bytes: usize) {
         if bytes > 0 {
             let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -287,7 +437,7 @@ impl Watched {
     }
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -300,7 +450,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -220,6 +220,7 @@ pub struct AgentBuilder {
     config: Config,
     cmd: Cmd,
     port: Option<u16>,
+    host: Option<String>,
     dir: Option<PathBuf>,
     name: Option<String>,
 }
@@ -253,6 +254,13 @@ impl AgentBuilder {
         self
     }
 
+    /// Listen on this address instead of 127.0.0.1 (e.g. `0.0.0.0`, which the
+    /// harness still reaches on 127.0.0.1).
+    pub fn host(mut self, host: &str) -> Self {
+        self.host = Some(host.to_string());
+        self
+    }
+
     /// Run in this (existing) directory, writing `{name}.stdout`/`.stderr` there,
     /// instead of a fresh temp dir of its own.
     pub fn dir(mut self, dir: &Path) -> Self {
@@ -278,7 +286,8 @@ impl AgentBuilder {
             }
         };
         let port = self.port.unwrap_or_else(free_port);
-        let listen = format!("127.0.0.1:{port}");
+        let host = self.host.unwrap_or_else(|| "127.0.0.1".to_string());
+        let listen = format!("{host}:{port}");
         let name = self.name.unwrap_or_else(|| "agent".to_string());
         let args: Vec<OsString> = match self.config {
             Config::Text(toml) => {
@@ -371,6 +380,7 @@ impl Agent {
             config,
             cmd: Cmd::new(Vec::<OsString>::new()),
             port: None,
+            host: None,
             dir: None,
             name: None,
         }
