@@ -144,10 +144,8 @@ fn refused(fake: &FakeKafka) -> Vec<String> {
 /// The agent, polling every 300 ms, re-authenticates each connection in place
 /// before its session ends: three renewals on each of the cycle's
 /// connections with no new connection meanwhile, two on the election's
-/// heartbeat connection (every second 2 s heartbeat comes after the session
-/// ran out: it renews first, which a broker accepts), not one request
-/// refused, and the
-/// lag exact throughout.
+/// heartbeat connection (renewed between its 2 s heartbeats), not one
+/// request refused, and the lag exact throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_sessions_are_renewed_in_place_before_they_run_out() {
     sessions_are_renewed_in_place(
@@ -221,8 +219,8 @@ async fn sessions_are_renewed_in_place(
         "sessions were renewed on the open connections, not by reconnecting"
     );
     assert_eq!(refused(&fake), Vec::<String>::new());
-    // The election's heartbeats come every 2 s, every second one after the
-    // 2.5 s session ran out: that connection renews first, then heartbeats.
+    // The election's heartbeats come every 2 s, longer than what is left of
+    // a 2.5 s session after the first: that connection renews between them.
     wait_until(Duration::from_secs(30), || async {
         let heartbeat_conns: HashSet<u64> = fake
             .requests_of(kafka_protocol::messages::ApiKey::Heartbeat)
@@ -369,7 +367,7 @@ async fn oauthbearer_sends_the_token_and_extensions_and_follows_a_rotated_token_
     assert_eq!(doctor.code, Some(0), "{}", doctor.describe());
     assert!(
         doctor.stdout.contains(
-            "ok:      SASL OAUTHBEARER without TLS: authenticated; the broker's session lasts 2s 500ms, renewed in place after 85 %"
+            "ok:      SASL OAUTHBEARER without TLS: authenticated; the broker's session lasts 2s 500ms, renewed in place at 85–95 % of it"
         ),
         "{}",
         doctor.stdout
@@ -806,4 +804,174 @@ async fn an_election_given_up_halfway_starts_clean() {
         "the agent completed a second round after giving the first up: {} SyncGroup",
         syncs.len()
     );
+}
+
+/// Guards re-authentication on a timer (issue 34, item 3): with 2 s polls
+/// and 5 s sessions (a cadence that does not divide the session), renewing on
+/// the first request after 85 % of the session renewed at 6 s, after the
+/// session had ended — Kafka closes a connection that sends anything else
+/// then. Every renewal, on the cycle's connections idle between polls and on
+/// the election's heartbeat connection alike, must reach the broker before
+/// the session it renews ends, and no request is ever refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_renewed_before_they_end_whatever_the_poll_cadence() {
+    let topic = unique_name("reauthtimer", "t");
+    let cluster = Arc::new(Mutex::new(lagging_cluster(&topic)));
+    let config = FakeConfig::default().with_sasl(&["PLAIN"], 5_000, |step| {
+        if step.auth_bytes == b"\0iw\0pw-Timer" {
+            SaslVerdict::Accept
+        } else {
+            SaslVerdict::Reject("bad credentials".into())
+        }
+    });
+    let fake = FakeKafka::start(config, Cluster::handler(cluster)).await;
+    let toml = source(
+        "rt",
+        &fake.addr(),
+        "mechanism = \"PLAIN\"\nusername = \"iw\"\npassword = \"pw-Timer\"\n",
+    )
+    .replace("poll_interval = \"300ms\"", "poll_interval = \"2s\"");
+    let agent = Agent::start(&toml);
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        lag_is_exact(&m, "rt", &topic)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    // Two renewals each on the election's heartbeat connection and on the
+    // cycle's metadata connection.
+    let conns_of = |key: kafka_protocol::messages::ApiKey| -> HashSet<u64> {
+        fake.requests_of(key).iter().map(|r| r.conn).collect()
+    };
+    wait_until(Duration::from_secs(40), || async {
+        let renewed = reauthenticated(&fake, 2);
+        let heartbeat = conns_of(kafka_protocol::messages::ApiKey::Heartbeat);
+        let metadata = conns_of(kafka_protocol::messages::ApiKey::Metadata);
+        let late: Vec<_> = fake.sasl_steps().into_iter().filter(|s| s.late).collect();
+        if !late.is_empty() {
+            return Err(format!("renewed after the session ended: {late:?}"));
+        }
+        (renewed.iter().any(|c| heartbeat.contains(c))
+            && renewed.iter().any(|c| metadata.contains(c)))
+        .then_some(())
+        .ok_or(format!(
+            "renewed twice: {renewed:?}; heartbeat connections {heartbeat:?}, metadata {metadata:?}"
+        ))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    assert_eq!(refused(&fake), Vec::<String>::new());
+    lag_is_exact(&agent.scrape().await, "rt", &topic).unwrap();
+}
+
+/// The `/readyz` line of `source`, and whether the agent answered 200.
+async fn readyz_line(agent: &Agent, source: &str) -> Result<String, String> {
+    let (_, body) = agent.get("/readyz").await?;
+    body.lines()
+        .find(|l| l.starts_with(&format!("{source}: ")))
+        .map(str::to_string)
+        .ok_or(format!("no line for {source} in /readyz: {body}"))
+}
+
+/// Guards a broker killed under the agent (issue 34, item 3): the source
+/// stayed up with its last values for about 5 s. With 10 s polls, the
+/// election's heartbeat (every 2 s) is the first request to fail: from then
+/// on, within a second, `inboxwatch_source_up` is 0 and the lag series are
+/// gone, and `/readyz` and the log name the broker's address, not a database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_killed_under_the_agent_marks_the_source_down_at_once() {
+    let topic = unique_name("killed", "k");
+    let cluster = Arc::new(Mutex::new(lagging_cluster(&topic)));
+    let fake = FakeKafka::start(FakeConfig::default(), Cluster::handler(cluster)).await;
+    let addr = fake.addr();
+    let toml = source("bk", &addr, "")
+        .replace("poll_interval = \"300ms\"", "poll_interval = \"10s\"")
+        .replace("status_window = \"4s\"", "status_window = \"20s\"");
+    let agent = Agent::start(&toml);
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        lag_is_exact(&m, "bk", &topic)?;
+        let heartbeats = fake.requests_of(kafka_protocol::messages::ApiKey::Heartbeat);
+        (heartbeats.len() >= 2)
+            .then_some(())
+            .ok_or(format!("{} heartbeats so far", heartbeats.len()))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    // Killed: connections closed, new ones refused.
+    let last_heartbeat = fake
+        .requests_of(kafka_protocol::messages::ApiKey::Heartbeat)
+        .last()
+        .map(|r| r.at)
+        .expect("the election heartbeats");
+    let killed = Instant::now();
+    drop(fake);
+    let down = wait_until(Duration::from_secs(15), || async {
+        let m = agent.try_scrape().await?;
+        let up = m.get(UP, &[("source", "bk")]);
+        let lag = m.series(LAG, &[("cluster", "bk")]).count();
+        (up == Some(0.0) && lag == 0)
+            .then(Instant::now)
+            .ok_or(format!("up {up:?}, {lag} lag series"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    // The first request after the kill is the next heartbeat, at most 2.4 s
+    // (the heartbeat and its jitter) after the last answered one.
+    let first_failed = (last_heartbeat + Duration::from_millis(2_400)).max(killed);
+    eprintln!(
+        "down {:?} after the kill, {:?} after the last heartbeat",
+        down - killed,
+        down - last_heartbeat
+    );
+    assert!(
+        down <= first_failed + Duration::from_secs(1),
+        "down {:?} after the kill ({:?} after the last answered heartbeat)\n{}",
+        down - killed,
+        down - last_heartbeat,
+        agent.stderr()
+    );
+    let line = wait_until(Duration::from_secs(10), || async {
+        let line = readyz_line(&agent, "bk").await?;
+        line.contains(&addr).then_some(line.clone()).ok_or(line)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    assert!(line.starts_with("bk: down: "), "{line}");
+    assert!(!line.contains("database"), "{line}");
+    let log = agent.stderr();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("source=bk"))
+        .collect();
+    assert!(said.iter().any(|l| l.contains(&addr)), "{log}");
+    assert!(said.iter().all(|l| !l.contains("database")), "{log}");
+}
+
+/// Guards the words of an unreachable Kafka source (issue 34, item 3):
+/// `/readyz` said "cannot reach the database to contest the source's lock".
+/// A broker nobody listens on is named, with its address, in `/readyz` and
+/// the log; no database is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_broker_is_named_not_a_database() {
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let agent = Agent::start(&source("ub", &addr, ""));
+    let line = wait_until(Duration::from_secs(20), || async {
+        let line = readyz_line(&agent, "ub").await?;
+        line.contains(&addr).then_some(line.clone()).ok_or(line)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    assert!(line.starts_with("ub: down: "), "{line}");
+    assert!(line.contains("cannot connect"), "{line}");
+    assert!(!line.contains("database"), "{line}");
+    let m = agent.scrape().await;
+    assert_eq!(m.get(UP, &[("source", "ub")]), Some(0.0));
+    let log = agent.stderr();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("source=ub"))
+        .collect();
+    assert!(said.iter().any(|l| l.contains(&addr)), "{log}");
+    assert!(said.iter().all(|l| !l.contains("database")), "{log}");
 }

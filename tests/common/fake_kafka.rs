@@ -214,6 +214,10 @@ pub struct SaslRecord {
     pub step: usize,
     pub auth_bytes: Vec<u8>,
     pub reauthentication: bool,
+    /// A re-authentication whose handshake came after the session it renews
+    /// had ended (a broker accepts it; any other request would have closed
+    /// the connection).
+    pub late: bool,
     pub at: Instant,
 }
 
@@ -405,6 +409,8 @@ enum Auth {
         mechanism: Option<String>,
         step: usize,
         reauthentication: bool,
+        /// The handshake came after the renewed session had ended.
+        late: bool,
     },
     /// Authenticated; `expires` is when the session ends (`None`: never).
     Done { expires: Option<Instant> },
@@ -447,6 +453,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             mechanism: None,
             step: 0,
             reauthentication: false,
+            late: false,
         }
     } else {
         Auth::Open
@@ -558,10 +565,12 @@ fn handshake(s: &Shared, req: &Req, auth: &mut Auth) -> (Reply, Outcome) {
         return (req.answer(&resp), Outcome::Rejected);
     }
     let reauthentication = matches!(auth, Auth::Done { .. });
+    let late = matches!(auth, Auth::Done { expires: Some(at) } if Instant::now() >= *at);
     *auth = Auth::Pending {
         mechanism: Some(hs.mechanism.to_string()),
         step: 0,
         reauthentication,
+        late,
     };
     (req.answer(&resp), Outcome::Answered)
 }
@@ -572,6 +581,7 @@ fn authenticate(s: &Shared, req: &Req, auth: &mut Auth) -> (Reply, Outcome) {
         mechanism: Some(mechanism),
         step,
         reauthentication,
+        late,
     } = auth
     else {
         // No handshake first: ILLEGAL_SASL_STATE, as Kafka answers.
@@ -597,6 +607,7 @@ fn authenticate(s: &Shared, req: &Req, auth: &mut Auth) -> (Reply, Outcome) {
             step: *step,
             auth_bytes: body.auth_bytes.to_vec(),
             reauthentication: *reauthentication,
+            late: *late,
             at: Instant::now(),
         });
         (sasl.check)(&at)
