@@ -192,6 +192,8 @@ pub enum Outcome {
     ClosedByHandler,
     /// A failed authentication: answered, then closed.
     Rejected,
+    /// Received while the fake was silent: never answered.
+    Unanswered,
 }
 
 /// One request the fake received.
@@ -277,6 +279,8 @@ struct Shared {
     connections: AtomicU64,
     /// Accepted connections are closed at once.
     refusing: AtomicBool,
+    /// Requests are read and never answered.
+    silent: AtomicBool,
     /// Bumped to close every open connection.
     generation: watch::Sender<u64>,
 }
@@ -315,6 +319,7 @@ impl FakeKafka {
             sasl: Mutex::new(Vec::new()),
             connections: AtomicU64::new(0),
             refusing: AtomicBool::new(false),
+            silent: AtomicBool::new(false),
             generation: watch::channel(0).0,
         });
         let s = shared.clone();
@@ -387,6 +392,13 @@ impl FakeKafka {
     /// Closes every open connection.
     pub fn close_connections(&self) {
         self.shared.generation.send_modify(|g| *g += 1);
+    }
+
+    /// While `true`, every request, on open connections and new ones, is
+    /// read and never answered: a broker whose host is gone or that froze,
+    /// as a client sees it (connections stay open, nothing comes back).
+    pub fn set_silent(&self, silent: bool) {
+        self.shared.silent.store(silent, Ordering::SeqCst);
     }
 
     /// While `true`, connections are accepted and closed at once, and the
@@ -487,15 +499,13 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             header,
             body,
         };
+        if s.silent.load(Ordering::SeqCst) {
+            record(s, &req, Outcome::Unanswered);
+            // Held open, unanswered, until the fake closes its connections.
+            return std::future::pending().await;
+        }
         let (reply, outcome) = dispatch(s, &req, &mut auth);
-        s.requests.lock().unwrap().push(Recorded {
-            conn,
-            api_key: key,
-            version,
-            client_id: req.header.client_id.as_ref().map(|c| c.to_string()),
-            at: Instant::now(),
-            outcome,
-        });
+        record(s, &req, outcome);
         match reply {
             Reply::Answer(frame) => {
                 if stream.write_all(&frame).await.is_err() {
@@ -515,6 +525,17 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             return;
         }
     }
+}
+
+fn record(s: &Shared, req: &Req, outcome: Outcome) {
+    s.requests.lock().unwrap().push(Recorded {
+        conn: req.conn,
+        api_key: req.api_key as i16,
+        version: req.version,
+        client_id: req.header.client_id.as_ref().map(|c| c.to_string()),
+        at: Instant::now(),
+        outcome,
+    });
 }
 
 /// Answers one request according to the connection's authentication.

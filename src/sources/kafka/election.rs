@@ -248,7 +248,9 @@ impl KafkaElection {
         // A connection kept from an earlier heartbeat may have been closed by
         // the broker since (an idle timeout, a restart, a proxy): one retry on
         // a new connection before the source is given up. The membership
-        // stays valid until the group's session timeout.
+        // stays valid until the group's session timeout. A broker that did
+        // not answer in time is not asked again: the owner stops exporting
+        // now, not a second timeout later.
         let mut retry = self.conn.is_some();
         let resp = loop {
             let conn = self.coordinator().await?;
@@ -256,7 +258,7 @@ impl KafkaElection {
                 Ok(r) => break r,
                 Err(e) => {
                     self.conn = None;
-                    if !retry {
+                    if !retry || !e.is_broken_connection() {
                         return Err(e.to_string());
                     }
                     retry = false;
