@@ -1012,3 +1012,67 @@ async fn an_unreachable_broker_is_named_not_a_database() {
     assert!(said.iter().any(|l| l.contains(&addr)), "{log}");
     assert!(said.iter().all(|l| !l.contains("database")), "{log}");
 }
+
+/// Guards a cycle that ends after the owner lost the source's lock (issue
+/// 34, item 3): the election's heartbeat failed (the coordinator closes it)
+/// and marked the source down while a cycle was waiting for its metadata;
+/// when that cycle ended it set `inboxwatch_source_up` back to 1 and
+/// `/readyz` to "up", until the next failed attempt to contest the lock.
+/// Once down, the source stays down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_ending_after_the_lock_was_lost_does_not_mark_the_source_up() {
+    use kafka_protocol::messages::ApiKey;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let topic = unique_name("lostlock", "l");
+    let cluster = Arc::new(Mutex::new(lagging_cluster(&topic)));
+    let lost = Arc::new(AtomicBool::new(false));
+    let l = lost.clone();
+    let handler = move |req: &common::fake_kafka::Req| {
+        if l.load(Ordering::SeqCst) && matches!(req.api_key, ApiKey::Heartbeat | ApiKey::JoinGroup)
+        {
+            return common::fake_kafka::Reply::Close;
+        }
+        // Every cycle waits 3 s for its metadata: a heartbeat that fails
+        // within 3 s of a cycle's start fails while that cycle runs.
+        match cluster.lock().unwrap().answer(req) {
+            common::fake_kafka::Reply::Answer(frame) if req.api_key == ApiKey::Metadata => {
+                common::fake_kafka::Reply::Delayed(Duration::from_secs(3), frame)
+            }
+            reply => reply,
+        }
+    };
+    let fake = FakeKafka::start(FakeConfig::default(), handler).await;
+    let agent = Agent::start(&source("lk", &fake.addr(), ""));
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        lag_is_exact(&m, "lk", &topic)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    // Right after a cycle asked for its metadata, the coordinator turns
+    // the agent's heartbeats away (the next one comes within 2 s).
+    let asked = fake.requests_of(ApiKey::Metadata).len();
+    wait_until(Duration::from_secs(10), || async {
+        (fake.requests_of(ApiKey::Metadata).len() > asked)
+            .then_some(())
+            .ok_or_else(|| "no new cycle".to_string())
+    })
+    .await
+    .unwrap();
+    lost.store(true, Ordering::SeqCst);
+    wait_until(Duration::from_secs(10), || async {
+        let up = agent.try_scrape().await?.get(UP, &[("source", "lk")]);
+        (up == Some(0.0)).then_some(()).ok_or(format!("up {up:?}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    stays(Duration::from_secs(4), || async {
+        let up = agent.try_scrape().await?.get(UP, &[("source", "lk")]);
+        let line = readyz_line(&agent, "lk").await?;
+        (up == Some(0.0) && line.starts_with("lk: down: "))
+            .then_some(())
+            .ok_or(format!("up {up:?}, /readyz {line}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+}
