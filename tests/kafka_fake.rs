@@ -144,10 +144,8 @@ fn refused(fake: &FakeKafka) -> Vec<String> {
 /// The agent, polling every 300 ms, re-authenticates each connection in place
 /// before its session ends: three renewals on each of the cycle's
 /// connections with no new connection meanwhile, two on the election's
-/// heartbeat connection (every second 2 s heartbeat comes after the session
-/// ran out: it renews first, which a broker accepts), not one request
-/// refused, and the
-/// lag exact throughout.
+/// heartbeat connection (renewed between its 2 s heartbeats), not one
+/// request refused, and the lag exact throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_sessions_are_renewed_in_place_before_they_run_out() {
     sessions_are_renewed_in_place(
@@ -221,8 +219,8 @@ async fn sessions_are_renewed_in_place(
         "sessions were renewed on the open connections, not by reconnecting"
     );
     assert_eq!(refused(&fake), Vec::<String>::new());
-    // The election's heartbeats come every 2 s, every second one after the
-    // 2.5 s session ran out: that connection renews first, then heartbeats.
+    // The election's heartbeats come every 2 s, longer than what is left of
+    // a 2.5 s session after the first: that connection renews between them.
     wait_until(Duration::from_secs(30), || async {
         let heartbeat_conns: HashSet<u64> = fake
             .requests_of(kafka_protocol::messages::ApiKey::Heartbeat)
@@ -369,7 +367,7 @@ async fn oauthbearer_sends_the_token_and_extensions_and_follows_a_rotated_token_
     assert_eq!(doctor.code, Some(0), "{}", doctor.describe());
     assert!(
         doctor.stdout.contains(
-            "ok:      SASL OAUTHBEARER without TLS: authenticated; the broker's session lasts 2s 500ms, renewed in place after 85 %"
+            "ok:      SASL OAUTHBEARER without TLS: authenticated; the broker's session lasts 2s 500ms, renewed in place at 85–95 % of it"
         ),
         "{}",
         doctor.stdout
@@ -806,4 +804,275 @@ async fn an_election_given_up_halfway_starts_clean() {
         "the agent completed a second round after giving the first up: {} SyncGroup",
         syncs.len()
     );
+}
+
+/// Guards re-authentication on a timer (issue 34, item 3): with 2 s polls
+/// and 5 s sessions (a cadence that does not divide the session), renewing on
+/// the first request after 85 % of the session renewed at 6 s, after the
+/// session had ended — Kafka closes a connection that sends anything else
+/// then. Every renewal, on the cycle's connections idle between polls and on
+/// the election's heartbeat connection alike, must reach the broker before
+/// the session it renews ends, and no request is ever refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_renewed_before_they_end_whatever_the_poll_cadence() {
+    let topic = unique_name("reauthtimer", "t");
+    let cluster = Arc::new(Mutex::new(lagging_cluster(&topic)));
+    let config = FakeConfig::default().with_sasl(&["PLAIN"], 5_000, |step| {
+        if step.auth_bytes == b"\0iw\0pw-Timer" {
+            SaslVerdict::Accept
+        } else {
+            SaslVerdict::Reject("bad credentials".into())
+        }
+    });
+    let fake = FakeKafka::start(config, Cluster::handler(cluster)).await;
+    let toml = source(
+        "rt",
+        &fake.addr(),
+        "mechanism = \"PLAIN\"\nusername = \"iw\"\npassword = \"pw-Timer\"\n",
+    )
+    .replace("poll_interval = \"300ms\"", "poll_interval = \"2s\"");
+    let agent = Agent::start(&toml);
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        lag_is_exact(&m, "rt", &topic)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    // Two renewals each on the election's heartbeat connection and on the
+    // cycle's metadata connection.
+    let conns_of = |key: kafka_protocol::messages::ApiKey| -> HashSet<u64> {
+        fake.requests_of(key).iter().map(|r| r.conn).collect()
+    };
+    wait_until(Duration::from_secs(40), || async {
+        let renewed = reauthenticated(&fake, 2);
+        let heartbeat = conns_of(kafka_protocol::messages::ApiKey::Heartbeat);
+        let metadata = conns_of(kafka_protocol::messages::ApiKey::Metadata);
+        let late: Vec<_> = fake.sasl_steps().into_iter().filter(|s| s.late).collect();
+        if !late.is_empty() {
+            return Err(format!("renewed after the session ended: {late:?}"));
+        }
+        (renewed.iter().any(|c| heartbeat.contains(c))
+            && renewed.iter().any(|c| metadata.contains(c)))
+        .then_some(())
+        .ok_or(format!(
+            "renewed twice: {renewed:?}; heartbeat connections {heartbeat:?}, metadata {metadata:?}"
+        ))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    assert_eq!(refused(&fake), Vec::<String>::new());
+    lag_is_exact(&agent.scrape().await, "rt", &topic).unwrap();
+}
+
+/// The `/readyz` line of `source`, and whether the agent answered 200.
+async fn readyz_line(agent: &Agent, source: &str) -> Result<String, String> {
+    let (_, body) = agent.get("/readyz").await?;
+    body.lines()
+        .find(|l| l.starts_with(&format!("{source}: ")))
+        .map(str::to_string)
+        .ok_or(format!("no line for {source} in /readyz: {body}"))
+}
+
+/// How a broker goes away under the agent.
+#[derive(Debug, Clone, Copy)]
+enum Gone {
+    /// The process is killed: connections closed, new ones refused.
+    Killed,
+    /// The host is gone or the broker froze: connections stay open, nothing
+    /// is answered (each request fails at its timeout).
+    Silent,
+}
+
+/// Guards a broker killed under the agent (issue 34, item 3): the source
+/// stayed up with its last values for about 5 s. See [`broker_gone`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_killed_under_the_agent_marks_the_source_down_at_once() {
+    broker_gone(Gone::Killed).await;
+}
+
+/// The same with a broker that stops answering: the heartbeat that timed out
+/// (2 s) was tried again on a new connection, which timed out too, so the
+/// source was marked down 4 s after the first unanswered request, up to 6 s
+/// after the broker went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_stops_answering_marks_the_source_down_at_once() {
+    broker_gone(Gone::Silent).await;
+}
+
+/// With 10 s polls, the election's heartbeat (every 2 s) is the first request
+/// to fail after the broker goes: within a second of its failure (refused at
+/// once, or its 2 s timeout) `inboxwatch_source_up` is 0 and the lag series
+/// are gone, and `/readyz` and the log name the broker's address, not a
+/// database.
+async fn broker_gone(how: Gone) {
+    let topic = unique_name("gone", "g");
+    let cluster = Arc::new(Mutex::new(lagging_cluster(&topic)));
+    let fake = FakeKafka::start(FakeConfig::default(), Cluster::handler(cluster)).await;
+    let addr = fake.addr();
+    let toml = source("bk", &addr, "")
+        .replace("poll_interval = \"300ms\"", "poll_interval = \"10s\"")
+        .replace("status_window = \"4s\"", "status_window = \"20s\"");
+    let agent = Agent::start(&toml);
+    let heartbeats = || fake.requests_of(kafka_protocol::messages::ApiKey::Heartbeat);
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        lag_is_exact(&m, "bk", &topic)?;
+        let n = heartbeats().len();
+        (n >= 2)
+            .then_some(())
+            .ok_or(format!("{n} heartbeats so far"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    let last_heartbeat = heartbeats().last().map(|r| r.at).expect("heartbeats");
+    let gone = Instant::now();
+    let mut fake = Some(fake);
+    match how {
+        Gone::Killed => drop(fake.take()),
+        Gone::Silent => fake.as_ref().expect("running").set_silent(true),
+    }
+    let down = wait_until(Duration::from_secs(15), || async {
+        let m = agent.try_scrape().await?;
+        let up = m.get(UP, &[("source", "bk")]);
+        let lag = m.series(LAG, &[("cluster", "bk")]).count();
+        (up == Some(0.0) && lag == 0)
+            .then(Instant::now)
+            .ok_or(format!("up {up:?}, {lag} lag series"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    // When the first request after the broker went failed: refused, the next
+    // heartbeat (at most 2.4 s, the heartbeat and its jitter, after the last
+    // answered one); unanswered, 2 s (its timeout) after the fake got it.
+    let failed = match &fake {
+        None => (last_heartbeat + Duration::from_millis(2_400)).max(gone),
+        Some(fake) => {
+            let first = fake
+                .requests()
+                .into_iter()
+                .find(|r| r.outcome == Outcome::Unanswered)
+                .expect("a request reached the silent broker");
+            first.at + Duration::from_secs(2)
+        }
+    };
+    eprintln!(
+        "{how:?}: down {:?} after the broker went, {:?} after the last answered heartbeat",
+        down - gone,
+        down - last_heartbeat
+    );
+    assert!(
+        down <= failed + Duration::from_secs(1),
+        "{how:?}: down {:?} after the broker went, {:?} after the first request failed\n{}",
+        down - gone,
+        down.saturating_duration_since(failed),
+        agent.stderr()
+    );
+    let line = wait_until(Duration::from_secs(10), || async {
+        let line = readyz_line(&agent, "bk").await?;
+        line.contains(&addr).then_some(line.clone()).ok_or(line)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    eprintln!("{how:?}: /readyz: {line}");
+    assert!(line.starts_with("bk: down: "), "{line}");
+    assert!(!line.contains("database"), "{line}");
+    let log = agent.stderr();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("source=bk"))
+        .collect();
+    assert!(said.iter().any(|l| l.contains(&addr)), "{log}");
+    assert!(said.iter().all(|l| !l.contains("database")), "{log}");
+}
+
+/// Guards the words of an unreachable Kafka source (issue 34, item 3):
+/// `/readyz` said "cannot reach the database to contest the source's lock".
+/// A broker nobody listens on is named, with its address, in `/readyz` and
+/// the log; no database is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_broker_is_named_not_a_database() {
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let agent = Agent::start(&source("ub", &addr, ""));
+    let line = wait_until(Duration::from_secs(20), || async {
+        let line = readyz_line(&agent, "ub").await?;
+        line.contains(&addr).then_some(line.clone()).ok_or(line)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    assert!(line.starts_with("ub: down: "), "{line}");
+    assert!(line.contains("cannot connect"), "{line}");
+    assert!(!line.contains("database"), "{line}");
+    let m = agent.scrape().await;
+    assert_eq!(m.get(UP, &[("source", "ub")]), Some(0.0));
+    let log = agent.stderr();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("source=ub"))
+        .collect();
+    assert!(said.iter().any(|l| l.contains(&addr)), "{log}");
+    assert!(said.iter().all(|l| !l.contains("database")), "{log}");
+}
+
+/// Guards a cycle that ends after the owner lost the source's lock (issue
+/// 34, item 3): the election's heartbeat failed (the coordinator closes it)
+/// and marked the source down while a cycle was waiting for its metadata;
+/// when that cycle ended it set `inboxwatch_source_up` back to 1 and
+/// `/readyz` to "up", until the next failed attempt to contest the lock.
+/// Once down, the source stays down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cycle_ending_after_the_lock_was_lost_does_not_mark_the_source_up() {
+    use kafka_protocol::messages::ApiKey;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let topic = unique_name("lostlock", "l");
+    let cluster = Arc::new(Mutex::new(lagging_cluster(&topic)));
+    let lost = Arc::new(AtomicBool::new(false));
+    let l = lost.clone();
+    let handler = move |req: &common::fake_kafka::Req| {
+        if l.load(Ordering::SeqCst) && matches!(req.api_key, ApiKey::Heartbeat | ApiKey::JoinGroup)
+        {
+            return common::fake_kafka::Reply::Close;
+        }
+        // Every cycle waits 3 s for its metadata: a heartbeat that fails
+        // within 3 s of a cycle's start fails while that cycle runs.
+        match cluster.lock().unwrap().answer(req) {
+            common::fake_kafka::Reply::Answer(frame) if req.api_key == ApiKey::Metadata => {
+                common::fake_kafka::Reply::Delayed(Duration::from_secs(3), frame)
+            }
+            reply => reply,
+        }
+    };
+    let fake = FakeKafka::start(FakeConfig::default(), handler).await;
+    let agent = Agent::start(&source("lk", &fake.addr(), ""));
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        lag_is_exact(&m, "lk", &topic)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    // Right after a cycle asked for its metadata, the coordinator turns
+    // the agent's heartbeats away (the next one comes within 2 s).
+    let asked = fake.requests_of(ApiKey::Metadata).len();
+    wait_until(Duration::from_secs(10), || async {
+        (fake.requests_of(ApiKey::Metadata).len() > asked)
+            .then_some(())
+            .ok_or_else(|| "no new cycle".to_string())
+    })
+    .await
+    .unwrap();
+    lost.store(true, Ordering::SeqCst);
+    wait_until(Duration::from_secs(10), || async {
+        let up = agent.try_scrape().await?.get(UP, &[("source", "lk")]);
+        (up == Some(0.0)).then_some(()).ok_or(format!("up {up:?}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    stays(Duration::from_secs(4), || async {
+        let up = agent.try_scrape().await?.get(UP, &[("source", "lk")]);
+        let line = readyz_line(&agent, "lk").await?;
+        (up == Some(0.0) && line.starts_with("lk: down: "))
+            .then_some(())
+            .ok_or(format!("up {up:?}, /readyz {line}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
 }

@@ -214,6 +214,12 @@ async fn poll_while_leading<S: Source>(
         }
         drop(span);
         duration.record(started.elapsed().as_secs_f64());
+        // Ownership lost while the poll ran (a failed renewal already
+        // reported the source down): what it read is not to be reported.
+        if *leader.borrow() != Some(true) {
+            source.reset();
+            return Some(source);
+        }
         let delay = match result {
             Ok(stats) => {
                 up.set(1.0);

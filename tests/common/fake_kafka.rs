@@ -192,6 +192,8 @@ pub enum Outcome {
     ClosedByHandler,
     /// A failed authentication: answered, then closed.
     Rejected,
+    /// Received while the fake was silent: never answered.
+    Unanswered,
 }
 
 /// One request the fake received.
@@ -214,6 +216,10 @@ pub struct SaslRecord {
     pub step: usize,
     pub auth_bytes: Vec<u8>,
     pub reauthentication: bool,
+    /// A re-authentication whose handshake came after the session it renews
+    /// had ended (a broker accepts it; any other request would have closed
+    /// the connection).
+    pub late: bool,
     pub at: Instant,
 }
 
@@ -273,6 +279,8 @@ struct Shared {
     connections: AtomicU64,
     /// Accepted connections are closed at once.
     refusing: AtomicBool,
+    /// Requests are read and never answered.
+    silent: AtomicBool,
     /// Bumped to close every open connection.
     generation: watch::Sender<u64>,
 }
@@ -311,6 +319,7 @@ impl FakeKafka {
             sasl: Mutex::new(Vec::new()),
             connections: AtomicU64::new(0),
             refusing: AtomicBool::new(false),
+            silent: AtomicBool::new(false),
             generation: watch::channel(0).0,
         });
         let s = shared.clone();
@@ -385,6 +394,13 @@ impl FakeKafka {
         self.shared.generation.send_modify(|g| *g += 1);
     }
 
+    /// While `true`, every request, on open connections and new ones, is
+    /// read and never answered: a broker whose host is gone or that froze,
+    /// as a client sees it (connections stay open, nothing comes back).
+    pub fn set_silent(&self, silent: bool) {
+        self.shared.silent.store(silent, Ordering::SeqCst);
+    }
+
     /// While `true`, connections are accepted and closed at once, and the
     /// open ones are closed: a broker that is down, on the same port.
     pub fn set_refusing(&self, refusing: bool) {
@@ -405,6 +421,8 @@ enum Auth {
         mechanism: Option<String>,
         step: usize,
         reauthentication: bool,
+        /// The handshake came after the renewed session had ended.
+        late: bool,
     },
     /// Authenticated; `expires` is when the session ends (`None`: never).
     Done { expires: Option<Instant> },
@@ -447,6 +465,7 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             mechanism: None,
             step: 0,
             reauthentication: false,
+            late: false,
         }
     } else {
         Auth::Open
@@ -480,15 +499,13 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             header,
             body,
         };
+        if s.silent.load(Ordering::SeqCst) {
+            record(s, &req, Outcome::Unanswered);
+            // Held open, unanswered, until the fake closes its connections.
+            return std::future::pending().await;
+        }
         let (reply, outcome) = dispatch(s, &req, &mut auth);
-        s.requests.lock().unwrap().push(Recorded {
-            conn,
-            api_key: key,
-            version,
-            client_id: req.header.client_id.as_ref().map(|c| c.to_string()),
-            at: Instant::now(),
-            outcome,
-        });
+        record(s, &req, outcome);
         match reply {
             Reply::Answer(frame) => {
                 if stream.write_all(&frame).await.is_err() {
@@ -508,6 +525,17 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             return;
         }
     }
+}
+
+fn record(s: &Shared, req: &Req, outcome: Outcome) {
+    s.requests.lock().unwrap().push(Recorded {
+        conn: req.conn,
+        api_key: req.api_key as i16,
+        version: req.version,
+        client_id: req.header.client_id.as_ref().map(|c| c.to_string()),
+        at: Instant::now(),
+        outcome,
+    });
 }
 
 /// Answers one request according to the connection's authentication.
@@ -558,10 +586,12 @@ fn handshake(s: &Shared, req: &Req, auth: &mut Auth) -> (Reply, Outcome) {
         return (req.answer(&resp), Outcome::Rejected);
     }
     let reauthentication = matches!(auth, Auth::Done { .. });
+    let late = matches!(auth, Auth::Done { expires: Some(at) } if Instant::now() >= *at);
     *auth = Auth::Pending {
         mechanism: Some(hs.mechanism.to_string()),
         step: 0,
         reauthentication,
+        late,
     };
     (req.answer(&resp), Outcome::Answered)
 }
@@ -572,6 +602,7 @@ fn authenticate(s: &Shared, req: &Req, auth: &mut Auth) -> (Reply, Outcome) {
         mechanism: Some(mechanism),
         step,
         reauthentication,
+        late,
     } = auth
     else {
         // No handshake first: ILLEGAL_SASL_STATE, as Kafka answers.
@@ -597,6 +628,7 @@ fn authenticate(s: &Shared, req: &Req, auth: &mut Auth) -> (Reply, Outcome) {
             step: *step,
             auth_bytes: body.auth_bytes.to_vec(),
             reauthentication: *reauthentication,
+            late: *late,
             at: Instant::now(),
         });
         (sasl.check)(&at)
