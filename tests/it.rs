@@ -17,6 +17,7 @@ mod config_effects;
 mod coordination;
 mod counting;
 mod dashboards;
+mod degraded;
 mod demo;
 mod deploy;
 mod docs;

@@ -95,6 +95,17 @@ impl Reject {
         Reject::NullCursor,
     ];
 
+    /// The reasons a row is not used at all for: the ones that can make a
+    /// source degraded.
+    pub const UNUSABLE: [Reject; 6] = [
+        Reject::NullTime,
+        Reject::UnknownStatus,
+        Reject::FinishBeforeStart,
+        Reject::TimeOutOfRange,
+        Reject::ImplausibleCount,
+        Reject::NullCursor,
+    ];
+
     /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -1586,11 +1597,71 @@ pub fn connect_url(spec: &TableSpec) -> String {
 pub(crate) struct Rejections {
     counts: HashMap<Reject, u64>,
     created: bool,
+    /// This poll's rows read and those unusable, for [`Degraded`].
+    poll: Tally,
+    degraded: Degraded,
+}
+
+/// Rows read and rows unusable (rejected by their checks, re-reads
+/// included), by reason.
+#[derive(Debug, Default, Clone)]
+struct Tally {
+    read: u64,
+    unusable: HashMap<Reject, u64>,
+}
+
+/// Over how long the share of unusable rows is taken.
+pub const DEGRADED_WINDOW: Duration = Duration::from_secs(5 * 60);
+/// The fewest rows read in [`DEGRADED_WINDOW`] that can make a source degraded.
+pub const DEGRADED_MIN_ROWS: u64 = 10;
+
+/// Whether most rows a source read lately were unusable: more than half of
+/// the rows read in [`DEGRADED_WINDOW`] (at least [`DEGRADED_MIN_ROWS`]), and
+/// the reason most of them had.
+#[derive(Debug, Default)]
+struct Degraded {
+    polls: VecDeque<(Instant, Tally)>,
+}
+
+impl Degraded {
+    fn push(&mut self, now: Instant, tally: Tally) -> Option<Reject> {
+        self.polls.push_back((now, tally));
+        while self
+            .polls
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > DEGRADED_WINDOW)
+        {
+            self.polls.pop_front();
+        }
+        let read: u64 = self.polls.iter().map(|(_, t)| t.read).sum();
+        let mut unusable: HashMap<Reject, u64> = HashMap::new();
+        for (reason, n) in self.polls.iter().flat_map(|(_, t)| &t.unusable) {
+            *unusable.entry(*reason).or_default() += n;
+        }
+        let rejected: u64 = unusable.values().sum();
+        if read < DEGRADED_MIN_ROWS || rejected * 2 <= read {
+            return None;
+        }
+        unusable
+            .into_iter()
+            .max_by_key(|(reason, n)| (*n, std::cmp::Reverse(reason.as_str())))
+            .map(|(reason, _)| reason)
+    }
 }
 
 impl Rejections {
     pub(crate) fn add(&mut self, reason: Reject) {
         *self.counts.entry(reason).or_default() += 1;
+    }
+
+    /// One row read (each read, re-reads included).
+    pub(crate) fn read(&mut self) {
+        self.poll.read += 1;
+    }
+
+    /// A row read that cannot be used at all, for `reason` (each read).
+    pub(crate) fn unusable(&mut self, reason: Reject) {
+        *self.poll.unusable.entry(reason).or_default() += 1;
     }
 
     /// Records the poll's rejections; every reason's series exists from the
@@ -1606,6 +1677,13 @@ impl Rejections {
         for (reason, n) in self.counts.drain() {
             metrics::counter!(metric::ROWS_REJECTED, "source" => source.to_string(), "reason" => reason.as_str())
                 .increment(n);
+        }
+        let degraded = self
+            .degraded
+            .push(Instant::now(), std::mem::take(&mut self.poll));
+        for reason in Reject::UNUSABLE {
+            metrics::gauge!(metric::SOURCE_DEGRADED, "source" => source.to_string(), "reason" => reason.as_str())
+                .set(if degraded == Some(reason) { 1.0 } else { 0.0 });
         }
     }
 }

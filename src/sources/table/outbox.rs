@@ -267,6 +267,7 @@ impl TableKind for Outbox {
     }
 
     fn observe(&mut self, row: &AnyRow, baseline: bool) -> Result<(), String> {
+        self.rejections.read();
         let event_id: String = get::<Option<String>>(row, 0, "event_id")?.unwrap_or_default();
         let event_type: Option<String> = get(row, 1, "event_type")?;
         let created = get_time(row, 2, "created_at")?;
@@ -295,6 +296,7 @@ impl TableKind for Outbox {
             _ => None,
         };
         if let Some(reason) = problem {
+            self.rejections.unusable(reason);
             if !baseline && existing.and_then(|s| s.rejected_at) != Some(version) {
                 self.rejections.add(reason);
             }
