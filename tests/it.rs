@@ -51,3 +51,4 @@ mod server_limits;
 mod shapes;
 mod sqlite;
 mod tracing;
+mod unmapped_columns;

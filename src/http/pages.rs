@@ -238,6 +238,9 @@ pub struct SourceStatus {
     /// What each poll reads, with the mode (`cursor = "none": …`); null for
     /// sources that read no table.
     pub reads: Option<String>,
+    /// What the source's setup leaves out, with the line that fixes it
+    /// (a column the table has and the configuration does not map).
+    pub notes: Vec<String>,
     /// What `/metrics` says of it now; none on standby.
     pub numbers: Option<Numbers>,
     /// The last hour, one value per sample and the current one last (null where absent).
@@ -311,6 +314,7 @@ pub fn status_report(state: &AppState) -> StatusReport {
             error,
             leader: !standby,
             reads: reads.clone(),
+            notes: h.notes.clone(),
             numbers: n,
             history,
             name,
@@ -366,6 +370,9 @@ pub async fn status_page(State(state): State<AppState>) -> Response {
                 "<p class=\"muted\" data-field=\"reads\">{}</p>",
                 escape(r)
             );
+        }
+        for note in &s.notes {
+            let _ = write!(body, "<p data-field=\"note\">{}</p>", escape(note));
         }
         if let Some(n) = &s.numbers {
             body.push_str(&numbers_table(s, n));

@@ -1165,6 +1165,26 @@ impl TableKind for Inbox {
         &self.spec.columns.event_id
     }
 
+    fn unmapped_meanings(&self) -> Vec<&'static str> {
+        let mapped = self.spec.columns.mapped();
+        [
+            "event_type",
+            "started_at",
+            "finished_at",
+            "attempts",
+            "deliveries",
+            "last_error",
+            "traceparent",
+            "business_key",
+            "summary",
+            "ordering_key",
+            "version",
+        ]
+        .into_iter()
+        .filter(|m| !mapped.iter().any(|(k, _)| k == m))
+        .collect()
+    }
+
     fn unfinished_filter(&self, sql: &Sql) -> String {
         match self.spec.words_only() {
             Some(status) => format!(

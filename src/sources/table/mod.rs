@@ -39,7 +39,7 @@ use futures_util::TryStreamExt;
 use sqlx::any::AnyPoolOptions;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AnyPool, Connection, Row};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::dsn::Dialect;
 use crate::sources::run::{PollStats, Source, SourceError};
@@ -147,6 +147,11 @@ pub trait TableKind: Send + 'static {
     /// The event id column: the keyset of the scan for NULL change cursors
     /// and the key rows that left the unfinished ones are looked up by.
     fn event_id(&self) -> &str;
+    /// The optional meanings this source could use and does not map: a
+    /// table with a column of the meaning's own name is told how to map it.
+    /// Not `updated_at`: mapping it changes how the table is read, which
+    /// `doctor` explains.
+    fn unmapped_meanings(&self) -> Vec<&'static str>;
     /// The condition that selects the unfinished rows: they seed the state
     /// map at start (so their later changes count exactly) and, without a
     /// change cursor, are re-read on every poll.
@@ -226,6 +231,8 @@ pub struct TableSource<K: TableKind> {
     pool: Option<AnyPool>,
     /// Whether the table and columns were checked on the pool's connections.
     schema_checked: bool,
+    /// What the last schema check found worth telling (columns left unmapped).
+    notes: Vec<String>,
     /// PostgreSQL: whether the rows carry `xmin` (a table, not a view), so
     /// the tail can skip rows an earlier poll read.
     xmin: bool,
@@ -402,6 +409,7 @@ impl<K: TableKind> TableSource<K> {
             conn: None,
             pool: None,
             schema_checked: false,
+            notes: Vec::new(),
             xmin: sql.snapshot_xmin().is_some(),
             id_bind: IdBind::Literals,
             started: false,
@@ -439,6 +447,7 @@ impl<K: TableKind> TableSource<K> {
             sql: self.sql,
             columns: self.kind.columns(),
             event_id: self.kind.event_id().to_string(),
+            unmapped: self.kind.unmapped_meanings(),
         }
     }
 
@@ -528,6 +537,12 @@ impl<K: TableKind> TableSource<K> {
     pub fn set_checked(&mut self, checked: Checked) {
         self.xmin = checked.xmin;
         self.id_bind = checked.id_bind;
+        if checked.notes != self.notes {
+            for note in &checked.notes {
+                warn!(source = %self.spec.name, "{note}.");
+            }
+            self.notes = checked.notes;
+        }
     }
 
     /// The condition of the unfinished rows, for `doctor`'s estimate.
@@ -772,7 +787,10 @@ impl<K: TableKind> TableSource<K> {
             self.full_due = false;
         }
         self.kind.flush(&gauges, db_now, Instant::now());
-        Ok(PollStats { rows_read })
+        Ok(PollStats {
+            rows_read,
+            notes: self.notes.clone(),
+        })
     }
 
     /// Reads every unfinished row (up to the cap) into the state and the
@@ -1441,11 +1459,15 @@ pub struct Opener {
     sql: Sql,
     columns: Vec<(String, String)>,
     event_id: String,
+    unmapped: Vec<&'static str>,
 }
 
 /// What [`Opener::check_schema`] found of a table.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Checked {
+    /// Each optional meaning whose own-named column the table has but the
+    /// source does not map, with the line that maps it.
+    pub notes: Vec<String>,
     /// PostgreSQL: whether the rows carry `xmin`.
     pub xmin: bool,
     /// How look-ups bind event ids, from the id column's type.
@@ -1522,10 +1544,22 @@ impl Opener {
         let id_bind = self
             .sql
             .id_bind(present.get(&self.event_id).map_or("", String::as_str));
+        let notes: Vec<String> = self
+            .unmapped
+            .iter()
+            .filter(|m| present.contains_key(**m) && !self.columns.iter().any(|(_, c)| c == **m))
+            .map(|m| {
+                format!(
+                    "The table has a column \"{m}\" that is not mapped, so {m} is not used; \
+                     to use it, add under [sources.columns]: {m} = \"{m}\""
+                )
+            })
+            .collect();
         if self.sql.snapshot_xmin().is_none() {
             return Ok(Checked {
                 xmin: false,
                 id_bind,
+                notes,
             });
         }
         let kind: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
@@ -1539,6 +1573,7 @@ impl Opener {
         Ok(Checked {
             xmin: matches!(kind.as_deref(), Some("r" | "p" | "m")),
             id_bind,
+            notes,
         })
     }
 }

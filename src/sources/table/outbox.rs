@@ -220,6 +220,14 @@ impl TableKind for Outbox {
         &self.spec.columns.event_id
     }
 
+    fn unmapped_meanings(&self) -> Vec<&'static str> {
+        let mapped = self.spec.columns.mapped();
+        ["event_type", "traceparent"]
+            .into_iter()
+            .filter(|m| !mapped.iter().any(|(k, _)| k == m))
+            .collect()
+    }
+
     fn unfinished_filter(&self, sql: &Sql) -> String {
         format!("{} IS NULL", sql.ident(&self.spec.columns.published_at))
     }
