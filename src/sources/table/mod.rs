@@ -1763,6 +1763,40 @@ mod tests {
 
     const S: i64 = 1_000_000;
 
+    fn tally(read: u64, unusable: &[(Reject, u64)]) -> Tally {
+        Tally {
+            read,
+            unusable: unusable.iter().copied().collect(),
+        }
+    }
+
+    /// Guards the degraded state: more than half of at least 10 rows read
+    /// in the window, by the reason most had, and healthy again once the
+    /// rejected polls leave the window.
+    #[test]
+    fn a_source_is_degraded_while_most_recent_rows_are_unusable() {
+        let t0 = Instant::now();
+        let mut d = Degraded::default();
+        // 9 rows, all rejected: too few to tell.
+        assert_eq!(d.push(t0, tally(9, &[(Reject::UnknownStatus, 9)])), None);
+        // 20 rows, 14 rejected: most of them for unknown_status.
+        let two = tally(11, &[(Reject::UnknownStatus, 1), (Reject::NullTime, 4)]);
+        assert_eq!(d.push(t0, two), Some(Reject::UnknownStatus));
+        // 40 rows, 14 rejected: half or less is not degraded.
+        assert_eq!(d.push(t0 + Duration::from_secs(60), tally(20, &[])), None);
+        // The rejected polls leave the window; null_time now leads.
+        let later = t0 + DEGRADED_WINDOW + Duration::from_secs(1);
+        let nulls = tally(10, &[(Reject::NullTime, 6), (Reject::UnknownStatus, 1)]);
+        assert_eq!(d.push(later, nulls), None, "20 + 10 rows, 7 rejected");
+        let nulls = tally(10, &[(Reject::NullTime, 10)]);
+        let last = later + DEGRADED_WINDOW - Duration::from_secs(30);
+        assert_eq!(
+            d.push(last, nulls),
+            Some(Reject::NullTime),
+            "20 rows, 17 rejected"
+        );
+    }
+
     #[test]
     fn late_reads_lag_a_third_of_the_overlap_and_all_of_it() {
         assert_eq!(LateReads::lags(30 * S, 2 * S), [10 * S, 30 * S]);
