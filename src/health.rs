@@ -18,6 +18,8 @@ pub struct SourceHealth {
     pub error: Option<String>,
     /// Another agent owns the source; this one stands by.
     pub standby: bool,
+    /// What the source's last successful poll said of its setup.
+    pub notes: Vec<String>,
 }
 
 /// Health of every source, written by the poll loops, read by HTTP handlers.
@@ -46,7 +48,7 @@ impl Health {
                 polled: true,
                 up: false,
                 error: Some(error),
-                standby: false,
+                ..SourceHealth::default()
             },
         );
     }

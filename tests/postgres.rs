@@ -5,7 +5,10 @@
 use crate::common;
 
 use common::Db;
-use common::scenarios::{error_classes_ground_truth, inbox_ground_truth, outbox_ground_truth};
+use common::scenarios::{
+    dead_without_new_attempt_ground_truth, error_classes_ground_truth, inbox_ground_truth,
+    outbox_ground_truth,
+};
 
 /// Guards the inbox counting rules on PostgreSQL: every counter per event type is
 /// exact (no event missed, none counted twice — including rows from transactions that
@@ -156,4 +159,13 @@ async fn postgres_times_read_exactly_and_as_utc() {
     }
     agent.kill();
     db.cleanup().await;
+}
+
+/// Guards issue 35's false retries on PostgreSQL: a row going `failed` → `dead` with its
+/// attempts unchanged completes the attempt it showed failed — no retry, no
+/// failure, no attempt more (`/api/v1/events/{id}` shows exactly `attempts`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_move_to_dead_without_a_new_attempt_is_no_retry() {
+    let db = Db::postgres().await;
+    dead_without_new_attempt_ground_truth(&db, "pgend").await;
 }

@@ -5,7 +5,9 @@
 use crate::common;
 
 use common::Db;
-use common::scenarios::{inbox_ground_truth, outbox_ground_truth};
+use common::scenarios::{
+    dead_without_new_attempt_ground_truth, inbox_ground_truth, outbox_ground_truth,
+};
 
 /// Guards the inbox counting rules on SQLite (text timestamps in the canonical
 /// `YYYY-MM-DD HH:MM:SS.SSS` format): every counter per event type is exact, including
@@ -27,4 +29,13 @@ async fn sqlite_inbox_metrics_match_ground_truth_of_concurrent_workload() {
 async fn sqlite_outbox_metrics_match_ground_truth_of_concurrent_workload() {
     let db = Db::sqlite().await;
     outbox_ground_truth(&db, "lite").await;
+}
+
+/// Guards issue 35's false retries on SQLite: a row going `failed` → `dead` with its
+/// attempts unchanged completes the attempt it showed failed — no retry, no
+/// failure, no attempt more (`/api/v1/events/{id}` shows exactly `attempts`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_a_move_to_dead_without_a_new_attempt_is_no_retry() {
+    let db = Db::sqlite().await;
+    dead_without_new_attempt_ground_truth(&db, "liteend").await;
 }

@@ -96,7 +96,7 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#1
 h1{font-size:1.4em;margin:0 0 .3em}h2{font-size:1.15em;margin:1.2em 0 .4em}\
 nav a{margin-right:1em}table{border-collapse:collapse;margin:.4em 0}\
 td,th{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top;font-size:.92em}\
-th{background:#f3f3f3}.up{color:#126b12;font-weight:600}.down{color:#b00020;font-weight:600}\
+th{background:#f3f3f3}.up{color:#126b12;font-weight:600}.down{color:#b00020;font-weight:600}.degraded{color:#a15c00;font-weight:600}\
 .standby{color:#666}.over{color:#b00020;font-weight:600}.muted{color:#666}\
 pre,code{font-family:ui-monospace,monospace;font-size:.9em;white-space:pre-wrap;word-break:break-all}\
 svg{vertical-align:middle}#dead-letters td{max-width:24em;word-break:break-word}\
@@ -230,7 +230,8 @@ pub struct SourceStatus {
     pub name: String,
     pub kind: &'static str,
     pub owner: Option<String>,
-    /// `up`, `down`, `starting` or `standby`.
+    /// `up`, `degraded` (up, but most rows read lately were rejected: `error`
+    /// says why), `down`, `starting` or `standby`.
     pub state: &'static str,
     pub error: Option<String>,
     /// This agent polls the source (false: another agent owns it).
@@ -238,6 +239,9 @@ pub struct SourceStatus {
     /// What each poll reads, with the mode (`cursor = "none": …`); null for
     /// sources that read no table.
     pub reads: Option<String>,
+    /// What the source's setup leaves out, with the line that fixes it
+    /// (a column the table has and the configuration does not map).
+    pub notes: Vec<String>,
     /// What `/metrics` says of it now; none on standby.
     pub numbers: Option<Numbers>,
     /// The last hour, one value per sample and the current one last (null where absent).
@@ -280,6 +284,17 @@ pub fn status_report(state: &AppState) -> StatusReport {
         } else {
             Some(numbers.remove(&name).unwrap_or_default())
         };
+        let degraded = n.as_ref().and_then(|n| n.degraded.as_deref());
+        let (st, error) = match (st, degraded) {
+            ("up", Some(reason)) => (
+                "degraded",
+                Some(format!(
+                    "most rows read lately were rejected ({reason}); `inboxwatch doctor` \
+                     says why"
+                )),
+            ),
+            _ => (st, h.error.clone()),
+        };
         let mut history = BTreeMap::new();
         if let Some(n) = &mut n {
             if let Some(total) = n.dead_letters_total {
@@ -303,9 +318,10 @@ pub fn status_report(state: &AppState) -> StatusReport {
             kind: spec.kind(),
             owner: owner(spec),
             state: st,
-            error: h.error.clone(),
+            error,
             leader: !standby,
             reads: reads.clone(),
+            notes: h.notes.clone(),
             numbers: n,
             history,
             name,
@@ -361,6 +377,9 @@ pub async fn status_page(State(state): State<AppState>) -> Response {
                 "<p class=\"muted\" data-field=\"reads\">{}</p>",
                 escape(r)
             );
+        }
+        for note in &s.notes {
+            let _ = write!(body, "<p data-field=\"note\">{}</p>", escape(note));
         }
         if let Some(n) = &s.numbers {
             body.push_str(&numbers_table(s, n));

@@ -137,6 +137,9 @@ pub struct Numbers {
     /// The window of `dead_letters_5m`: 300, or the agent's age in seconds if less.
     pub dead_letters_5m_seconds: Option<u64>,
     pub published_total: Option<f64>,
+    /// The reason most rows read lately were rejected for, when more than
+    /// half were (`inboxwatch_source_degraded`).
+    pub degraded: Option<String>,
     /// Kafka: the groups of the cluster.
     pub groups: Vec<Group>,
 }
@@ -223,6 +226,9 @@ pub fn numbers(samples: &[Sample]) -> HashMap<String, Numbers> {
                 add_into(&mut n.dead_letters_total, s.value);
             }
             metric::OUTBOX_PUBLISHED => add_into(&mut n.published_total, s.value),
+            metric::SOURCE_DEGRADED if s.value == 1.0 => {
+                n.degraded = s.label("reason").map(str::to_string);
+            }
             _ if name == format!("{}_bucket", metric::INBOX_ATTEMPTS) => {
                 if let Some(le) = s.label("le") {
                     *buckets

@@ -18,10 +18,13 @@ use crate::telemetry::catalogue as metric;
 const YIELD_AFTER: u32 = 3;
 
 /// What one successful poll did.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct PollStats {
     /// Rows read from the source.
     pub rows_read: u64,
+    /// What the operator should know of the source's setup (a column the
+    /// table has and the configuration does not map), shown on its card.
+    pub notes: Vec<String>,
 }
 
 /// Why a poll failed.
@@ -236,6 +239,7 @@ async fn poll_while_leading<S: Source>(
                     SourceHealth {
                         polled: true,
                         up: true,
+                        notes: stats.notes,
                         ..SourceHealth::default()
                     },
                 );

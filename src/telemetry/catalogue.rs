@@ -89,6 +89,7 @@ names! {
     POLL_ERRORS = "inboxwatch_poll_errors_total";
     ROWS_READ = "inboxwatch_rows_read_total";
     ROWS_REJECTED = "inboxwatch_rows_rejected_total";
+    SOURCE_DEGRADED = "inboxwatch_source_degraded";
     SOURCE_LEADER = "inboxwatch_source_leader";
     COUNTING_GAPS = "inboxwatch_counting_gaps_total";
     COUNTING_GAP_SECONDS = "inboxwatch_counting_gap_seconds_total";
@@ -371,6 +372,13 @@ pub static CATALOGUE: &[MetricDef] = &[
         Some(Unit::Count),
         &["source", "reason"],
         "Rows that could not be used as they are, by reason (null_time, unknown_status, finish_before_start, last_error_too_long, bad_traceparent: the span is sent without its link, time_out_of_range, implausible_count, null_cursor).",
+    ),
+    def(
+        SOURCE_DEGRADED,
+        Kind::Gauge,
+        None,
+        &["source", "reason"],
+        "1 for the reason that makes most rows of the source unusable: more than half of the rows read in the last 5 minutes (at least 10) were rejected, most of them for this reason (null_time, unknown_status, finish_before_start, time_out_of_range, implausible_count, null_cursor); 0 otherwise.",
     ),
     def(
         SOURCE_LEADER,

@@ -584,20 +584,11 @@ pub async fn error_classes_ground_truth(db: &Db, short: &str) {
     ];
     let mut events: Vec<(InboxEvent, Vec<Status>, usize)> = (0..EVENTS)
         .map(|i| {
-            let t = clock.now();
-            let ev = InboxEvent {
-                id: format!("{short}-cls-{i:04}"),
-                event_type: Some(["order.created", "order.paid"][i % 2].to_string()),
-                status: Status::Pending,
-                received_ms: t,
-                started_ms: None,
-                finished_ms: None,
-                attempts: 0,
-                deliveries: 1,
-                last_error: None,
-                traceparent: None,
-                updated_ms: t,
-            };
+            let ev = InboxEvent::pending(
+                format!("{short}-cls-{i:04}"),
+                Some(["order.created", "order.paid"][i % 2].to_string()),
+                clock.now(),
+            );
             let attempts = 1 + i % 4;
             let last = finals[i % finals.len()];
             let mut steps = Vec::new();
@@ -627,36 +618,10 @@ pub async fn error_classes_ground_truth(db: &Db, short: &str) {
     // intermediate and final rows.
     let mut step = 0;
     loop {
-        let mut wrote = false;
-        for (ev, steps, text) in events.iter_mut() {
-            let Some(next) = steps.get(step).copied() else {
-                continue;
-            };
-            let t = clock.now();
-            ev.updated_ms = t;
-            ev.status = next;
-            match next {
-                Status::Processing => {
-                    ev.attempts += 1;
-                    ev.started_ms = Some(t);
-                }
-                Status::Failed | Status::Dead => {
-                    ev.last_error = CLASSED_ERRORS[*text].0.map(str::to_string);
-                    if next == Status::Dead {
-                        ev.finished_ms = Some(t);
-                    }
-                }
-                Status::Succeeded => ev.finished_ms = Some(t),
-                Status::Pending => {}
-            }
-            let (sql, args) = ev.update_stmt(db.dialect, &tables.inbox);
-            db.pool
-                .execute(&sql, &args)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-            wrote = true;
-        }
-        if !wrote {
+        let round = events
+            .iter_mut()
+            .map(|(ev, steps, text)| (ev, steps.as_slice(), CLASSED_ERRORS[*text].0));
+        if !write_step(db, &tables.inbox, &clock, step, round).await {
             break;
         }
         step += 1;
@@ -755,4 +720,195 @@ pub async fn error_classes_ground_truth(db: &Db, short: &str) {
     if let Err(d) = stable {
         panic!("counters by class moved after reaching the truth:\n{d}");
     }
+}
+
+/// A move to `dead` without a new attempt against the truth: events that fail three
+/// attempts with a permanent error, each attempt seen in `processing` and then
+/// `failed`, then go from `failed` to `dead` with `attempts` unchanged (the
+/// consumer gives up after the third failure), beside events whose last attempt
+/// goes from `processing` to `dead` (a new attempt, dead-lettered at once). Each
+/// step is written after the agent polled the one before, so the agent sees every
+/// status. The move to dead completes the attempt the row showed failed: the retries
+/// on permanent errors are `attempts − 1` per event (not one more), the failed
+/// attempts are the ones the rows showed failed, each event is delivered once,
+/// completes once with `attempts` in the histogram and one dead letter, and
+/// `/api/v1/events/{id}` shows exactly `attempts` attempts, the last dead-lettered.
+pub async fn dead_without_new_attempt_ground_truth(db: &Db, short: &str) {
+    use super::workload::{InboxEvent, Status};
+    let tables = db.fresh_tables(short).await;
+    let source = format!("{short}-ended");
+    let agent = Agent::start(&inbox_source_toml(&source, &db.dsn, &tables.inbox));
+    agent.wait_ready(READY_TIMEOUT).await;
+    let clock = Clock::new(db.now_ms().await + 5);
+    let (text, class, retryable) = CLASSED_ERRORS[4];
+    assert!(!retryable, "HARNESS BUG: {class} is retryable");
+
+    // Event i makes 2 + i mod 2 attempts; the first 10 end failed → dead, the
+    // other 4 processing → dead.
+    const EVENTS: usize = 14;
+    const FROM_FAILED: usize = 10;
+    let mut events: Vec<(InboxEvent, Vec<Status>)> = (0..EVENTS)
+        .map(|i| {
+            let ev = InboxEvent::pending(
+                format!("{short}-ended-{i:02}"),
+                Some("order.paid".to_string()),
+                clock.now(),
+            );
+            let attempts = 2 + i % 2;
+            let mut steps = Vec::new();
+            for a in 1..=attempts {
+                steps.push(Status::Processing);
+                if a < attempts || i < FROM_FAILED {
+                    steps.push(Status::Failed);
+                }
+            }
+            steps.push(Status::Dead);
+            (ev, steps)
+        })
+        .collect();
+    for (ev, _) in &events {
+        let (sql, args) = ev.insert_stmt(db.dialect, &tables.inbox);
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+    agent.wait_polls(&source, 2, Duration::ZERO).await;
+    let mut step = 0;
+    loop {
+        let round = events
+            .iter_mut()
+            .map(|(ev, steps)| (ev, steps.as_slice(), text));
+        if !write_step(db, &tables.inbox, &clock, step, round).await {
+            break;
+        }
+        // Two polls: one that began after this step was written.
+        agent.wait_polls(&source, 2, Duration::ZERO).await;
+        step += 1;
+    }
+
+    // The truth, counted from the workload itself.
+    let (mut failures, mut retries, mut attempts) = (0.0, 0.0, 0.0);
+    for (i, (ev, _)) in events.iter().enumerate() {
+        let a = f64::from(ev.attempts);
+        attempts += a;
+        retries += a - 1.0;
+        failures += if i < FROM_FAILED { a } else { a - 1.0 };
+    }
+    let n = EVENTS as f64;
+    let et = [("source", source.as_str()), ("event_type", "order.paid")];
+    let classed = [et[0], et[1], ("error_class", class)];
+    let mut exp = Expectations::default();
+    exp.push(
+        "inbox_permanent_error_retries_total",
+        &classed,
+        retries,
+        Tol::Exact,
+    );
+    exp.push(
+        "inbox_attempt_failures_total",
+        &classed,
+        failures,
+        Tol::Exact,
+    );
+    exp.push("inbox_dead_letters_total", &classed, n, Tol::Exact);
+    exp.push("inbox_messages_received_total", &et, n, Tol::Exact);
+    exp.push("inbox_deliveries_total", &et, n, Tol::Exact);
+    let dead = [et[0], et[1], ("outcome", "dead_lettered")];
+    exp.push("inbox_messages_completed_total", &dead, n, Tol::Exact);
+    exp.push("inbox_delivery_attempts_count", &et, n, Tol::Exact);
+    exp.push("inbox_delivery_attempts_sum", &et, attempts, Tol::Exact);
+    for name in [
+        "inbox_permanent_error_retries_total",
+        "inbox_attempt_failures_total",
+        "inbox_dead_letters_total",
+    ] {
+        exp.close(name, &[("source", &source)]);
+    }
+    wait_for_expectations(
+        &agent,
+        &exp,
+        CONVERGE,
+        "a move to dead without a new attempt",
+    )
+    .await;
+
+    for (ev, _) in &events {
+        let (code, body) = agent
+            .get(&format!("/api/v1/events/{}", ev.id))
+            .await
+            .expect("GET /api/v1/events");
+        assert_eq!(code, 200, "{}: {body}", ev.id);
+        let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        let shown: Vec<(u64, String)> = v["trajectories"][0]["attempts"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|x| {
+                        let outcome = x["outcome"].as_str().expect("outcome");
+                        (x["number"].as_u64().expect("number"), outcome.to_string())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let want: Vec<(u64, String)> = (1..=u64::try_from(ev.attempts).expect("attempts"))
+            .map(|k| {
+                let last = k == u64::try_from(ev.attempts).expect("attempts");
+                (k, if last { "dead_lettered" } else { "failed" }.to_string())
+            })
+            .collect();
+        assert_eq!(
+            shown, want,
+            "{}: the table says attempts = {}",
+            ev.id, ev.attempts
+        );
+    }
+}
+
+/// Writes step `step` of each event that has one — a new attempt in
+/// `processing`, the error in `failed` or `dead`, the finish time of a final
+/// status — at the clock's time; false when no event had one.
+async fn write_step<'a>(
+    db: &Db,
+    table: &str,
+    clock: &Clock,
+    step: usize,
+    events: impl Iterator<
+        Item = (
+            &'a mut super::workload::InboxEvent,
+            &'a [super::workload::Status],
+            Option<&'a str>,
+        ),
+    >,
+) -> bool {
+    use super::workload::Status;
+    let mut wrote = false;
+    for (ev, steps, error) in events {
+        let Some(next) = steps.get(step).copied() else {
+            continue;
+        };
+        let t = clock.now();
+        ev.updated_ms = t;
+        ev.status = next;
+        match next {
+            Status::Processing => {
+                ev.attempts += 1;
+                ev.started_ms = Some(t);
+            }
+            Status::Failed => ev.last_error = error.map(str::to_string),
+            Status::Dead => {
+                ev.last_error = error.map(str::to_string);
+                ev.finished_ms = Some(t);
+            }
+            Status::Succeeded => ev.finished_ms = Some(t),
+            Status::Pending => {}
+        }
+        let (sql, args) = ev.update_stmt(db.dialect, table);
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        wrote = true;
+    }
+    wrote
 }

@@ -185,6 +185,24 @@ impl InboxEvent {
         matches!(self.status, Status::Succeeded | Status::Dead)
     }
 
+    /// A new event in `pending`, received and last changed at `t`, delivered
+    /// once, with no attempt yet.
+    pub fn pending(id: String, event_type: Option<String>, t: i64) -> InboxEvent {
+        InboxEvent {
+            id,
+            event_type,
+            status: Status::Pending,
+            received_ms: t,
+            started_ms: None,
+            finished_ms: None,
+            attempts: 0,
+            deliveries: 1,
+            last_error: None,
+            traceparent: None,
+            updated_ms: t,
+        }
+    }
+
     /// `inbox_attempt_failures_total` for this event, by the contract's rules.
     pub fn attempt_failures(&self) -> i64 {
         let a = i64::from(self.attempts);

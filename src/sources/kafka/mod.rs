@@ -117,7 +117,10 @@ impl KafkaSource {
         self.memory
             .samples(&self.settings, &said, now, wall_ms, &mut |s| out.push(s));
         snapshot::publish(&self.spec.name, out);
-        Ok(PollStats { rows_read: reads })
+        Ok(PollStats {
+            rows_read: reads,
+            ..PollStats::default()
+        })
     }
 }
 

@@ -59,6 +59,9 @@ pub(crate) async fn check<K: TableKind>(
         }
         Err(e) => out.push(Finding::Error(format!("reading the columns failed: {e}"))),
     }
+    if let Shape::Inbox(s) = spec {
+        out.extend(status_words(&mut conn, &sql, s).await);
+    }
     for (what, query, binds_cursor) in source.queries() {
         let query = if binds_cursor {
             inline(&sql, &query)
@@ -386,10 +389,204 @@ fn check_types(present: &[(String, String)], sql: &Sql, spec: Shape<'_>) -> Vec<
                 .flat_map(|st| s.statuses.words_for(*st))
                 .collect();
             out.push(Finding::Ok(format!(
-                "status words mapped: {}",
+                "status words configured: {}",
                 words.join(", ")
             )));
         }
     }
     out
+}
+
+/// Rows whose status words `doctor` reads: a sample bounds the read on a
+/// table of any size.
+pub(crate) const STATUS_SAMPLE: u64 = 10_000;
+/// Distinct words listed at most.
+const STATUS_WORDS_SHOWN: u64 = 50;
+
+/// The status words the table holds, from a sample of its first
+/// [`STATUS_SAMPLE`] rows (in the order the database returns them, no
+/// sort): each word the map does not know is a warning with the
+/// `[sources.statuses]` line that maps it, since its rows are rejected.
+async fn status_words(conn: &mut AnyConnection, sql: &Sql, s: &InboxSpec) -> Vec<Finding> {
+    let Some(column) = s.words_only() else {
+        return Vec::new();
+    };
+    let query = format!(
+        "SELECT w, {count} FROM (SELECT {word} AS w FROM {table} LIMIT {STATUS_SAMPLE}) sample \
+         GROUP BY w ORDER BY 2 DESC, 1 LIMIT {STATUS_WORDS_SHOWN}",
+        count = sql.int("COUNT(*)"),
+        word = sql.text(&sql.ident(column)),
+        table = sql.table(&s.table.table),
+    );
+    let rows = match sqlx::query(sqlx::AssertSqlSafe(query))
+        .fetch_all(&mut *conn)
+        .await
+    {
+        Ok(rows) => rows,
+        Err(e) => {
+            return vec![Finding::Error(format!(
+                "reading the status words failed: {e}"
+            ))];
+        }
+    };
+    let words: Vec<(Option<String>, i64)> = rows
+        .iter()
+        .map(|r| (r.try_get(0).ok().flatten(), r.try_get(1).unwrap_or(0)))
+        .collect();
+    let sampled: i64 = words.iter().map(|(_, n)| n).sum();
+    let unmapped: Vec<(Option<&str>, i64)> = words
+        .iter()
+        .map(|(w, n)| (w.as_deref(), *n))
+        .filter(|(w, _)| w.is_none_or(|w| s.statuses.classify(w).is_none()))
+        .collect();
+    let sample = format!("a sample of {sampled} rows (the first {STATUS_SAMPLE} at most)");
+    if unmapped.is_empty() {
+        let seen: Vec<String> = words
+            .iter()
+            .filter_map(|(w, _)| w.as_deref().map(crate::sources::kind::printable))
+            .collect();
+        return vec![Finding::Ok(format!(
+            "status words in {sample}: {} — every one mapped",
+            if seen.is_empty() {
+                "none".to_string()
+            } else {
+                seen.join(", ")
+            }
+        ))];
+    }
+    let mut out = Vec::new();
+    for (word, n) in &unmapped {
+        let Some(word) = word else {
+            out.push(Finding::Warn(format!(
+                "{n} of {sample} have a NULL status: they are rejected as unknown_status"
+            )));
+            continue;
+        };
+        // A word of no known meaning gets `failed`'s line as an example.
+        let meaning = guess_meaning(word).unwrap_or(Status::Failed);
+        let mut list: Vec<&str> = s.statuses.words_for(meaning);
+        list.extend(
+            unmapped
+                .iter()
+                .filter_map(|(w, _)| *w)
+                .filter(|w| guess_meaning(w) == Some(meaning) || w == word),
+        );
+        list.dedup();
+        let line = format!(
+            "{} = [{}]",
+            meaning.as_str(),
+            list.iter()
+                .map(|w| toml::Value::String(w.to_string()).to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let fix = if guess_meaning(word).is_some() {
+            format!("add under [sources.statuses]: {line}")
+        } else {
+            format!("add it under [sources.statuses] to the words of what it means, e.g. {line}")
+        };
+        out.push(Finding::Warn(format!(
+            "status word \"{}\" ({n} of {sample}) is not mapped: its rows are rejected as \
+             unknown_status; {fix}",
+            crate::sources::kind::printable(word)
+        )));
+    }
+    out
+}
+
+/// The meaning a status word most likely has, by the words libraries use.
+fn guess_meaning(word: &str) -> Option<Status> {
+    const WORDS: [(Status, &[&str]); 6] = [
+        (
+            Status::Pending,
+            &[
+                "new",
+                "queued",
+                "waiting",
+                "scheduled",
+                "ready",
+                "created",
+                "enqueued",
+                "todo",
+                "open",
+                "received",
+                "available",
+            ],
+        ),
+        (
+            Status::Processing,
+            &[
+                "in_progress",
+                "inprogress",
+                "running",
+                "active",
+                "locked",
+                "started",
+                "claimed",
+                "working",
+                "executing",
+                "busy",
+                "handling",
+            ],
+        ),
+        (
+            Status::Succeeded,
+            &[
+                "done",
+                "completed",
+                "complete",
+                "success",
+                "successful",
+                "succeeded",
+                "ok",
+                "processed",
+                "finished",
+                "handled",
+                "acked",
+            ],
+        ),
+        (
+            Status::Failed,
+            &[
+                "error",
+                "errored",
+                "failure",
+                "retry",
+                "retrying",
+                "retryable",
+                "nacked",
+            ],
+        ),
+        (
+            Status::Dead,
+            &[
+                "dead_letter",
+                "dead_lettered",
+                "deadletter",
+                "buried",
+                "discarded",
+                "poison",
+                "abandoned",
+                "expired",
+                "cancelled",
+                "canceled",
+                "dlq",
+                "rejected",
+            ],
+        ),
+        (
+            Status::Parked,
+            &["quarantined", "held", "on_hold", "blocked"],
+        ),
+    ];
+    let norm: String = word
+        .trim()
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_alphanumeric() { c } else { '_' })
+        .collect();
+    WORDS
+        .iter()
+        .find(|(_, words)| words.contains(&norm.as_str()))
+        .map(|(meaning, _)| *meaning)
 }

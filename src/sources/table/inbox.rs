@@ -20,7 +20,12 @@
 //!   +1 in `inbox_dead_letters_total` with its completion; a retry — an
 //!   attempt started after a failed one: in `processing` or finished after
 //!   `f` failures, `f` of them, in `failed` or `pending`, `f − 1` — +1 in
-//!   `inbox_permanent_error_retries_total` when that class is not retryable.
+//!   `inbox_permanent_error_retries_total` when that class is not retryable;
+//! * a row moving from `failed` (`pending`, `parked`) to a final status
+//!   with no attempt started since (its attempts unchanged; without an
+//!   attempts column, no start after that change) completes the attempt it
+//!   showed failed: no new attempt, failure or retry — `f − 1` retries, and
+//!   the journal's last attempt is that one, now ended.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -69,6 +74,9 @@ struct State {
     /// The error class of the last `last_error` seen (an index into the
     /// source's [`super::errors::ErrorClasses`]).
     class: u8,
+    /// The final status ended the attempt the row last showed failed,
+    /// without a new one: that failure was not retried.
+    ended_failed: bool,
 }
 
 /// [`State`] as the map stores it, every value kept: 48 bytes instead of 64
@@ -93,12 +101,14 @@ const COMPLETED: u8 = 0;
 const VALID: u8 = 1;
 const REJECTED: u8 = 2;
 const LONG_ERROR: u8 = 3;
+const ENDED_FAILED: u8 = 4;
 
 impl From<State> for Remembered {
     fn from(s: State) -> Self {
         let mut flags = Flags::default();
         flags.set(COMPLETED, s.completed);
         flags.set(VALID, s.valid);
+        flags.set(ENDED_FAILED, s.ended_failed);
         Remembered {
             updated: s.updated,
             received: s.received,
@@ -128,6 +138,7 @@ impl From<Remembered> for State {
             valid: r.flags.get(VALID),
             spanned: r.spanned,
             class: r.class,
+            ended_failed: r.flags.get(ENDED_FAILED),
         }
     }
 }
@@ -307,7 +318,8 @@ impl Inbox {
 
     /// Notes in the journal what this change of a row shows of its
     /// attempts: `before` failed attempts were counted, now `failures` are;
-    /// `finished` when it reached a final status with this change.
+    /// `finished` is the number of the attempt that ended the event, when it
+    /// reached a final status with this change.
     fn note_attempts(
         &self,
         row: &Row,
@@ -315,7 +327,7 @@ impl Inbox {
         class: u8,
         before: u32,
         failures: u32,
-        finished: bool,
+        finished: Option<u32>,
     ) {
         let Some((journal, source)) = &self.journal else {
             return;
@@ -340,8 +352,7 @@ impl Inbox {
                 attempt,
             )
         };
-        if finished {
-            let number = failures.saturating_add(1);
+        if let Some(number) = finished {
             let dead = status == Status::Dead;
             note(
                 before + 1..number,
@@ -510,6 +521,7 @@ impl Inbox {
     }
 
     fn take(&mut self, row: Row, baseline: bool) {
+        self.rejections.read();
         let key = key_of(&row.event_id);
         let label = self.labels.resolve(row.event_type.as_deref());
         let existing = self.states.get(key).copied().map(State::from);
@@ -526,6 +538,7 @@ impl Inbox {
             self.spec.meaning_of(&row.status)
         };
         if let Some(reason) = self.check(&row, status) {
+            self.rejections.unusable(reason);
             let seen = existing.and_then(|s| s.rejected_at) == Some(row.version);
             if !seen && !baseline {
                 self.rejections.add(reason);
@@ -549,6 +562,7 @@ impl Inbox {
                     valid: false,
                     spanned: 0,
                     class: row.class,
+                    ended_failed: false,
                 },
             };
             self.states.insert(key, state);
@@ -598,6 +612,7 @@ impl Inbox {
                     valid: true,
                     spanned: 0,
                     class,
+                    ended_failed: false,
                 };
                 let failures = self.failures_shown(status, row.attempts, &zero);
                 // Spans are idempotent (derived ids), so unlike counters they
@@ -611,7 +626,7 @@ impl Inbox {
                     self.emit(
                         &row,
                         status,
-                        failures,
+                        attempt_shown(&row, status, failures, false),
                         0,
                         emit_terminal || emit_failed,
                         !baseline,
@@ -644,6 +659,7 @@ impl Inbox {
                     valid: true,
                     spanned: 0,
                     class,
+                    ended_failed: false,
                 }
             }
         };
@@ -662,6 +678,11 @@ impl Inbox {
         let failures = self
             .failures_shown(status, row.attempts, &prev)
             .max(prev.failures);
+        let ended_failed = match (terminal, prev.completed) {
+            (true, true) => prev.ended_failed,
+            (true, false) => ends_failed_attempt(&row, &prev),
+            (false, _) => false,
+        };
         // Counts that grow by more than `max_count_jump` in one change are a
         // corrupt or foreign value, not that many deliveries or attempts: the
         // version is rejected as such and its counts become the new baseline,
@@ -700,8 +721,8 @@ impl Inbox {
                     added
                 };
             }
-            let retries = retries_shown(status, failures)
-                .saturating_sub(retries_shown(prev.status, prev.failures));
+            let retries = retries_shown(status, failures, ended_failed)
+                .saturating_sub(retries_shown(prev.status, prev.failures, prev.ended_failed));
             let permanent = !self.spec.error_classes.get(class).retryable;
             if failures > prev.failures || (permanent && retries > 0) {
                 let c = self.by_class.entry((label, class)).or_default();
@@ -720,20 +741,16 @@ impl Inbox {
         } else {
             terminal && prev.completed
         };
+        let attempt = attempt_shown(&row, status, failures, ended_failed);
         if !baseline && !implausible {
-            self.note_attempts(
-                &row,
-                status,
-                class,
-                prev.failures,
-                failures,
-                terminal && !prev.completed,
-            );
+            let finished =
+                (terminal && !prev.completed).then(|| failures + u32::from(!ended_failed));
+            self.note_attempts(&row, status, class, prev.failures, failures, finished);
         }
         let newly_failed = status == Status::Failed;
         let spanned = if self.spans.is_some() {
             let emit = (terminal && !prev.completed) || newly_failed;
-            self.emit(&row, status, failures, prev.spanned, emit, !baseline)
+            self.emit(&row, status, attempt, prev.spanned, emit, !baseline)
         } else {
             0
         };
@@ -751,6 +768,7 @@ impl Inbox {
                 valid: true,
                 spanned,
                 class,
+                ended_failed,
             },
         );
     }
@@ -776,25 +794,20 @@ impl Inbox {
         }
     }
 
-    /// Emits the span a row shows, if `emit` and it was not emitted yet:
-    /// a terminal row's last attempt, or a failed row's failed attempt
-    /// (once per attempt: `spanned` is the highest one already emitted).
-    /// A malformed `traceparent` is counted as rejected if `count_rejects`.
-    /// Returns the new `spanned`.
+    /// Emits the span of `attempt` a row shows, if `emit` and it was not
+    /// emitted yet: a terminal row's last attempt, or a failed row's failed
+    /// attempt (once per attempt: `spanned` is the highest one already
+    /// emitted). A malformed `traceparent` is counted as rejected if
+    /// `count_rejects`. Returns the new `spanned`.
     fn emit(
         &mut self,
         row: &Row,
         status: Status,
-        failures: u32,
+        attempt: u32,
         spanned: u32,
         emit: bool,
         count_rejects: bool,
     ) -> u32 {
-        let attempt = match row.attempts {
-            Some(a) => u32::try_from(a.max(1)).unwrap_or(u32::MAX),
-            None if status == Status::Failed => failures.max(1),
-            None => failures + 1,
-        };
         let outcome = match status {
             Status::Succeeded => "succeeded",
             Status::Dead => "dead_lettered",
@@ -1152,6 +1165,26 @@ impl TableKind for Inbox {
         &self.spec.columns.event_id
     }
 
+    fn unmapped_meanings(&self) -> Vec<&'static str> {
+        let mapped = self.spec.columns.mapped();
+        [
+            "event_type",
+            "started_at",
+            "finished_at",
+            "attempts",
+            "deliveries",
+            "last_error",
+            "traceparent",
+            "business_key",
+            "summary",
+            "ordering_key",
+            "version",
+        ]
+        .into_iter()
+        .filter(|m| !mapped.iter().any(|(k, _)| k == m))
+        .collect()
+    }
+
     fn unfinished_filter(&self, sql: &Sql) -> String {
         match self.spec.words_only() {
             Some(status) => format!(
@@ -1394,11 +1427,40 @@ impl TableKind for Inbox {
 
 /// Attempts a row shows were started after a failed one, given the failed
 /// attempts it shows: each failure was retried, except the last one while the
-/// row waits (failed, or back in pending) for its next attempt.
-fn retries_shown(status: Status, failures: u32) -> u32 {
+/// row waits (failed, or back in pending) for its next attempt, or when its
+/// final status ended that attempt (`ended_failed`).
+fn retries_shown(status: Status, failures: u32, ended_failed: bool) -> u32 {
     match status {
         Status::Failed | Status::Pending | Status::Parked => failures.saturating_sub(1),
+        Status::Succeeded | Status::Dead if ended_failed => failures.saturating_sub(1),
         Status::Processing | Status::Succeeded | Status::Dead => failures,
+    }
+}
+
+/// Whether a row reaching a final status ends the attempt it last showed
+/// failed rather than a new one: it waited (failed, pending, parked) after a
+/// failure, and shows no attempt started since — its attempts unchanged,
+/// or without an attempts column no start after that change.
+fn ends_failed_attempt(row: &Row, prev: &State) -> bool {
+    let waited = matches!(
+        prev.status,
+        Status::Failed | Status::Pending | Status::Parked
+    );
+    let no_new_start = match row.attempts {
+        Some(a) => a <= i64::from(prev.failures),
+        None => row.started.is_none_or(|s| s <= prev.updated),
+    };
+    waited && prev.failures > 0 && no_new_start
+}
+
+/// The number of the attempt a row shows: its attempts, or without an
+/// attempts column from the failures counted — the failed one in `failed`
+/// or when the final status ended it, else the one after it.
+fn attempt_shown(row: &Row, status: Status, failures: u32, ended_failed: bool) -> u32 {
+    match row.attempts {
+        Some(a) => u32::try_from(a.max(1)).unwrap_or(u32::MAX),
+        None if status == Status::Failed || ended_failed => failures.max(1),
+        None => failures + 1,
     }
 }
 
@@ -1526,7 +1588,9 @@ mod tests {
         let mut n = 0;
         for status in Status::ALL {
             for (completed, valid) in [(false, false), (true, false), (false, true), (true, true)] {
-                for rejected_at in times {
+                for (rejected_at, ended_failed) in
+                    times.into_iter().zip([false, true].into_iter().cycle())
+                {
                     for long_error_at in times {
                         let s = State {
                             updated: i64::MIN + n,
@@ -1540,6 +1604,7 @@ mod tests {
                             valid,
                             spanned: 7,
                             class: 9,
+                            ended_failed,
                         };
                         let r = Remembered::from(s);
                         assert_eq!(State::from(r), s);
@@ -1572,6 +1637,7 @@ mod tests {
                 valid: false,
                 spanned: 0,
                 class: 0,
+                ended_failed: false,
             },
         );
         let back = t.get(1).copied().map(State::from).expect("remembered");

@@ -39,7 +39,7 @@ use futures_util::TryStreamExt;
 use sqlx::any::AnyPoolOptions;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AnyPool, Connection, Row};
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::dsn::Dialect;
 use crate::sources::run::{PollStats, Source, SourceError};
@@ -95,6 +95,17 @@ impl Reject {
         Reject::NullCursor,
     ];
 
+    /// The reasons a row is not used at all for: the ones that can make a
+    /// source degraded.
+    pub const UNUSABLE: [Reject; 6] = [
+        Reject::NullTime,
+        Reject::UnknownStatus,
+        Reject::FinishBeforeStart,
+        Reject::TimeOutOfRange,
+        Reject::ImplausibleCount,
+        Reject::NullCursor,
+    ];
+
     /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -136,6 +147,11 @@ pub trait TableKind: Send + 'static {
     /// The event id column: the keyset of the scan for NULL change cursors
     /// and the key rows that left the unfinished ones are looked up by.
     fn event_id(&self) -> &str;
+    /// The optional meanings this source could use and does not map: a
+    /// table with a column of the meaning's own name is told how to map it.
+    /// Not `updated_at`: mapping it changes how the table is read, which
+    /// `doctor` explains.
+    fn unmapped_meanings(&self) -> Vec<&'static str>;
     /// The condition that selects the unfinished rows: they seed the state
     /// map at start (so their later changes count exactly) and, without a
     /// change cursor, are re-read on every poll.
@@ -215,6 +231,8 @@ pub struct TableSource<K: TableKind> {
     pool: Option<AnyPool>,
     /// Whether the table and columns were checked on the pool's connections.
     schema_checked: bool,
+    /// What the last schema check found worth telling (columns left unmapped).
+    notes: Vec<String>,
     /// PostgreSQL: whether the rows carry `xmin` (a table, not a view), so
     /// the tail can skip rows an earlier poll read.
     xmin: bool,
@@ -391,6 +409,7 @@ impl<K: TableKind> TableSource<K> {
             conn: None,
             pool: None,
             schema_checked: false,
+            notes: Vec::new(),
             xmin: sql.snapshot_xmin().is_some(),
             id_bind: IdBind::Literals,
             started: false,
@@ -428,6 +447,7 @@ impl<K: TableKind> TableSource<K> {
             sql: self.sql,
             columns: self.kind.columns(),
             event_id: self.kind.event_id().to_string(),
+            unmapped: self.kind.unmapped_meanings(),
         }
     }
 
@@ -517,6 +537,12 @@ impl<K: TableKind> TableSource<K> {
     pub fn set_checked(&mut self, checked: Checked) {
         self.xmin = checked.xmin;
         self.id_bind = checked.id_bind;
+        if checked.notes != self.notes {
+            for note in &checked.notes {
+                warn!(source = %self.spec.name, "{note}.");
+            }
+            self.notes = checked.notes;
+        }
     }
 
     /// The condition of the unfinished rows, for `doctor`'s estimate.
@@ -761,7 +787,10 @@ impl<K: TableKind> TableSource<K> {
             self.full_due = false;
         }
         self.kind.flush(&gauges, db_now, Instant::now());
-        Ok(PollStats { rows_read })
+        Ok(PollStats {
+            rows_read,
+            notes: self.notes.clone(),
+        })
     }
 
     /// Reads every unfinished row (up to the cap) into the state and the
@@ -1430,11 +1459,15 @@ pub struct Opener {
     sql: Sql,
     columns: Vec<(String, String)>,
     event_id: String,
+    unmapped: Vec<&'static str>,
 }
 
 /// What [`Opener::check_schema`] found of a table.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Checked {
+    /// Each optional meaning whose own-named column the table has but the
+    /// source does not map, with the line that maps it.
+    pub notes: Vec<String>,
     /// PostgreSQL: whether the rows carry `xmin`.
     pub xmin: bool,
     /// How look-ups bind event ids, from the id column's type.
@@ -1511,10 +1544,22 @@ impl Opener {
         let id_bind = self
             .sql
             .id_bind(present.get(&self.event_id).map_or("", String::as_str));
+        let notes: Vec<String> = self
+            .unmapped
+            .iter()
+            .filter(|m| present.contains_key(**m) && !self.columns.iter().any(|(_, c)| c == **m))
+            .map(|m| {
+                format!(
+                    "The table has a column \"{m}\" that is not mapped, so {m} is not used; \
+                     to use it, add under [sources.columns]: {m} = \"{m}\""
+                )
+            })
+            .collect();
         if self.sql.snapshot_xmin().is_none() {
             return Ok(Checked {
                 xmin: false,
                 id_bind,
+                notes,
             });
         }
         let kind: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
@@ -1528,6 +1573,7 @@ impl Opener {
         Ok(Checked {
             xmin: matches!(kind.as_deref(), Some("r" | "p" | "m")),
             id_bind,
+            notes,
         })
     }
 }
@@ -1586,11 +1632,71 @@ pub fn connect_url(spec: &TableSpec) -> String {
 pub(crate) struct Rejections {
     counts: HashMap<Reject, u64>,
     created: bool,
+    /// This poll's rows read and those unusable, for [`Degraded`].
+    poll: Tally,
+    degraded: Degraded,
+}
+
+/// Rows read and rows unusable (rejected by their checks, re-reads
+/// included), by reason.
+#[derive(Debug, Default, Clone)]
+struct Tally {
+    read: u64,
+    unusable: HashMap<Reject, u64>,
+}
+
+/// Over how long the share of unusable rows is taken.
+pub const DEGRADED_WINDOW: Duration = Duration::from_secs(5 * 60);
+/// The fewest rows read in [`DEGRADED_WINDOW`] that can make a source degraded.
+pub const DEGRADED_MIN_ROWS: u64 = 10;
+
+/// Whether most rows a source read lately were unusable: more than half of
+/// the rows read in [`DEGRADED_WINDOW`] (at least [`DEGRADED_MIN_ROWS`]), and
+/// the reason most of them had.
+#[derive(Debug, Default)]
+struct Degraded {
+    polls: VecDeque<(Instant, Tally)>,
+}
+
+impl Degraded {
+    fn push(&mut self, now: Instant, tally: Tally) -> Option<Reject> {
+        self.polls.push_back((now, tally));
+        while self
+            .polls
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > DEGRADED_WINDOW)
+        {
+            self.polls.pop_front();
+        }
+        let read: u64 = self.polls.iter().map(|(_, t)| t.read).sum();
+        let mut unusable: HashMap<Reject, u64> = HashMap::new();
+        for (reason, n) in self.polls.iter().flat_map(|(_, t)| &t.unusable) {
+            *unusable.entry(*reason).or_default() += n;
+        }
+        let rejected: u64 = unusable.values().sum();
+        if read < DEGRADED_MIN_ROWS || rejected * 2 <= read {
+            return None;
+        }
+        unusable
+            .into_iter()
+            .max_by_key(|(reason, n)| (*n, std::cmp::Reverse(reason.as_str())))
+            .map(|(reason, _)| reason)
+    }
 }
 
 impl Rejections {
     pub(crate) fn add(&mut self, reason: Reject) {
         *self.counts.entry(reason).or_default() += 1;
+    }
+
+    /// One row read (each read, re-reads included).
+    pub(crate) fn read(&mut self) {
+        self.poll.read += 1;
+    }
+
+    /// A row read that cannot be used at all, for `reason` (each read).
+    pub(crate) fn unusable(&mut self, reason: Reject) {
+        *self.poll.unusable.entry(reason).or_default() += 1;
     }
 
     /// Records the poll's rejections; every reason's series exists from the
@@ -1606,6 +1712,13 @@ impl Rejections {
         for (reason, n) in self.counts.drain() {
             metrics::counter!(metric::ROWS_REJECTED, "source" => source.to_string(), "reason" => reason.as_str())
                 .increment(n);
+        }
+        let degraded = self
+            .degraded
+            .push(Instant::now(), std::mem::take(&mut self.poll));
+        for reason in Reject::UNUSABLE {
+            metrics::gauge!(metric::SOURCE_DEGRADED, "source" => source.to_string(), "reason" => reason.as_str())
+                .set(if degraded == Some(reason) { 1.0 } else { 0.0 });
         }
     }
 }
@@ -1649,6 +1762,40 @@ mod tests {
     use super::*;
 
     const S: i64 = 1_000_000;
+
+    fn tally(read: u64, unusable: &[(Reject, u64)]) -> Tally {
+        Tally {
+            read,
+            unusable: unusable.iter().copied().collect(),
+        }
+    }
+
+    /// Guards the degraded state: more than half of at least 10 rows read
+    /// in the window, by the reason most had, and healthy again once the
+    /// rejected polls leave the window.
+    #[test]
+    fn a_source_is_degraded_while_most_recent_rows_are_unusable() {
+        let t0 = Instant::now();
+        let mut d = Degraded::default();
+        // 9 rows, all rejected: too few to tell.
+        assert_eq!(d.push(t0, tally(9, &[(Reject::UnknownStatus, 9)])), None);
+        // 20 rows, 14 rejected: most of them for unknown_status.
+        let two = tally(11, &[(Reject::UnknownStatus, 1), (Reject::NullTime, 4)]);
+        assert_eq!(d.push(t0, two), Some(Reject::UnknownStatus));
+        // 40 rows, 14 rejected: half or less is not degraded.
+        assert_eq!(d.push(t0 + Duration::from_secs(60), tally(20, &[])), None);
+        // The rejected polls leave the window; null_time now leads.
+        let later = t0 + DEGRADED_WINDOW + Duration::from_secs(1);
+        let nulls = tally(10, &[(Reject::NullTime, 6), (Reject::UnknownStatus, 1)]);
+        assert_eq!(d.push(later, nulls), None, "20 + 10 rows, 7 rejected");
+        let nulls = tally(10, &[(Reject::NullTime, 10)]);
+        let last = later + DEGRADED_WINDOW - Duration::from_secs(30);
+        assert_eq!(
+            d.push(last, nulls),
+            Some(Reject::NullTime),
+            "20 rows, 17 rejected"
+        );
+    }
 
     #[test]
     fn late_reads_lag_a_third_of_the_overlap_and_all_of_it() {

@@ -220,6 +220,14 @@ impl TableKind for Outbox {
         &self.spec.columns.event_id
     }
 
+    fn unmapped_meanings(&self) -> Vec<&'static str> {
+        let mapped = self.spec.columns.mapped();
+        ["event_type", "traceparent"]
+            .into_iter()
+            .filter(|m| !mapped.iter().any(|(k, _)| k == m))
+            .collect()
+    }
+
     fn unfinished_filter(&self, sql: &Sql) -> String {
         format!("{} IS NULL", sql.ident(&self.spec.columns.published_at))
     }
@@ -267,6 +275,7 @@ impl TableKind for Outbox {
     }
 
     fn observe(&mut self, row: &AnyRow, baseline: bool) -> Result<(), String> {
+        self.rejections.read();
         let event_id: String = get::<Option<String>>(row, 0, "event_id")?.unwrap_or_default();
         let event_type: Option<String> = get(row, 1, "event_type")?;
         let created = get_time(row, 2, "created_at")?;
@@ -295,6 +304,7 @@ impl TableKind for Outbox {
             _ => None,
         };
         if let Some(reason) = problem {
+            self.rejections.unusable(reason);
             if !baseline && existing.and_then(|s| s.rejected_at) != Some(version) {
                 self.rejections.add(reason);
             }
