@@ -216,10 +216,6 @@ pub struct SaslRecord {
     pub step: usize,
     pub auth_bytes: Vec<u8>,
     pub reauthentication: bool,
-    /// A re-authentication whose handshake came after the session it renews
-    /// had ended (a broker accepts it; any other request would have closed
-    /// the connection).
-    pub late: bool,
     pub at: Instant,
 }
 
@@ -421,8 +417,6 @@ enum Auth {
         mechanism: Option<String>,
         step: usize,
         reauthentication: bool,
-        /// The handshake came after the renewed session had ended.
-        late: bool,
     },
     /// Authenticated; `expires` is when the session ends (`None`: never).
     Done { expires: Option<Instant> },
@@ -465,7 +459,6 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
             mechanism: None,
             step: 0,
             reauthentication: false,
-            late: false,
         }
     } else {
         Auth::Open
@@ -586,12 +579,10 @@ fn handshake(s: &Shared, req: &Req, auth: &mut Auth) -> (Reply, Outcome) {
         return (req.answer(&resp), Outcome::Rejected);
     }
     let reauthentication = matches!(auth, Auth::Done { .. });
-    let late = matches!(auth, Auth::Done { expires: Some(at) } if Instant::now() >= *at);
     *auth = Auth::Pending {
         mechanism: Some(hs.mechanism.to_string()),
         step: 0,
         reauthentication,
-        late,
     };
     (req.answer(&resp), Outcome::Answered)
 }
@@ -602,7 +593,6 @@ fn authenticate(s: &Shared, req: &Req, auth: &mut Auth) -> (Reply, Outcome) {
         mechanism: Some(mechanism),
         step,
         reauthentication,
-        late,
     } = auth
     else {
         // No handshake first: ILLEGAL_SASL_STATE, as Kafka answers.
@@ -628,7 +618,6 @@ fn authenticate(s: &Shared, req: &Req, auth: &mut Auth) -> (Reply, Outcome) {
             step: *step,
             auth_bytes: body.auth_bytes.to_vec(),
             reauthentication: *reauthentication,
-            late: *late,
             at: Instant::now(),
         });
         (sasl.check)(&at)

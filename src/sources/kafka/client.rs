@@ -1,10 +1,7 @@
 //! A minimal Kafka client on the wire protocol: one connection per broker,
 //! one request in flight per connection, API versions negotiated per broker,
 //! TLS and SASL (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER), re-authenticated
-//! before the session the broker granted runs out (KIP-368): at a deadline
-//! each connection keeps, by the request that reaches it or, for a
-//! connection idle between uses, by the task that holds it meanwhile
-//! ([`Idle`]). It sends only
+//! before the session the broker granted runs out (KIP-368). It sends only
 //! the read requests the source needs (and the group-membership requests of
 //! the election); it never joins or commits for a watched group.
 
@@ -20,8 +17,6 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tracing::debug;
 
 use super::config::{Credentials, KafkaSecurity, SaslMechanism, SaslSettings, TokenSettings};
@@ -107,12 +102,9 @@ pub struct Connection {
     timeout: Duration,
     /// What the connection authenticated with, for re-authentication.
     auth: Option<Auth>,
-    /// When the SASL session must be renewed (KIP-368), well before it
-    /// ends. `None`: the session does not expire.
+    /// When the SASL session must be renewed (KIP-368): before the first
+    /// request after it. `None`: the session does not expire.
     reauthenticate_at: Option<Instant>,
-    /// Why a renewal made while the connection was idle failed: the next
-    /// request fails with it, so that its owner connects anew.
-    broken: Option<String>,
     /// The length of the last session the broker granted.
     session_lifetime: Option<Duration>,
 }
@@ -133,10 +125,9 @@ impl Auth {
     }
 }
 
-/// The share of a session's lifetime at which it is renewed: at random
-/// between these two, as Kafka's Java client does, so that connections
-/// opened together do not all renew at once.
-const RENEW_BETWEEN: (f64, f64) = (0.85, 0.95);
+/// The share of a session's lifetime after which the next request first
+/// re-authenticates (Kafka's Java client renews at 85 to 95 %).
+const REAUTHENTICATE_AFTER: f64 = 0.85;
 
 /// How to reach brokers: TLS, SASL, client id, timeouts.
 #[derive(Clone)]
@@ -225,7 +216,6 @@ impl Connector {
                 tokens: self.tokens.clone(),
             }),
             reauthenticate_at: None,
-            broken: None,
             session_lifetime: None,
         };
         conn.negotiate().await?;
@@ -282,14 +272,14 @@ impl Connection {
         req: &R,
         version: i16,
     ) -> Result<R::Response, KafkaError> {
-        self.ready().await?;
+        self.reauthenticate_if_due().await?;
         self.roundtrip(req, version).await
     }
 
     /// Sends `req` at the negotiated version and reads its response.
     pub async fn send<R: Request>(&mut self, req: &R) -> Result<R::Response, KafkaError> {
         let v = self.version::<R>()?;
-        self.ready().await?;
+        self.reauthenticate_if_due().await?;
         self.roundtrip(req, v).await
     }
 
@@ -312,7 +302,7 @@ impl Connection {
     /// header), for responses some brokers encode loosely.
     pub async fn send_raw<R: Request>(&mut self, req: &R) -> Result<Bytes, KafkaError> {
         let v = self.version::<R>()?;
-        self.ready().await?;
+        self.reauthenticate_if_due().await?;
         let after = self.timeout;
         match tokio::time::timeout(after, self.exchange(req, v)).await {
             Ok(r) => r,
@@ -400,42 +390,20 @@ impl Connection {
         self.session_lifetime
     }
 
-    /// When the SASL session must be renewed; `None`: it need not be.
-    pub fn renew_at(&self) -> Option<Instant> {
-        self.reauthenticate_at
-    }
-
-    /// Before a request: the failure of a renewal made while idle, or the
-    /// renewal itself when it is due (KIP-368: `SaslHandshake` and
-    /// `SaslAuthenticate` again; after the session ended, any other request
-    /// closes the connection). A failure is the request's error: the caller
-    /// drops the connection and the next request connects anew.
-    async fn ready(&mut self) -> Result<(), KafkaError> {
-        if let Some(message) = &self.broken {
-            return Err(KafkaError::Io {
-                addr: self.addr.clone(),
-                message: format!("renewing the SASL session failed: {message}"),
-            });
-        }
-        if self.renew_at().is_some_and(|at| Instant::now() >= at) {
+    /// Renews the SASL session on this connection when it is due (KIP-368:
+    /// `SaslHandshake` and `SaslAuthenticate` again, which a broker accepts
+    /// even after the session ran out; any other request then closes the
+    /// connection). A failure is the request's error: the caller drops the
+    /// connection and the next request connects anew.
+    async fn reauthenticate_if_due(&mut self) -> Result<(), KafkaError> {
+        if self
+            .reauthenticate_at
+            .is_some_and(|at| Instant::now() >= at)
+        {
             self.authenticate().await?;
             debug!(broker = %self.addr, "Re-authenticated the SASL session.");
         }
         Ok(())
-    }
-
-    /// Renews the SASL session of an idle connection; a failure is kept for
-    /// its next request.
-    async fn renew(&mut self) {
-        match self.authenticate().await {
-            Ok(()) => {
-                debug!(broker = %self.addr, "Re-authenticated the idle connection's SASL session.")
-            }
-            Err(e) => {
-                debug!(broker = %self.addr, error = %e, "Renewing an idle connection's SASL session failed.");
-                self.broken = Some(e.to_string());
-            }
-        }
     }
 
     /// Authenticates with the connector's SASL settings, if any, and notes
@@ -494,9 +462,7 @@ impl Connection {
         self.session_lifetime = None;
         if last.session_lifetime_ms > 0 {
             let lifetime = Duration::from_millis(last.session_lifetime_ms as u64);
-            let (early, late) = RENEW_BETWEEN;
-            let share = early + (late - early) * fastrand::f64();
-            self.reauthenticate_at = Some(started + lifetime.mul_f64(share));
+            self.reauthenticate_at = Some(started + lifetime.mul_f64(REAUTHENTICATE_AFTER));
             self.session_lifetime = Some(lifetime);
         }
         Ok(())
@@ -571,104 +537,6 @@ impl Connection {
         let req = SaslAuthenticateRequest::default().with_auth_bytes(token);
         let v = self.version::<SaslAuthenticateRequest>()?;
         self.roundtrip(&req, v).await
-    }
-}
-
-/// What holds connections between uses.
-pub trait Held: Default + Send + 'static {
-    fn connections(&mut self) -> Vec<&mut Connection>;
-}
-
-impl Held for Option<Connection> {
-    fn connections(&mut self) -> Vec<&mut Connection> {
-        self.iter_mut().collect()
-    }
-}
-
-impl<K: Send + 'static> Held for HashMap<K, Connection> {
-    fn connections(&mut self) -> Vec<&mut Connection> {
-        self.values_mut().collect()
-    }
-}
-
-impl<K: Send + 'static> Held for HashMap<K, Vec<Connection>> {
-    fn connections(&mut self) -> Vec<&mut Connection> {
-        self.values_mut().flatten().collect()
-    }
-}
-
-impl<A: Held, B: Held> Held for (A, B) {
-    fn connections(&mut self) -> Vec<&mut Connection> {
-        let mut all = self.0.connections();
-        all.extend(self.1.connections());
-        all
-    }
-}
-
-/// Connections kept between uses (the cycle's from poll to poll, the
-/// election's from heartbeat to heartbeat). While they are parked, a task
-/// holds them and renews each SASL session at its deadline, so that no
-/// session ends on an idle connection whatever the cadence of its use.
-/// Dropping it drops the connections.
-pub struct Idle<T: Held> {
-    here: T,
-    parked: Option<(oneshot::Sender<()>, JoinHandle<T>)>,
-}
-
-impl<T: Held> Default for Idle<T> {
-    fn default() -> Idle<T> {
-        Idle {
-            here: T::default(),
-            parked: None,
-        }
-    }
-}
-
-impl<T: Held> Idle<T> {
-    /// Keeps `held` until [`Idle::take`]; a task renews the sessions that
-    /// expire meanwhile.
-    pub fn park(&mut self, mut held: T) {
-        if held.connections().iter().all(|c| c.renew_at().is_none()) {
-            self.here = held;
-            return;
-        }
-        let (stop, stopped) = oneshot::channel();
-        self.parked = Some((stop, tokio::spawn(keep(held, stopped))));
-    }
-
-    /// The connections back, once a renewal under way has finished.
-    pub async fn take(&mut self) -> T {
-        match self.parked.take() {
-            None => std::mem::take(&mut self.here),
-            Some((stop, task)) => {
-                let _ = stop.send(());
-                task.await.unwrap_or_default()
-            }
-        }
-    }
-}
-
-/// Holds `held` until `stop` (sent or dropped), renewing each session at
-/// its deadline. A renewal is never cut short: a connection is handed back
-/// between exchanges only.
-async fn keep<T: Held>(mut held: T, mut stop: oneshot::Receiver<()>) -> T {
-    loop {
-        let next = held.connections().iter().filter_map(|c| c.renew_at()).min();
-        let due = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at.into()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = &mut stop => return held,
-            _ = due => {}
-        }
-        for conn in held.connections() {
-            if conn.renew_at().is_some_and(|at| at <= Instant::now()) {
-                conn.renew().await;
-            }
-        }
     }
 }
 

@@ -65,7 +65,7 @@ pub(crate) async fn check(spec: &KafkaSpec) -> Vec<Finding> {
         };
         let session = match c.session_lifetime() {
             Some(d) => format!(
-                "the broker's session lasts {}, renewed in place at 85–95 % of it",
+                "the broker's session lasts {}, renewed in place after 85 %",
                 humantime::format_duration(d)
             ),
             None => "the broker sets no session lifetime".into(),

@@ -18,7 +18,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tracing::debug;
 
-use super::client::{Connection, Connector, Idle, error_name};
+use super::client::{Connection, Connector, error_name};
 use super::config::KafkaSpec;
 use crate::coordination::Lock;
 
@@ -47,8 +47,6 @@ pub struct KafkaElection {
     connector: Connector,
     join_connector: Connector,
     conn: Option<Connection>,
-    /// The coordinator's connection between heartbeats.
-    idle: Idle<Option<Connection>>,
     member_id: String,
     generation: i32,
     leader: bool,
@@ -68,7 +66,6 @@ impl KafkaElection {
                 REBALANCE_TIMEOUT + REQUEST_TIMEOUT * 2,
             ),
             conn: None,
-            idle: Idle::default(),
             member_id: String::new(),
             generation: -1,
             leader: false,
@@ -121,20 +118,6 @@ impl KafkaElection {
             self.conn = Some(conn);
         }
         Ok(self.conn.as_mut().expect("set"))
-    }
-
-    /// The coordinator's connection kept from the last heartbeat, if any.
-    async fn unpark(&mut self) {
-        if let Some(conn) = self.idle.take().await {
-            self.conn = Some(conn);
-        }
-    }
-
-    /// Keeps the coordinator's connection, its session renewed, until the
-    /// next heartbeat.
-    fn park(&mut self) {
-        let conn = self.conn.take();
-        self.idle.park(conn);
     }
 
     fn forget(&mut self) {
@@ -309,42 +292,33 @@ impl Lock for KafkaElection {
     }
 
     async fn try_acquire(&mut self) -> Result<bool, String> {
-        self.unpark().await;
-        let acquired = if self.member_id.is_empty() || self.generation < 0 {
-            self.join().await
-        } else {
-            match self.heartbeat().await {
-                Ok(true) => Ok(self.leader),
-                Ok(false) | Err(_) => self.join().await,
-            }
-        };
-        self.park();
-        acquired
+        if self.member_id.is_empty() || self.generation < 0 {
+            return self.join().await;
+        }
+        match self.heartbeat().await {
+            Ok(true) => Ok(self.leader),
+            Ok(false) => self.join().await,
+            Err(_) => self.join().await,
+        }
     }
 
     async fn renew(&mut self) -> Result<bool, String> {
-        self.unpark().await;
-        let renewed = match self.heartbeat().await {
-            Ok(true) => Ok(self.leader),
+        match self.heartbeat().await? {
+            true => Ok(self.leader),
             // A member joined or left: rejoin; the coordinator keeps a
             // leader that rejoins, and names the new one at the same moment
             // it tells the old one.
-            Ok(false) => self.join().await,
-            Err(e) => Err(e),
-        };
-        self.park();
-        renewed
+            false => self.join().await,
+        }
     }
 
     async fn abandon(&mut self) {
         // Keep the membership: a rejoin with the same member id is quicker
         // and causes no extra rebalance; the coordinator says if it is stale.
         self.conn = None;
-        self.idle = Idle::default();
     }
 
     async fn release(&mut self) {
-        self.unpark().await;
         if self.member_id.is_empty() {
             self.conn = None;
             return;

@@ -4,9 +4,8 @@
 //! `series.rs`, which needs no broker to be tested.
 //!
 //! The fetcher owns what the requests need between cycles: the broker
-//! addresses, open connections (reused from cycle to cycle, their SASL
-//! sessions renewed between cycles by [`Idle`]; one a broker closed while
-//! idle is opened again and the request sent once more), which
+//! addresses, open connections (reused from cycle to cycle; one a broker
+//! closed while idle is opened again and the request sent once more), which
 //! broker coordinates which group, and the timestamps of records already
 //! read. The groups' requests are in `fetch/groups.rs`.
 //!
@@ -37,7 +36,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
-use super::client::{Connection, Connector, Idle, KafkaError, error_name};
+use super::client::{Connection, Connector, KafkaError, error_name};
 use super::config::KafkaSpec;
 use super::records::{self, Found};
 use crate::sources::run::SourceError;
@@ -173,9 +172,6 @@ struct Read {
     max_bytes: i32,
 }
 
-type Conns = HashMap<i32, Connection>;
-type ReadConns = HashMap<i32, Vec<Connection>>;
-
 /// The Kafka source's requests and the state they carry between cycles.
 pub struct Fetcher {
     spec: Arc<KafkaSpec>,
@@ -183,11 +179,9 @@ pub struct Fetcher {
     /// Broker id → address, from the last metadata.
     brokers: HashMap<i32, String>,
     /// Open connections by broker id (`-1`: the bootstrap broker).
-    conns: Conns,
+    conns: HashMap<i32, Connection>,
     /// Spare connections used for record reads, by broker id.
-    read_conns: ReadConns,
-    /// Both between cycles.
-    idle: Idle<(Conns, ReadConns)>,
+    read_conns: HashMap<i32, Vec<Connection>>,
     /// Which broker coordinates each watched group (`FindCoordinator`),
     /// kept until a request to it fails.
     coordinators: HashMap<String, i32>,
@@ -215,7 +209,6 @@ impl Fetcher {
             brokers: HashMap::new(),
             conns: HashMap::new(),
             read_conns: HashMap::new(),
-            idle: Idle::default(),
             coordinators: HashMap::new(),
             known_groups: BTreeMap::new(),
             named_groups: false,
@@ -231,7 +224,6 @@ impl Fetcher {
     pub fn disconnect(&mut self) {
         self.conns.clear();
         self.read_conns.clear();
-        self.idle = Idle::default();
         self.coordinators.clear();
     }
 
@@ -240,16 +232,6 @@ impl Fetcher {
     /// Fails only when no broker answers the metadata (or the groups cannot
     /// be known at all).
     pub async fn fetch(&mut self) -> Result<Fetched, SourceError> {
-        (self.conns, self.read_conns) = self.idle.take().await;
-        let fetched = self.fetch_cycle().await;
-        self.idle.park((
-            std::mem::take(&mut self.conns),
-            std::mem::take(&mut self.read_conns),
-        ));
-        fetched
-    }
-
-    async fn fetch_cycle(&mut self) -> Result<Fetched, SourceError> {
         self.down.clear();
         self.retries = Retries::default();
         self.retry_until = Instant::now() + self.spec.timeout / 2;
