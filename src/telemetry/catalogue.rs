@@ -176,7 +176,7 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Counter,
         Some(Unit::Count),
         SEC,
-        "Failed attempts that were retried, by the error class of the row's last_error when counted.",
+        "Failed attempts, each counted once when a row shows it (retried or not), by the error class of the row's last_error when counted.",
     ),
     def(
         INBOX_DEAD_LETTERS,
