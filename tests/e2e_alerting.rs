@@ -254,19 +254,11 @@ impl Writer {
     ) -> Result<(), String> {
         let t = self.clock.now();
         let n = self.ctl.created.fetch_add(1, Ordering::Relaxed);
-        let ev = InboxEvent {
-            id: format!("e2e-{kind}-{n:06}-{:06x}", self.rng.u32(..0x00ff_ffff)),
-            event_type: Some(event_type.to_string()),
-            status: Status::Pending,
-            received_ms: t,
-            started_ms: None,
-            finished_ms: None,
-            attempts: 0,
-            deliveries: 1,
-            last_error: None,
-            traceparent: None,
-            updated_ms: t,
-        };
+        let ev = InboxEvent::pending(
+            format!("e2e-{kind}-{n:06}-{:06x}", self.rng.u32(..0x00ff_ffff)),
+            Some(event_type.to_string()),
+            t,
+        );
         self.exec(ev.insert_stmt(common::Dialect::Postgres, &self.table))
             .await?;
         let ready_at = t + self.rng.i64(10..60);

@@ -533,18 +533,11 @@ struct InboxWriter {
 impl InboxWriter {
     async fn create(&mut self, t: i64) {
         let n = self.slots.len();
+        let id = format!("w{}-{n:05}-{:08x}", self.w, self.rng.u32(..));
+        let event_type = random_type(&mut self.rng);
         let ev = InboxEvent {
-            id: format!("w{}-{n:05}-{:08x}", self.w, self.rng.u32(..)),
-            event_type: random_type(&mut self.rng),
-            status: Status::Pending,
-            received_ms: t,
-            started_ms: None,
-            finished_ms: None,
-            attempts: 0,
-            deliveries: 1,
-            last_error: None,
             traceparent: Some(random_traceparent(&mut self.rng)),
-            updated_ms: t,
+            ..InboxEvent::pending(id, event_type, t)
         };
         let (sql, args) = ev.insert_stmt(self.target.dialect, &self.target.table);
         run(&mut self.conn, &sql, &args).await;
