@@ -967,7 +967,21 @@ async fn postgres_event_page_shows_the_retry_trajectory_the_agent_saw() {
     // A replay that resets the attempts, then one more failure: counted
     // anew, and the trajectory goes on.
     let failures = |m: &Metrics| m.sum("inbox_attempt_failures_total", &[("source", "traj-pg")]);
-    let before = failures(&agent.scrape().await);
+    // The three failed attempts so far (the fourth is the dead letter). The
+    // journal shows a change as soon as the poll reads it; a series of a new
+    // error class shows its amounts one poll later, so wait for them rather
+    // than read a count that is about to grow.
+    let before = 3.0;
+    wait_until(Duration::from_secs(30), || async {
+        let now = failures(&agent.try_scrape().await?);
+        if now == before {
+            Ok(())
+        } else {
+            Err(format!("failed attempts {now}, want {before}"))
+        }
+    })
+    .await
+    .expect("the failed attempts before the replay are counted");
     step(
         &db,
         t,
