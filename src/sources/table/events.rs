@@ -19,8 +19,8 @@ use std::sync::Arc;
 use serde::Deserialize;
 use sqlx::AnyConnection;
 
-use super::config::Status;
 use super::dialect::Sql;
+use super::meaning::Status;
 use super::{TableKind, TableSource, Window, get, query_error};
 use crate::checks::{Validator, is_identifier, is_table_name};
 use crate::sources::run::SourceError;

@@ -24,6 +24,7 @@ pub mod inbox;
 mod kind;
 pub mod lock;
 mod lookup;
+pub mod meaning;
 mod ordering;
 pub mod outbox;
 pub mod rules;

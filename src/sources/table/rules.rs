@@ -15,8 +15,8 @@
 //! The rules are tried in order, first match wins, before the status words
 //! of `[sources.statuses]` (which then only apply to rows no rule matched).
 
-use super::config::{Status, StatusMap};
 use super::dialect::Sql;
+use super::meaning::{Status, StatusMap};
 use crate::checks::is_identifier;
 use crate::dsn::Dialect;
 
