@@ -302,6 +302,97 @@ pub fn keys_at<T: DeserializeOwned>(path: &[String]) -> Vec<&'static str> {
     found.map(<[&str]>::to_vec).unwrap_or_default()
 }
 
+/// An entry read as several typed parts from the one table: the settings
+/// every source has beside a kind's own, say. Each part reads the keys it
+/// declares; a key is unknown when no part takes it.
+pub trait Parts: Sized {
+    /// Reads every part from `value` (found at `key`); the keys no part
+    /// takes are returned as [`Validator::read`] returns them.
+    fn read(
+        v: &mut Validator<'_>,
+        key: &str,
+        value: Spanned<DeValue<'_>>,
+    ) -> (Option<Self>, Vec<Unknown>);
+
+    /// Whether a part takes the key at `path` ([`knows`]).
+    fn knows(path: &[String]) -> bool;
+
+    /// The keys the parts take in the table at `path`, part by part, each
+    /// once ([`keys_at`]).
+    fn keys_at(path: &[String]) -> Vec<&'static str>;
+}
+
+macro_rules! parts {
+    ($($part:ident $value:ident),+) => {
+        impl<$($part: DeserializeOwned),+> Parts for ($($part,)+) {
+            fn read(
+                v: &mut Validator<'_>,
+                key: &str,
+                value: Spanned<DeValue<'_>>,
+            ) -> (Option<Self>, Vec<Unknown>) {
+                let mut unknown = Vec::new();
+                $(
+                    let ($value, u) = v.read::<$part>(key, value.clone());
+                    unknown.push(u);
+                )+
+                let read = match ($($value,)+) {
+                    ($(Some($value),)+) => Some(($($value,)+)),
+                    _ => None,
+                };
+                (read, unknown_to_all(&unknown))
+            }
+
+            fn knows(path: &[String]) -> bool {
+                $(knows::<$part>(path))||+
+            }
+
+            fn keys_at(path: &[String]) -> Vec<&'static str> {
+                let mut keys: Vec<&'static str> = Vec::new();
+                $(
+                    for k in keys_at::<$part>(path) {
+                        if !keys.contains(&k) {
+                            keys.push(k);
+                        }
+                    }
+                )+
+                keys
+            }
+        }
+    };
+}
+
+parts!(A a, B b);
+parts!(A a, B b, C c);
+
+/// The keys no part takes, from what each part ignored: a path is unknown to
+/// a part when the part ignored it or a table holding it; the most precise
+/// path is kept, once, in the order of the file.
+fn unknown_to_all(parts: &[Vec<Unknown>]) -> Vec<Unknown> {
+    let ignored_by =
+        |side: &[Unknown], path: &[String]| side.iter().any(|u| path.starts_with(&u.path));
+    let mut out: Vec<Unknown> = Vec::new();
+    for (i, mine) in parts.iter().enumerate() {
+        for u in mine {
+            let everywhere = parts
+                .iter()
+                .enumerate()
+                .all(|(j, other)| j == i || ignored_by(other, &u.path));
+            if everywhere && !out.iter().any(|o| o.path == u.path) {
+                out.push(u.clone());
+            }
+        }
+    }
+    // A table reported whole by one part and key by key by another: keep the keys.
+    let keys: Vec<Vec<String>> = out.iter().map(|u| u.path.clone()).collect();
+    out.retain(|u| {
+        !keys
+            .iter()
+            .any(|k| k.len() > u.path.len() && k.starts_with(&u.path))
+    });
+    out.sort_by_key(|u| u.line);
+    out
+}
+
 /// A deserializer that walks `path` into a type's structs and records the
 /// fields of the struct at its end.
 struct Probe<'p, 'f> {
@@ -615,6 +706,40 @@ mod tests {
         assert!(knows::<Outer>(&["inner".into(), "a".into()]));
         assert!(!knows::<Outer>(&["inner".into(), "b".into()]));
         assert!(!knows::<Outer>(&["b".into()]));
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Other {
+        other: Option<i64>,
+        #[serde(default)]
+        inner: Option<OtherInner>,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct OtherInner {
+        c: Option<i64>,
+    }
+
+    /// An entry read in parts: a key is unknown only when no part takes it,
+    /// by its most precise path, and the keys listed are every part's.
+    #[test]
+    fn parts_share_one_table() {
+        let text = "name = \"x\"\nother = 1\nnope = 2\n[inner]\na = 3\nc = 4\nb = 5\n";
+        let env = |_: &str| None;
+        let mut v = Validator::new(text, Environment::Process, &env);
+        let doc = Document::parse(text, &mut v).expect("parses");
+        let (read, unknown) = <(Outer, Other)>::read(&mut v, "s", doc.into_value());
+        assert!(v.into_problems().is_empty());
+        let (outer, other) = read.expect("readable");
+        assert_eq!((outer.name.as_deref(), other.other), (Some("x"), Some(1)));
+        assert_eq!(outer.inner.and_then(|i| i.a), Some(3));
+        assert_eq!(other.inner.and_then(|i| i.c), Some(4));
+        let found: Vec<&str> = unknown.iter().map(|u| u.key.as_str()).collect();
+        assert_eq!(found, ["s.nope", "s.inner.b"]);
+        assert_eq!(<(Outer, Other)>::keys_at(&[]), ["name", "inner", "other"]);
+        assert_eq!(<(Outer, Other)>::keys_at(&["inner".into()]), ["a", "c"]);
+        assert!(<(Outer, Other)>::knows(&["inner".into(), "c".into()]));
+        assert!(!<(Outer, Other)>::knows(&["inner".into(), "b".into()]));
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub mod web;
 
 use crate::redact::Redactor;
 use crate::sources::SourceSpec;
+use crate::sources::common;
 use crate::tracing_link::config::{RawTracing, TracingConfig};
 
 /// Where `run` listens when neither the config nor a flag says otherwise.
@@ -393,7 +394,7 @@ fn read_sources(
                 format!("duplicate source name \"{name}\" (names must be unique)"),
             );
         }
-        let name = check_name(v, &key, name.as_deref());
+        let name = common::check_name(v, &key, name.as_deref());
         let kinds = match SourceSpec::KINDS {
             [init @ .., last] => format!("{} or {last}", init.join(", ")),
             [] => String::new(),
@@ -426,28 +427,6 @@ fn read_sources(
         }
     }
     (sources, used)
-}
-
-/// The source's name: it ends up in log lines, label values and `/readyz` lines.
-fn check_name(v: &mut Validator<'_>, key: &str, name: Option<&str>) -> String {
-    match name {
-        Some(n) if n.chars().any(char::is_control) => {
-            v.problem(
-                &format!("{key}.name"),
-                "must not contain control characters (newline, tab, …)".into(),
-            );
-            String::new()
-        }
-        Some(n) if !n.trim().is_empty() => n.to_string(),
-        Some(_) => {
-            v.problem(&format!("{key}.name"), "must not be empty".into());
-            String::new()
-        }
-        None => {
-            v.problem(&format!("{key}.name"), "required".into());
-            String::new()
-        }
-    }
 }
 
 fn http_limits(v: &mut Validator<'_>, server: &RawServer) -> HttpLimits {
@@ -792,6 +771,53 @@ table = "outbox"
                 "sources[1].owners[0].owner",
             ],
             "{err}"
+        );
+    }
+
+    /// Guards the one rule per common setting (issue 30): before, a table
+    /// source took a `poll_interval` of 1 ms and a Kafka source a `timeout`
+    /// of 0; `service_name` was a table key only, and taken blank.
+    #[test]
+    fn common_settings_follow_one_rule_whatever_the_kind() {
+        let kafka = "[[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"b:9092\"]\n";
+        let problems = |text: &str| -> Vec<String> {
+            match check(text) {
+                Ok(_) => Vec::new(),
+                Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+            }
+        };
+        for (extra, said) in [
+            (
+                "poll_interval = \"99ms\"\n",
+                "poll_interval: must be at least 100ms",
+            ),
+            ("timeout = \"0s\"\n", "timeout: must be at least 100ms"),
+            ("service_name = \" \"\n", "service_name: must not be empty"),
+        ] {
+            for entry in [MINIMAL, kafka] {
+                assert_eq!(
+                    problems(&format!("{entry}{extra}")),
+                    [format!("sources[0].{said}")],
+                    "{entry}{extra}"
+                );
+            }
+        }
+        let cfg = check(&format!(
+            "{MINIMAL}poll_interval = \"100ms\"\ntimeout = \"100ms\"\n\
+             {kafka}poll_interval = \"100ms\"\ntimeout = \"100ms\"\nservice_name = \"billing\"\n"
+        ))
+        .expect("100ms is the shortest, for every kind");
+        let SourceSpec::Kafka(k) = &cfg.sources[1] else {
+            panic!("a kafka source")
+        };
+        assert_eq!(
+            (k.poll_interval, k.timeout),
+            (Duration::from_millis(100), Duration::from_millis(100))
+        );
+        assert_eq!(cfg.sources[1].service(), "billing");
+        assert_eq!(
+            problems(&format!("{kafka}[sources.objectives]\np95 = \"1s\"\n")),
+            ["sources[0].objectives: kafka sources export no objectives: nothing would read them"]
         );
     }
 

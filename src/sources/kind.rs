@@ -10,14 +10,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use toml::Spanned;
 use toml::de::DeValue;
 
-use crate::checks::{Unknown, Validator, keys_at, knows};
+use crate::checks::{Parts, Unknown, Validator};
 use crate::coordination::{Leadership, Lock, elect};
 use crate::health::Health;
 use crate::journal::Journal;
@@ -30,24 +29,26 @@ use crate::tracing_link::Linker;
 pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
     /// The `kind = "…"` that names it in the file.
     const KIND: &'static str;
-    /// The entry as written (without `name` and `kind`).
-    type Raw: DeserializeOwned;
+    /// The entry as written (without `name` and `kind`), in parts read from
+    /// the one table: [`crate::sources::common::RawCommon`], the settings
+    /// every source has, first, then the kind's own.
+    type Raw: Parts;
 
     /// Reads the entry; keys it does not take are returned, not reported.
     fn read(v: &mut Validator<'_>, key: &str, entry: Spanned<DeValue<'_>>) -> Read<Self::Raw> {
-        v.read::<Self::Raw>(key, entry)
+        Self::Raw::read(v, key, entry)
     }
 
     /// Whether the kind takes the key at `path` (to say whose key a
     /// misplaced one is).
     fn knows(path: &[String]) -> bool {
-        knows::<Self::Raw>(path)
+        Self::Raw::knows(path)
     }
 
     /// The keys the kind takes in the table at `path` of its entry (besides
     /// `name` and `kind` at the top).
     fn keys_at(path: &[String]) -> Vec<&'static str> {
-        keys_at::<Self::Raw>(path)
+        Self::Raw::keys_at(path)
     }
 
     /// Checks every setting, reporting each problem with its key

@@ -6,6 +6,7 @@
 //! Adding a kind: a folder with a type implementing [`kind::Kind`], one line
 //! in [`kinds!`] below (docs/architecture.md has the recipe).
 
+pub mod common;
 pub mod kafka;
 pub mod kind;
 pub mod run;

@@ -1,6 +1,9 @@
-//! The `kind = "kafka"` source's settings, validated.
+//! The `kind = "kafka"` source's settings, validated. The settings every
+//! source has (name, owner, service, poll interval, timeout) are read and
+//! checked by [`crate::sources::common`]; a Kafka source embeds them.
 
 use std::fmt;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,17 +12,21 @@ use regex::Regex;
 use serde::Deserialize;
 
 use crate::checks::{Validator, expand_env, is_owner, owner_problem};
+use crate::sources::common::{self, Common, Defaults, RawCommon};
 
 /// Default pattern of dead-letter topic names.
 pub const DEFAULT_DEAD_LETTER_TOPICS: &str = r".*(\.DLQ|-dlq|\.dead-letter)$";
 /// Default pattern of retry topic names; `tier` names the retry delay.
 pub const DEFAULT_RETRY_TOPICS: &str = r".*\.retry\.(?P<tier>[0-9]+[smh])$";
 
-/// A validated Kafka source.
+/// A validated Kafka source. It embeds the settings every source has:
+/// `spec.name` (the `cluster` label of its series), `spec.poll_interval`,
+/// `spec.timeout` (the longest time one cycle may take) and the others are
+/// [`Common`]'s.
 #[derive(Debug, Clone)]
 pub struct KafkaSpec {
-    /// The source name; the `cluster` label of its series.
-    pub name: String,
+    /// Name, owner, service, poll interval, timeout.
+    pub common: Common,
     /// Bootstrap brokers, `host:port`.
     pub brokers: Vec<String>,
     pub groups: Filter,
@@ -28,21 +35,24 @@ pub struct KafkaSpec {
     pub per_topic: bool,
     pub dead_letter_topics: Regex,
     pub retry_topics: Regex,
-    pub poll_interval: Duration,
-    /// Longest time one cycle may take.
-    pub timeout: Duration,
     /// The window a group's status is judged over.
     pub status_window: Duration,
     /// Concurrent fetches of the records at committed offsets.
     pub read_concurrency: usize,
     pub client_id: String,
     pub security: KafkaSecurity,
-    /// The team that owns the source (and the groups no `owners` entry matches).
-    pub owner: Option<String>,
-    /// `[[sources.owners]]`: group name patterns (whole names) and their owner, first match wins.
+    /// `[[sources.owners]]`: group name patterns (whole names) and their
+    /// owner, first match wins; the groups none matches are the source's `owner`.
     pub owners: Vec<(Regex, String)>,
-    /// Where in the config this source is (`sources[2]`), for messages.
-    pub key: String,
+}
+
+impl Deref for KafkaSpec {
+    type Target = Common;
+
+    /// The embedded settings every source has, read as the spec's own.
+    fn deref(&self) -> &Common {
+        &self.common
+    }
 }
 
 impl KafkaSpec {
@@ -216,7 +226,9 @@ impl SaslMechanism {
     }
 }
 
-/// A `kind = "kafka"` entry as written (without `name` and `kind`).
+/// A `kind = "kafka"` entry's own keys as written, besides those every
+/// source has ([`RawCommon`]; for Kafka, `timeout` bounds connecting to a
+/// broker and one request).
 #[derive(Debug, Default, Deserialize)]
 pub struct RawKafka {
     /// Bootstrap brokers, `host:port`.
@@ -231,10 +243,6 @@ pub struct RawKafka {
     pub dead_letter_topics: Option<String>,
     /// Regex of retry topic names, with a named group `tier`.
     pub retry_topics: Option<String>,
-    /// How often the cluster is read (default `10s`).
-    pub poll_interval: Option<String>,
-    /// Longest time one cycle may take (default: the poll interval, at least `5s`).
-    pub timeout: Option<String>,
     /// The sliding window a group's status is judged over (default `5m`).
     pub status_window: Option<String>,
     /// Concurrent fetches of records at committed offsets (default 8).
@@ -245,8 +253,6 @@ pub struct RawKafka {
     pub tls: Option<RawTls>,
     /// SASL authentication.
     pub sasl: Option<RawSasl>,
-    /// The team that owns the source (`owner` label of its info series and alerts).
-    pub owner: Option<String>,
     /// Owners of consumer groups by name pattern, first match wins.
     pub owners: Option<Vec<RawOwner>>,
 }
@@ -302,46 +308,99 @@ pub struct RawSasl {
     pub extensions: Option<std::collections::BTreeMap<String, String>>,
 }
 
+/// The settings every source has, as a Kafka source reads them: the cluster
+/// read every 10 s, within a timeout of the poll interval, at least 5 s;
+/// no objectives.
+const COMMON: Defaults = Defaults {
+    kind: "kafka",
+    poll_interval: Duration::from_secs(10),
+    timeout_floor: Duration::from_secs(5),
+    objectives: false,
+};
+
 /// Validates a `kind = "kafka"` entry.
 pub(crate) fn validate(
     v: &mut Validator<'_>,
     key: &str,
     name: String,
-    s: &RawKafka,
+    (common, s): (RawCommon, RawKafka),
 ) -> Option<KafkaSpec> {
-    let brokers = match &s.brokers {
-        None => {
-            v.problem(
-                &format!("{key}.brokers"),
-                "required (host:port, ...)".into(),
-            );
-            Vec::new()
-        }
-        Some(b) if b.is_empty() => {
-            v.problem(
-                &format!("{key}.brokers"),
-                "needs at least one broker".into(),
-            );
-            Vec::new()
-        }
-        Some(b) => {
-            for (i, addr) in b.iter().enumerate() {
-                let ok = addr
-                    .rsplit_once(':')
-                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
-                if !ok {
-                    v.problem(
-                        &format!("{key}.brokers[{i}]"),
-                        format!("\"{addr}\" is not host:port"),
-                    );
-                }
-            }
-            b.clone()
-        }
-    };
+    let brokers = brokers(v, key, s.brokers.as_deref());
     let groups = filter(v, &format!("{key}.groups"), s.groups.as_ref(), &[]);
     let topics = filter(v, &format!("{key}.topics"), s.topics.as_ref(), &["__.*"]);
-    let per_topic = match s.granularity.as_deref() {
+    let per_topic = per_topic(v, key, s.granularity.as_deref());
+    let dead_letter_topics = regex(
+        v,
+        &format!("{key}.dead_letter_topics"),
+        s.dead_letter_topics
+            .as_deref()
+            .unwrap_or(DEFAULT_DEAD_LETTER_TOPICS),
+    );
+    let retry_topics = retry_topics(v, key, s.retry_topics.as_deref());
+    let common = common::check(common, key, name, &COMMON, v);
+    let status_window = status_window(v, key, s.status_window.as_deref(), common.poll_interval);
+    let read_concurrency = v.positive(
+        &format!("{key}.read_concurrency"),
+        s.read_concurrency,
+        8,
+        256,
+    );
+    let client_id = s.client_id.clone().unwrap_or_else(|| "inboxwatch".into());
+    let security = security(v, key, &s);
+    let owners = owners(v, key, s.owners.as_deref().unwrap_or_default());
+    let (Some(dead_letter_topics), Some(retry_topics), Some(groups), Some(topics), Some(security)) =
+        (dead_letter_topics, retry_topics, groups, topics, security)
+    else {
+        return None;
+    };
+    Some(KafkaSpec {
+        common,
+        brokers,
+        groups,
+        topics,
+        per_topic,
+        dead_letter_topics,
+        retry_topics,
+        status_window,
+        read_concurrency,
+        client_id,
+        security,
+        owners,
+    })
+}
+
+/// `brokers`: required, at least one, each `host:port`.
+fn brokers(v: &mut Validator<'_>, key: &str, written: Option<&[String]>) -> Vec<String> {
+    let Some(brokers) = written else {
+        v.problem(
+            &format!("{key}.brokers"),
+            "required (host:port, ...)".into(),
+        );
+        return Vec::new();
+    };
+    if brokers.is_empty() {
+        v.problem(
+            &format!("{key}.brokers"),
+            "needs at least one broker".into(),
+        );
+    }
+    for (i, addr) in brokers.iter().enumerate() {
+        let ok = addr
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+        if !ok {
+            v.problem(
+                &format!("{key}.brokers[{i}]"),
+                format!("\"{addr}\" is not host:port"),
+            );
+        }
+    }
+    brokers.to_vec()
+}
+
+/// `granularity`: whether the `partition` label is dropped (`"topic"`).
+fn per_topic(v: &mut Validator<'_>, key: &str, written: Option<&str>) -> bool {
+    match written {
         None | Some("partition") => false,
         Some("topic") => true,
         Some(other) => {
@@ -351,71 +410,43 @@ pub(crate) fn validate(
             );
             false
         }
-    };
-    let dead_letter_topics = regex(
-        v,
-        &format!("{key}.dead_letter_topics"),
-        s.dead_letter_topics
-            .as_deref()
-            .unwrap_or(DEFAULT_DEAD_LETTER_TOPICS),
-    );
-    let retry_topics = regex(
-        v,
-        &format!("{key}.retry_topics"),
-        s.retry_topics.as_deref().unwrap_or(DEFAULT_RETRY_TOPICS),
-    );
-    if let Some(r) = &retry_topics
+    }
+}
+
+/// `retry_topics`: a pattern with a named group `tier`.
+fn retry_topics(v: &mut Validator<'_>, key: &str, written: Option<&str>) -> Option<Regex> {
+    let at = format!("{key}.retry_topics");
+    let pattern = regex(v, &at, written.unwrap_or(DEFAULT_RETRY_TOPICS));
+    if let Some(r) = &pattern
         && !r.capture_names().any(|n| n == Some("tier"))
     {
         v.problem(
-            &format!("{key}.retry_topics"),
+            &at,
             "needs a named group (?P<tier>...) that extracts the retry tier".into(),
         );
     }
-    let poll_interval = v.duration(
-        &format!("{key}.poll_interval"),
-        s.poll_interval.as_deref(),
-        Duration::from_secs(10),
-    );
-    if poll_interval < Duration::from_millis(100) {
-        v.problem(
-            &format!("{key}.poll_interval"),
-            "must be at least 100ms".into(),
-        );
+    pattern
+}
+
+/// `status_window`: at least two poll intervals (default `5m`).
+fn status_window(
+    v: &mut Validator<'_>,
+    key: &str,
+    written: Option<&str>,
+    poll_interval: Duration,
+) -> Duration {
+    let at = format!("{key}.status_window");
+    let window = v.duration(&at, written, Duration::from_secs(300));
+    if window < poll_interval * 2 {
+        v.problem(&at, "must span at least two poll intervals".into());
     }
-    let timeout = v.duration(
-        &format!("{key}.timeout"),
-        s.timeout.as_deref(),
-        poll_interval.max(Duration::from_secs(5)),
-    );
-    let status_window = v.duration(
-        &format!("{key}.status_window"),
-        s.status_window.as_deref(),
-        Duration::from_secs(300),
-    );
-    if status_window < poll_interval * 2 {
-        v.problem(
-            &format!("{key}.status_window"),
-            "must span at least two poll intervals".into(),
-        );
-    }
-    let read_concurrency = v.positive(
-        &format!("{key}.read_concurrency"),
-        s.read_concurrency,
-        8,
-        256,
-    );
-    let client_id = s.client_id.clone().unwrap_or_else(|| "inboxwatch".into());
-    let security = security(v, key, s);
-    let owner = s.owner.clone().filter(|o| {
-        let ok = is_owner(o);
-        if !ok {
-            v.problem(&format!("{key}.owner"), owner_problem(o));
-        }
-        ok
-    });
+    window
+}
+
+/// `[[sources.owners]]`: each a pattern of group names and its owner.
+fn owners(v: &mut Validator<'_>, key: &str, written: &[RawOwner]) -> Vec<(Regex, String)> {
     let mut owners = Vec::new();
-    for (i, o) in s.owners.iter().flatten().enumerate() {
+    for (i, o) in written.iter().enumerate() {
         let at = format!("{key}.owners[{i}]");
         let pattern = match o.groups.as_deref() {
             Some(g) => regex(v, &format!("{at}.groups"), g),
@@ -442,29 +473,7 @@ pub(crate) fn validate(
             owners.push((p, t));
         }
     }
-    let (Some(dead_letter_topics), Some(retry_topics), Some(groups), Some(topics), Some(security)) =
-        (dead_letter_topics, retry_topics, groups, topics, security)
-    else {
-        return None;
-    };
-    Some(KafkaSpec {
-        name,
-        brokers,
-        groups,
-        topics,
-        per_topic,
-        dead_letter_topics,
-        retry_topics,
-        poll_interval,
-        timeout,
-        status_window,
-        read_concurrency,
-        client_id,
-        security,
-        owner,
-        owners,
-        key: key.to_string(),
-    })
+    owners
 }
 
 /// The name a compiled pattern `^(?:…)$` spells out, if it is a plain

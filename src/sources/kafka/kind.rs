@@ -9,14 +9,15 @@ use super::config::{KafkaSpec, RawKafka, validate};
 use super::election::KafkaElection;
 use super::{KafkaSource, doctor};
 use crate::checks::Validator;
+use crate::sources::common::RawCommon;
 use crate::sources::kind::{DeadRecords, Finding, Kind, Runtime};
 
 impl Kind for KafkaSpec {
     const KIND: &'static str = "kafka";
-    type Raw = RawKafka;
+    type Raw = (RawCommon, RawKafka);
 
-    fn validate(raw: RawKafka, key: &str, name: String, v: &mut Validator<'_>) -> Option<Self> {
-        validate(v, key, name, &raw)
+    fn validate(raw: Self::Raw, key: &str, name: String, v: &mut Validator<'_>) -> Option<Self> {
+        validate(v, key, name, raw)
     }
 
     fn name(&self) -> &str {
@@ -25,6 +26,10 @@ impl Kind for KafkaSpec {
 
     fn owner(&self) -> &str {
         self.owner.as_deref().unwrap_or_default()
+    }
+
+    fn service(&self) -> &str {
+        self.common.service()
     }
 
     fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {

@@ -1,12 +1,14 @@
 //! The settings of inbox and outbox sources: what an entry may say, and
-//! what a table source runs on once every key has been checked.
+//! what a table source runs on once every key has been checked. The
+//! settings every source has (name, owner, service, poll interval, timeout,
+//! objectives) are read and checked by [`crate::sources::common`]; a table
+//! source embeds them.
 
+use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use toml::Spanned;
-use toml::de::DeValue;
 
 use super::dialect::Sql;
 use super::errors::{self, ErrorClasses, RawErrorClass};
@@ -14,17 +16,17 @@ use super::events::{EventsSpec, RawEvents, events_spec};
 // The meanings of a row's status, read from here by the rest of the folder.
 pub use super::meaning::{Status, StatusMap};
 use super::rules::{self, Rule, Statuses};
-use crate::checks::{
-    Environment, Unknown, Validator, is_identifier, is_owner, is_table_name, owner_problem,
-};
+use crate::checks::{Environment, Validator, is_identifier, is_table_name};
 use crate::dsn::Dsn;
-use crate::sources::kind::Read;
+use crate::sources::common::{self, Common, Defaults, RawCommon};
 use crate::tracing_link::config::{RawSourceTrace, SourceTrace, validate_source};
 
 // ---------------------------------------------------------------------------
 // What an entry may say.
 
-/// The keys inbox and outbox entries share.
+/// The keys inbox and outbox entries share, besides those every source has
+/// ([`RawCommon`]; for a table, `timeout` is the statement timeout of one
+/// poll, and `service_name` the `service.name` of the consumer's spans).
 #[derive(Debug, Default, Deserialize)]
 pub struct RawTable {
     /// Connection string; the scheme picks the dialect (`postgres://`, `mysql://`, `sqlite://`).
@@ -35,12 +37,8 @@ pub struct RawTable {
     pub dsn_file: Option<String>,
     /// The watched table, optionally schema-qualified (`schema.table`).
     pub table: Option<String>,
-    /// How often the source is polled (default `5s`).
-    pub poll_interval: Option<String>,
     /// How late a transaction may commit and still be counted (default `30s`).
     pub overlap: Option<String>,
-    /// Statement timeout of one poll (default: the poll interval, at least 1s).
-    pub timeout: Option<String>,
     /// Time limit of a poll that reads every unfinished row: the first, and a
     /// full reconcile (default `5m`, at least `timeout`).
     pub full_read_timeout: Option<String>,
@@ -79,13 +77,6 @@ pub struct RawTable {
     /// Largest growth of `attempts` or `deliveries` in one change that is
     /// believed (default 1000); a larger one is rejected as `implausible_count`.
     pub max_count_jump: Option<i64>,
-    /// `service.name` of the spans emitted for this consumer.
-    pub service_name: Option<String>,
-    /// The team that owns the consumer (`owner` label of `inboxwatch_source_info`, and so of its alerts).
-    pub owner: Option<String>,
-    /// Objectives exported as gauges for the alert rules.
-    #[serde(default)]
-    pub objectives: RawObjectives,
     /// How this consumer's spans describe it (with `[tracing]`).
     pub trace: Option<RawSourceTrace>,
 }
@@ -213,28 +204,20 @@ pub struct RawStatuses {
     pub parked: Option<Vec<String>>,
 }
 
-/// `[sources.objectives]`.
-#[derive(Debug, Default, Deserialize)]
-pub struct RawObjectives {
-    /// Objective for the age of the oldest unprocessed message.
-    pub oldest_age: Option<String>,
-    /// Objective for the 95th percentile of processing time.
-    pub p95: Option<String>,
-}
-
 // ---------------------------------------------------------------------------
 // What a table source runs on.
 
-/// Settings shared by inbox and outbox sources.
+/// Settings shared by inbox and outbox sources. It embeds the settings
+/// every source has: `spec.name`, `spec.poll_interval`, `spec.timeout` (the
+/// statement timeout of one poll) and the others are [`Common`]'s.
 #[derive(Debug, Clone)]
 pub struct TableSpec {
-    pub name: String,
+    /// Name, owner, service, poll interval, timeout, objectives.
+    pub common: Common,
     pub dsn: Dsn,
     /// Table name, possibly `schema.table`; checked to be a plain identifier.
     pub table: String,
-    pub poll_interval: Duration,
     pub overlap: Duration,
-    pub timeout: Duration,
     /// At least `timeout`.
     pub full_read_timeout: Duration,
     pub quantile_window: Duration,
@@ -250,14 +233,17 @@ pub struct TableSpec {
     pub events: Option<Arc<EventsSpec>>,
     pub finished_rows: FinishedRows,
     pub deleted_durations: bool,
-    pub service_name: Option<String>,
-    /// The team that owns the consumer, checked by [`crate::checks::is_owner`].
-    pub owner: Option<String>,
     /// `[sources.trace]`: how the consumer's spans describe it.
     pub trace: SourceTrace,
-    pub objectives: Objectives,
-    /// `sources[i]`, for messages that point back at the file.
-    pub key: String,
+}
+
+impl Deref for TableSpec {
+    type Target = Common;
+
+    /// The embedded settings every source has, read as the spec's own.
+    fn deref(&self) -> &Common {
+        &self.common
+    }
 }
 
 /// How a table source finds what changed.
@@ -297,13 +283,6 @@ impl TableSpec {
     pub fn rereads_unfinished(&self) -> bool {
         self.cursor != Cursor::UpdatedAt || self.finished_rows == FinishedRows::Deleted
     }
-}
-
-/// Per-source objectives, exported as `inboxwatch_objective_*` gauges.
-#[derive(Debug, Clone, Default)]
-pub struct Objectives {
-    pub oldest_age: Option<Duration>,
-    pub p95: Option<Duration>,
 }
 
 /// A validated inbox source.
@@ -572,54 +551,61 @@ impl OutboxColumns {
 // ---------------------------------------------------------------------------
 // Reading and checking an entry.
 
-/// Reads an inbox or outbox entry: the shared keys and the kind's own, each
-/// from the same table; a key is unknown when neither part takes it.
-pub(crate) fn read<T: serde::de::DeserializeOwned>(
-    v: &mut Validator<'_>,
-    key: &str,
-    entry: Spanned<DeValue<'_>>,
-) -> Read<(RawTable, T)> {
-    let (common, unknown_common) = v.read::<RawTable>(key, entry.clone());
-    let (own, unknown_own) = v.read::<T>(key, entry);
-    let unknown = unknown_to_both(&unknown_common, &unknown_own);
-    (common.zip(own), unknown)
-}
-
-/// The keys neither part takes: a path is unknown to a part when the part
-/// ignored it or a table holding it; the most precise path is kept.
-fn unknown_to_both(a: &[Unknown], b: &[Unknown]) -> Vec<Unknown> {
-    let ignored_by =
-        |side: &[Unknown], path: &[String]| side.iter().any(|u| path.starts_with(&u.path));
-    let mut out: Vec<Unknown> = Vec::new();
-    for (mine, other) in [(a, b), (b, a)] {
-        for u in mine {
-            if ignored_by(other, &u.path) && !out.iter().any(|o| o.path == u.path) {
-                out.push(u.clone());
-            }
-        }
+/// The settings every source has, as a table source reads them: polled every
+/// 5 s, and a statement timeout of the poll interval, at least 1 s.
+fn common_defaults(kind: &'static str) -> Defaults {
+    Defaults {
+        kind,
+        poll_interval: Duration::from_secs(5),
+        timeout_floor: Duration::from_secs(1),
+        objectives: true,
     }
-    // A table reported whole by one part and key by key by the other: keep the keys.
-    let keys: Vec<Vec<String>> = out.iter().map(|u| u.path.clone()).collect();
-    out.retain(|u| {
-        !keys
-            .iter()
-            .any(|k| k.len() > u.path.len() && k.starts_with(&u.path))
-    });
-    out.sort_by_key(|u| u.line);
-    out
 }
 
-/// Checks the keys inbox and outbox entries share. The cursor is settled by
-/// the kind, which knows whether an `updated_at` column is mapped: the
-/// returned spec holds `Cursor::None` until then, with the written mode.
+/// Checks the keys inbox and outbox entries share, the settings every
+/// source has among them. The cursor is settled by the kind, which knows
+/// whether an `updated_at` column is mapped: the returned spec holds
+/// `Cursor::None` until then, with the written mode.
 pub(crate) fn table_spec(
-    raw: RawTable,
+    (common, raw): (RawCommon, RawTable),
+    kind: &'static str,
     key: &str,
     name: String,
     v: &mut Validator<'_>,
 ) -> (TableSpec, Option<Cursor>) {
     let dsn = dsn(v, key, &raw);
-    let table = match raw.table.as_deref() {
+    let table = table_name(v, key, raw.table.as_deref());
+    let common = common::check(common, key, name, &common_defaults(kind), v);
+    let windows = windows(v, key, &raw, common.timeout);
+    let limits = limits(v, key, &raw);
+    let trace = validate_source(key, raw.trace.as_ref(), v);
+    let cursor = written_cursor(v, key, raw.cursor.as_deref());
+    let finished_rows = finished_rows(v, key, &raw);
+    let spec = TableSpec {
+        common,
+        dsn: dsn.unwrap_or_else(Dsn::refused),
+        table,
+        overlap: windows.overlap,
+        full_read_timeout: windows.full_read_timeout,
+        quantile_window: windows.quantile_window,
+        state_retention: windows.state_retention,
+        reconcile_every: windows.reconcile_every,
+        event_type_limit: limits.event_type_limit,
+        max_tracked_events: limits.max_tracked_events,
+        batch_size: limits.batch_size,
+        max_count_jump: limits.max_count_jump,
+        cursor: Cursor::None,
+        events: None,
+        finished_rows,
+        deleted_durations: raw.deleted_durations.unwrap_or(false),
+        trace,
+    };
+    (spec, cursor)
+}
+
+/// `table`: required, a table name, optionally `schema.table`.
+fn table_name(v: &mut Validator<'_>, key: &str, written: Option<&str>) -> String {
+    match written {
         Some(t) if is_table_name(t) => t.to_string(),
         Some(t) => {
             v.problem(
@@ -632,39 +618,31 @@ pub(crate) fn table_spec(
             v.problem(&format!("{key}.table"), "required".into());
             String::new()
         }
+    }
+}
+
+/// The time windows of a table source, checked against each other.
+struct Windows {
+    overlap: Duration,
+    /// At least `timeout`.
+    full_read_timeout: Duration,
+    quantile_window: Duration,
+    state_retention: Duration,
+    reconcile_every: Duration,
+}
+
+/// `overlap`, `full_read_timeout` (at least `timeout`), `quantile_window`,
+/// `state_retention` (at least `overlap`) and `reconcile_every`.
+fn windows(v: &mut Validator<'_>, key: &str, raw: &RawTable, timeout: Duration) -> Windows {
+    let duration = |v: &mut Validator<'_>, name: &str, written: &Option<String>, default: u64| {
+        v.duration(
+            &format!("{key}.{name}"),
+            written.as_deref(),
+            Duration::from_secs(default),
+        )
     };
-    let poll_interval = v.duration(
-        &format!("{key}.poll_interval"),
-        raw.poll_interval.as_deref(),
-        Duration::from_secs(5),
-    );
-    if poll_interval.is_zero() {
-        v.problem(
-            &format!("{key}.poll_interval"),
-            "must be greater than zero".into(),
-        );
-    }
-    let overlap = v.duration(
-        &format!("{key}.overlap"),
-        raw.overlap.as_deref(),
-        Duration::from_secs(30),
-    );
-    let timeout = v.duration(
-        &format!("{key}.timeout"),
-        raw.timeout.as_deref(),
-        poll_interval.max(Duration::from_secs(1)),
-    );
-    if timeout.is_zero() {
-        v.problem(
-            &format!("{key}.timeout"),
-            "must be greater than zero".into(),
-        );
-    }
-    let full_read_timeout = v.duration(
-        &format!("{key}.full_read_timeout"),
-        raw.full_read_timeout.as_deref(),
-        Duration::from_secs(300),
-    );
+    let overlap = duration(v, "overlap", &raw.overlap, 30);
+    let full_read_timeout = duration(v, "full_read_timeout", &raw.full_read_timeout, 300);
     if raw.full_read_timeout.is_some() && full_read_timeout < timeout {
         v.problem(
             &format!("{key}.full_read_timeout"),
@@ -674,86 +652,65 @@ pub(crate) fn table_spec(
             ),
         );
     }
-    let quantile_window = v.duration(
-        &format!("{key}.quantile_window"),
-        raw.quantile_window.as_deref(),
-        Duration::from_secs(300),
-    );
+    let quantile_window = duration(v, "quantile_window", &raw.quantile_window, 300);
     if quantile_window < Duration::from_secs(1) {
         v.problem(
             &format!("{key}.quantile_window"),
             "must be at least 1s".into(),
         );
     }
-    let state_retention = v.duration(
-        &format!("{key}.state_retention"),
-        raw.state_retention.as_deref(),
-        Duration::from_secs(900),
-    );
+    let state_retention = duration(v, "state_retention", &raw.state_retention, 900);
     if state_retention < overlap {
         v.problem(
             &format!("{key}.state_retention"),
             "must be at least the overlap window".into(),
         );
     }
-    let reconcile_every = v.duration(
-        &format!("{key}.reconcile_every"),
-        raw.reconcile_every.as_deref(),
-        Duration::from_secs(60),
-    );
+    let reconcile_every = duration(v, "reconcile_every", &raw.reconcile_every, 60);
     if reconcile_every.is_zero() {
         v.problem(
             &format!("{key}.reconcile_every"),
             "must be greater than zero".into(),
         );
     }
-    let event_type_limit = v.positive(
-        &format!("{key}.event_type_limit"),
-        raw.event_type_limit,
-        50,
-        10_000,
-    );
-    let max_tracked_events = v.positive(
-        &format!("{key}.max_tracked_events"),
-        raw.max_tracked_events,
-        400_000,
-        100_000_000,
-    );
-    let batch_size = v.positive(
-        &format!("{key}.batch_size"),
-        raw.batch_size,
-        5_000,
-        1_000_000,
-    );
-    let max_count_jump = v.positive(
-        &format!("{key}.max_count_jump"),
-        raw.max_count_jump,
-        1_000,
-        1_000_000_000,
-    ) as u64;
-    let objectives = Objectives {
-        oldest_age: raw.objectives.oldest_age.as_deref().map(|t| {
-            v.duration(
-                &format!("{key}.objectives.oldest_age"),
-                Some(t),
-                Duration::ZERO,
-            )
-        }),
-        p95: raw
-            .objectives
-            .p95
-            .as_deref()
-            .map(|t| v.duration(&format!("{key}.objectives.p95"), Some(t), Duration::ZERO)),
+    Windows {
+        overlap,
+        full_read_timeout: full_read_timeout.max(timeout),
+        quantile_window,
+        state_retention,
+        reconcile_every,
+    }
+}
+
+/// The bounds on what a table source keeps and reads at once.
+struct Limits {
+    event_type_limit: usize,
+    max_tracked_events: usize,
+    batch_size: usize,
+    max_count_jump: u64,
+}
+
+/// `event_type_limit`, `max_tracked_events`, `batch_size` and `max_count_jump`.
+fn limits(v: &mut Validator<'_>, key: &str, raw: &RawTable) -> Limits {
+    let mut positive = |name: &str, written: Option<i64>, default: usize, max: usize| {
+        v.positive(&format!("{key}.{name}"), written, default, max)
     };
-    let trace = validate_source(key, raw.trace.as_ref(), v);
-    let owner = raw.owner.filter(|o| {
-        let ok = is_owner(o);
-        if !ok {
-            v.problem(&format!("{key}.owner"), owner_problem(o));
-        }
-        ok
-    });
-    let cursor = match raw.cursor.as_deref() {
+    Limits {
+        event_type_limit: positive("event_type_limit", raw.event_type_limit, 50, 10_000),
+        max_tracked_events: positive(
+            "max_tracked_events",
+            raw.max_tracked_events,
+            400_000,
+            100_000_000,
+        ),
+        batch_size: positive("batch_size", raw.batch_size, 5_000, 1_000_000),
+        max_count_jump: positive("max_count_jump", raw.max_count_jump, 1_000, 1_000_000_000) as u64,
+    }
+}
+
+/// The `cursor` mode as written, if it is one.
+fn written_cursor(v: &mut Validator<'_>, key: &str, written: Option<&str>) -> Option<Cursor> {
+    match written {
         None => None,
         Some("updated_at") => Some(Cursor::UpdatedAt),
         Some("none") => Some(Cursor::None),
@@ -765,7 +722,11 @@ pub(crate) fn table_spec(
             );
             None
         }
-    };
+    }
+}
+
+/// `finished_rows`, and `deleted_durations` only with `"deleted"`.
+fn finished_rows(v: &mut Validator<'_>, key: &str, raw: &RawTable) -> FinishedRows {
     let finished_rows = match raw.finished_rows.as_deref() {
         None | Some("kept") => FinishedRows::Kept,
         Some("deleted") => FinishedRows::Deleted,
@@ -783,32 +744,7 @@ pub(crate) fn table_spec(
             "applies only with finished_rows = \"deleted\"".into(),
         );
     }
-    let spec = TableSpec {
-        name,
-        dsn: dsn.unwrap_or_else(Dsn::refused),
-        table,
-        poll_interval,
-        overlap,
-        timeout,
-        full_read_timeout: full_read_timeout.max(timeout),
-        quantile_window,
-        state_retention,
-        reconcile_every,
-        event_type_limit,
-        max_tracked_events,
-        batch_size,
-        max_count_jump,
-        cursor: Cursor::None,
-        events: None,
-        finished_rows,
-        deleted_durations: raw.deleted_durations.unwrap_or(false),
-        service_name: raw.service_name,
-        owner,
-        trace,
-        objectives,
-        key: key.to_string(),
-    };
-    (spec, cursor)
+    finished_rows
 }
 
 /// Settles the cursor mode: as written, else `updated_at` when that column
@@ -854,40 +790,8 @@ pub(crate) fn inbox_spec(
     let with_events = cursor == Some(Cursor::Events);
     let columns = inbox_columns(v, key, &raw.columns, has_rules, with_events);
     let statuses = statuses(v, key, raw.statuses.as_ref());
-    let deleted_as = match raw.deleted_as.as_deref() {
-        None | Some("succeeded") => Status::Succeeded,
-        Some("dead") => Status::Dead,
-        Some(other) => {
-            v.problem(
-                &format!("{key}.deleted_as"),
-                format!("\"{other}\" is not one of \"succeeded\", \"dead\""),
-            );
-            Status::Succeeded
-        }
-    };
-    if raw.deleted_as.is_some() && table.finished_rows != FinishedRows::Deleted {
-        v.problem(
-            &format!("{key}.deleted_as"),
-            "applies only with finished_rows = \"deleted\"".into(),
-        );
-    }
-    let attempts_count = match raw.attempts_count.as_deref() {
-        None | Some("started") => AttemptsCount::Started,
-        Some("failed") => AttemptsCount::Failed,
-        Some(other) => {
-            v.problem(
-                &format!("{key}.attempts_count"),
-                format!("\"{other}\" is not one of \"started\", \"failed\""),
-            );
-            AttemptsCount::Started
-        }
-    };
-    if raw.attempts_count.is_some() && raw.columns.attempts.as_deref().unwrap_or("").is_empty() {
-        v.problem(
-            &format!("{key}.attempts_count"),
-            "applies only with columns.attempts".into(),
-        );
-    }
+    let deleted_as = deleted_as(v, key, raw.deleted_as.as_deref(), table.finished_rows);
+    let attempts_count = attempts_count(v, key, &raw);
     let error_classes = Arc::new(errors::validate(
         v,
         key,
@@ -908,37 +812,8 @@ pub(crate) fn inbox_spec(
         );
     }
     let columns = columns?;
-    let ordering_keys_limit = v.positive(
-        &format!("{key}.ordering_keys_limit"),
-        raw.ordering_keys_limit,
-        DEFAULT_ORDERING_KEYS,
-        MAX_ORDERING_KEYS,
-    );
-    let ordered = columns.ordering_key.is_some() && columns.version.is_some();
-    if raw.ordering_keys_limit.is_some() && !ordered {
-        v.problem(
-            &format!("{key}.ordering_keys_limit"),
-            "applies only with columns.ordering_key and columns.version".into(),
-        );
-    }
-    let attempts_offset = raw.attempts_offset.unwrap_or(0);
-    if let Some(offset) = raw.attempts_offset {
-        let at = format!("{key}.attempts_offset");
-        if !(0..=MAX_ATTEMPTS_OFFSET).contains(&offset) {
-            v.problem(
-                &at,
-                format!("{offset} is not between 0 and {MAX_ATTEMPTS_OFFSET}"),
-            );
-        }
-        if columns.attempts.is_none() || columns.started_at.is_none() {
-            v.problem(
-                &at,
-                "needs columns.attempts and columns.started_at: the offset is added to \
-                 the attempts of rows that have started"
-                    .into(),
-            );
-        }
-    }
+    let ordering_keys_limit = ordering_keys_limit(v, key, raw.ordering_keys_limit, &columns);
+    let attempts_offset = attempts_offset(v, key, raw.attempts_offset, &columns);
     table.cursor = settle_cursor(v, key, cursor, columns.updated_at.as_deref());
     table.events = events.map(|e| {
         Arc::new(EventsSpec {
@@ -963,6 +838,99 @@ pub(crate) fn inbox_spec(
         error_classes,
         ordering_keys_limit,
     })
+}
+
+/// `deleted_as`: the outcome a deleted row counts as, only with
+/// `finished_rows = "deleted"`.
+fn deleted_as(
+    v: &mut Validator<'_>,
+    key: &str,
+    written: Option<&str>,
+    finished_rows: FinishedRows,
+) -> Status {
+    let at = format!("{key}.deleted_as");
+    let status = match written {
+        None | Some("succeeded") => Status::Succeeded,
+        Some("dead") => Status::Dead,
+        Some(other) => {
+            v.problem(
+                &at,
+                format!("\"{other}\" is not one of \"succeeded\", \"dead\""),
+            );
+            Status::Succeeded
+        }
+    };
+    if written.is_some() && finished_rows != FinishedRows::Deleted {
+        v.problem(&at, "applies only with finished_rows = \"deleted\"".into());
+    }
+    status
+}
+
+/// `attempts_count`: what `columns.attempts` counts, only with that column.
+fn attempts_count(v: &mut Validator<'_>, key: &str, raw: &RawInbox) -> AttemptsCount {
+    let at = format!("{key}.attempts_count");
+    let count = match raw.attempts_count.as_deref() {
+        None | Some("started") => AttemptsCount::Started,
+        Some("failed") => AttemptsCount::Failed,
+        Some(other) => {
+            v.problem(
+                &at,
+                format!("\"{other}\" is not one of \"started\", \"failed\""),
+            );
+            AttemptsCount::Started
+        }
+    };
+    if raw.attempts_count.is_some() && raw.columns.attempts.as_deref().unwrap_or("").is_empty() {
+        v.problem(&at, "applies only with columns.attempts".into());
+    }
+    count
+}
+
+/// `ordering_keys_limit`: within its bounds, only with the ordering columns.
+fn ordering_keys_limit(
+    v: &mut Validator<'_>,
+    key: &str,
+    written: Option<i64>,
+    columns: &InboxColumns,
+) -> usize {
+    let at = format!("{key}.ordering_keys_limit");
+    let limit = v.positive(&at, written, DEFAULT_ORDERING_KEYS, MAX_ORDERING_KEYS);
+    let ordered = columns.ordering_key.is_some() && columns.version.is_some();
+    if written.is_some() && !ordered {
+        v.problem(
+            &at,
+            "applies only with columns.ordering_key and columns.version".into(),
+        );
+    }
+    limit
+}
+
+/// `attempts_offset`: small and not negative, with both columns it joins.
+fn attempts_offset(
+    v: &mut Validator<'_>,
+    key: &str,
+    written: Option<i64>,
+    columns: &InboxColumns,
+) -> i64 {
+    let Some(offset) = written else {
+        return 0;
+    };
+    let at = format!("{key}.attempts_offset");
+    if !(0..=MAX_ATTEMPTS_OFFSET).contains(&offset) {
+        v.problem(
+            &at,
+            format!("{offset} is not between 0 and {MAX_ATTEMPTS_OFFSET}"),
+        );
+    }
+    if columns.attempts.is_none() || columns.started_at.is_none() {
+        v.problem(
+            &at,
+            "needs columns.attempts and columns.started_at: the offset is added to \
+             the attempts of rows that have started"
+                .into(),
+        );
+    }
+    offset
 }
 
 /// Checks `[sources.dead_letter_actions]`.

@@ -7,12 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use toml::Spanned;
-use toml::de::DeValue;
 use tracing::info;
 
 use super::config::{
-    self, InboxSpec, OutboxSpec, RawInbox, RawOutbox, RawTable, TableSpec, inbox_spec, outbox_spec,
+    InboxSpec, OutboxSpec, RawInbox, RawOutbox, RawTable, TableSpec, inbox_spec, outbox_spec,
     table_spec,
 };
 use super::doctor::{self, Shape};
@@ -20,11 +18,12 @@ use super::inbox::Inbox;
 use super::lock::{LockSessions, SourceLock};
 use super::outbox::Outbox;
 use super::{Pools, TableSource, actions, lookup, schema};
-use crate::checks::{Validator, keys_at, knows};
+use crate::checks::Validator;
 use crate::coordination::LEASE;
 use crate::redact::Redactor;
+use crate::sources::common::RawCommon;
 use crate::sources::kind::{
-    ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, Finding, Kind, Read, Runtime,
+    ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, Finding, Kind, Runtime,
 };
 use crate::telemetry::catalogue as metric;
 use crate::tracing_link::SpanSink;
@@ -39,34 +38,16 @@ macro_rules! table_kind {
     ) => {
         impl Kind for $spec {
             const KIND: &'static str = $kind;
-            type Raw = (RawTable, $raw);
-
-            fn read(
-                v: &mut Validator<'_>,
-                key: &str,
-                entry: Spanned<DeValue<'_>>,
-            ) -> Read<Self::Raw> {
-                config::read::<$raw>(v, key, entry)
-            }
-
-            fn knows(path: &[String]) -> bool {
-                knows::<RawTable>(path) || knows::<$raw>(path)
-            }
-
-            fn keys_at(path: &[String]) -> Vec<&'static str> {
-                let mut keys = keys_at::<RawTable>(path);
-                keys.extend(keys_at::<$raw>(path));
-                keys
-            }
+            type Raw = (RawCommon, RawTable, $raw);
 
             fn validate(
-                raw: Self::Raw,
+                (common, shared, own): Self::Raw,
                 key: &str,
                 name: String,
                 v: &mut Validator<'_>,
             ) -> Option<Self> {
-                let table = table_spec(raw.0, key, name, v);
-                $validate(table, raw.1, key, v)
+                let table = table_spec((common, shared), $kind, key, name, v);
+                $validate(table, own, key, v)
             }
 
             fn name(&self) -> &str {
