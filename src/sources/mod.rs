@@ -1,6 +1,7 @@
 //! Sources poll what the consumers leave behind. Each kind of source is a
 //! folder here that owns its settings, its poll, its election, its `doctor`
-//! checks and its lookups, behind [`kind::Kind`]; the loop they all run in is
+//! checks and what it offers beyond polling (lookups, dead-letter actions
+//! and topics, presets), behind [`kind::Kind`]; the loop they all run in is
 //! [`run`]. This file is the registry: the one list of kinds.
 //!
 //! Adding a kind: a folder with a type implementing [`kind::Kind`], one line
@@ -11,18 +12,12 @@ pub mod kind;
 pub mod run;
 pub mod table;
 
-use std::time::Duration;
-
 use toml::Spanned;
 use toml::de::DeValue;
 
 use crate::checks::Validator;
-use crate::redact::Redactor;
 use crate::telemetry::catalogue as metric;
-use kind::{
-    ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, DeadRecords, Finding, Kind,
-    Runtime,
-};
+use kind::{DeadLetterActions, DeadLetterTopics, Finding, Kind, Lookups, Preset, Runtime, Schema};
 
 /// Declares [`SourceSpec`], one variant per kind, and its methods, each of
 /// which hands over to the kind: nothing outside a kind's folder matches on it.
@@ -109,79 +104,39 @@ macro_rules! kinds {
                 match self { $(SourceSpec::$variant(s) => s.doctor().await,)+ }
             }
 
-            /// What each poll reads, with the mode; `None` without a table.
-            pub fn reads(&self) -> Option<String> {
+            /// What each poll reads, in words.
+            pub fn reads(&self) -> String {
                 match self { $(SourceSpec::$variant(s) => s.reads(),)+ }
             }
 
-            /// The indexes the source's queries need, as DDL.
-            pub fn indexes(&self) -> Option<String> {
-                match self { $(SourceSpec::$variant(s) => s.indexes(),)+ }
+            /// The lookups, if `trace` and `dead-letters` can search the source.
+            pub fn lookups(&self) -> Option<&dyn Lookups> {
+                match self { $(SourceSpec::$variant(s) => s.lookups(),)+ }
             }
 
-            /// Whether the lookups can search the source.
-            pub fn keeps_events(&self) -> bool {
-                match self { $(SourceSpec::$variant(s) => s.keeps_events(),)+ }
+            /// `dead-letters replay` / `ignore`, if the source's kind has them.
+            pub fn dead_letter_actions(&self) -> Option<&dyn DeadLetterActions> {
+                match self { $(SourceSpec::$variant(s) => s.dead_letter_actions(),)+ }
             }
 
-            /// The error classes the source's dead letters can have.
-            pub fn error_classes(&self) -> Vec<String> {
-                match self { $(SourceSpec::$variant(s) => s.error_classes(),)+ }
+            /// The source's dead-letter topics, if `dead-letters` reads them.
+            pub fn dead_letter_topics(&self) -> Option<&dyn DeadLetterTopics> {
+                match self { $(SourceSpec::$variant(s) => s.dead_letter_topics(),)+ }
             }
 
-            /// What the source knows of one event, its table texts masked by `redact`.
-            pub async fn trace_event(
-                &self,
-                event_id: &str,
-                redact: &Redactor,
-            ) -> Result<Option<String>, String> {
-                match self { $(SourceSpec::$variant(s) => s.trace_event(event_id, redact).await,)+ }
+            /// The indexes of the tables the source reads, if it reads tables.
+            pub fn schema(&self) -> Option<&dyn Schema> {
+                match self { $(SourceSpec::$variant(s) => s.schema(),)+ }
             }
 
-            /// The events dead-lettered lately.
-            pub async fn dead_letters(
-                &self,
-                since: Duration,
-                limit: usize,
-            ) -> Result<Vec<DeadLetter>, String> {
-                match self { $(SourceSpec::$variant(s) => s.dead_letters(since, limit).await,)+ }
-            }
-
-            /// The DDL of the source's dead-letter audit table, if it has one.
-            pub fn audit_ddl(&self) -> Option<String> {
-                match self { $(SourceSpec::$variant(s) => s.audit_ddl(),)+ }
-            }
-
-            /// `dead-letters replay` / `ignore` on this source.
-            pub async fn dead_letter_action(
-                &self,
-                request: &ActionRequest,
-            ) -> Result<Vec<ActionOutcome>, ActionError> {
-                match self { $(SourceSpec::$variant(s) => s.dead_letter_action(request).await,)+ }
-            }
-
-            /// The replay / ignore history of these events (for the pages).
-            pub async fn dead_letter_history(
-                &self,
-                event_ids: &[String],
-            ) -> Result<Vec<AuditEntry>, String> {
-                match self { $(SourceSpec::$variant(s) => s.dead_letter_history(event_ids).await,)+ }
-            }
-
-            /// Whether `dead-letters` reads the source's dead-letter topics.
-            pub fn reads_dead_letter_topics(&self) -> bool {
-                match self { $(SourceSpec::$variant(s) => s.reads_dead_letter_topics(),)+ }
-            }
-
-            /// The latest records of the source's dead-letter topics.
-            pub async fn dead_letter_records(
-                &self,
-                per_partition: usize,
-                total: usize,
-            ) -> Result<DeadRecords, String> {
-                match self {
-                    $(SourceSpec::$variant(s) => s.dead_letter_records(per_partition, total).await,)+
-                }
+            /// Every kind's presets, each with the kind it makes, in the
+            /// registry's order.
+            pub fn presets() -> Vec<(&'static str, Box<dyn Preset>)> {
+                let mut out = Vec::new();
+                $(out.extend(
+                    <$spec as Kind>::presets().into_iter().map(|p| (<$spec as Kind>::KIND, p)),
+                );)+
+                out
             }
         }
     };
@@ -214,7 +169,7 @@ fn check<K: Kind>(
         let mut expected = K::keys_at(u.parent());
         if u.path.len() == 1 {
             expected.splice(0..0, ["name", "kind"]);
-            if K::KIND != "kafka" {
+            if !K::presets().is_empty() {
                 expected.insert(2, "preset");
             }
         }

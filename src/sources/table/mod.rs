@@ -26,6 +26,7 @@ pub mod lock;
 mod lookup;
 mod ordering;
 pub mod outbox;
+pub mod presets;
 pub mod rules;
 pub mod schema;
 mod state;
