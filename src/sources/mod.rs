@@ -194,3 +194,55 @@ fn and_list(items: &[&str]) -> String {
         [init @ .., last] => format!("{} and {last}", init.join(", ")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// The problems of a config with one entry.
+    fn problems(entry: &str) -> Vec<String> {
+        match crate::config::parse_str(&format!("[[sources]]\nname = \"a\"\n{entry}")) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    /// Guards where `preset` is offered: among the keys an unknown key of an
+    /// entry could have been, for a kind that has presets (inbox), never for
+    /// one that has none (kafka).
+    #[test]
+    fn only_kinds_with_presets_take_the_preset_key() {
+        let inbox =
+            problems("kind = \"inbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\nbogus = 1\n");
+        assert!(
+            inbox.len() == 1 && inbox[0].contains("`name`, `kind`, `preset`, "),
+            "{inbox:?}"
+        );
+        let kafka = problems("kind = \"kafka\"\nbrokers = [\"a:9092\"]\nbogus = 1\n");
+        assert!(
+            kafka.len() == 1 && kafka[0].contains("`name`, `kind`, `brokers`"),
+            "{kafka:?}"
+        );
+        assert!(!kafka[0].contains("`preset`"), "{kafka:?}");
+    }
+
+    /// Guards that every kind says what each poll reads (the start line, the
+    /// status card and API), not only the table kinds.
+    #[test]
+    fn every_kind_says_what_each_poll_reads() {
+        let config = crate::config::parse_str(
+            "[[sources]]\nname = \"i\"\nkind = \"inbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\n\
+             [[sources]]\nname = \"o\"\nkind = \"outbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\n\
+             [[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"a:9092\"]\n",
+        )
+        .expect("a valid config");
+        let kinds: Vec<&str> = config.sources.iter().map(|s| s.kind()).collect();
+        assert_eq!(kinds, super::SourceSpec::KINDS);
+        for spec in &config.sources {
+            let reads = spec.reads();
+            assert!(
+                reads.contains("each poll reads"),
+                "{}: {reads}",
+                spec.name()
+            );
+        }
+    }
+}
