@@ -2,11 +2,12 @@
 //! kind has: how its `[[sources]]` entry is read and checked (and the presets
 //! it offers), its name and owner, how it starts (its election and its poll
 //! loop), what each poll reads, and what `doctor` checks of it. What a kind
-//! can do beyond polling is a capability it may offer, a trait of its own in
-//! a file beside this one: [`Lookups`] (`trace` and the dead-letter rows),
-//! [`DeadLetterActions`] (`dead-letters replay` / `ignore` and their audit),
-//! [`DeadLetterTopics`] (the records of dead-letter topics) and [`Schema`]
-//! (the indexes its queries need). `app`, `doctor`, `lookup`, `actions`, the
+//! can do beyond polling is a capability it may offer, a small trait of its
+//! own, each with the plain data it answers in, in a file beside this one:
+//! [`Lookups`] (`trace` and the dead-letter rows), [`DeadLetterActions`]
+//! (`dead-letters replay` / `ignore` and their audit), [`DeadLetterTopics`]
+//! (the records of dead-letter topics); and, here, [`Schema`] (the indexes
+//! its queries need). `app`, `doctor`, `lookup`, `actions`, the
 //! pages and the configuration reach a kind only through these traits, by
 //! way of the registry in `sources/mod.rs`.
 
