@@ -1,13 +1,15 @@
 //! `inboxwatch dead-letters replay | ignore`: the audited human actions on
-//! dead-lettered events. The command picks the source; the source's kind
-//! does the work over its write-capable `[sources.dead_letter_actions]` DSN
-//! (`sources/table/actions.rs`). The agent (`run`) never comes here.
+//! dead-lettered events. The command picks the source; its kind, when it
+//! offers dead-letter actions (`DeadLetterActions`), does the work over the
+//! source's write-capable `[sources.dead_letter_actions]` DSN. The agent
+//! (`run`) never comes here.
 
 use std::fmt::Write as _;
 
 use crate::config::Config;
 use crate::sources::SourceSpec;
-use crate::sources::kind::{ActionError, ActionRequest, printable, timestamp};
+use crate::sources::kind::{ActionError, ActionRequest};
+use crate::text::{printable, timestamp};
 
 /// Why the command did nothing at all.
 #[derive(Debug, thiserror::Error)]
@@ -53,13 +55,14 @@ pub async fn run(
         )));
     }
     let spec = find(config, source)?;
-    let outcomes = spec
-        .dead_letter_action(request)
-        .await
-        .map_err(|e| match e {
-            ActionError::Failed(m) => CommandError::Failed(format!("source \"{source}\": {m}")),
-            other => CommandError::Usage(format!("--source: source \"{source}\" {other}")),
-        })?;
+    let outcomes = match spec.dead_letter_actions() {
+        Some(actions) => actions.act(request).await,
+        None => Err(ActionError::Unsupported(spec.kind())),
+    }
+    .map_err(|e| match e {
+        ActionError::Failed(m) => CommandError::Failed(format!("source \"{source}\": {m}")),
+        other => CommandError::Usage(format!("--source: source \"{source}\" {other}")),
+    })?;
     let mut out = String::new();
     let mut all = true;
     for o in &outcomes {
@@ -89,10 +92,11 @@ pub async fn history(
     event_ids: &[String],
 ) -> Result<String, CommandError> {
     let spec = find(config, source)?;
-    let entries = spec
-        .dead_letter_history(event_ids)
-        .await
-        .map_err(|m| CommandError::Failed(format!("source \"{source}\": {m}")))?;
+    let entries = match spec.dead_letter_actions() {
+        Some(actions) => actions.history(event_ids).await,
+        None => Ok(Vec::new()),
+    }
+    .map_err(|m| CommandError::Failed(format!("source \"{source}\": {m}")))?;
     let mut out = String::from(
         "event_id\taction\toperator\treason\tat\tprevious_status\tattempts\tlast_error\n",
     );

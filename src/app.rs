@@ -115,10 +115,8 @@ impl Agent {
             leadership.register(spec.name());
             health.register(spec.name());
             let source_reads = spec.reads();
-            if let Some(r) = &source_reads {
-                info!(source = %spec.name(), "{r}");
-            }
-            reads.push(source_reads);
+            info!(source = %spec.name(), "{source_reads}");
+            reads.push(Some(source_reads));
             spec.start(&mut rt)?;
         }
         let (tasks, linker, owned_outright) = rt.finish();

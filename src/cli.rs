@@ -124,7 +124,7 @@ pub enum Command {
         /// How far back, e.g. `1h` or `2d` (table sources; Kafka sources
         /// show the latest records of their dead-letter topics, whatever
         /// their age).
-        #[arg(long, default_value = "1h", value_parser = crate::sources::kind::parse_since)]
+        #[arg(long, default_value = "1h", value_parser = crate::text::parse_since)]
         since: std::time::Duration,
         /// At most this many events (or dead-letter records) per source.
         #[arg(long, default_value_t = 100)]

@@ -354,37 +354,12 @@ fn read_sources(
         let mut kind = take_string("kind", v);
         let mut preset_use = None;
         if let (Some(preset), Some(span)) = (preset, preset_span) {
-            match presets::find(&preset) {
-                None => {
-                    v.problem(
-                        &format!("{key}.preset"),
-                        format!(
-                            "unknown preset \"{preset}\" (expected one of {}; `inboxwatch presets` lists them)",
-                            presets::names().join(", ")
-                        ),
-                    );
-                    continue;
-                }
-                Some(p) => {
-                    if let Some(k) = kind.as_deref().filter(|k| *k != p.kind()) {
-                        v.problem(
-                            &format!("{key}.kind"),
-                            format!(
-                                "\"{k}\" does not fit preset \"{}\", which watches an {} table (leave `kind` out)",
-                                p.name,
-                                p.kind()
-                            ),
-                        );
-                        continue;
-                    }
-                    let overridden = presets::merge_into(&mut table, &p, span);
-                    kind = Some(p.kind().to_string());
-                    preset_use = Some((p.name, overridden, presets::to_table(&table)));
-                    if let Some(k) = table.keys().find(|k| k.get_ref() == "kind").cloned() {
-                        table.remove(&k);
-                    }
-                }
-            }
+            let Some(applied) = presets::apply(v, &key, &preset, kind.as_deref(), &mut table, span)
+            else {
+                continue;
+            };
+            kind = Some(applied.kind.to_string());
+            preset_use = Some(applied);
         }
         if let Some(name) = &name
             && !names.insert(name.clone())
@@ -407,15 +382,8 @@ fn read_sources(
         let source_name = name.clone();
         match SourceSpec::check(&kind, &key, name, entry, v) {
             Some(Some(spec)) => {
-                if let Some((preset, overridden, effective)) = preset_use {
-                    used.push(presets::PresetUse {
-                        source: source_name,
-                        preset,
-                        overridden,
-                        effective: effective
-                            .map(|t| presets::render_source(&t))
-                            .unwrap_or_default(),
-                    });
+                if let Some(applied) = preset_use {
+                    used.push(applied.used_by(source_name));
                 }
                 sources.push(spec)
             }
@@ -667,7 +635,7 @@ received_at = "run_at"
             problems("preset = \"graphile-worker\"\nkind = \"outbox\"\n"),
             [
                 "sources[0].kind: \"outbox\" does not fit preset \"graphile-worker\", which \
-              watches an inbox table (leave `kind` out)"
+              makes inbox sources (leave `kind` out)"
             ]
         );
         // The entry's kind may repeat the preset's.

@@ -18,4 +18,5 @@ pub mod lookup;
 pub mod redact;
 pub mod sources;
 pub mod telemetry;
+pub mod text;
 pub mod tracing_link;

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use crate::config::Config;
 use crate::sources::SourceSpec;
-use crate::sources::kind::{
-    ERROR_SHOWN, VALUE_PREFIX, bytes_text as escape, printable, terminal_text, timestamp,
-};
+use crate::sources::kind::VALUE_PREFIX;
+use crate::text::{ERROR_SHOWN, bytes_text as escape, printable, terminal_text, timestamp};
 use crate::tracing_link::{self as link, to_hex};
 
 /// Why a lookup could not answer.
@@ -39,14 +38,6 @@ impl LookupError {
     }
 }
 
-fn selected<'a>(
-    config: &'a Config,
-    source: Option<&str>,
-) -> Result<Vec<&'a SourceSpec>, LookupError> {
-    // Lookups read event rows: sources of a kind without them are skipped.
-    selected_by(config, source, SourceSpec::keeps_events)
-}
-
 fn selected_by<'a>(
     config: &'a Config,
     source: Option<&str>,
@@ -64,13 +55,25 @@ fn selected_by<'a>(
     }
 }
 
+/// The sources that offer capability `C`, each with it.
+fn with<'a, C: ?Sized>(
+    sources: &[&'a SourceSpec],
+    offer: impl Fn(&'a SourceSpec) -> Option<&'a C>,
+) -> Vec<(&'a SourceSpec, &'a C)> {
+    sources
+        .iter()
+        .filter_map(|s| offer(s).map(|c| (*s, c)))
+        .collect()
+}
+
 /// `inboxwatch trace`: prints what the tables know of one event.
 pub async fn trace(
     config: &Config,
     event_id: &str,
     source: Option<&str>,
 ) -> Result<String, LookupError> {
-    let sources = selected(config, source)?;
+    // Lookups read event rows: sources of a kind without them are skipped.
+    let sources = selected_by(config, source, |s| s.lookups().is_some())?;
     let mut out = String::new();
     let _ = writeln!(out, "event {event_id}");
     let _ = writeln!(
@@ -79,8 +82,8 @@ pub async fn trace(
         to_hex(&link::trace_id(event_id))
     );
     let mut found = false;
-    for spec in &sources {
-        let text = spec
+    for (spec, lookups) in with(&sources, SourceSpec::lookups) {
+        let text = lookups
             .trace_event(event_id, &config.redact)
             .await
             .map_err(|message| LookupError::Source {
@@ -120,19 +123,19 @@ pub async fn dead_letters(
     per_partition: usize,
 ) -> Result<String, LookupError> {
     let all = selected_by(config, source, |s| {
-        s.keeps_events() || s.reads_dead_letter_topics()
+        s.lookups().is_some() || s.dead_letter_topics().is_some()
     })?;
     let mut out = String::from(
         "source\tevent_id\tevent_type\tfirst_received\tdead_lettered\tattempts\ttrace_id\tlast_error\n",
     );
-    for spec in all.iter().filter(|s| s.keeps_events()) {
-        let rows =
-            spec.dead_letters(since, limit)
-                .await
-                .map_err(|message| LookupError::Source {
-                    source_name: spec.name().to_string(),
-                    message,
-                })?;
+    for (spec, lookups) in with(&all, SourceSpec::lookups) {
+        let rows = lookups
+            .dead_letters(since, limit)
+            .await
+            .map_err(|message| LookupError::Source {
+                source_name: spec.name().to_string(),
+                message,
+            })?;
         for r in rows {
             let _ = writeln!(
                 out,
@@ -155,18 +158,15 @@ pub async fn dead_letters(
             );
         }
     }
-    let topics: Vec<&&SourceSpec> = all
-        .iter()
-        .filter(|s| s.reads_dead_letter_topics())
-        .collect();
+    let topics = with(&all, SourceSpec::dead_letter_topics);
     if topics.is_empty() {
         return Ok(out);
     }
     out.push_str(
         "\nsource\ttopic\tpartition\toffset\ttimestamp\tkey\toriginal_topic\texception_class\texception_message\theaders\tvalue_bytes\tvalue\n",
     );
-    for spec in topics {
-        let found = spec
+    for (spec, topics) in topics {
+        let found = topics
             .dead_letter_records(per_partition, limit)
             .await
             .map_err(|message| LookupError::Source {
@@ -185,7 +185,7 @@ pub async fn dead_letters(
                     )
                 })
                 .collect();
-            let text = |v: Option<String>, max: usize| {
+            let text = |v: Option<&str>, max: usize| {
                 v.map_or("-".to_string(), |v| escape(v.as_bytes(), max))
             };
             let _ = writeln!(
@@ -199,9 +199,9 @@ pub async fn dead_letters(
                 r.key
                     .as_deref()
                     .map_or("-".to_string(), |k| escape(k, VALUE_PREFIX)),
-                text(r.original_topic(), HEADER_SHOWN),
-                text(r.exception_class(), HEADER_SHOWN),
-                text(r.exception_message(), ERROR_SHOWN),
+                text(r.original_topic.as_deref(), HEADER_SHOWN),
+                text(r.exception_class.as_deref(), HEADER_SHOWN),
+                text(r.exception_message.as_deref(), ERROR_SHOWN),
                 if headers.is_empty() {
                     "-".to_string()
                 } else {
@@ -236,22 +236,4 @@ const HEADER_SHOWN: usize = 64;
 
 fn one_line(s: &str) -> String {
     s.replace(['\t', '\n', '\r'], " ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn bytes_are_shown_as_text_with_the_rest_escaped() {
-        assert_eq!(escape(b"order-17", 256), "order-17");
-        assert_eq!(escape("prix: 12 €".as_bytes(), 256), "prix: 12 €");
-        assert_eq!(
-            escape(b"a\tb\nc\\d\x00\xff\x7f", 256),
-            "a\\x09b\\x0ac\\\\d\\x00\\xff\\x7f"
-        );
-        assert_eq!(escape(b"abcdef", 3), "abc…");
-        // A character cut by the prefix shows as its bytes.
-        assert_eq!(escape("é".as_bytes(), 1), "\\xc3…");
-    }
 }

@@ -7,8 +7,9 @@ use clap::Parser;
 use inboxwatch::cli::{Cli, Command, DeadLetterCommand};
 use inboxwatch::config::presets;
 use inboxwatch::config::{self, is_table_name};
-use inboxwatch::sources::kind::{Action, ActionRequest, terminal_text};
+use inboxwatch::sources::kind::{Action, ActionRequest};
 use inboxwatch::sources::table::schema;
+use inboxwatch::text::terminal_text;
 use inboxwatch::{actions, app, demo, doctor, lookup, telemetry};
 
 fn main() -> ExitCode {
@@ -43,11 +44,11 @@ fn main() -> ExitCode {
                 Err(e) => return config_failure(&e),
             };
             for source in &cfg.sources {
-                if let Some(ddl) = source.indexes() {
+                if let Some(schema) = source.schema() {
                     println!("-- source \"{}\" ({})", source.name(), source.describe());
-                    print!("{ddl}");
+                    print!("{}", schema.indexes());
                 }
-                if let Some(ddl) = source.audit_ddl() {
+                if let Some(ddl) = source.dead_letter_actions().and_then(|a| a.audit_ddl()) {
                     println!(
                         "-- source \"{}\": the audit table of dead-letters replay / ignore",
                         source.name()
@@ -141,8 +142,8 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Presets { name: Some(name) } => match presets::find(&name) {
-            Some(p) => {
-                print!("{}", presets::detail(&p));
+            Some((_, p)) => {
+                print!("{}", p.detail());
                 ExitCode::SUCCESS
             }
             None => {

@@ -317,7 +317,11 @@ async fn run_on(dir: &Path, target: &Target<'_>, options: &Options) -> anyhow::R
     .with_context(|| format!("writing {}", path.display()))?;
     let cfg = config::load(&path)
         .map_err(|e| anyhow::anyhow!("the demo's own config is invalid: {e}"))?;
-    for ddl in cfg.sources.iter().filter_map(|s| s.audit_ddl()) {
+    for ddl in cfg
+        .sources
+        .iter()
+        .filter_map(|s| s.dead_letter_actions()?.audit_ddl())
+    {
         for statement in ddl.split(';').filter(|s| !s.trim().is_empty()) {
             sqlx::raw_sql(AssertSqlSafe(statement.to_owned()))
                 .execute(&target.pool)

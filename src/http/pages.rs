@@ -21,10 +21,9 @@ use crate::coordination::hide_standby;
 use crate::journal::{FIRST_KEPT, Trail};
 use crate::redact::Redactor;
 use crate::sources::SourceSpec;
-use crate::sources::kind::{
-    AuditEntry, DeadLetter, DeadRecord, ERROR_SHOWN, bytes_text, parse_since, timestamp,
-};
+use crate::sources::kind::{AuditEntry, DeadLetter, DeadLetterTopics, DeadRecord, Lookups};
 use crate::telemetry::snapshot;
+use crate::text::{ERROR_SHOWN, bytes_text, parse_since, timestamp};
 use crate::tracing_link::{self as link, ERROR_TEXT_LEN, to_hex};
 
 /// Dead letters listed per source at most.
@@ -725,10 +724,10 @@ async fn histories(
     errors: &mut Vec<(String, String)>,
 ) -> BTreeMap<String, Vec<ActionView>> {
     let mut out: BTreeMap<String, Vec<ActionView>> = BTreeMap::new();
-    if ids.is_empty() {
+    let Some(actions) = spec.dead_letter_actions().filter(|_| !ids.is_empty()) else {
         return out;
-    }
-    match tokio::time::timeout(LOOKUP_TIMEOUT, spec.dead_letter_history(ids)).await {
+    };
+    match tokio::time::timeout(LOOKUP_TIMEOUT, actions.history(ids)).await {
         Ok(Ok(entries)) => {
             for e in entries {
                 let id = e.event_id.clone();
@@ -799,9 +798,6 @@ fn record_view(spec: &SourceSpec, r: DeadRecord) -> DeadRecordView {
     DeadRecordView {
         source: spec.name().to_string(),
         owner: owner(spec),
-        original_topic: r.original_topic(),
-        exception_class: r.exception_class(),
-        exception_message: r.exception_message(),
         timestamp: timestamp(r.timestamp.saturating_mul(1000)),
         key: r.key.as_deref().map(|k| bytes_text(k, 256)),
         headers: r
@@ -811,6 +807,9 @@ fn record_view(spec: &SourceSpec, r: DeadRecord) -> DeadRecordView {
             .collect(),
         value_prefix: bytes_text(&r.value_prefix, usize::MAX),
         value_bytes: r.value_len,
+        original_topic: r.original_topic,
+        exception_class: r.exception_class,
+        exception_message: r.exception_message,
         topic: r.topic,
         partition: r.partition,
         offset: r.offset,
@@ -896,19 +895,19 @@ fn view(
 
 async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLettersReport, String> {
     let chosen = |s: &&SourceSpec| f.source.as_deref().is_none_or(|n| n == s.name());
-    let sources: Vec<&SourceSpec> = state
+    let sources: Vec<(&SourceSpec, &dyn Lookups)> = state
         .config
         .sources
         .iter()
-        .filter(|s| s.keeps_events())
         .filter(chosen)
+        .filter_map(|s| Some((s, s.lookups()?)))
         .collect();
-    let topics: Vec<&SourceSpec> = state
+    let topics: Vec<(&SourceSpec, &dyn DeadLetterTopics)> = state
         .config
         .sources
         .iter()
-        .filter(|s| s.reads_dead_letter_topics())
         .filter(chosen)
+        .filter_map(|s| Some((s, s.dead_letter_topics()?)))
         .collect();
     if let Some(n) = &f.source
         && sources.is_empty()
@@ -917,7 +916,10 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
         return Err(format!("source: no inbox or Kafka source named {n:?}"));
     }
     if let Some(class) = &f.error_class {
-        let mut known: Vec<String> = sources.iter().flat_map(|s| s.error_classes()).collect();
+        let mut known: Vec<String> = sources
+            .iter()
+            .flat_map(|(_, lookups)| lookups.error_classes())
+            .collect();
         known.sort();
         known.dedup();
         if !known.contains(class) {
@@ -929,10 +931,10 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
     }
     let mut kafka_records = Vec::new();
     let mut errors = Vec::new();
-    for spec in topics.iter().filter(|_| f.error_class.is_none()) {
+    for (spec, topics) in topics.iter().filter(|_| f.error_class.is_none()) {
         match tokio::time::timeout(
             LOOKUP_TIMEOUT,
-            spec.dead_letter_records(RECORDS_PER_PARTITION, RECORDS_SHOWN),
+            topics.dead_letter_records(RECORDS_PER_PARTITION, RECORDS_SHOWN),
         )
         .await
         {
@@ -962,8 +964,8 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
     } else {
         DEAD_LETTERS_SHOWN
     };
-    for spec in sources {
-        match tokio::time::timeout(LOOKUP_TIMEOUT, spec.dead_letters(f.since, scan)).await {
+    for (spec, lookups) in sources {
+        match tokio::time::timeout(LOOKUP_TIMEOUT, lookups.dead_letters(f.since, scan)).await {
             Ok(Ok(rows)) => {
                 let read = rows.len();
                 let mut rows: Vec<DeadLetter> = rows
@@ -976,7 +978,9 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
                 }
                 let ids: Vec<String> = rows.iter().map(|d| d.event_id.clone()).collect();
                 let mut history = histories(spec, &ids, &state.config.redact, &mut errors).await;
-                let configured = spec.audit_ddl().is_some();
+                let configured = spec
+                    .dead_letter_actions()
+                    .is_some_and(|a| a.audit_ddl().is_some());
                 for d in rows {
                     let at = d.dead_at;
                     let mut v = view(state, spec, configured, d);
@@ -1236,8 +1240,11 @@ async fn event_report(state: &AppState, event_id: &str) -> EventReport {
     let mut found = false;
     let mut errors = Vec::new();
     let mut actions = Vec::new();
-    for spec in state.config.sources.iter().filter(|s| s.keeps_events()) {
-        match tokio::time::timeout(LOOKUP_TIMEOUT, spec.trace_event(event_id, redact)).await {
+    for spec in state.config.sources.iter() {
+        let Some(lookups) = spec.lookups() else {
+            continue;
+        };
+        match tokio::time::timeout(LOOKUP_TIMEOUT, lookups.trace_event(event_id, redact)).await {
             Ok(Ok(Some(t))) => {
                 found = true;
                 text.push_str(&t);

@@ -1,6 +1,7 @@
 //! Sources poll what the consumers leave behind. Each kind of source is a
 //! folder here that owns its settings, its poll, its election, its `doctor`
-//! checks and its lookups, behind [`kind::Kind`]; the loop they all run in is
+//! checks and what it offers beyond polling (lookups, dead-letter actions
+//! and topics, presets), behind [`kind::Kind`]; the loop they all run in is
 //! [`run`]. This file is the registry: the one list of kinds.
 //!
 //! Adding a kind: a folder with a type implementing [`kind::Kind`], one line
@@ -12,18 +13,12 @@ pub mod kind;
 pub mod run;
 pub mod table;
 
-use std::time::Duration;
-
 use toml::Spanned;
 use toml::de::DeValue;
 
 use crate::checks::Validator;
-use crate::redact::Redactor;
 use crate::telemetry::catalogue as metric;
-use kind::{
-    ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, DeadRecords, Finding, Kind,
-    Runtime,
-};
+use kind::{DeadLetterActions, DeadLetterTopics, Finding, Kind, Lookups, Preset, Runtime, Schema};
 
 /// Declares [`SourceSpec`], one variant per kind, and its methods, each of
 /// which hands over to the kind: nothing outside a kind's folder matches on it.
@@ -110,79 +105,39 @@ macro_rules! kinds {
                 match self { $(SourceSpec::$variant(s) => s.doctor().await,)+ }
             }
 
-            /// What each poll reads, with the mode; `None` without a table.
-            pub fn reads(&self) -> Option<String> {
+            /// What each poll reads, in words.
+            pub fn reads(&self) -> String {
                 match self { $(SourceSpec::$variant(s) => s.reads(),)+ }
             }
 
-            /// The indexes the source's queries need, as DDL.
-            pub fn indexes(&self) -> Option<String> {
-                match self { $(SourceSpec::$variant(s) => s.indexes(),)+ }
+            /// The lookups, if `trace` and `dead-letters` can search the source.
+            pub fn lookups(&self) -> Option<&dyn Lookups> {
+                match self { $(SourceSpec::$variant(s) => s.lookups(),)+ }
             }
 
-            /// Whether the lookups can search the source.
-            pub fn keeps_events(&self) -> bool {
-                match self { $(SourceSpec::$variant(s) => s.keeps_events(),)+ }
+            /// `dead-letters replay` / `ignore`, if the source's kind has them.
+            pub fn dead_letter_actions(&self) -> Option<&dyn DeadLetterActions> {
+                match self { $(SourceSpec::$variant(s) => s.dead_letter_actions(),)+ }
             }
 
-            /// The error classes the source's dead letters can have.
-            pub fn error_classes(&self) -> Vec<String> {
-                match self { $(SourceSpec::$variant(s) => s.error_classes(),)+ }
+            /// The source's dead-letter topics, if `dead-letters` reads them.
+            pub fn dead_letter_topics(&self) -> Option<&dyn DeadLetterTopics> {
+                match self { $(SourceSpec::$variant(s) => s.dead_letter_topics(),)+ }
             }
 
-            /// What the source knows of one event, its table texts masked by `redact`.
-            pub async fn trace_event(
-                &self,
-                event_id: &str,
-                redact: &Redactor,
-            ) -> Result<Option<String>, String> {
-                match self { $(SourceSpec::$variant(s) => s.trace_event(event_id, redact).await,)+ }
+            /// The indexes of the tables the source reads, if it reads tables.
+            pub fn schema(&self) -> Option<&dyn Schema> {
+                match self { $(SourceSpec::$variant(s) => s.schema(),)+ }
             }
 
-            /// The events dead-lettered lately.
-            pub async fn dead_letters(
-                &self,
-                since: Duration,
-                limit: usize,
-            ) -> Result<Vec<DeadLetter>, String> {
-                match self { $(SourceSpec::$variant(s) => s.dead_letters(since, limit).await,)+ }
-            }
-
-            /// The DDL of the source's dead-letter audit table, if it has one.
-            pub fn audit_ddl(&self) -> Option<String> {
-                match self { $(SourceSpec::$variant(s) => s.audit_ddl(),)+ }
-            }
-
-            /// `dead-letters replay` / `ignore` on this source.
-            pub async fn dead_letter_action(
-                &self,
-                request: &ActionRequest,
-            ) -> Result<Vec<ActionOutcome>, ActionError> {
-                match self { $(SourceSpec::$variant(s) => s.dead_letter_action(request).await,)+ }
-            }
-
-            /// The replay / ignore history of these events (for the pages).
-            pub async fn dead_letter_history(
-                &self,
-                event_ids: &[String],
-            ) -> Result<Vec<AuditEntry>, String> {
-                match self { $(SourceSpec::$variant(s) => s.dead_letter_history(event_ids).await,)+ }
-            }
-
-            /// Whether `dead-letters` reads the source's dead-letter topics.
-            pub fn reads_dead_letter_topics(&self) -> bool {
-                match self { $(SourceSpec::$variant(s) => s.reads_dead_letter_topics(),)+ }
-            }
-
-            /// The latest records of the source's dead-letter topics.
-            pub async fn dead_letter_records(
-                &self,
-                per_partition: usize,
-                total: usize,
-            ) -> Result<DeadRecords, String> {
-                match self {
-                    $(SourceSpec::$variant(s) => s.dead_letter_records(per_partition, total).await,)+
-                }
+            /// Every kind's presets, each with the kind it makes, in the
+            /// registry's order.
+            pub fn presets() -> Vec<(&'static str, Box<dyn Preset>)> {
+                let mut out = Vec::new();
+                $(out.extend(
+                    <$spec as Kind>::presets().into_iter().map(|p| (<$spec as Kind>::KIND, p)),
+                );)+
+                out
             }
         }
     };
@@ -215,7 +170,7 @@ fn check<K: Kind>(
         let mut expected = K::keys_at(u.parent());
         if u.path.len() == 1 {
             expected.splice(0..0, ["name", "kind"]);
-            if K::KIND != "kafka" {
+            if !K::presets().is_empty() {
                 expected.insert(2, "preset");
             }
         }
@@ -238,5 +193,57 @@ fn and_list(items: &[&str]) -> String {
         [] => String::new(),
         [one] => one.to_string(),
         [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The problems of a config with one entry.
+    fn problems(entry: &str) -> Vec<String> {
+        match crate::config::parse_str(&format!("[[sources]]\nname = \"a\"\n{entry}")) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    /// Guards where `preset` is offered: among the keys an unknown key of an
+    /// entry could have been, for a kind that has presets (inbox), never for
+    /// one that has none (kafka).
+    #[test]
+    fn only_kinds_with_presets_take_the_preset_key() {
+        let inbox =
+            problems("kind = \"inbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\nbogus = 1\n");
+        assert!(
+            inbox.len() == 1 && inbox[0].contains("`name`, `kind`, `preset`, "),
+            "{inbox:?}"
+        );
+        let kafka = problems("kind = \"kafka\"\nbrokers = [\"a:9092\"]\nbogus = 1\n");
+        assert!(
+            kafka.len() == 1 && kafka[0].contains("`name`, `kind`, `brokers`"),
+            "{kafka:?}"
+        );
+        assert!(!kafka[0].contains("`preset`"), "{kafka:?}");
+    }
+
+    /// Guards that every kind says what each poll reads (the start line, the
+    /// status card and API), not only the table kinds.
+    #[test]
+    fn every_kind_says_what_each_poll_reads() {
+        let config = crate::config::parse_str(
+            "[[sources]]\nname = \"i\"\nkind = \"inbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\n\
+             [[sources]]\nname = \"o\"\nkind = \"outbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\n\
+             [[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"a:9092\"]\n",
+        )
+        .expect("a valid config");
+        let kinds: Vec<&str> = config.sources.iter().map(|s| s.kind()).collect();
+        assert_eq!(kinds, super::SourceSpec::KINDS);
+        for spec in &config.sources {
+            let reads = spec.reads();
+            assert!(
+                reads.contains("each poll reads"),
+                "{}: {reads}",
+                spec.name()
+            );
+        }
     }
 }

@@ -18,7 +18,7 @@ pub mod export;
 
 use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use opentelemetry::trace::{
     Event, Link, SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState,
@@ -30,6 +30,7 @@ use tokio::sync::mpsc;
 
 use crate::redact::Redactor;
 use crate::telemetry::catalogue as metric;
+use crate::text::at;
 
 /// Characters of `last_error` carried in a span's status message.
 pub const ERROR_TEXT_LEN: usize = 256;
@@ -175,15 +176,6 @@ pub fn truncate(text: &str, n: usize) -> String {
     match text.char_indices().nth(n) {
         None => text.to_string(),
         Some((i, _)) => format!("{}…", &text[..i]),
-    }
-}
-
-/// Microseconds since the epoch as a `SystemTime`.
-pub fn at(micros: i64) -> SystemTime {
-    if micros >= 0 {
-        UNIX_EPOCH + Duration::from_micros(micros as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_micros(micros.unsigned_abs())
     }
 }
 

@@ -16,6 +16,10 @@
 //!    transactions and control records left out; the newest first, at most
 //!    `total`.
 //!
+//! What a record says of its failure is read from the headers Spring Kafka's
+//! `DeadLetterPublishingRecoverer` and Kafka Connect's error reporter write
+//! ([`ORIGINAL_TOPIC_HEADERS`], …) into the record's own fields.
+//!
 //! `read_committed` because a dead-letter publisher inside a transaction
 //! (Spring Kafka's transactional listener containers) writes records that an
 //! abort discards: those were never dead letters, and the consumers of the
@@ -51,6 +55,37 @@ const CODECS: &str = "none, gzip, snappy, lz4 and zstd";
 
 /// `read_committed`.
 const READ_COMMITTED: i8 = 1;
+
+/// Headers that name the topic a dead letter came from: Spring Kafka's
+/// `DeadLetterPublishingRecoverer`, then Kafka Connect's error reporter.
+pub const ORIGINAL_TOPIC_HEADERS: &[&str] = &["kafka_dlt-original-topic", "__connect.errors.topic"];
+/// Headers that name the exception's class.
+pub const EXCEPTION_CLASS_HEADERS: &[&str] = &[
+    "kafka_dlt-exception-fqcn",
+    "__connect.errors.exception.class.name",
+];
+/// Headers that hold the exception's message.
+pub const EXCEPTION_MESSAGE_HEADERS: &[&str] = &[
+    "kafka_dlt-exception-message",
+    "__connect.errors.exception.message",
+];
+
+/// The value of header `name` (its last, if repeated).
+fn header<'a>(headers: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a [u8]> {
+    headers
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_slice())
+}
+
+/// The first of `names` the headers carry, as text (invalid UTF-8 replaced).
+fn first_header(headers: &[(String, Vec<u8>)], names: &[&str]) -> Option<String> {
+    names
+        .iter()
+        .find_map(|n| header(headers, n))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
 
 /// The latest records of `spec`'s dead-letter topics: from each partition,
 /// those among its last `per_partition` offsets; at most `total` in all,
@@ -486,6 +521,11 @@ pub fn decode_partition(
                 .as_ref()
                 .map(|v| v[..v.len().min(VALUE_PREFIX)].to_vec())
                 .unwrap_or_default();
+            let headers: Vec<(String, Vec<u8>)> = r
+                .headers
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.map(|v| v.to_vec()).unwrap_or_default()))
+                .collect();
             out.records.push(DeadRecord {
                 topic: topic.to_string(),
                 partition,
@@ -498,11 +538,10 @@ pub fn decode_partition(
                     r.timestamp
                 },
                 key: r.key.map(|k| k.to_vec()),
-                headers: r
-                    .headers
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v.map(|v| v.to_vec()).unwrap_or_default()))
-                    .collect(),
+                original_topic: first_header(&headers, ORIGINAL_TOPIC_HEADERS),
+                exception_class: first_header(&headers, EXCEPTION_CLASS_HEADERS),
+                exception_message: first_header(&headers, EXCEPTION_MESSAGE_HEADERS),
+                headers,
                 value_prefix,
                 value_len,
             });
@@ -623,16 +662,16 @@ mod tests {
                         ("empty".to_string(), Vec::new()),
                     ]
                 );
-                assert_eq!(r.original_topic().as_deref(), Some("orders"));
+                assert_eq!(r.original_topic.as_deref(), Some("orders"));
                 assert_eq!(
-                    r.exception_class().as_deref(),
+                    r.exception_class.as_deref(),
                     Some("java.lang.IllegalStateException")
                 );
-                assert_eq!(r.exception_message().as_deref(), Some("no such order"));
+                assert_eq!(r.exception_message.as_deref(), Some("no such order"));
             } else {
                 assert_eq!(r.key, None);
                 assert!(r.headers.is_empty());
-                assert_eq!(r.original_topic(), None);
+                assert_eq!(r.original_topic, None);
             }
         }
         // Only `from..end`, though the batches hold more.
@@ -777,6 +816,9 @@ mod tests {
             headers: Vec::new(),
             value_prefix: Vec::new(),
             value_len: Some(0),
+            original_topic: None,
+            exception_class: None,
+            exception_message: None,
         };
         let mut v = vec![
             r("a", 0, 1, 10),
@@ -808,12 +850,12 @@ mod tests {
         ];
         let data = batch(&[record(0, None, connect)], Compression::None).freeze();
         let Decoded { records: rs, .. } = decode_partition("t", 0, &data, 0, 1, &[]);
-        assert_eq!(rs[0].original_topic().as_deref(), Some("payments"));
+        assert_eq!(rs[0].original_topic.as_deref(), Some("payments"));
         assert_eq!(
-            rs[0].exception_class().as_deref(),
+            rs[0].exception_class.as_deref(),
             Some("org.apache.kafka.connect.errors.DataException")
         );
-        assert_eq!(rs[0].exception_message().as_deref(), Some("bad json"));
-        assert_eq!(rs[0].header("nope"), None);
+        assert_eq!(rs[0].exception_message.as_deref(), Some("bad json"));
+        assert_eq!(header(&rs[0].headers, "nope"), None);
     }
 }

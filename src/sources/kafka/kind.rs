@@ -1,7 +1,8 @@
 //! A Kafka cluster as a kind of source: its entry, its election (a group of
-//! the agents' own on the watched cluster), its `doctor` checks. It keeps no
-//! event rows, so `trace` skips it; `dead-letters` reads the latest records
-//! of its dead-letter topics.
+//! the agents' own on the watched cluster), what its poll reads, its
+//! `doctor` checks. It keeps no event rows, so it offers no lookups (`trace`
+//! skips it); it offers its dead-letter topics, whose latest records
+//! `dead-letters` and the dead-letter page list.
 
 use tracing::{info, warn};
 
@@ -10,7 +11,7 @@ use super::election::KafkaElection;
 use super::{KafkaSource, doctor};
 use crate::checks::Validator;
 use crate::sources::common::RawCommon;
-use crate::sources::kind::{DeadRecords, Finding, Kind, Runtime};
+use crate::sources::kind::{Answer, DeadLetterTopics, DeadRecords, Finding, Kind, Runtime};
 
 impl Kind for KafkaSpec {
     const KIND: &'static str = "kafka";
@@ -50,6 +51,19 @@ impl Kind for KafkaSpec {
         Ok(())
     }
 
+    fn reads(&self) -> String {
+        format!(
+            "each poll reads the metadata and end offsets of the watched topics, the committed \
+             offsets of the watched consumer groups, and the record at each lagging committed \
+             offset for its timestamp (once per offset){}",
+            if self.per_topic {
+                ", summed per topic"
+            } else {
+                ""
+            }
+        )
+    }
+
     fn describe(&self) -> String {
         format!("kafka, brokers {}", self.brokers.join(", "))
     }
@@ -58,15 +72,21 @@ impl Kind for KafkaSpec {
         doctor::check(self).await
     }
 
-    fn reads_dead_letter_topics(&self) -> bool {
-        true
+    fn dead_letter_topics(&self) -> Option<&dyn DeadLetterTopics> {
+        Some(self)
     }
+}
 
-    async fn dead_letter_records(
+impl DeadLetterTopics for KafkaSpec {
+    fn dead_letter_records(
         &self,
         per_partition: usize,
         total: usize,
-    ) -> Result<DeadRecords, String> {
-        super::dead_letters::dead_letter_records(self, per_partition, total).await
+    ) -> Answer<'_, Result<DeadRecords, String>> {
+        Box::pin(super::dead_letters::dead_letter_records(
+            self,
+            per_partition,
+            total,
+        ))
     }
 }

@@ -12,7 +12,7 @@ use crate::dsn::Dialect;
 /// fits in 64 bits (PostgreSQL's `infinity`, a year past 294,000) or that the
 /// database cannot read as a time (SQLite text): the row is rejected as
 /// `time_out_of_range`, the source stays up.
-pub use crate::sources::kind::OUT_OF_RANGE;
+pub use crate::text::OUT_OF_RANGE;
 
 /// Microseconds from 1970-01-01 to PostgreSQL's epoch, 2000-01-01.
 const PG_EPOCH_MICROS: i64 = 946_684_800_000_000;

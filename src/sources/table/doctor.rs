@@ -443,7 +443,7 @@ async fn status_words(conn: &mut AnyConnection, sql: &Sql, s: &InboxSpec) -> Vec
     if unmapped.is_empty() {
         let seen: Vec<String> = words
             .iter()
-            .filter_map(|(w, _)| w.as_deref().map(crate::sources::kind::printable))
+            .filter_map(|(w, _)| w.as_deref().map(crate::text::printable))
             .collect();
         return vec![Finding::Ok(format!(
             "status words in {sample}: {} — every one mapped",
@@ -488,7 +488,7 @@ async fn status_words(conn: &mut AnyConnection, sql: &Sql, s: &InboxSpec) -> Vec
         out.push(Finding::Warn(format!(
             "status word \"{}\" ({n} of {sample}) is not mapped: its rows are rejected as \
              unknown_status; {fix}",
-            crate::sources::kind::printable(word)
+            crate::text::printable(word)
         )));
     }
     out

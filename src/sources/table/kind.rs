@@ -1,7 +1,8 @@
-//! Inbox and outbox tables as kinds of source: how their entries are read,
-//! how they start (a database lock decides the owner; one pool per database
-//! is shared by every table on it), what `doctor` checks and what the
-//! lookups find.
+//! Inbox and outbox tables as kinds of source: how their entries are read
+//! (and the presets they take), how they start (a database lock decides the
+//! owner; one pool per database is shared by every table on it), what
+//! `doctor` checks, and what they offer beyond polling: both the lookups and
+//! the indexes of `schema --config`; inboxes also the dead-letter actions.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,23 +18,24 @@ use super::doctor::{self, Shape};
 use super::inbox::Inbox;
 use super::lock::{LockSessions, SourceLock};
 use super::outbox::Outbox;
-use super::{Pools, TableSource, actions, lookup, schema};
+use super::{Pools, TableSource, actions, lookup, presets, schema};
 use crate::checks::Validator;
 use crate::coordination::LEASE;
 use crate::redact::Redactor;
 use crate::sources::common::RawCommon;
 use crate::sources::kind::{
-    ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, Finding, Kind, Runtime,
+    ActionError, ActionOutcome, ActionRequest, Answer, AuditEntry, DeadLetter, DeadLetterActions,
+    Finding, Kind, Lookups, Preset, Runtime, Schema,
 };
 use crate::telemetry::catalogue as metric;
 use crate::tracing_link::SpanSink;
 
 /// The `Kind` of a table source: `$spec` with its own keys `$raw`, checked by
-/// `$validate`, polled as `$poll`, checked by `doctor` as `$shape`, looked up
-/// by `$trace`; the methods given after them are the kind's own.
+/// `$validate`, polled as `$poll`, checked by `doctor` as `$shape`; the
+/// methods given after them are the kind's own.
 macro_rules! table_kind {
     (
-        $spec:ty, $kind:literal, $raw:ty, $validate:path, $poll:ident, $shape:path, $trace:path;
+        $spec:ty, $kind:literal, $raw:ty, $validate:path, $poll:ident, $shape:path;
         $($own:item)*
     ) => {
         impl Kind for $spec {
@@ -48,6 +50,10 @@ macro_rules! table_kind {
             ) -> Option<Self> {
                 let table = table_spec((common, shared), $kind, key, name, v);
                 $validate(table, own, key, v)
+            }
+
+            fn presets() -> Vec<Box<dyn Preset>> {
+                presets::of_kind($kind)
             }
 
             fn name(&self) -> &str {
@@ -85,63 +91,110 @@ macro_rules! table_kind {
                 doctor::check(&mut source, $shape(self)).await
             }
 
-            fn keeps_events(&self) -> bool {
-                true
+            fn reads(&self) -> String {
+                TableSource::new(self.table.clone(), $poll::new(self.clone())).reads()
             }
 
-            fn reads(&self) -> Option<String> {
-                let source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
-                Some(source.reads())
+            fn lookups(&self) -> Option<&dyn Lookups> {
+                Some(self)
             }
 
-            fn indexes(&self) -> Option<String> {
-                let source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
-                Some(doctor::indexes(&source, $shape(self)))
-            }
-
-            async fn trace_event(
-                &self,
-                event_id: &str,
-                redact: &Redactor,
-            ) -> Result<Option<String>, String> {
-                $trace(self, event_id, redact).await
+            fn schema(&self) -> Option<&dyn Schema> {
+                Some(self)
             }
 
             $($own)*
+        }
+
+        impl Schema for $spec {
+            fn indexes(&self) -> String {
+                let source = TableSource::new(self.table.clone(), $poll::new(self.clone()));
+                doctor::indexes(&source, $shape(self))
+            }
         }
     };
 }
 
 table_kind! {
-    InboxSpec, "inbox", RawInbox, inbox_spec, Inbox, Shape::Inbox, lookup::trace_inbox;
-    async fn dead_letters(&self, since: Duration, limit: usize) -> Result<Vec<DeadLetter>, String> {
-        lookup::dead_letters(self, since, limit).await
+    InboxSpec, "inbox", RawInbox, inbox_spec, Inbox, Shape::Inbox;
+    fn dead_letter_actions(&self) -> Option<&dyn DeadLetterActions> {
+        Some(self)
+    }
+}
+
+table_kind! {
+    OutboxSpec, "outbox", RawOutbox, outbox_spec, Outbox, Shape::Outbox;
+}
+
+impl Lookups for InboxSpec {
+    fn trace_event<'a>(
+        &'a self,
+        event_id: &'a str,
+        redact: &'a Redactor,
+    ) -> Answer<'a, Result<Option<String>, String>> {
+        Box::pin(lookup::trace_inbox(self, event_id, redact))
+    }
+
+    fn dead_letters(
+        &self,
+        since: Duration,
+        limit: usize,
+    ) -> Answer<'_, Result<Vec<DeadLetter>, String>> {
+        Box::pin(lookup::dead_letters(self, since, limit))
     }
 
     fn error_classes(&self) -> Vec<String> {
-        self.error_classes.all().iter().map(|c| c.name.clone()).collect()
+        self.error_classes
+            .all()
+            .iter()
+            .map(|c| c.name.clone())
+            .collect()
+    }
+}
+
+/// An outbox row is published or not: it is never dead-lettered.
+impl Lookups for OutboxSpec {
+    fn trace_event<'a>(
+        &'a self,
+        event_id: &'a str,
+        redact: &'a Redactor,
+    ) -> Answer<'a, Result<Option<String>, String>> {
+        Box::pin(lookup::trace_outbox(self, event_id, redact))
     }
 
+    fn dead_letters(
+        &self,
+        _since: Duration,
+        _limit: usize,
+    ) -> Answer<'_, Result<Vec<DeadLetter>, String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    fn error_classes(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+impl DeadLetterActions for InboxSpec {
     fn audit_ddl(&self) -> Option<String> {
         self.actions
             .as_ref()
             .map(|a| schema::audit_ddl(self.table.dsn.dialect(), &a.audit_table))
     }
 
-    async fn dead_letter_action(
-        &self,
-        request: &ActionRequest,
-    ) -> Result<Vec<ActionOutcome>, ActionError> {
-        actions::act(self, request).await
+    fn act<'a>(
+        &'a self,
+        request: &'a ActionRequest,
+    ) -> Answer<'a, Result<Vec<ActionOutcome>, ActionError>> {
+        Box::pin(actions::act(self, request))
     }
 
-    async fn dead_letter_history(&self, event_ids: &[String]) -> Result<Vec<AuditEntry>, String> {
-        actions::audit_history(self, event_ids).await
+    fn history<'a>(
+        &'a self,
+        event_ids: &'a [String],
+    ) -> Answer<'a, Result<Vec<AuditEntry>, String>> {
+        Box::pin(actions::audit_history(self, event_ids))
     }
-}
-
-table_kind! {
-    OutboxSpec, "outbox", RawOutbox, outbox_spec, Outbox, Shape::Outbox, lookup::trace_outbox;
 }
 
 /// What every table source needs before its loop starts: the objective

@@ -13,7 +13,8 @@ use super::dialect::{Param, Sql};
 use super::{TableKind, TableSource, get};
 use crate::dsn::Dialect;
 use crate::redact::Redactor;
-use crate::sources::kind::{DeadLetter, ERROR_SHOWN, ms, timestamp};
+use crate::sources::kind::DeadLetter;
+use crate::text::{ERROR_SHOWN, ms, timestamp};
 use crate::tracing_link::{self as link, TraceParent, to_hex};
 
 /// A connection for one lookup, and the source's dialect.

@@ -27,6 +27,7 @@ mod lookup;
 pub mod meaning;
 mod ordering;
 pub mod outbox;
+pub mod presets;
 pub mod rules;
 pub mod schema;
 mod state;

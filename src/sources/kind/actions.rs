@@ -1,0 +1,106 @@
+//! The audited human actions a kind may offer on its dead letters:
+//! `dead-letters replay` / `ignore` (the only writes, over a write-capable
+//! connection of their own; the agent's poll never makes them) and the
+//! history of those actions that the pages show.
+
+use super::Answer;
+
+/// `dead-letters replay` / `ignore` on a source's dead letters, and their
+/// audit.
+pub trait DeadLetterActions: Sync {
+    /// The DDL of the table the actions are recorded in (`schema --config`);
+    /// `None` when the source's actions are not configured.
+    fn audit_ddl(&self) -> Option<String>;
+
+    /// One `dead-letters replay` / `ignore`: one transaction per event over
+    /// the source's write-capable action DSN. Only the command line calls
+    /// this.
+    fn act<'a>(
+        &'a self,
+        request: &'a ActionRequest,
+    ) -> Answer<'a, Result<Vec<ActionOutcome>, ActionError>>;
+
+    /// The replay / ignore history of these events, oldest first, read over
+    /// the agent's own read-only connection; empty when the actions are not
+    /// configured or their audit table does not exist.
+    fn history<'a>(
+        &'a self,
+        event_ids: &'a [String],
+    ) -> Answer<'a, Result<Vec<AuditEntry>, String>>;
+}
+
+/// What `dead-letters replay` / `ignore` do to a dead-lettered event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Back to the replay status, for the consumer to process again.
+    Replay,
+    /// Recorded as deliberately not processed (and, if configured, given
+    /// the ignored status).
+    Ignore,
+}
+
+impl Action {
+    /// The `action` column of the audit table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Replay => "replay",
+            Action::Ignore => "ignore",
+        }
+    }
+}
+
+/// One `dead-letters replay` / `ignore` command.
+#[derive(Debug, Clone)]
+pub struct ActionRequest {
+    pub action: Action,
+    pub operator: String,
+    pub reason: String,
+    pub event_ids: Vec<String>,
+    /// `--yes`: write; without it, only say what would be done.
+    pub apply: bool,
+}
+
+/// What became of one event of an [`ActionRequest`].
+#[derive(Debug, Clone)]
+pub struct ActionOutcome {
+    pub event_id: String,
+    /// Done (or, without `--yes`, would be done).
+    pub done: bool,
+    /// One line saying what was done or why not.
+    pub line: String,
+}
+
+/// Why a `dead-letters replay` / `ignore` command did nothing at all.
+#[derive(Debug, thiserror::Error)]
+pub enum ActionError {
+    /// The source's kind keeps no dead-lettered rows.
+    #[error("is of kind \"{0}\": only inbox sources have dead-lettered rows to replay or ignore")]
+    Unsupported(&'static str),
+    /// The inbox has no `[sources.dead_letter_actions]`.
+    #[error(
+        "has no [sources.dead_letter_actions]: replay and ignore need its write-capable dsn \
+         (docs/configuration.md, \"Dead-letter actions\")"
+    )]
+    NotConfigured,
+    /// Connecting, or the audit table, failed: nothing was written.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// One row of the audit table: a replay or an ignore of one event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEntry {
+    pub event_id: String,
+    /// `replay` or `ignore`.
+    pub action: String,
+    pub operator: String,
+    pub reason: String,
+    /// When, on the database's clock: microseconds since the epoch.
+    pub at: i64,
+    /// The row's status word before the action.
+    pub previous_status: Option<String>,
+    /// The row's attempts before the action.
+    pub attempts: Option<i64>,
+    /// The row's last error before the action.
+    pub last_error: Option<String>,
+}

@@ -1,0 +1,51 @@
+//! The on-call lookups a kind may offer: what it knows of one event
+//! (`trace`, `/events/{id}`) and the events it dead-lettered lately
+//! (`dead-letters`, `/dead-letters`), read over the agent's own read-only
+//! connection. A kind offers them when it keeps one row per event.
+
+use std::time::Duration;
+
+use super::Answer;
+use crate::redact::Redactor;
+
+/// The lookups of a source that keeps one row per event.
+pub trait Lookups: Sync {
+    /// What the source knows of one event, as `trace` prints it, the
+    /// table's texts masked by `redact`; `None` when it has no row of that
+    /// event.
+    fn trace_event<'a>(
+        &'a self,
+        event_id: &'a str,
+        redact: &'a Redactor,
+    ) -> Answer<'a, Result<Option<String>, String>>;
+
+    /// The events dead-lettered within `since`, newest first, at most
+    /// `limit` (none for a source whose rows are never dead-lettered).
+    fn dead_letters(
+        &self,
+        since: Duration,
+        limit: usize,
+    ) -> Answer<'_, Result<Vec<DeadLetter>, String>>;
+
+    /// The error classes the source's dead letters can have (`error_class`).
+    fn error_classes(&self) -> Vec<String>;
+}
+
+/// One dead-lettered event, as `dead-letters` lists it.
+#[derive(Debug, Clone)]
+pub struct DeadLetter {
+    pub event_id: String,
+    pub event_type: Option<String>,
+    /// Microseconds since the epoch.
+    pub received: Option<i64>,
+    /// Microseconds since the epoch.
+    pub dead_at: Option<i64>,
+    pub attempts: Option<i64>,
+    pub last_error: Option<String>,
+    /// The optional `business_key` column (an order id, say): shown, never a label.
+    pub business_key: Option<String>,
+    /// The optional `summary` column (a body digest, say): shown, never a label.
+    pub summary: Option<String>,
+    /// The class of `last_error` (`[[sources.error_classes]]`).
+    pub error_class: Option<String>,
+}
