@@ -219,7 +219,9 @@ mod tests {
         );
         let kafka = problems("kind = \"kafka\"\nbrokers = [\"a:9092\"]\nbogus = 1\n");
         assert!(
-            kafka.len() == 1 && kafka[0].contains("`name`, `kind`, `brokers`"),
+            kafka.len() == 1
+                && kafka[0].contains("`name`, `kind`, `owner`, ")
+                && kafka[0].contains("`brokers`"),
             "{kafka:?}"
         );
         assert!(!kafka[0].contains("`preset`"), "{kafka:?}");
