@@ -36,11 +36,14 @@ pub mod web;
 use crate::config::{Config, HttpLimits};
 use crate::coordination::Leadership;
 use crate::health::Health;
+use crate::telemetry::values::Values;
 
 /// What the handlers read.
 #[derive(Clone)]
 pub struct AppState {
     pub metrics: PrometheusHandle,
+    /// The same values `metrics` renders, readable: what the status cards read.
+    pub values: Values,
     pub health: Arc<Health>,
     /// Which sources this agent exports; the others are hidden from `/metrics`.
     pub leadership: Arc<Leadership>,
@@ -54,7 +57,7 @@ pub struct AppState {
     /// What each poll of each source reads ([`crate::sources::SourceSpec::reads`]),
     /// in the order of `config.sources`.
     pub reads: Arc<Vec<Option<String>>>,
-    /// The last hour of the status page's numbers.
+    /// The last hour of the status cards' trends.
     pub history: status::History,
     /// Turns to read the databases for the pages ([`pages::LOOKUPS_AT_ONCE`]).
     pub lookups: Arc<Semaphore>,
@@ -123,17 +126,14 @@ async fn private(mut response: Response) -> Response {
     response
 }
 
-/// Takes a sample of every source's numbers for the status page's
+/// Takes a sample of every source's trends for the status page's
 /// sparklines every [`status::SAMPLE_EVERY`], until `stop`.
 pub async fn sample_history(state: AppState, stop: CancellationToken) {
     let mut tick = tokio::time::interval(status::SAMPLE_EVERY);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tick.tick() => {
-                let text = pages::exposition(&state);
-                state.history.record(&status::numbers(&status::parse(&text)));
-            }
+            _ = tick.tick() => pages::record_history(&state),
         }
     }
 }

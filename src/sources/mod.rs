@@ -16,9 +16,11 @@ use std::time::Duration;
 use toml::Spanned;
 use toml::de::DeValue;
 
+use crate::card::{Card, Past};
 use crate::checks::Validator;
 use crate::redact::Redactor;
 use crate::telemetry::catalogue as metric;
+use crate::telemetry::values::Reading;
 use kind::{
     ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, DeadRecords, Finding, Kind,
     Runtime,
@@ -107,6 +109,11 @@ macro_rules! kinds {
             /// `doctor`'s checks of the source.
             pub async fn doctor(&self) -> Vec<Finding> {
                 match self { $(SourceSpec::$variant(s) => s.doctor().await,)+ }
+            }
+
+            /// The source's status card.
+            pub fn card(&self, values: &Reading<'_>, past: &dyn Past) -> Card {
+                match self { $(SourceSpec::$variant(s) => s.card(values, past),)+ }
             }
 
             /// What each poll reads, with the mode; `None` without a table.

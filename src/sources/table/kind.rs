@@ -19,7 +19,8 @@ use super::doctor::{self, Shape};
 use super::inbox::Inbox;
 use super::lock::{LockSessions, SourceLock};
 use super::outbox::Outbox;
-use super::{Pools, TableSource, actions, lookup, schema};
+use super::{Pools, TableSource, actions, card, lookup, schema};
+use crate::card::{Card, Past};
 use crate::checks::{Validator, keys_at, knows};
 use crate::coordination::LEASE;
 use crate::redact::Redactor;
@@ -27,6 +28,7 @@ use crate::sources::kind::{
     ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetter, Finding, Kind, Read, Runtime,
 };
 use crate::telemetry::catalogue as metric;
+use crate::telemetry::values::Reading;
 use crate::tracing_link::SpanSink;
 
 /// The `Kind` of a table source: `$spec` with its own keys `$raw`, checked by
@@ -133,6 +135,10 @@ macro_rules! table_kind {
 
 table_kind! {
     InboxSpec, "inbox", RawInbox, inbox_spec, Inbox, Shape::Inbox, lookup::trace_inbox;
+    fn card(&self, values: &Reading<'_>, past: &dyn Past) -> Card {
+        card::inbox(values, past)
+    }
+
     async fn dead_letters(&self, since: Duration, limit: usize) -> Result<Vec<DeadLetter>, String> {
         lookup::dead_letters(self, since, limit).await
     }
@@ -161,6 +167,9 @@ table_kind! {
 
 table_kind! {
     OutboxSpec, "outbox", RawOutbox, outbox_spec, Outbox, Shape::Outbox, lookup::trace_outbox;
+    fn card(&self, values: &Reading<'_>, past: &dyn Past) -> Card {
+        card::outbox(values, past)
+    }
 }
 
 /// What every table source needs before its loop starts: the objective
