@@ -19,6 +19,7 @@ use crate::health::Health;
 use crate::http::{self, AppState};
 use crate::sources::kind::Runtime;
 use crate::telemetry::catalogue::{self as metric, catalogue_recorder};
+use crate::telemetry::values::Values;
 
 /// A running agent.
 pub struct Agent {
@@ -34,26 +35,38 @@ pub struct Agent {
     _owned_outright: Vec<watch::Sender<Option<bool>>>,
 }
 
-/// Installs the global metrics recorder once and returns its handle.
-pub fn install_recorder() -> anyhow::Result<PrometheusHandle> {
+/// What the installed recorder gives the agent: the Prometheus handle
+/// `/metrics` renders, and the same values, readable (the status cards).
+#[derive(Clone)]
+pub struct Recorded {
+    pub prometheus: PrometheusHandle,
+    pub values: Values,
+}
+
+/// Installs the global metrics recorder once and returns its handles.
+pub fn install_recorder() -> anyhow::Result<Recorded> {
     install_recorder_with(None)
 }
 
 /// Installs the Prometheus recorder and, when given, the OTLP metrics bridge
-/// beside it (every update goes to both).
+/// beside it (every update goes to both), behind the layer that keeps the
+/// values readable.
 pub fn install_recorder_with(
     otlp: Option<crate::telemetry::otlp::Bridge>,
-) -> anyhow::Result<PrometheusHandle> {
+) -> anyhow::Result<Recorded> {
     let recorder = catalogue_recorder();
     let handle = recorder.handle();
+    let values = Values::default();
     match otlp {
-        None => metrics::set_global_recorder(recorder)
+        None => metrics::set_global_recorder(values.layer(recorder))
             .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed")),
         Some(bridge) => metrics::set_global_recorder(
-            metrics_util::layers::FanoutBuilder::default()
-                .add_recorder(recorder)
-                .add_recorder(bridge)
-                .build(),
+            values.layer(
+                metrics_util::layers::FanoutBuilder::default()
+                    .add_recorder(recorder)
+                    .add_recorder(bridge)
+                    .build(),
+            ),
         )
         .map_err(|_| anyhow::anyhow!("a metrics recorder is already installed")),
     }
@@ -68,12 +81,15 @@ pub fn install_recorder_with(
             upkeep.run_upkeep();
         }
     });
-    Ok(handle)
+    Ok(Recorded {
+        prometheus: handle,
+        values,
+    })
 }
 
 impl Agent {
     /// Binds the listener and starts every source.
-    pub async fn start(config: Config, handle: PrometheusHandle) -> anyhow::Result<Agent> {
+    pub async fn start(config: Config, recorded: Recorded) -> anyhow::Result<Agent> {
         let listener = TcpListener::bind(config.listen)
             .await
             .map_err(|e| listen_error(config.listen, &e))?;
@@ -126,7 +142,8 @@ impl Agent {
         });
         let stop_http = CancellationToken::new();
         let state = AppState {
-            metrics: handle,
+            metrics: recorded.prometheus,
+            values: recorded.values,
             health,
             leadership,
             stopping: cancel.clone(),
@@ -248,12 +265,12 @@ pub async fn run(config: Config) -> anyhow::Result<()> {
         None => None,
     };
     let (push, bridge) = push.unzip();
-    let handle = install_recorder_with(bridge)?;
+    let recorded = install_recorder_with(bridge)?;
     let own_spans = match &config.tracing {
         Some(t) if t.agent_spans => Some(crate::telemetry::agent_spans::enable(&t.collector)?),
         _ => None,
     };
-    let agent = Agent::start(config, handle).await?;
+    let agent = Agent::start(config, recorded).await?;
     shutdown_signal().await;
     agent.shutdown().await;
     // Flushing waits for the exporting tasks on the runtime: not on a worker.

@@ -4,6 +4,7 @@
 
 pub mod actions;
 pub mod app;
+pub mod card;
 pub mod checks;
 pub mod cli;
 pub mod config;

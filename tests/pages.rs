@@ -668,6 +668,16 @@ async fn the_demo_has_a_status_page_that_matches_its_metrics() {
     for (key, name, labels) in [
         ("deliveries_total", "inbox_deliveries_total", &[][..]),
         (
+            "duplicate_deliveries_total",
+            "inbox_duplicate_deliveries_total",
+            &[][..],
+        ),
+        (
+            "attempt_failures_total",
+            "inbox_attempt_failures_total",
+            &[][..],
+        ),
+        (
             "dead_letters_recent",
             "inbox_messages_completed_total",
             &[("outcome", "dead_lettered")][..],

@@ -36,11 +36,14 @@ pub mod web;
 use crate::config::{Config, HttpLimits};
 use crate::coordination::Leadership;
 use crate::health::Health;
+use crate::telemetry::values::Values;
 
 /// What the handlers read.
 #[derive(Clone)]
 pub struct AppState {
     pub metrics: PrometheusHandle,
+    /// The same values `metrics` renders, readable: what the status cards read.
+    pub values: Values,
     pub health: Arc<Health>,
     /// Which sources this agent exports; the others are hidden from `/metrics`.
     pub leadership: Arc<Leadership>,
@@ -54,7 +57,7 @@ pub struct AppState {
     /// What each poll of each source reads ([`crate::sources::SourceSpec::reads`]),
     /// in the order of `config.sources`.
     pub reads: Arc<Vec<Option<String>>>,
-    /// The last hour of the status page's numbers.
+    /// The last hour of the status cards' trends.
     pub history: status::History,
     /// Turns to read the databases for the pages ([`pages::LOOKUPS_AT_ONCE`]).
     pub lookups: Arc<Semaphore>,
@@ -123,17 +126,14 @@ async fn private(mut response: Response) -> Response {
     response
 }
 
-/// Takes a sample of every source's numbers for the status page's
+/// Takes a sample of every source's trends for the status page's
 /// sparklines every [`status::SAMPLE_EVERY`], until `stop`.
 pub async fn sample_history(state: AppState, stop: CancellationToken) {
     let mut tick = tokio::time::interval(status::SAMPLE_EVERY);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
-            _ = tick.tick() => {
-                let text = pages::exposition(&state);
-                state.history.record(&status::numbers(&status::parse(&text)));
-            }
+            _ = tick.tick() => pages::record_history(&state),
         }
     }
 }
@@ -485,5 +485,82 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::catalogue::{self as metric, catalogue_recorder};
+
+    /// Guards the status page against showing what `/metrics` hides: a
+    /// source another agent owns has no numbers, one out of this agent's
+    /// reach none of what it counted, and the one it owns the very values
+    /// its scrape shows.
+    #[test]
+    fn the_status_report_hides_what_metrics_hides() {
+        let config = crate::config::parse_str(
+            &["owned", "away", "other"]
+                .map(|name| {
+                    format!(
+                        "[[sources]]\nname = \"{name}\"\nkind = \"inbox\"\ndsn = \"sqlite://x.db\"\ntable = \"t\"\n"
+                    )
+                })
+                .concat(),
+        )
+        .expect("a valid configuration");
+        let prometheus = catalogue_recorder();
+        let values = Values::default();
+        let state = AppState {
+            metrics: prometheus.handle(),
+            values: values.clone(),
+            health: Arc::new(Health::default()),
+            leadership: Arc::new(Leadership::default()),
+            stopping: CancellationToken::new(),
+            reads: Arc::new(vec![None; config.sources.len()]),
+            config: Arc::new(config),
+            journal: crate::journal::Journal::default(),
+            history: status::History::started_now(),
+            lookups: Arc::new(Semaphore::new(1)),
+            pages: true,
+        };
+        let layer = values.layer(prometheus);
+        metrics::with_local_recorder(&layer, || {
+            for (name, backlog) in [("owned", 3.0), ("away", 4.0), ("other", 5.0)] {
+                state.leadership.register(name);
+                state.health.set(
+                    name,
+                    crate::health::SourceHealth {
+                        polled: true,
+                        up: true,
+                        ..Default::default()
+                    },
+                );
+                metrics::gauge!(metric::INBOX_BACKLOG, "source" => name, "event_type" => "e", "status" => "pending")
+                    .set(backlog);
+            }
+            state.leadership.set("owned", true);
+            state.leadership.set_contending("away");
+        });
+        let report = pages::status_report(&state);
+        let scrape = pages::exposition(&state);
+        let pending = |i: usize| {
+            report.sources[i]
+                .numbers
+                .as_ref()
+                .map(|n| n["backlog"]["pending"].clone())
+        };
+        assert_eq!(pending(0), Some(serde_json::json!(3.0)));
+        assert!(scrape.contains(
+            "inbox_backlog_messages{source=\"owned\",event_type=\"e\",status=\"pending\"} 3\n"
+        ));
+        assert_eq!(pending(1), Some(serde_json::Value::Null), "out of reach");
+        assert!(!scrape.contains("source=\"away\",event_type"));
+        assert_eq!(
+            (report.sources[2].state, pending(2)),
+            ("standby", None),
+            "another agent owns it"
+        );
+        assert!(!scrape.contains("source=\"other\",event_type"));
     }
 }

@@ -2,7 +2,8 @@
 //! same data as JSON (`/api/v1/…`). Served from the binary: no script, no
 //! font, no stylesheet from elsewhere; every value that comes from a table,
 //! a broker or the configuration is HTML-escaped. Read-only: the status page
-//! renders what `/metrics` renders, the dead-letter and event pages read the
+//! lays out each source's card, which its kind builds from the values
+//! `/metrics` renders (`crate::card`); the dead-letter and event pages read the
 //! tables through the agent's own read-only connections, like the
 //! `dead-letters` and `trace` commands.
 
@@ -16,13 +17,15 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::AppState;
-use super::status::{self, Numbers};
+use super::status;
+use crate::card::{Card, Part, Table};
 use crate::coordination::hide_standby;
 use crate::journal::{FIRST_KEPT, Trail};
 use crate::redact::Redactor;
 use crate::sources::SourceSpec;
 use crate::sources::kind::{AuditEntry, DeadLetter, DeadLetterTopics, DeadRecord, Lookups};
 use crate::telemetry::snapshot;
+use crate::telemetry::values::Reading;
 use crate::text::{ERROR_SHOWN, bytes_text, parse_since, timestamp};
 use crate::tracing_link::{self as link, ERROR_TEXT_LEN, to_hex};
 
@@ -216,8 +219,56 @@ fn val(key: &str, v: f64) -> String {
     format!("<span data-value=\"{}\">{}</span>", escape(key), number(v))
 }
 
-fn opt_val(key: &str, v: Option<f64>) -> String {
-    v.map_or("–".to_string(), |v| val(key, v))
+/// Parts of a card as HTML: texts escaped, numbers and spans formatted.
+fn parts(parts: &[Part]) -> String {
+    let mut out = String::new();
+    for p in parts {
+        match p {
+            Part::Text(t) => out.push_str(&escape(t)),
+            Part::Value { key, value } => out.push_str(&val(key, *value)),
+            Part::Number(v) => out.push_str(&number(*v)),
+            Part::Span(d) => out.push_str(&span(*d)),
+            Part::Missing => out.push('–'),
+            Part::Muted(inner) => {
+                let _ = write!(out, "<span class=\"muted\">{}</span>", self::parts(inner));
+            }
+            Part::Judged {
+                over,
+                field,
+                parts: inner,
+            } => {
+                let field = field.map_or(String::new(), |f| format!(" data-field=\"{f}\""));
+                let _ = write!(
+                    out,
+                    "<span class=\"{}\"{field}>{}</span>",
+                    if *over { "over" } else { "ok" },
+                    self::parts(inner)
+                );
+            }
+            Part::Link {
+                path,
+                query,
+                parts: inner,
+            } => {
+                let query: Vec<String> = query
+                    .iter()
+                    .map(|(k, v)| format!("{k}={}", url_part(v)))
+                    .collect();
+                let href = if query.is_empty() {
+                    path.to_string()
+                } else {
+                    format!("{path}?{}", query.join("&"))
+                };
+                let _ = write!(
+                    out,
+                    "<a href=\"{}\">{}</a>",
+                    escape(&href),
+                    self::parts(inner)
+                );
+            }
+        }
+    }
+    out
 }
 
 // ---------------------------------------------------------------------------
@@ -229,22 +280,26 @@ pub struct SourceStatus {
     pub name: String,
     pub kind: &'static str,
     pub owner: Option<String>,
-    /// `up`, `degraded` (up, but most rows read lately were rejected: `error`
-    /// says why), `down`, `starting` or `standby`.
+    /// `up`, `degraded` (up, but its kind judges it degraded: `error` says
+    /// why), `down`, `starting` or `standby`.
     pub state: &'static str,
     pub error: Option<String>,
     /// This agent polls the source (false: another agent owns it).
     pub leader: bool,
-    /// What each poll reads, with the mode (`cursor = "none": …`); null for
-    /// sources that read no table.
+    /// What each poll reads, in words (a table source with its mode,
+    /// `cursor = "none": …`); every kind says it.
     pub reads: Option<String>,
     /// What the source's setup leaves out, with the line that fixes it
     /// (a column the table has and the configuration does not map).
     pub notes: Vec<String>,
-    /// What `/metrics` says of it now; none on standby.
-    pub numbers: Option<Numbers>,
-    /// The last hour, one value per sample and the current one last (null where absent).
+    /// What its card says of it now, as numbers (the kind's own); none on standby.
+    pub numbers: Option<serde_json::Value>,
+    /// The last hour of its card's trends, one value per sample and the
+    /// current one last (null where absent).
     pub history: BTreeMap<&'static str, Vec<Option<f64>>>,
+    /// The rest of its card (tables and rows), for the page.
+    #[serde(skip)]
+    pub card: Option<Card>,
 }
 
 #[derive(Debug, Serialize)]
@@ -262,51 +317,70 @@ pub fn exposition(state: &AppState) -> String {
     text
 }
 
+/// Every source's card, in the order of `config.sources`, from the values
+/// `/metrics` renders now, read while no source changes hands, and hidden
+/// as `/metrics` hides them: `None` for a source another agent owns, a card
+/// of no values for one out of this agent's reach.
+fn cards(state: &AppState) -> Vec<Option<Card>> {
+    let (cards, _, _) = state.leadership.rendering(|| {
+        let standing_by = state.leadership.standing_by();
+        let contending = state.leadership.contending();
+        let mut cards = Vec::with_capacity(state.config.sources.len());
+        for spec in state.config.sources.iter() {
+            let name = spec.name();
+            let reading = if standing_by.iter().any(|s| s == name) {
+                cards.push(None);
+                continue;
+            } else if contending.iter().any(|s| s == name) {
+                Reading::nothing(name)
+            } else {
+                state.values.reading(name)
+            };
+            cards.push(Some(spec.card(&reading, &state.history.of(name))));
+        }
+        cards
+    });
+    cards
+}
+
+/// Adds a sample of every source's trends to the history.
+pub fn record_history(state: &AppState) {
+    for (spec, card) in state.config.sources.iter().zip(cards(state)) {
+        state
+            .history
+            .record(spec.name(), card.as_ref().map(|c| c.trends.as_slice()));
+    }
+}
+
 pub fn status_report(state: &AppState) -> StatusReport {
-    let text = exposition(state);
-    let mut numbers = status::numbers(&status::parse(&text));
     let health = state.health.snapshot();
-    let standing_by = state.leadership.standing_by();
+    let cards = cards(state);
     let mut sources = Vec::new();
-    for (spec, reads) in state.config.sources.iter().zip(state.reads.iter()) {
+    for ((spec, reads), card) in state
+        .config
+        .sources
+        .iter()
+        .zip(state.reads.iter())
+        .zip(cards)
+    {
         let name = spec.name().to_string();
         let h = health.get(&name).cloned().unwrap_or_default();
-        let standby = h.standby || standing_by.contains(&name);
-        let st = match (standby, h.polled, h.up) {
+        let mut card = card.filter(|_| !h.standby);
+        let st = match (card.is_none(), h.polled, h.up) {
             (true, _, _) => "standby",
             (false, false, _) => "starting",
             (false, true, true) => "up",
             (false, true, false) => "down",
         };
-        let mut n = if standby {
-            None
-        } else {
-            Some(numbers.remove(&name).unwrap_or_default())
-        };
-        let degraded = n.as_ref().and_then(|n| n.degraded.as_deref());
-        let (st, error) = match (st, degraded) {
-            ("up", Some(reason)) => (
-                "degraded",
-                Some(format!(
-                    "most rows read lately were rejected ({reason}); `inboxwatch doctor` \
-                     says why"
-                )),
-            ),
+        let (st, error) = match (st, card.as_ref().and_then(|c| c.degraded.clone())) {
+            ("up", Some(why)) => ("degraded", Some(why)),
             _ => (st, h.error.clone()),
         };
         let mut history = BTreeMap::new();
-        if let Some(n) = &mut n {
-            if let Some(total) = n.dead_letters_total {
-                n.dead_letters_recent = Some(state.history.dead_letters_recent(&name, total));
-                n.dead_letters_recent_seconds = Some(state.history.recent_window().as_secs());
-                n.dead_letters_5m = Some(state.history.dead_letters_within(
-                    &name,
-                    total,
-                    status::BURST,
-                ));
-                n.dead_letters_5m_seconds = Some(state.history.window(status::BURST).as_secs());
-            }
-            for (k, v) in state.history.series(&name, n) {
+        let mut numbers = None;
+        if let Some(card) = &mut card {
+            numbers = Some(std::mem::take(&mut card.numbers));
+            for (k, v) in state.history.drawn(&name, &card.trends) {
                 history.insert(
                     k,
                     v.into_iter().map(|x| x.is_finite().then_some(x)).collect(),
@@ -318,11 +392,12 @@ pub fn status_report(state: &AppState) -> StatusReport {
             owner: owner(spec),
             state: st,
             error,
-            leader: !standby,
+            leader: card.is_some(),
             reads: reads.clone(),
             notes: h.notes.clone(),
-            numbers: n,
+            numbers,
             history,
+            card,
             name,
         });
     }
@@ -380,246 +455,76 @@ pub async fn status_page(State(state): State<AppState>) -> Response {
         for note in &s.notes {
             let _ = write!(body, "<p data-field=\"note\">{}</p>", escape(note));
         }
-        if let Some(n) = &s.numbers {
-            body.push_str(&numbers_table(s, n));
+        if let Some(card) = &s.card {
+            body.push_str(&numbers_table(card, &s.history));
         }
         body.push_str("</div>");
     }
     page("status", Some(15), &body)
 }
 
-fn row(
-    body: &mut String,
-    field: &str,
-    title: &str,
-    value: String,
-    spark: Option<&Vec<Option<f64>>>,
-) {
+/// One row of named numbers: its title and value (HTML) and its sparkline.
+fn row(body: &mut String, field: &str, title: &str, value: &str, spark: Option<&Vec<Option<f64>>>) {
     let line = spark.map_or(String::new(), |v| {
         sparkline(&v.iter().map(|x| x.unwrap_or(f64::NAN)).collect::<Vec<_>>())
     });
     let _ = write!(
         body,
-        "<tr><th>{}</th><td data-field=\"{field}\">{value}</td><td>{line}</td></tr>",
-        escape(title)
+        "<tr><th>{title}</th><td data-field=\"{field}\">{value}</td><td>{line}</td></tr>"
     );
 }
 
-fn against(key: &str, v: Option<f64>, objective: Option<f64>, unit: &str) -> String {
-    let shown = v.map_or("–".to_string(), |v| format!("{}{unit}", val(key, v)));
-    match (v, objective) {
-        (Some(v), Some(o)) => format!(
-            "<span class=\"{}\">{shown}</span> <span class=\"muted\">(objective {}{unit})</span>",
-            if v > o { "over" } else { "ok" },
-            number(o)
-        ),
-        _ => shown,
+/// A card's table: a header row, then a row per key (`data-{rows_are}`
+/// holding it) or the card's word for none.
+fn table(body: &mut String, t: &Table) {
+    let _ = write!(body, "<table><tr><th>{}</th>", escape(t.rows_are));
+    for (_, title) in &t.columns {
+        let _ = write!(body, "<th>{}</th>", escape(title));
     }
-}
-
-/// The dead letters of the last 5 minutes, red above the paging alert's
-/// floor (a burst); nothing while there are none.
-fn burst(n: &Numbers) -> String {
-    let Some(count) = n.dead_letters_5m.filter(|c| *c > 0.0) else {
-        return String::new();
-    };
-    let window = n.dead_letters_5m_seconds.unwrap_or(status::BURST.as_secs());
-    let within = if window >= status::BURST.as_secs() {
-        "in the last 5 min".to_string()
-    } else {
-        format!("in the agent's first {}", span(Duration::from_secs(window)))
-    };
-    format!(
-        " · <span class=\"{}\" data-field=\"dead_letter_burst\">{} {within}</span> \
-         <span class=\"muted\">(a burst above {}: InboxDeadLetterSpike's floor)</span>",
-        if count > status::BURST_THRESHOLD {
-            "over"
-        } else {
-            "ok"
-        },
-        val("dead_letters_5m", count),
-        number(status::BURST_THRESHOLD)
-    )
-}
-
-fn numbers_table(s: &SourceStatus, n: &Numbers) -> String {
-    let h = &s.history;
-    let mut body = String::from("<table>");
-    if s.kind == "kafka" {
-        body.push_str(
-            "<tr><th>group</th><th>lag (messages)</th><th>lag (seconds)</th><th>status</th></tr>",
+    body.push_str("</tr>");
+    for r in &t.rows {
+        let key = escape(&r.key);
+        let _ = write!(
+            body,
+            "<tr data-{}=\"{key}\"><td>{key}</td>",
+            escape(t.rows_are)
         );
-        for g in &n.groups {
-            let _ = write!(
-                body,
-                "<tr data-group=\"{g}\"><td>{g}</td><td data-field=\"lag_messages\">{}</td>\
-                 <td data-field=\"lag_seconds\">{}</td><td data-field=\"group_status\">{}</td></tr>",
-                val("lag_messages", g.lag_messages),
-                val("lag_seconds", g.lag_seconds),
-                g.status.as_deref().map_or("–".to_string(), escape),
-                g = escape(&g.group),
+        for ((field, _), cell) in t.columns.iter().zip(&r.cells) {
+            let _ = write!(body, "<td data-field=\"{field}\">{}</td>", parts(cell));
+        }
+        body.push_str("</tr>");
+    }
+    if t.rows.is_empty() {
+        let _ = write!(
+            body,
+            "<tr><td colspan=\"{}\" class=\"muted\">{}</td></tr>",
+            t.columns.len() + 1,
+            escape(t.empty)
+        );
+    }
+    body.push_str("</table>");
+}
+
+/// A card's tables, then its rows of named numbers, each with the
+/// sparkline of the trend it names.
+fn numbers_table(card: &Card, history: &BTreeMap<&'static str, Vec<Option<f64>>>) -> String {
+    let mut body = String::new();
+    for t in &card.tables {
+        table(&mut body, t);
+    }
+    if !card.rows.is_empty() {
+        body.push_str("<table>");
+        for r in &card.rows {
+            row(
+                &mut body,
+                r.field,
+                &parts(&r.title),
+                &parts(&r.value),
+                r.spark.and_then(|k| history.get(k)),
             );
         }
-        if n.groups.is_empty() {
-            body.push_str("<tr><td colspan=\"4\" class=\"muted\">no group watched yet</td></tr>");
-        }
-        body.push_str("</table><table>");
-        row(
-            &mut body,
-            "kafka_lag_messages",
-            "total lag (messages)",
-            val(
-                "kafka_lag_messages",
-                n.groups.iter().map(|g| g.lag_messages).sum(),
-            ),
-            h.get("kafka_lag_messages"),
-        );
         body.push_str("</table>");
-        return body;
     }
-    row(
-        &mut body,
-        "oldest_age_seconds",
-        if s.kind == "outbox" {
-            "oldest unpublished age"
-        } else {
-            "oldest unprocessed age"
-        },
-        against(
-            "oldest_age_seconds",
-            n.oldest_age_seconds,
-            n.oldest_age_objective_seconds,
-            " s",
-        ),
-        h.get("oldest_age_seconds"),
-    );
-    let backlog = n
-        .backlog
-        .iter()
-        .map(|(k, v)| format!("{}: {}", escape(k), val(&format!("backlog_{k}"), *v)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    row(
-        &mut body,
-        "backlog",
-        "backlog",
-        if backlog.is_empty() {
-            "–".into()
-        } else {
-            backlog
-        },
-        h.get("backlog"),
-    );
-    if s.kind == "outbox" {
-        row(
-            &mut body,
-            "published_total",
-            "published since start",
-            opt_val("published_total", n.published_total),
-            None,
-        );
-        body.push_str("</table>");
-        return body;
-    }
-    row(
-        &mut body,
-        "stuck",
-        "stuck rows",
-        opt_val("stuck", n.stuck),
-        h.get("stuck"),
-    );
-    row(
-        &mut body,
-        "p95_seconds",
-        "P95 processing time (worst event type)",
-        against("p95_seconds", n.p95_seconds, n.p95_objective_seconds, " s"),
-        h.get("p95_seconds"),
-    );
-    let hit = match (
-        n.idempotency_hit_rate,
-        n.duplicate_deliveries_total,
-        n.deliveries_total,
-    ) {
-        (Some(r), Some(d), Some(all)) => format!(
-            "{}% <span class=\"muted\">({} duplicate of {} deliveries since start)</span>",
-            number((r * 1000.0).round() / 10.0),
-            val("duplicate_deliveries_total", d),
-            val("deliveries_total", all)
-        ),
-        _ => "– <span class=\"muted\">(no deliveries column, or none yet)</span>".into(),
-    };
-    row(
-        &mut body,
-        "idempotency_hit_rate",
-        "idempotency hit rate",
-        hit,
-        h.get("duplicate_ratio"),
-    );
-    // Each bucket by the attempts it holds: "3", "4–5", "more than 20".
-    let mut below = 0.0_f64;
-    let mut retries = Vec::new();
-    for b in &n.retry_distribution {
-        let upper: f64 = b.le.parse().unwrap_or(f64::INFINITY);
-        let from = below.floor() + 1.0;
-        let label = if upper.is_infinite() {
-            format!("more than {}", number(below))
-        } else if upper.floor() <= from {
-            number(upper)
-        } else {
-            format!("{}–{}", number(from), number(upper.floor()))
-        };
-        below = upper;
-        if b.events > 0.0 {
-            retries.push(format!(
-                "{label}: {}",
-                val(&format!("attempts_le_{}", b.le), b.events)
-            ));
-        }
-    }
-    let retries = retries.join(", ");
-    row(
-        &mut body,
-        "retry_distribution",
-        "completed events by attempts they took",
-        if retries.is_empty() {
-            "–".into()
-        } else {
-            retries
-        },
-        None,
-    );
-    row(
-        &mut body,
-        "attempt_failures_total",
-        "failed attempts since start",
-        opt_val("attempt_failures_total", n.attempt_failures_total),
-        None,
-    );
-    let window = n
-        .dead_letters_recent_seconds
-        .unwrap_or(status::RECENT.as_secs());
-    let title = if window >= status::RECENT.as_secs() {
-        "dead letters, last 15 min".to_string()
-    } else {
-        format!(
-            "dead letters since the agent started ({} ago)",
-            span(Duration::from_secs(window))
-        )
-    };
-    row(
-        &mut body,
-        "dead_letters_recent",
-        &title,
-        format!(
-            "<a href=\"/dead-letters?source={}&amp;since={}s\">{}</a>{}",
-            url_part(&s.name),
-            window.max(1),
-            opt_val("dead_letters_recent", n.dead_letters_recent),
-            burst(n)
-        ),
-        h.get("dead_letters"),
-    );
-    body.push_str("</table>");
     body
 }
 

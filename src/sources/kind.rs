@@ -26,11 +26,13 @@ use tokio_util::sync::CancellationToken;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
+use crate::card::{Card, Past};
 use crate::checks::{Parts, Unknown, Validator};
 use crate::coordination::{Leadership, Lock, elect};
 use crate::health::Health;
 use crate::journal::Journal;
 use crate::sources::run::{Source, run_loop};
+use crate::telemetry::values::Reading;
 use crate::tracing_link::Linker;
 
 pub use actions::{
@@ -104,6 +106,11 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
     /// `doctor`'s checks of this source (run on the command's own runtime:
     /// the future need not be `Send`).
     fn doctor(&self) -> impl Future<Output = Vec<Finding>>;
+
+    /// The source's status card (the status page, `/api/v1/status`), from
+    /// what it recorded (`values`: nothing when another agent exports it)
+    /// and its history (`past`).
+    fn card(&self, values: &Reading<'_>, past: &dyn Past) -> Card;
 
     /// `trace` and `dead-letters` can search the source: it keeps one row
     /// per event.

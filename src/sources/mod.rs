@@ -16,8 +16,10 @@ pub mod table;
 use toml::Spanned;
 use toml::de::DeValue;
 
+use crate::card::{Card, Past};
 use crate::checks::Validator;
 use crate::telemetry::catalogue as metric;
+use crate::telemetry::values::Reading;
 use kind::{DeadLetterActions, DeadLetterTopics, Finding, Kind, Lookups, Preset, Runtime, Schema};
 
 /// Declares [`SourceSpec`], one variant per kind, and its methods, each of
@@ -103,6 +105,11 @@ macro_rules! kinds {
             /// `doctor`'s checks of the source.
             pub async fn doctor(&self) -> Vec<Finding> {
                 match self { $(SourceSpec::$variant(s) => s.doctor().await,)+ }
+            }
+
+            /// The source's status card.
+            pub fn card(&self, values: &Reading<'_>, past: &dyn Past) -> Card {
+                match self { $(SourceSpec::$variant(s) => s.card(values, past),)+ }
             }
 
             /// What each poll reads, in words.

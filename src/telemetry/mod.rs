@@ -1,5 +1,6 @@
-//! What the agent exports: the metric catalogue, bounded labels and the
-//! quantile sketch.
+//! What the agent exports: the metric catalogue, bounded labels, the
+//! quantile sketch, the per-cycle snapshots, and the values the recorder
+//! keeps readable for the status page.
 
 pub mod agent_spans;
 pub mod catalogue;
@@ -8,3 +9,4 @@ pub mod labels;
 pub mod otlp;
 pub mod sketch;
 pub mod snapshot;
+pub mod values;

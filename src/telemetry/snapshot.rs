@@ -2,7 +2,13 @@
 //! apart from the metrics recorder so that a series of a group or topic that
 //! has gone simply is not in the next snapshot, instead of freezing at its
 //! last value. `/metrics` renders them after the recorder's families.
+//!
+//! Beside its series a source may keep a value of its own type, made from
+//! the same samples in the same cycle ([`Builder::keep`]): what its status
+//! card reads ([`crate::telemetry::values::Reading::kept`]), without parsing
+//! the text back.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
@@ -19,10 +25,20 @@ pub struct Sample {
 
 /// One source's series of one cycle, already in the text format, one block
 /// per family: about the size of the `/metrics` text it becomes.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Builder {
     families: BTreeMap<&'static str, String>,
     count: usize,
+    kept: Option<Arc<dyn Any + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("families", &self.families.len())
+            .field("count", &self.count)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Builder {
@@ -52,6 +68,11 @@ impl Builder {
     pub fn is_empty(&self) -> bool {
         self.count == 0
     }
+
+    /// Keeps `value` with the samples, published and cleared with them.
+    pub fn keep<T: Any + Send + Sync>(&mut self, value: T) {
+        self.kept = Some(Arc::new(value));
+    }
 }
 
 static SNAPSHOTS: Mutex<BTreeMap<String, Arc<Builder>>> = Mutex::new(BTreeMap::new());
@@ -73,6 +94,12 @@ pub fn clear(source: &str) {
 /// How many samples `source` last published.
 pub fn count(source: &str) -> Option<usize> {
     lock().get(source).map(|b| b.len())
+}
+
+/// What `source` last kept beside its samples ([`Builder::keep`]), if it is a `T`.
+pub fn kept<T: Any + Send + Sync>(source: &str) -> Option<Arc<T>> {
+    let kept = lock().get(source)?.kept.clone()?;
+    kept.downcast::<T>().ok()
 }
 
 /// Appends every snapshot except the `hidden` sources' in the Prometheus text
@@ -175,8 +202,10 @@ mod tests {
         publish("snap-a", a);
         let mut b = Builder::default();
         b.push(s("g2", 4.5));
+        b.keep(String::from("kept with g2"));
         publish("snap-b", b);
         assert_eq!(count("snap-b"), Some(1));
+        assert_eq!(kept::<u32>("snap-b"), None);
         let mut out = String::new();
         render(&mut out, &[]);
         assert_eq!(
@@ -197,7 +226,12 @@ mod tests {
         assert_eq!(seen.len(), 2);
         assert_eq!(seen[0].0[1], ("group".to_string(), "g\"1".to_string()));
         assert_eq!(seen[1].1, 4.5);
+        assert_eq!(
+            kept::<String>("snap-b").as_deref().map(String::as_str),
+            Some("kept with g2")
+        );
         clear("snap-a");
         clear("snap-b");
+        assert_eq!(kept::<String>("snap-b"), None);
     }
 }

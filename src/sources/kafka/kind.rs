@@ -8,10 +8,12 @@ use tracing::{info, warn};
 
 use super::config::{KafkaSpec, RawKafka, validate};
 use super::election::KafkaElection;
-use super::{KafkaSource, doctor};
+use super::{KafkaSource, card, doctor};
+use crate::card::{Card, Past};
 use crate::checks::Validator;
 use crate::sources::common::RawCommon;
 use crate::sources::kind::{Answer, DeadLetterTopics, DeadRecords, Finding, Kind, Runtime};
+use crate::telemetry::values::Reading;
 
 impl Kind for KafkaSpec {
     const KIND: &'static str = "kafka";
@@ -70,6 +72,10 @@ impl Kind for KafkaSpec {
 
     async fn doctor(&self) -> Vec<Finding> {
         doctor::check(self).await
+    }
+
+    fn card(&self, values: &Reading<'_>, past: &dyn Past) -> Card {
+        card::card(values, past)
     }
 
     fn dead_letter_topics(&self) -> Option<&dyn DeadLetterTopics> {

@@ -24,6 +24,7 @@
 //! Which agent reads a cluster is decided apart from the cycle, by a group
 //! of the agents' own (`election.rs`, which does send `FindCoordinator`).
 
+mod card;
 pub mod client;
 pub mod config;
 pub mod dead_letters;
@@ -114,8 +115,13 @@ impl KafkaSource {
             .map(|(name, g)| (name.clone(), (g.protocol, g.members, g.epoch)))
             .collect();
         let mut out = snapshot::Builder::default();
+        let mut groups = card::Groups::default();
         self.memory
-            .samples(&self.settings, &said, now, wall_ms, &mut |s| out.push(s));
+            .samples(&self.settings, &said, now, wall_ms, &mut |s| {
+                groups.add(&s);
+                out.push(s);
+            });
+        out.keep(groups);
         snapshot::publish(&self.spec.name, out);
         Ok(PollStats {
             rows_read: reads,

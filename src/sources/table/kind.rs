@@ -18,7 +18,8 @@ use super::doctor::{self, Shape};
 use super::inbox::Inbox;
 use super::lock::{LockSessions, SourceLock};
 use super::outbox::Outbox;
-use super::{Pools, TableSource, actions, lookup, presets, schema};
+use super::{Pools, TableSource, actions, card, lookup, presets, schema};
+use crate::card::{Card, Past};
 use crate::checks::Validator;
 use crate::coordination::LEASE;
 use crate::redact::Redactor;
@@ -28,6 +29,7 @@ use crate::sources::kind::{
     Finding, Kind, Lookups, Preset, Runtime, Schema,
 };
 use crate::telemetry::catalogue as metric;
+use crate::telemetry::values::Reading;
 use crate::tracing_link::SpanSink;
 
 /// The `Kind` of a table source: `$spec` with its own keys `$raw`, checked by
@@ -117,6 +119,10 @@ macro_rules! table_kind {
 
 table_kind! {
     InboxSpec, "inbox", RawInbox, inbox_spec, Inbox, Shape::Inbox;
+    fn card(&self, values: &Reading<'_>, past: &dyn Past) -> Card {
+        card::inbox(values, past)
+    }
+
     fn dead_letter_actions(&self) -> Option<&dyn DeadLetterActions> {
         Some(self)
     }
@@ -124,6 +130,9 @@ table_kind! {
 
 table_kind! {
     OutboxSpec, "outbox", RawOutbox, outbox_spec, Outbox, Shape::Outbox;
+    fn card(&self, values: &Reading<'_>, past: &dyn Past) -> Card {
+        card::outbox(values, past)
+    }
 }
 
 impl Lookups for InboxSpec {

@@ -15,6 +15,7 @@
 mod actions;
 pub mod backlog;
 pub mod capabilities;
+mod card;
 pub mod config;
 pub mod dialect;
 mod doctor;
