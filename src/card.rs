@@ -125,6 +125,22 @@ pub trait Past {
     fn window(&self, longest: Duration) -> Duration;
 }
 
+/// The history of a source that has none, of an agent older than any
+/// window: every total grew by all of it (for the kinds' card tests).
+#[cfg(test)]
+pub struct NoPast;
+
+#[cfg(test)]
+impl Past for NoPast {
+    fn growth(&self, _key: &str, now: f64, _window: Duration) -> f64 {
+        now
+    }
+
+    fn window(&self, longest: Duration) -> Duration {
+        longest
+    }
+}
+
 /// A text part.
 pub fn text(t: impl Into<String>) -> Part {
     Part::Text(t.into())

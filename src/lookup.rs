@@ -15,7 +15,7 @@ use crate::tracing_link::{self as link, to_hex};
 #[derive(Debug, thiserror::Error)]
 pub enum LookupError {
     /// `--source` names no table source of the config.
-    #[error("--source: no inbox or outbox source named \"{0}\" in the config")]
+    #[error("--source: no source named \"{0}\" in the config that this command can read")]
     UnknownSource(String),
     /// The event id is in none of the searched tables.
     #[error("event \"{id}\" not found in {searched}")]

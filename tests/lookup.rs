@@ -254,7 +254,7 @@ async fn lookups(db: Db, tag: &str) {
     assert_eq!(code, 2);
     assert_eq!(
         err.trim(),
-        "error: --source: no inbox or outbox source named \"nope\" in the config"
+        "error: --source: no source named \"nope\" in the config that this command can read"
     );
 
     // Dead letters of the last hour: newest first, the 3-hour-old one left out.

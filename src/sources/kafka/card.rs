@@ -110,21 +110,9 @@ pub fn card(values: &Reading<'_>, _past: &dyn Past) -> Card {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::card::NoPast;
     use crate::telemetry::snapshot::{self, Builder};
     use crate::telemetry::values::Values;
-    use std::time::Duration;
-
-    struct NoPast;
-
-    impl Past for NoPast {
-        fn growth(&self, _key: &str, now: f64, _window: Duration) -> f64 {
-            now
-        }
-
-        fn window(&self, longest: Duration) -> Duration {
-            longest
-        }
-    }
 
     #[test]
     fn groups_sum_lag_take_the_worst_seconds_and_the_status_at_one() {

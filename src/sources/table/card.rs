@@ -384,21 +384,9 @@ fn burst(n: &Numbers) -> Vec<Part> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::card::NoPast;
     use crate::telemetry::catalogue::catalogue_recorder;
     use crate::telemetry::values::Values;
-
-    /// A history of a source that has none: the agent is an hour old.
-    struct NoPast;
-
-    impl Past for NoPast {
-        fn growth(&self, _key: &str, now: f64, _window: Duration) -> f64 {
-            now
-        }
-
-        fn window(&self, longest: Duration) -> Duration {
-            longest
-        }
-    }
 
     /// The card's burst threshold is the paging alert's floor: 30 dead
     /// letters in 5 minutes is `rate5m > 0.1`.
