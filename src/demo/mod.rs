@@ -51,6 +51,25 @@ pub struct Options {
     pub dsn: Option<String>,
 }
 
+impl Options {
+    /// The options of `inboxwatch demo`, its `--drill` by name; `Err` names
+    /// every drill when there is none of that name.
+    pub fn new(
+        listen: SocketAddr,
+        rate: f64,
+        drill: Option<&str>,
+        dsn: Option<String>,
+    ) -> Result<Options, String> {
+        let drill = drill.map(|name| drill::find(name).map(|d| d.drill));
+        Ok(Options {
+            listen,
+            rate,
+            drill: drill.transpose()?,
+            dsn,
+        })
+    }
+}
+
 /// The config the demo agent runs on, as a user would write it: `dsn` is the
 /// database (written into the file as it is), `audit_table` the dead-letter
 /// audit table.
