@@ -122,7 +122,7 @@ dsn = {dsn}
 audit_table = "{audit_table}"
 "#,
         stuck = STUCK_AFTER.as_secs(),
-        parked = simulate::PARKED,
+        parked = sql::PARKED,
     )
 }
 
@@ -378,7 +378,7 @@ async fn run_on(dir: &Path, target: &Target<'_>, options: &Options) -> anyhow::R
         stuck = if options.drill.is_none() {
             format!(
                 " (one row is stuck on purpose until the consumer's {} s lease reclaims it)",
-                simulate::LEASE.as_secs()
+                sql::LEASE.as_secs()
             )
         } else {
             String::new()
