@@ -15,10 +15,11 @@ use super::config::{
     self, InboxSpec, OutboxSpec, RawInbox, RawOutbox, RawTable, TableSpec, inbox_spec, outbox_spec,
     table_spec,
 };
-use super::doctor::{self, Shape};
+use super::doctor;
 use super::inbox::Inbox;
 use super::lock::{LockSessions, SourceLock};
 use super::outbox::Outbox;
+use super::shape::Shape;
 use super::{Pools, TableSource, actions, lookup, schema};
 use crate::checks::{Validator, keys_at, knows};
 use crate::coordination::LEASE;

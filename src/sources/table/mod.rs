@@ -28,6 +28,7 @@ mod ordering;
 pub mod outbox;
 pub mod rules;
 pub mod schema;
+mod shape;
 mod state;
 
 pub use config::{InboxSpec, OutboxSpec, Status, StatusMap, TableSpec};
