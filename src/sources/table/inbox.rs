@@ -572,9 +572,9 @@ impl Inbox {
         }
     }
 
-    /// Counts what one row shows, following the rules of the module docs: a
-    /// version that cannot be used is [rejected](Inbox::reject); the first
-    /// sight of an event makes what is remembered of it (the
+    /// Counts what one row shows, following the rules of the module docs:
+    /// a version that cannot be used is [rejected](Inbox::reject_version);
+    /// the first sight of an event makes what is remembered of it (the
     /// [baseline](Inbox::first_sight_of_old) of an event older than the
     /// agent's memory, or a [new event](Inbox::first_sight)); then the
     /// [changes](Inbox::changes) since the version last seen are counted.
@@ -590,7 +590,7 @@ impl Inbox {
             self.spec.meaning_of(&row.status)
         };
         let state = match self.check(&row, status) {
-            Some(reason) => self.reject(&row, reason, existing, long_error_at, baseline),
+            Some(reason) => self.reject_version(&row, reason, existing, long_error_at, baseline),
             None => {
                 let shown = self.shown(&row, label, status, existing);
                 match existing.filter(|s| s.valid) {
@@ -638,7 +638,7 @@ impl Inbox {
     /// rejected once, and nothing else of it counted. An event seen only in
     /// such versions is remembered as not valid, so that its first usable
     /// version is its first sight.
-    fn reject(
+    fn reject_version(
         &mut self,
         row: &Row,
         reason: Reject,
