@@ -1,12 +1,15 @@
 //! Command line: `run`, `demo`, `check-config`, `schema`, `doctor`, `metrics`,
-//! `trace`, `dead-letters` (and `dead-letters replay | ignore`).
+//! `trace`, `dead-letters` (and `dead-letters replay | ignore`); and what
+//! `check-config` prints of a config that passed.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::config::Config;
 use crate::dsn::Dialect;
+use crate::sources::kind::{Action, ActionRequest};
 
 /// Watches message consumers from the outside: inbox and outbox tables,
 /// exported as Prometheus metrics.
@@ -183,4 +186,33 @@ pub struct ActionArgs {
     /// The event ids (idempotency keys).
     #[arg(required = true)]
     pub event_ids: Vec<String>,
+}
+
+impl ActionArgs {
+    /// The request these arguments make for `action`.
+    pub fn request(self, action: Action) -> ActionRequest {
+        ActionRequest {
+            action,
+            operator: self.operator,
+            reason: self.reason,
+            event_ids: self.event_ids,
+            apply: self.yes,
+        }
+    }
+}
+
+/// `check-config` of a config that passed: the number of sources, then the
+/// effective settings of each source written with a preset (name and DSN
+/// left out).
+pub fn config_report(config: &Config) -> String {
+    let mut out = format!("config OK: {} sources\n", config.sources.len());
+    for used in &config.presets {
+        out.push_str(&format!(
+            "\n# source \"{}\": {}\n# effective settings (name and DSN left out):\n{}",
+            used.source,
+            used.headline(),
+            used.effective
+        ));
+    }
+    out
 }

@@ -17,6 +17,7 @@ pub mod http;
 pub mod journal;
 pub mod lookup;
 pub mod redact;
+pub mod schema;
 pub mod sources;
 pub mod telemetry;
 pub mod text;

@@ -1,63 +1,35 @@
 //! `inboxwatch`: parse the command line, run the subcommand, print the error
 //! chain, exit with a code (2 for bad configuration or usage, 1 otherwise).
 
+use std::fmt::Display;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
-use inboxwatch::cli::{Cli, Command, DeadLetterCommand};
-use inboxwatch::config::presets;
-use inboxwatch::config::{self, is_table_name};
-use inboxwatch::sources::kind::{Action, ActionRequest};
-use inboxwatch::sources::table::schema;
+use inboxwatch::cli::{self, ActionArgs, Cli, Command, DeadLetterCommand};
+use inboxwatch::config::{self, Config, ConfigError, Environment, presets};
+use inboxwatch::sources::kind::Action;
 use inboxwatch::text::terminal_text;
-use inboxwatch::{actions, app, demo, doctor, lookup, telemetry};
+use inboxwatch::{actions, app, demo, doctor, lookup, schema, telemetry};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log);
-    match cli.command {
-        Command::CheckConfig { file, no_env } => match config::load_in(
-            &file,
-            if no_env {
-                config::Environment::Placeholders
-            } else {
-                config::Environment::Process
-            },
-        ) {
-            Ok(cfg) => {
-                println!("config OK: {} sources", cfg.sources.len());
-                for used in &cfg.presets {
-                    println!();
-                    println!("# source \"{}\": {}", used.source, used.headline());
-                    println!("# effective settings (name and DSN left out):");
-                    print!("{}", used.effective);
-                }
-                ExitCode::SUCCESS
-            }
-            Err(e) => config_failure(&e),
-        },
+    // Every command that connects to a database does it through `sqlx::Any`.
+    sqlx::any::install_default_drivers();
+    match dispatch(cli.command) {
+        Ok(code) | Err(code) => code,
+    }
+}
+
+/// Runs one command; `Err` is the exit code of a failure already printed.
+fn dispatch(command: Command) -> Result<ExitCode, ExitCode> {
+    match command {
+        Command::CheckConfig { file, no_env } => check_config(&file, no_env),
         Command::Schema {
             config: Some(path), ..
-        } => {
-            let cfg = match config::load(&path) {
-                Ok(c) => c,
-                Err(e) => return config_failure(&e),
-            };
-            for source in &cfg.sources {
-                if let Some(schema) = source.schema() {
-                    println!("-- source \"{}\" ({})", source.name(), source.describe());
-                    print!("{}", schema.indexes());
-                }
-                if let Some(ddl) = source.dead_letter_actions().and_then(|a| a.audit_ddl()) {
-                    println!(
-                        "-- source \"{}\": the audit table of dead-letters replay / ignore",
-                        source.name()
-                    );
-                    print!("{ddl}");
-                }
-            }
-            ExitCode::SUCCESS
-        }
+        } => printed(schema::indexes(&load(&path)?)),
         Command::Schema {
             dialect,
             table,
@@ -65,179 +37,49 @@ fn main() -> ExitCode {
             audit_table,
             ..
         } => {
-            let Some(dialect) = dialect else {
-                eprintln!("--dialect: required (or --config)");
-                return ExitCode::from(2);
-            };
-            for (flag, name) in [
-                ("--table", Some(&table)),
-                ("--outbox-table", outbox_table.as_ref()),
-                ("--audit-table", audit_table.as_ref()),
-            ] {
-                if let Some(name) = name.filter(|n| !is_table_name(n)) {
-                    eprintln!("{flag}: \"{name}\" is not a table name");
-                    return ExitCode::from(2);
-                }
-            }
-            print!("{}", schema::ddl(dialect, &table, outbox_table.as_deref()));
-            if let Some(audit) = &audit_table {
-                println!();
-                print!("{}", schema::audit_ddl(dialect, audit));
-            }
-            ExitCode::SUCCESS
+            let (outbox, audit) = (outbox_table.as_deref(), audit_table.as_deref());
+            printed(schema::recommended(dialect, &table, outbox, audit).map_err(usage)?)
         }
-        Command::Metrics => {
-            print!("{}", telemetry::catalogue::markdown());
-            ExitCode::SUCCESS
-        }
+        Command::Metrics => printed(telemetry::catalogue::markdown()),
+        Command::Presets { name } => show_presets(name.as_deref()),
         Command::Run {
             config: path,
             listen,
             web_config_file,
-        } => {
-            let mut cfg = match config::load(&path) {
-                Ok(c) => c,
-                Err(e) => return config_failure(&e),
-            };
-            if let Some(l) = listen {
-                cfg.listen = l;
-            }
-            if let Some(file) = web_config_file
-                && let Err(e) = cfg.use_web_config_file(file)
-            {
-                return config_failure(&e);
-            }
-            finish(runtime().block_on(app::run(cfg)))
-        }
+        } => run(&path, listen, web_config_file),
+        Command::Demo {
+            drill: Some(name), ..
+        } if name == "list" => printed(demo::drill::listing()),
         Command::Demo {
             listen,
             rate,
             drill,
             dsn,
         } => {
-            let drill = match drill.as_deref() {
-                None => None,
-                Some("list") => {
-                    print!("{}", demo::drill::listing());
-                    return ExitCode::SUCCESS;
-                }
-                Some(name) => match demo::drill::find(name) {
-                    Ok(d) => Some(d.drill),
-                    Err(e) => {
-                        eprintln!("{e}");
-                        return ExitCode::from(2);
-                    }
-                },
-            };
-            let options = demo::Options {
-                listen,
-                rate,
-                drill,
-                dsn,
-            };
-            finish(runtime().block_on(demo::run(options)))
+            let options = demo::Options::new(listen, rate, drill.as_deref(), dsn).map_err(usage)?;
+            finished(block_on(demo::run(options)))
         }
-        Command::Presets { name: None } => {
-            print!("{}", presets::listing());
-            ExitCode::SUCCESS
-        }
-        Command::Presets { name: Some(name) } => match presets::find(&name) {
-            Some((_, p)) => {
-                print!("{}", p.detail());
-                ExitCode::SUCCESS
-            }
-            None => {
-                eprintln!(
-                    "unknown preset \"{name}\" (expected one of {})",
-                    presets::names().join(", ")
-                );
-                ExitCode::from(2)
-            }
+        Command::Doctor { config: path } => match block_on(doctor::run(&load(&path)?)) {
+            Ok(true) => Ok(ExitCode::SUCCESS),
+            Ok(false) => Ok(ExitCode::from(1)),
+            Err(e) => finished(Err(e)),
         },
-        Command::Doctor { config: path } => {
-            let cfg = match config::load(&path) {
-                Ok(c) => c,
-                Err(e) => return config_failure(&e),
-            };
-            match runtime().block_on(doctor::run(&cfg)) {
-                Ok(true) => ExitCode::SUCCESS,
-                Ok(false) => ExitCode::from(1),
-                Err(e) => finish(Err(e)),
-            }
-        }
         Command::Trace {
             event_id,
             config: path,
             source,
         } => {
-            let cfg = match config::load(&path) {
-                Ok(c) => c,
-                Err(e) => return config_failure(&e),
-            };
-            sqlx::any::install_default_drivers();
-            lookup_output(runtime().block_on(lookup::trace(&cfg, &event_id, source.as_deref())))
+            let cfg = load(&path)?;
+            printed(answered(block_on(lookup::trace(
+                &cfg,
+                &event_id,
+                source.as_deref(),
+            )))?)
         }
         Command::DeadLetters {
             action: Some(command),
             ..
-        } => {
-            let (action, args) = match command {
-                DeadLetterCommand::Replay(a) => (Action::Replay, a),
-                DeadLetterCommand::Ignore(a) => (Action::Ignore, a),
-                DeadLetterCommand::History {
-                    config: path,
-                    source,
-                    event_ids,
-                } => {
-                    let cfg = match config::load(&path) {
-                        Ok(c) => c,
-                        Err(e) => return config_failure(&e),
-                    };
-                    sqlx::any::install_default_drivers();
-                    return match runtime().block_on(actions::history(&cfg, &source, &event_ids)) {
-                        Ok(text) => {
-                            print!("{text}");
-                            ExitCode::SUCCESS
-                        }
-                        Err(e) => {
-                            eprintln!("error: {}", terminal_text(&e.to_string()));
-                            ExitCode::from(e.exit_code())
-                        }
-                    };
-                }
-            };
-            let cfg = match config::load(&args.config) {
-                Ok(c) => c,
-                Err(e) => return config_failure(&e),
-            };
-            sqlx::any::install_default_drivers();
-            let request = ActionRequest {
-                action,
-                operator: args.operator,
-                reason: args.reason,
-                event_ids: args.event_ids,
-                apply: args.yes,
-            };
-            if !request.apply {
-                eprintln!(
-                    "dry run: nothing is written; add --yes before the event ids (and their --) to apply"
-                );
-            }
-            match runtime().block_on(actions::run(&cfg, &args.source, &request)) {
-                Ok((text, all)) => {
-                    print!("{text}");
-                    if all {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::from(1)
-                    }
-                }
-                Err(e) => {
-                    eprintln!("error: {}", terminal_text(&e.to_string()));
-                    ExitCode::from(e.exit_code())
-                }
-            }
-        }
+        } => dead_letter_command(command),
         Command::DeadLetters {
             action: None,
             config: path,
@@ -246,62 +88,161 @@ fn main() -> ExitCode {
             limit,
             per_partition,
         } => {
-            let Some(path) = path else {
-                eprintln!("--config: required");
-                return ExitCode::from(2);
-            };
-            let cfg = match config::load(&path) {
-                Ok(c) => c,
-                Err(e) => return config_failure(&e),
-            };
-            sqlx::any::install_default_drivers();
-            lookup_output(runtime().block_on(lookup::dead_letters(
-                &cfg,
-                source.as_deref(),
-                since,
-                limit,
-                per_partition,
-            )))
+            let cfg = load(&path.ok_or_else(|| usage("--config: required"))?)?;
+            let listing =
+                lookup::dead_letters(&cfg, source.as_deref(), since, limit, per_partition);
+            printed(answered(block_on(listing))?)
         }
     }
 }
 
-fn lookup_output(result: Result<String, lookup::LookupError>) -> ExitCode {
-    match result {
-        Ok(text) => {
-            print!("{text}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            // An id not found, a driver's error echoing one: as printed text.
-            eprintln!("error: {}", terminal_text(&e.to_string()));
-            ExitCode::from(e.exit_code())
-        }
+/// `check-config`: the file read and checked, with `--no-env` every `${VAR}`
+/// taken as set.
+fn check_config(file: &Path, no_env: bool) -> Result<ExitCode, ExitCode> {
+    let environment = match no_env {
+        true => Environment::Placeholders,
+        false => Environment::Process,
+    };
+    let cfg = config::load_in(file, environment).map_err(config_failure)?;
+    printed(cli::config_report(&cfg))
+}
+
+/// `presets`: the list, or one preset's settings and what it measures.
+fn show_presets(name: Option<&str>) -> Result<ExitCode, ExitCode> {
+    let Some(name) = name else {
+        return printed(presets::listing());
+    };
+    match presets::find(name) {
+        Some((_, p)) => printed(p.detail()),
+        None => Err(usage(format!(
+            "unknown preset \"{name}\" (expected one of {})",
+            presets::names().join(", ")
+        ))),
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("the tokio runtime starts")
+/// `run`: the agent on the config file, with the flags that override it.
+fn run(
+    path: &Path,
+    listen: Option<SocketAddr>,
+    web_config_file: Option<PathBuf>,
+) -> Result<ExitCode, ExitCode> {
+    let mut cfg = load(path)?;
+    cfg.listen = listen.unwrap_or(cfg.listen);
+    if let Some(file) = web_config_file {
+        cfg.use_web_config_file(file).map_err(config_failure)?;
+    }
+    finished(block_on(app::run(cfg)))
 }
 
-fn config_failure(e: &config::ConfigError) -> ExitCode {
+/// `dead-letters replay | ignore | history`.
+fn dead_letter_command(command: DeadLetterCommand) -> Result<ExitCode, ExitCode> {
+    let (action, args) = match command {
+        DeadLetterCommand::Replay(args) => (Action::Replay, args),
+        DeadLetterCommand::Ignore(args) => (Action::Ignore, args),
+        DeadLetterCommand::History {
+            config: path,
+            source,
+            event_ids,
+        } => {
+            let cfg = load(&path)?;
+            return printed(answered(block_on(actions::history(
+                &cfg, &source, &event_ids,
+            )))?);
+        }
+    };
+    act(action, args)
+}
+
+/// `dead-letters replay` / `ignore`: exit 1 unless every event was done (or,
+/// without `--yes`, would be).
+fn act(action: Action, args: ActionArgs) -> Result<ExitCode, ExitCode> {
+    let cfg = load(&args.config)?;
+    let source = args.source.clone();
+    let request = args.request(action);
+    if !request.apply {
+        eprintln!(
+            "dry run: nothing is written; add --yes before the event ids (and their --) to apply"
+        );
+    }
+    let (text, all) = answered(block_on(actions::run(&cfg, &source, &request)))?;
+    print!("{text}");
+    Ok(if all {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The config file at `path`, or exit 2 after one line per problem.
+fn load(path: &Path) -> Result<Config, ExitCode> {
+    config::load(path).map_err(config_failure)
+}
+
+fn config_failure(e: ConfigError) -> ExitCode {
     for p in &e.problems {
         eprintln!("{p}");
     }
     ExitCode::from(2)
 }
 
-fn finish(result: anyhow::Result<()>) -> ExitCode {
+/// Bad usage: the message as it is, exit 2.
+fn usage(message: impl Display) -> ExitCode {
+    eprintln!("{message}");
+    ExitCode::from(2)
+}
+
+/// A command's whole output on stdout: exit 0.
+fn printed(text: impl Display) -> Result<ExitCode, ExitCode> {
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The errors of the lookups and the dead-letter actions, which say their
+/// own exit code.
+trait CommandFailure: Display {
+    fn code(&self) -> u8;
+}
+
+impl CommandFailure for lookup::LookupError {
+    fn code(&self) -> u8 {
+        self.exit_code()
+    }
+}
+
+impl CommandFailure for actions::CommandError {
+    fn code(&self) -> u8 {
+        self.exit_code()
+    }
+}
+
+/// A lookup's or an action's answer; its error printed as text a terminal
+/// shows as it is (an id not found, a driver's error echoing one).
+fn answered<T>(result: Result<T, impl CommandFailure>) -> Result<T, ExitCode> {
+    result.map_err(|e| {
+        eprintln!("error: {}", terminal_text(&e.to_string()));
+        ExitCode::from(e.code())
+    })
+}
+
+/// How a long-running command ended: exit 1 after the error chain.
+fn finished(result: anyhow::Result<()>) -> Result<ExitCode, ExitCode> {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => Ok(ExitCode::SUCCESS),
         Err(e) => {
             eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            Err(ExitCode::FAILURE)
         }
     }
+}
+
+/// Runs `work` to its end on a runtime of its own.
+fn block_on<F: Future>(work: F) -> F::Output {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("the tokio runtime starts")
+        .block_on(work)
 }
 
 fn init_logging(filter: &str) {

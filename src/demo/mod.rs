@@ -51,6 +51,25 @@ pub struct Options {
     pub dsn: Option<String>,
 }
 
+impl Options {
+    /// The options of `inboxwatch demo`, its `--drill` by name; `Err` names
+    /// every drill when there is none of that name.
+    pub fn new(
+        listen: SocketAddr,
+        rate: f64,
+        drill: Option<&str>,
+        dsn: Option<String>,
+    ) -> Result<Options, String> {
+        let drill = drill.map(|name| drill::find(name).map(|d| d.drill));
+        Ok(Options {
+            listen,
+            rate,
+            drill: drill.transpose()?,
+            dsn,
+        })
+    }
+}
+
 /// The config the demo agent runs on, as a user would write it: `dsn` is the
 /// database (written into the file as it is), `audit_table` the dead-letter
 /// audit table.
@@ -103,7 +122,7 @@ dsn = {dsn}
 audit_table = "{audit_table}"
 "#,
         stuck = STUCK_AFTER.as_secs(),
-        parked = simulate::PARKED,
+        parked = sql::PARKED,
     )
 }
 
@@ -363,7 +382,7 @@ async fn run_on(dir: &Path, target: &Target<'_>, options: &Options) -> anyhow::R
         stuck = if options.drill.is_none() {
             format!(
                 " (one row is stuck on purpose until the consumer's {} s lease reclaims it)",
-                simulate::LEASE.as_secs()
+                sql::LEASE.as_secs()
             )
         } else {
             String::new()

@@ -44,10 +44,6 @@ const CLAIM_INTERVAL: Duration = Duration::from_millis(100);
 /// Backoff before the first retry; doubles with every further failed attempt,
 /// up to 2^[`super::sql::MAX_BACKOFF_DOUBLINGS`] times (3.2 s).
 const RETRY_BASE: Duration = Duration::from_millis(200);
-/// A row in processing whose attempt started longer ago than this is
-/// reclaimed: its worker died (the planted stuck row, `kill-after-commit`).
-/// Under the demo's 30 s age objective, over its 10 s stuck_after.
-pub const LEASE: Duration = Duration::from_secs(25);
 /// Median time of a normal attempt.
 const MEDIAN_PROCESSING_SECS: f64 = 0.080;
 /// Log-normal spread of normal attempts.
@@ -96,8 +92,6 @@ pub const BATCH_PREFIX: &str = "drill-batch-";
 /// `poison-key`: the key, and a new version of it this often.
 pub const POISON_KEY: &str = "account-poison-1";
 const POISON_KEY_EVERY: Duration = Duration::from_secs(2);
-/// Status word of a parked row (`poison-key`).
-pub const PARKED: &str = "parked";
 
 /// Errors of attempts that may succeed when retried.
 const TRANSIENT_ERRORS: &[&str] = &[
@@ -142,7 +136,7 @@ pub struct Simulation {
     pub max_attempts: u32,
     /// The agent's `stuck_after`; the planted stuck row started just before it.
     pub stuck_after: Duration,
-    /// Plant one row stuck in processing at the start (reclaimed after [`LEASE`]).
+    /// Plant one row stuck in processing at the start (reclaimed after [`super::sql::LEASE`]).
     pub plant_stuck_row: bool,
     /// The fault to inject from [`FAULT_START`] on, if any.
     pub drill: Option<Drill>,

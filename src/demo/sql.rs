@@ -2,12 +2,18 @@
 //! and the statements of its consumer (SQLite, PostgreSQL, MariaDB).
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use super::simulate::{LEASE, PARKED};
 use crate::dsn::Dialect;
 
 /// A retry waits 2^n × the retry base at most, n up to this.
 pub const MAX_BACKOFF_DOUBLINGS: u32 = 4;
+/// A row in processing whose attempt started longer ago than this is
+/// reclaimed: its worker died (the planted stuck row, `kill-after-commit`).
+/// Under the demo's 30 s age objective, over its 10 s stuck_after.
+pub const LEASE: Duration = Duration::from_secs(25);
+/// Status word of a parked row (`poison-key`).
+pub const PARKED: &str = "parked";
 
 /// The statements of one run, built once for its table and dialect. Every
 /// parameter is used once and in order (MariaDB's `?` are positional).

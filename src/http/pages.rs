@@ -818,7 +818,9 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
         && sources.is_empty()
         && topics.is_empty()
     {
-        return Err(format!("source: no source named {n:?} with dead letters to list"));
+        return Err(format!(
+            "source: no source named {n:?} with dead letters to list"
+        ));
     }
     if let Some(class) = &f.error_class {
         let mut known: Vec<String> = sources

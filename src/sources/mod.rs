@@ -18,6 +18,7 @@ use toml::de::DeValue;
 
 use crate::card::{Card, Past};
 use crate::checks::Validator;
+use crate::dsn::Dialect;
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::values::Reading;
 use kind::{DeadLetterActions, DeadLetterTopics, Finding, Kind, Lookups, Preset, Runtime, Schema};
@@ -157,6 +158,23 @@ kinds! {
     Outbox(table::OutboxSpec),
     /// A Kafka cluster's consumer groups and topics.
     Kafka(kafka::KafkaSpec),
+}
+
+/// `inboxwatch schema --dialect`: the recommended tables of the table kinds
+/// (an inbox table, an outbox table if named) and, if named, the audit table
+/// of the dead-letter actions, after an empty line.
+pub fn recommended_schema(
+    dialect: Dialect,
+    inbox: &str,
+    outbox: Option<&str>,
+    audit: Option<&str>,
+) -> String {
+    let mut out = table::schema::ddl(dialect, inbox, outbox);
+    if let Some(audit) = audit {
+        out.push('\n');
+        out.push_str(&table::schema::audit_ddl(dialect, audit));
+    }
+    out
 }
 
 /// Reads and validates one entry as a `K`: every key `K` does not take is

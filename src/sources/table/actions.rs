@@ -205,86 +205,156 @@ async fn one(
     req: &ActionRequest,
     id: &str,
 ) -> Result<ActionOutcome, sqlx::Error> {
-    let begin = match (sql.dialect, req.apply) {
-        (Dialect::Sqlite, true) => "BEGIN IMMEDIATE",
-        (Dialect::Sqlite, false) => "BEGIN",
-        (Dialect::Postgres, false) => "BEGIN READ ONLY",
-        (Dialect::MySql, false) => "START TRANSACTION READ ONLY",
-        (_, true) => "BEGIN",
-    };
-    exec(conn, begin).await?;
     let outcome = |done: bool, line: String| ActionOutcome {
         event_id: id.to_string(),
         done,
         line,
     };
-    let found = sqlx::query(sqlx::AssertSqlSafe(select_row(sql, spec, id, req.apply)))
+    exec(conn, begin(sql.dialect, req.apply)).await?;
+    let row = match dead_row(conn, sql, spec, id, req.apply).await? {
+        Ok(row) => row,
+        Err(refused) => {
+            exec(conn, "ROLLBACK").await?;
+            return Ok(outcome(false, refused));
+        }
+    };
+    let change = Change::of(sql, spec, a, req.action, &row);
+    let what = format!(
+        "{}; audit row in \"{}\"",
+        change.said.join(", "),
+        a.audit_table
+    );
+    if !req.apply {
+        exec(conn, "ROLLBACK").await?;
+        let verb = match req.action {
+            Action::Replay => "replay",
+            Action::Ignore => "ignore",
+        };
+        return Ok(outcome(true, format!("would {verb} {id}: {what}")));
+    }
+    if let Some(refused) = update(conn, sql, spec, a, req.action, id, &change.sets).await? {
+        exec(conn, "ROLLBACK").await?;
+        return Ok(outcome(false, refused));
+    }
+    record(conn, sql, spec, a, req, id, &row).await?;
+    exec(conn, "COMMIT").await?;
+    let done = match req.action {
+        Action::Replay => "replayed",
+        Action::Ignore => "ignored",
+    };
+    Ok(outcome(true, format!("{done} {id}: {what}")))
+}
+
+/// The statement that opens an event's transaction: read-only for a dry run
+/// where the dialect has one; on SQLite, one that takes the write lock at
+/// once when the action applies.
+fn begin(dialect: Dialect, apply: bool) -> &'static str {
+    match (dialect, apply) {
+        (Dialect::Sqlite, true) => "BEGIN IMMEDIATE",
+        (Dialect::Sqlite, false) => "BEGIN",
+        (Dialect::Postgres, false) => "BEGIN READ ONLY",
+        (Dialect::MySql, false) => "START TRANSACTION READ ONLY",
+        (_, true) => "BEGIN",
+    }
+}
+
+/// The event's row (locked when the action applies), or why the action is
+/// refused: no such event, or not dead.
+async fn dead_row(
+    conn: &mut AnyConnection,
+    sql: Sql,
+    spec: &InboxSpec,
+    id: &str,
+    lock: bool,
+) -> Result<Result<Row, String>, sqlx::Error> {
+    let found = sqlx::query(sqlx::AssertSqlSafe(select_row(sql, spec, id, lock)))
         .fetch_optional(&mut *conn)
         .await?;
     let Some(found) = found else {
-        exec(conn, "ROLLBACK").await?;
-        return Ok(outcome(false, format!("refused {id}: not found")));
+        return Ok(Err(format!("refused {id}: not found")));
     };
     let row = read_row(spec, &found).map_err(sqlx::Error::Protocol)?;
-    let word = row.word.clone().unwrap_or_default();
-    if row.meaning != Some(Status::Dead) {
-        exec(conn, "ROLLBACK").await?;
-        let meaning = row.meaning.map_or("not in the status map", Status::as_str);
-        return Ok(outcome(
-            false,
-            format!("refused {id}: status is \"{word}\" ({meaning}), not dead; nothing changed"),
-        ));
+    if row.meaning == Some(Status::Dead) {
+        return Ok(Ok(row));
     }
+    let word = row.word.as_deref().unwrap_or_default();
+    let meaning = row.meaning.map_or("not in the status map", Status::as_str);
+    Ok(Err(format!(
+        "refused {id}: status is \"{word}\" ({meaning}), not dead; nothing changed"
+    )))
+}
 
-    // What changes.
-    let c = &spec.columns;
-    let status_col = c.status.as_deref().unwrap_or_default();
-    let mut sets: Vec<String> = Vec::new();
-    let mut changes: Vec<String> = Vec::new();
-    let new_word = match req.action {
-        Action::Replay => Some(a.replay_status.as_str()),
-        Action::Ignore => a.ignored_status.as_deref(),
-    };
-    match new_word {
-        Some(w) => {
-            sets.push(format!("{} = {}", sql.ident(status_col), sql.literal(w)));
-            changes.push(format!("status \"{word}\" → \"{w}\""));
+/// What an action changes in a dead row: the `SET` clauses, and each change
+/// as the outcome line says it.
+struct Change {
+    sets: Vec<String>,
+    said: Vec<String>,
+}
+
+impl Change {
+    /// What `action` changes in `row`: its status word (`ignore` without an
+    /// `ignored_status` keeps it), its attempts (reset by `replay` with
+    /// `reset_attempts`), and with any change its change cursor.
+    fn of(sql: Sql, spec: &InboxSpec, a: &DeadLetterActions, action: Action, row: &Row) -> Change {
+        let c = &spec.columns;
+        let word = row.word.as_deref().unwrap_or_default();
+        let mut change = Change {
+            sets: Vec::new(),
+            said: Vec::new(),
+        };
+        let new_word = match action {
+            Action::Replay => Some(a.replay_status.as_str()),
+            Action::Ignore => a.ignored_status.as_deref(),
+        };
+        match new_word {
+            Some(w) => {
+                let status = c.status.as_deref().unwrap_or_default();
+                change.set(sql.ident(status), sql.literal(w));
+                change.said.push(format!("status \"{word}\" → \"{w}\""));
+            }
+            None => change.said.push(format!("status \"{word}\" kept")),
         }
-        None => changes.push(format!("status \"{word}\" kept")),
-    }
-    if let Some(col) = &c.attempts {
-        let n = row.attempts.map_or("NULL".to_string(), |n| n.to_string());
-        if req.action == Action::Replay && a.reset_attempts {
-            sets.push(format!("{} = 0", sql.ident(col)));
-            changes.push(format!("attempts {n} → 0"));
-        } else {
-            changes.push(format!("attempts {n} kept"));
+        if let Some(col) = &c.attempts {
+            let n = row.attempts.map_or("NULL".to_string(), |n| n.to_string());
+            if action == Action::Replay && a.reset_attempts {
+                change.set(sql.ident(col), "0".to_string());
+                change.said.push(format!("attempts {n} → 0"));
+            } else {
+                change.said.push(format!("attempts {n} kept"));
+            }
         }
-    }
-    if !sets.is_empty() {
         // The agent tails the change cursor: without the bump it would never
         // see the row change.
-        if let Some(col) = &c.updated_at {
-            sets.push(format!("{} = {}", sql.ident(col), now(sql.dialect)));
-            changes.push("updated_at → now".to_string());
+        if let Some(col) = c.updated_at.as_ref().filter(|_| !change.sets.is_empty()) {
+            change.set(sql.ident(col), now(sql.dialect).to_string());
+            change.said.push("updated_at → now".to_string());
         }
-    }
-    let verb = match req.action {
-        Action::Replay => "replay",
-        Action::Ignore => "ignore",
-    };
-    let what = format!("{}; audit row in \"{}\"", changes.join(", "), a.audit_table);
-    if !req.apply {
-        exec(conn, "ROLLBACK").await?;
-        return Ok(outcome(true, format!("would {verb} {id}: {what}")));
+        change
     }
 
+    fn set(&mut self, column: String, value: String) {
+        self.sets.push(format!("{column} = {value}"));
+    }
+}
+
+/// Writes the change; with status rules, reads the row again, and refuses
+/// a replay whose row the rules do not take as unfinished (the caller rolls
+/// it back).
+async fn update(
+    conn: &mut AnyConnection,
+    sql: Sql,
+    spec: &InboxSpec,
+    a: &DeadLetterActions,
+    action: Action,
+    id: &str,
+    sets: &[String],
+) -> Result<Option<String>, sqlx::Error> {
     if !sets.is_empty() {
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
             "UPDATE {} SET {} WHERE {} = {}",
             sql.table(&spec.table.table),
             sets.join(", "),
-            sql.ident(&c.event_id),
+            sql.ident(&spec.columns.event_id),
             sql.literal(id)
         )))
         .execute(&mut *conn)
@@ -292,26 +362,36 @@ async fn one(
     }
     // With status rules the new word alone does not decide what the row
     // means: a replayed row must come out unfinished, or nothing changes.
-    if req.action == Action::Replay && !spec.rules.is_empty() {
-        let again = sqlx::query(sqlx::AssertSqlSafe(select_row(sql, spec, id, false)))
-            .fetch_one(&mut *conn)
-            .await?;
-        let after = read_row(spec, &again).map_err(sqlx::Error::Protocol)?;
-        if !matches!(after.meaning, Some(Status::Pending | Status::Failed)) {
-            exec(conn, "ROLLBACK").await?;
-            let meaning = after
-                .meaning
-                .map_or("not in the status map", Status::as_str);
-            return Ok(outcome(
-                false,
-                format!(
-                    "refused {id}: with status \"{}\" the status rules say the row is {meaning}, \
-                     not pending ({}.dead_letter_actions.replay_status); nothing changed",
-                    a.replay_status, spec.table.key
-                ),
-            ));
-        }
+    if action != Action::Replay || spec.rules.is_empty() {
+        return Ok(None);
     }
+    let again = sqlx::query(sqlx::AssertSqlSafe(select_row(sql, spec, id, false)))
+        .fetch_one(&mut *conn)
+        .await?;
+    let after = read_row(spec, &again).map_err(sqlx::Error::Protocol)?;
+    if matches!(after.meaning, Some(Status::Pending | Status::Failed)) {
+        return Ok(None);
+    }
+    let meaning = after
+        .meaning
+        .map_or("not in the status map", Status::as_str);
+    Ok(Some(format!(
+        "refused {id}: with status \"{}\" the status rules say the row is {meaning}, \
+         not pending ({}.dead_letter_actions.replay_status); nothing changed",
+        a.replay_status, spec.table.key
+    )))
+}
+
+/// The audit row of the action, with what the row showed before it.
+async fn record(
+    conn: &mut AnyConnection,
+    sql: Sql,
+    spec: &InboxSpec,
+    a: &DeadLetterActions,
+    req: &ActionRequest,
+    id: &str,
+    row: &Row,
+) -> Result<(), sqlx::Error> {
     let p = |n| sql.placeholder(n);
     let insert = format!(
         "INSERT INTO {} ({}, {}, {}, {}, {}, {}, {}, {}, {}) VALUES ({}, {}, {}, {}, {}, {}, {}, {}, {})",
@@ -346,12 +426,7 @@ async fn one(
         .bind(row.last_error.clone())
         .execute(&mut *conn)
         .await?;
-    exec(conn, "COMMIT").await?;
-    let done = match req.action {
-        Action::Replay => "replayed",
-        Action::Ignore => "ignored",
-    };
-    Ok(outcome(true, format!("{done} {id}: {what}")))
+    Ok(())
 }
 
 /// The replay / ignore history of `event_ids`, oldest first, over the

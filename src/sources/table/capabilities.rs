@@ -4,7 +4,7 @@
 //! optional meanings a table's columns look like.
 
 use super::config::{Cursor, FinishedRows, InboxSpec, OutboxSpec};
-use super::doctor::Shape;
+use super::shape::Shape;
 use crate::telemetry::catalogue as metric;
 
 /// How far a metric can be trusted.
@@ -425,31 +425,24 @@ fn kind_of(ty: &str) -> Option<Kind> {
 /// The optional meanings a table could map and which of its columns look
 /// like each (by name and type), as suggestions. `present`: (column, type).
 pub(crate) fn suggestions(spec: Shape<'_>, present: &[(String, String)]) -> Vec<String> {
-    let (mapped, optional): (Vec<&str>, &[&str]) = match spec {
-        Shape::Inbox(s) => (
-            s.columns.mapped().into_iter().map(|(_, c)| c).collect(),
-            &[
-                "event_type",
-                "started_at",
-                "finished_at",
-                "attempts",
-                "deliveries",
-                "last_error",
-                "traceparent",
-                "updated_at",
-                "ordering_key",
-                "version",
-            ],
-        ),
-        Shape::Outbox(s) => (
-            s.columns.mapped().into_iter().map(|(_, c)| c).collect(),
-            &["event_type", "traceparent", "updated_at"],
-        ),
+    let meanings = spec.mapped();
+    let mapped: Vec<&str> = meanings.iter().map(|(_, c)| *c).collect();
+    let optional: &[&str] = match spec {
+        Shape::Inbox(_) => &[
+            "event_type",
+            "started_at",
+            "finished_at",
+            "attempts",
+            "deliveries",
+            "last_error",
+            "traceparent",
+            "updated_at",
+            "ordering_key",
+            "version",
+        ],
+        Shape::Outbox(_) => &["event_type", "traceparent", "updated_at"],
     };
-    let is_mapped = |meaning: &str| match spec {
-        Shape::Inbox(s) => s.columns.mapped().iter().any(|(m, _)| *m == meaning),
-        Shape::Outbox(s) => s.columns.mapped().iter().any(|(m, _)| *m == meaning),
-    };
+    let is_mapped = |meaning: &str| meanings.iter().any(|(m, _)| *m == meaning);
     let mut out = Vec::new();
     for (meaning, names, kind) in LOOKS {
         if !optional.contains(&meaning) || is_mapped(meaning) {

@@ -6,28 +6,13 @@ use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Row};
 
 use super::capabilities;
-use super::config::{InboxSpec, OutboxSpec, Status, TableSpec};
+use super::config::{InboxSpec, Status};
 use super::dialect::{Param, Sql};
 use super::schema::create_index;
+use super::shape::Shape;
 use super::{TableKind, TableSource};
 use crate::dsn::Dialect;
 use crate::sources::kind::Finding;
-
-/// An inbox or an outbox source, for the checks that differ.
-#[derive(Clone, Copy)]
-pub(crate) enum Shape<'a> {
-    Inbox(&'a InboxSpec),
-    Outbox(&'a OutboxSpec),
-}
-
-impl Shape<'_> {
-    fn table(&self) -> &TableSpec {
-        match self {
-            Shape::Inbox(s) => &s.table,
-            Shape::Outbox(s) => &s.table,
-        }
-    }
-}
 
 pub(crate) async fn check<K: TableKind>(
     source: &mut TableSource<K>,

@@ -79,6 +79,46 @@ struct State {
     ended_failed: bool,
 }
 
+impl State {
+    /// An event none of whose history is counted yet: pending, with no
+    /// delivery, failure or span, no version of it rejected; `valid` once a
+    /// version of it was usable.
+    fn new(updated: i64, received: i64, class: u8, valid: bool) -> State {
+        State {
+            updated,
+            received,
+            deliveries: 0,
+            failures: 0,
+            status: Status::Pending,
+            completed: false,
+            rejected_at: None,
+            long_error_at: None,
+            valid,
+            spanned: 0,
+            class,
+            ended_failed: false,
+        }
+    }
+}
+
+/// What a usable row shows of its event, read once for every step of
+/// [`Inbox::take`].
+#[derive(Debug, Clone, Copy)]
+struct Shown {
+    /// The `event_type` label.
+    label: usize,
+    status: Status,
+    received: i64,
+    /// Whether `status` is final.
+    terminal: bool,
+    /// Its deliveries, at least 1.
+    deliveries: u32,
+    /// Its error class, or when it shows no error the last one seen.
+    class: u8,
+    /// When it was taken: the clock of the quantile sketches.
+    now: Instant,
+}
+
 /// [`State`] as the map stores it, every value kept: 48 bytes instead of 64
 /// (the optional versions as a time and a presence bit, the booleans in one
 /// byte), so a bucket is 56 bytes with its key.
@@ -472,14 +512,26 @@ impl Inbox {
         }
     }
 
-    fn complete(&mut self, label: usize, row: &Row, class: u8, status: Status, now: Instant) {
+    /// Counts one completion of the event a row shows (see
+    /// [`Inbox::completion`]), and tells the ordering memory of a success.
+    fn count_completion(&mut self, row: &Row, shown: &Shown) {
         let attempts = row.attempts.map_or(1.0, |a| a.max(1) as f64);
         let times = Times {
             received: row.received,
             started: row.started,
             end: row.finished,
         };
-        self.completion(label, status, class, attempts, times, now);
+        self.completion(
+            shown.label,
+            shown.status,
+            shown.class,
+            attempts,
+            times,
+            shown.now,
+        );
+        if shown.status == Status::Succeeded {
+            self.note_order(row, Noted::Success);
+        }
     }
 
     /// Counts one completion and its observations: the attempts, and when
@@ -520,257 +572,295 @@ impl Inbox {
         }
     }
 
+    /// Counts what one row shows, following the rules of the module docs:
+    /// a version that cannot be used is [rejected](Inbox::reject_version);
+    /// the first sight of an event makes what is remembered of it (the
+    /// [baseline](Inbox::first_sight_of_old) of an event older than the
+    /// agent's memory, or a [new event](Inbox::first_sight)); then the
+    /// [changes](Inbox::changes) since the version last seen are counted.
     fn take(&mut self, row: Row, baseline: bool) {
         self.rejections.read();
         let key = key_of(&row.event_id);
         let label = self.labels.resolve(row.event_type.as_deref());
         let existing = self.states.get(key).copied().map(State::from);
-        let mut long_error_at = existing.and_then(|s| s.long_error_at);
-        if row.error_len.is_some_and(|n| n > MAX_ERROR_LEN) && long_error_at != Some(row.version) {
-            if !baseline {
-                self.rejections.add(Reject::LastErrorTooLong);
-            }
-            long_error_at = Some(row.version);
-        }
+        let long_error_at = self.long_error(&row, existing, baseline);
         let status = if row.meaning {
             Status::from_name(&row.status)
         } else {
             self.spec.meaning_of(&row.status)
         };
-        if let Some(reason) = self.check(&row, status) {
-            self.rejections.unusable(reason);
-            let seen = existing.and_then(|s| s.rejected_at) == Some(row.version);
-            if !seen && !baseline {
-                self.rejections.add(reason);
+        let state = match self.check(&row, status) {
+            Some(reason) => self.reject_version(&row, reason, existing, long_error_at, baseline),
+            None => {
+                let shown = self.shown(&row, label, status, existing);
+                match existing.filter(|s| s.valid) {
+                    Some(prev) => {
+                        let prev = State {
+                            long_error_at,
+                            ..prev
+                        };
+                        self.changes(&row, &shown, prev, baseline)
+                    }
+                    None => {
+                        let first = State {
+                            rejected_at: existing.and_then(|s| s.rejected_at),
+                            long_error_at,
+                            ..State::new(row.updated, shown.received, shown.class, true)
+                        };
+                        if baseline || !self.states.is_new(shown.received) {
+                            self.first_sight_of_old(&row, &shown, first, baseline)
+                        } else {
+                            self.first_sight(&row, &shown);
+                            self.changes(&row, &shown, first, baseline)
+                        }
+                    }
+                }
             }
-            let state = match existing {
-                Some(s) => State {
-                    updated: forget_after(row.updated).max(s.updated),
-                    rejected_at: Some(row.version),
-                    long_error_at,
-                    ..s
-                },
-                None => State {
-                    updated: forget_after(row.updated),
-                    received: row.received.unwrap_or(i64::MIN),
-                    deliveries: 0,
-                    failures: 0,
-                    status: Status::Pending,
-                    completed: false,
-                    rejected_at: Some(row.version),
-                    long_error_at,
-                    valid: false,
-                    spanned: 0,
-                    class: row.class,
-                    ended_failed: false,
-                },
-            };
-            self.states.insert(key, state);
-            return;
+        };
+        self.states.insert(key, state);
+    }
+
+    /// The version of the event last seen with a `last_error` longer than is
+    /// kept: counted as rejected once per version, though the row is used.
+    fn long_error(&mut self, row: &Row, existing: Option<State>, baseline: bool) -> Option<i64> {
+        let before = existing.and_then(|s| s.long_error_at);
+        let too_long = row.error_len.is_some_and(|n| n > MAX_ERROR_LEN);
+        if !too_long || before == Some(row.version) {
+            return before;
         }
+        if !baseline {
+            self.rejections.add(Reject::LastErrorTooLong);
+        }
+        Some(row.version)
+    }
+
+    /// A version that cannot be used (see [`Inbox::check`]): counted as
+    /// rejected once, and nothing else of it counted. An event seen only in
+    /// such versions is remembered as not valid, so that its first usable
+    /// version is its first sight.
+    fn reject_version(
+        &mut self,
+        row: &Row,
+        reason: Reject,
+        existing: Option<State>,
+        long_error_at: Option<i64>,
+        baseline: bool,
+    ) -> State {
+        self.rejections.unusable(reason);
+        let seen = existing.and_then(|s| s.rejected_at) == Some(row.version);
+        if !seen && !baseline {
+            self.rejections.add(reason);
+        }
+        let updated = forget_after(row.updated);
+        let before = existing.unwrap_or_else(|| {
+            let received = row.received.unwrap_or(i64::MIN);
+            State::new(updated, received, row.class, false)
+        });
+        State {
+            updated: updated.max(before.updated),
+            rejected_at: Some(row.version),
+            long_error_at,
+            ..before
+        }
+    }
+
+    /// What a usable row (one [`Inbox::check`] passed) shows of its event.
+    fn shown(
+        &self,
+        row: &Row,
+        label: usize,
+        status: Option<Status>,
+        existing: Option<State>,
+    ) -> Shown {
         let status = status.expect("check() rejects unknown statuses");
-        let received = row.received.expect("check() rejects a NULL received_at");
         // A row that shows no error keeps the class of the last one seen.
         let unknown = self.spec.error_classes.unknown();
         let class = match existing {
             Some(s) if row.class == unknown => s.class,
             _ => row.class,
         };
-        let deliveries = row
-            .deliveries
-            .map_or(1, |d| u32::try_from(d.max(1)).unwrap_or(u32::MAX));
-        let terminal = status.is_terminal();
-        let now = Instant::now();
-
-        let prev = match existing.filter(|s| s.valid) {
-            Some(s) => s,
-            None if baseline || !self.states.is_new(received) => {
-                // An event older than the agent's memory: its row is the baseline.
-                // Only a completion that happened since the start is counted,
-                // and not one of an event counted and forgotten since.
-                let counted = !baseline
-                    && terminal
-                    && row
-                        .finished
-                        .is_some_and(|f| f >= self.start && !self.states.may_have_counted(f));
-                if counted {
-                    self.complete(label, &row, class, status, now);
-                }
-                self.note_order(&row, Noted::Arrival { counted: false });
-                if counted && status == Status::Succeeded {
-                    self.note_order(&row, Noted::Success);
-                }
-                let zero = State {
-                    updated: row.updated,
-                    received,
-                    deliveries,
-                    failures: 0,
-                    status,
-                    completed: terminal,
-                    rejected_at: existing.and_then(|s| s.rejected_at),
-                    long_error_at,
-                    valid: true,
-                    spanned: 0,
-                    class,
-                    ended_failed: false,
-                };
-                let failures = self.failures_shown(status, row.attempts, &zero);
-                // Spans are idempotent (derived ids), so unlike counters they
-                // are emitted again for what changed within the overlap window
-                // before the start: a restart loses no span.
-                let recent = self.start.saturating_sub(self.overlap);
-                let spanned = if self.spans.is_some() {
-                    let finished_recently = row.finished.is_some_and(|f| f >= recent);
-                    let emit_terminal = terminal && (counted || finished_recently);
-                    let emit_failed = status == Status::Failed && row.updated >= recent;
-                    self.emit(
-                        &row,
-                        status,
-                        attempt_shown(&row, status, failures, false),
-                        0,
-                        emit_terminal || emit_failed,
-                        !baseline,
-                    )
-                } else {
-                    0
-                };
-                self.states.insert(
-                    key,
-                    State {
-                        failures,
-                        spanned,
-                        ..zero
-                    },
-                );
-                return;
-            }
-            None => {
-                self.counts.entry(label).or_default().received += 1;
-                self.note_order(&row, Noted::Arrival { counted: true });
-                State {
-                    updated: row.updated,
-                    received,
-                    deliveries: 0,
-                    failures: 0,
-                    status: Status::Pending,
-                    completed: false,
-                    rejected_at: existing.and_then(|s| s.rejected_at),
-                    long_error_at,
-                    valid: true,
-                    spanned: 0,
-                    class,
-                    ended_failed: false,
-                }
-            }
-        };
-
-        // A re-drive (a finished event back in an unfinished status) may
-        // start its attempts again from 0 (`reset_attempts`): a row that
-        // shows fewer failures than were counted has had its attempts reset,
-        // and its failures are counted anew from 0.
-        let mut prev = prev;
-        if prev.completed
-            && !terminal
-            && self.failures_shown(status, row.attempts, &prev) < prev.failures
-        {
-            prev.failures = 0;
+        Shown {
+            label,
+            status,
+            received: row.received.expect("check() rejects a NULL received_at"),
+            class,
+            deliveries: row
+                .deliveries
+                .map_or(1, |d| u32::try_from(d.max(1)).unwrap_or(u32::MAX)),
+            terminal: status.is_terminal(),
+            now: Instant::now(),
         }
-        let failures = self
-            .failures_shown(status, row.attempts, &prev)
-            .max(prev.failures);
-        let ended_failed = match (terminal, prev.completed) {
-            (true, true) => prev.ended_failed,
-            (true, false) => ends_failed_attempt(&row, &prev),
-            (false, _) => false,
+    }
+
+    /// The first sight of an event older than the agent's memory, or read
+    /// as the baseline: its row is the baseline, its history not counted.
+    /// Only a completion that happened since the start is counted, and not
+    /// one of an event counted and forgotten since.
+    fn first_sight_of_old(
+        &mut self,
+        row: &Row,
+        shown: &Shown,
+        first: State,
+        baseline: bool,
+    ) -> State {
+        let counted = !baseline
+            && shown.terminal
+            && row
+                .finished
+                .is_some_and(|f| f >= self.start && !self.states.may_have_counted(f));
+        self.note_order(row, Noted::Arrival { counted: false });
+        if counted {
+            self.count_completion(row, shown);
+        }
+        let zero = State {
+            deliveries: shown.deliveries,
+            status: shown.status,
+            completed: shown.terminal,
+            ..first
         };
+        let failures = self.failures_shown(shown.status, row.attempts, &zero);
+        // Spans are idempotent (derived ids), so unlike counters they are
+        // emitted again for what changed within the overlap window before
+        // the start: a restart loses no span.
+        let recent = self.start.saturating_sub(self.overlap);
+        let finished_recently = row.finished.is_some_and(|f| f >= recent);
+        let emit_terminal = shown.terminal && (counted || finished_recently);
+        let emit_failed = shown.status == Status::Failed && row.updated >= recent;
+        let attempt = attempt_shown(row, shown.status, failures, false);
+        let emit = emit_terminal || emit_failed;
+        let spanned = self.emit(row, shown.status, attempt, 0, emit, !baseline);
+        State {
+            failures,
+            spanned,
+            ..zero
+        }
+    }
+
+    /// The first sight of a new event: it was received once.
+    fn first_sight(&mut self, row: &Row, shown: &Shown) {
+        self.counts.entry(shown.label).or_default().received += 1;
+        self.note_order(row, Noted::Arrival { counted: true });
+    }
+
+    /// Counts what changed since `prev`, the version of the event last
+    /// counted (for a new event, its first sight): the deliveries and failed
+    /// attempts added, a completion; notes the attempts in the journal and
+    /// emits their spans. Returns what is remembered of the event now.
+    fn changes(&mut self, row: &Row, shown: &Shown, prev: State, baseline: bool) -> State {
+        let prev = self.redriven(row, shown, prev);
+        let mut next = self.next_state(row, shown, &prev);
         // Counts that grow by more than `max_count_jump` in one change are a
         // corrupt or foreign value, not that many deliveries or attempts: the
         // version is rejected as such and its counts become the new baseline,
         // so one bad value never adds millions to a counter for good. The
         // rest of the row (status, completion, durations) is used as usual.
         let jump = self.spec.table.max_count_jump;
-        let implausible = u64::from(deliveries.saturating_sub(prev.deliveries.max(1))) > jump
-            || u64::from(failures - prev.failures) > jump;
-        let mut rejected_at = prev.rejected_at;
+        let implausible = u64::from(shown.deliveries.saturating_sub(prev.deliveries.max(1))) > jump
+            || u64::from(next.failures - prev.failures) > jump;
         if implausible {
-            if rejected_at != Some(row.version) && !baseline {
+            if prev.rejected_at != Some(row.version) && !baseline {
                 self.rejections.add(Reject::ImplausibleCount);
             }
-            rejected_at = Some(row.version);
+            next.rejected_at = Some(row.version);
         }
+        self.count_deliveries(shown.label, &prev, &next, implausible);
+        if !implausible {
+            self.count_failures(shown.label, &prev, &next);
+        }
+        let completes = next.completed && !prev.completed;
+        if completes {
+            self.count_completion(row, shown);
+        }
+        if !baseline && !implausible {
+            let finished = completes.then(|| next.failures + u32::from(!next.ended_failed));
+            let (status, class) = (next.status, next.class);
+            self.note_attempts(row, status, class, prev.failures, next.failures, finished);
+        }
+        let attempt = attempt_shown(row, next.status, next.failures, next.ended_failed);
+        let emit = completes || next.status == Status::Failed;
+        next.spanned = self.emit(row, next.status, attempt, prev.spanned, emit, !baseline);
+        next
+    }
+
+    /// `prev`, its failures counted anew from 0 when a re-drive (a finished
+    /// event back in an unfinished status) started its attempts again from 0
+    /// (`reset_attempts`): the row shows fewer failures than were counted.
+    fn redriven(&self, row: &Row, shown: &Shown, mut prev: State) -> State {
+        if prev.completed
+            && !shown.terminal
+            && self.failures_shown(shown.status, row.attempts, &prev) < prev.failures
+        {
+            prev.failures = 0;
+        }
+        prev
+    }
+
+    /// What is remembered of the event after this change of its row, before
+    /// its spans: the failures follow the largest value seen; a final status
+    /// may end the attempt the row last showed failed.
+    fn next_state(&self, row: &Row, shown: &Shown, prev: &State) -> State {
+        let failures = self
+            .failures_shown(shown.status, row.attempts, prev)
+            .max(prev.failures);
+        let ended_failed = match (shown.terminal, prev.completed) {
+            (true, true) => prev.ended_failed,
+            (true, false) => ends_failed_attempt(row, prev),
+            (false, _) => false,
+        };
+        State {
+            updated: row.updated.max(prev.updated),
+            received: shown.received,
+            deliveries: shown.deliveries.max(prev.deliveries),
+            failures,
+            status: shown.status,
+            completed: shown.terminal,
+            class: shown.class,
+            ended_failed,
+            ..*prev
+        }
+    }
+
+    /// Counts the deliveries a change adds (an implausible one: only the
+    /// arrival of a new event). The first delivery of a new event is not a
+    /// duplicate; a delivery to an event last seen finished came after its
+    /// completion, one seen with the completion, or before it, in flight.
+    fn count_deliveries(&mut self, label: usize, prev: &State, next: &State, implausible: bool) {
+        // The label's sums exist from here, so its series show this poll.
         let counts = self.counts.entry(label).or_default();
         if implausible {
-            // A new event still arrived once.
             counts.deliveries += u64::from(prev.deliveries == 0);
+            return;
+        }
+        if next.deliveries <= prev.deliveries {
+            return;
+        }
+        let added = u64::from(next.deliveries - prev.deliveries);
+        counts.deliveries += added;
+        let phase = if prev.completed {
+            AFTER_COMPLETION
         } else {
-            if deliveries > prev.deliveries {
-                let added = u64::from(deliveries - prev.deliveries);
-                counts.deliveries += added;
-                // The first delivery of a new event is not a duplicate. A
-                // delivery to an event last seen finished came after its
-                // completion; one seen with the completion, or before it, is
-                // counted in flight.
-                let phase = if prev.completed {
-                    AFTER_COMPLETION
-                } else {
-                    IN_FLIGHT
-                };
-                counts.duplicates[phase] += if prev.deliveries == 0 {
-                    added - 1
-                } else {
-                    added
-                };
-            }
-            let retries = retries_shown(status, failures, ended_failed)
-                .saturating_sub(retries_shown(prev.status, prev.failures, prev.ended_failed));
-            let permanent = !self.spec.error_classes.get(class).retryable;
-            if failures > prev.failures || (permanent && retries > 0) {
-                let c = self.by_class.entry((label, class)).or_default();
-                c.failures += u64::from(failures - prev.failures);
-                if permanent {
-                    c.permanent_retries += u64::from(retries);
-                }
+            IN_FLIGHT
+        };
+        counts.duplicates[phase] += if prev.deliveries == 0 {
+            added - 1
+        } else {
+            added
+        };
+    }
+
+    /// Counts the failed attempts a change adds, by error class, and the
+    /// retries it shows of a class that is not retryable.
+    fn count_failures(&mut self, label: usize, prev: &State, next: &State) {
+        let retries = retries_shown(next.status, next.failures, next.ended_failed)
+            .saturating_sub(retries_shown(prev.status, prev.failures, prev.ended_failed));
+        let permanent = !self.spec.error_classes.get(next.class).retryable;
+        if next.failures > prev.failures || (permanent && retries > 0) {
+            let c = self.by_class.entry((label, next.class)).or_default();
+            c.failures += u64::from(next.failures - prev.failures);
+            if permanent {
+                c.permanent_retries += u64::from(retries);
             }
         }
-        let completed = if terminal && !prev.completed {
-            self.complete(label, &row, class, status, now);
-            if status == Status::Succeeded {
-                self.note_order(&row, Noted::Success);
-            }
-            true
-        } else {
-            terminal && prev.completed
-        };
-        let attempt = attempt_shown(&row, status, failures, ended_failed);
-        if !baseline && !implausible {
-            let finished =
-                (terminal && !prev.completed).then(|| failures + u32::from(!ended_failed));
-            self.note_attempts(&row, status, class, prev.failures, failures, finished);
-        }
-        let newly_failed = status == Status::Failed;
-        let spanned = if self.spans.is_some() {
-            let emit = (terminal && !prev.completed) || newly_failed;
-            self.emit(&row, status, attempt, prev.spanned, emit, !baseline)
-        } else {
-            0
-        };
-        self.states.insert(
-            key,
-            State {
-                updated: row.updated.max(prev.updated),
-                received,
-                deliveries: deliveries.max(prev.deliveries),
-                failures,
-                status,
-                completed,
-                rejected_at,
-                long_error_at,
-                valid: true,
-                spanned,
-                class,
-                ended_failed,
-            },
-        );
     }
 
     /// Notes for the ordering memory what a row shows. Rows without a key
@@ -1626,18 +1716,8 @@ mod tests {
         t.insert(
             1,
             State {
-                updated: i64::MIN,
-                received: i64::MIN,
-                deliveries: 0,
-                failures: 0,
-                status: Status::Pending,
-                completed: false,
                 rejected_at: Some(i64::MIN),
-                long_error_at: None,
-                valid: false,
-                spanned: 0,
-                class: 0,
-                ended_failed: false,
+                ..State::new(i64::MIN, i64::MIN, 0, false)
             },
         );
         let back = t.get(1).copied().map(State::from).expect("remembered");

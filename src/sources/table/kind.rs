@@ -14,10 +14,11 @@ use super::config::{
     InboxSpec, OutboxSpec, RawInbox, RawOutbox, RawTable, TableSpec, inbox_spec, outbox_spec,
     table_spec,
 };
-use super::doctor::{self, Shape};
+use super::doctor;
 use super::inbox::Inbox;
 use super::lock::{LockSessions, SourceLock};
 use super::outbox::Outbox;
+use super::shape::Shape;
 use super::{Pools, TableSource, actions, card, lookup, presets, schema};
 use crate::card::{Card, Past};
 use crate::checks::Validator;

@@ -31,6 +31,7 @@ pub mod outbox;
 pub mod presets;
 pub mod rules;
 pub mod schema;
+mod shape;
 mod state;
 
 pub use config::{InboxSpec, OutboxSpec, Status, StatusMap, TableSpec};
