@@ -6,6 +6,11 @@
 //! Imports are read from the source text: every `crate::…`, `super::…` and
 //! `self::…` path outside comments, with `use` groups expanded, resolved
 //! against the file's own module path.
+//!
+//! Two more rules of the same page are checked here: nothing outside
+//! `src/sources/` names a kind (a `kind = "…"` word or a kind's metric, in a
+//! string literal or as a catalogue constant), and the files of one folder do
+//! not import each other in a loop.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -327,4 +332,359 @@ fn the_check_finds_upward_and_sideways_imports() {
         "{found:#?}"
     );
     assert_eq!(found.len(), 3, "{found:#?}");
+}
+
+// ---------------------------------------------------------------------------
+// Kinds are named only under src/sources/.
+
+/// Where a kind may be named outside `src/sources/`, and why: (file under
+/// src/, the whole literal, the reason). Each entry is a value, not a
+/// reference to a kind.
+const KIND_WORDS_ALLOWED: &[(&str, &str, &str)] = &[
+    (
+        "cli.rs",
+        "inbox",
+        "the default table name of `schema` (a table called inbox), not the kind",
+    ),
+    (
+        "tracing_link/config.rs",
+        "inbox",
+        "the default `messaging.system` of consumer spans (docs/traces.md), not the kind",
+    ),
+];
+
+/// Files outside `src/sources/` that may name kinds and their metrics: the
+/// catalogue defines every metric; the demo is a user of the table kind (it
+/// writes a config and its drills name the series a user would watch).
+fn names_kinds_by_design(rel: &str) -> bool {
+    rel == "telemetry/catalogue.rs" || rel.starts_with("demo/")
+}
+
+/// The catalogue's metrics of kinds (every name not `inboxwatch_…`), as
+/// (constant, name).
+fn kind_metrics(src: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(src.join("telemetry/catalogue.rs"))
+        .expect("src/telemetry/catalogue.rs is readable");
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let Some((konst, rest)) = line.trim().split_once(" = \"") else {
+            continue;
+        };
+        let Some(name) = rest.strip_suffix("\";") else {
+            continue;
+        };
+        let upper = |c: char| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_';
+        if !konst.is_empty() && konst.chars().all(upper) && !name.starts_with("inboxwatch_") {
+            out.push((konst.to_string(), name.to_string()));
+        }
+    }
+    out
+}
+
+/// The string literals of `text` with their line numbers, up to its unit
+/// tests, outside comments (raw strings included).
+fn literals(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim() == "#[cfg(test)]" {
+            break;
+        }
+        let chars: Vec<char> = line.chars().collect();
+        let mut i = 0;
+        while i < chars.len() {
+            match chars[i] {
+                '/' if chars.get(i + 1) == Some(&'/') => break,
+                // A char literal ('"') is no string.
+                '\'' if chars.get(i + 2) == Some(&'\'') => i += 3,
+                '\'' if chars.get(i + 1) == Some(&'\\') && chars.get(i + 3) == Some(&'\'') => {
+                    i += 4
+                }
+                '"' => {
+                    let mut lit = String::new();
+                    i += 1;
+                    while i < chars.len() && chars[i] != '"' {
+                        if chars[i] == '\\' && i + 1 < chars.len() {
+                            lit.push(chars[i]);
+                            i += 1;
+                        }
+                        lit.push(chars[i]);
+                        i += 1;
+                    }
+                    out.push((n + 1, lit));
+                    i += 1;
+                }
+                _ => i += 1,
+            }
+        }
+    }
+    out
+}
+
+/// Whether `word` stands in `text` as a word of its own: not inside a longer
+/// name (`demo-inbox`, `inbox.attempt`, `inbox_table`, `--outbox-table`).
+fn names_word(text: &str, word: &str) -> bool {
+    let part = |c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | '.');
+    text.match_indices(word).any(|(at, _)| {
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        !before.is_some_and(part) && !after.is_some_and(part)
+    })
+}
+
+/// Each place outside `src/sources/` that names a kind or a kind's metric.
+fn kind_leaks(src: &Path, words: &[&str]) -> Vec<String> {
+    let metrics = kind_metrics(src);
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files.sort();
+    let mut out = Vec::new();
+    for file in &files {
+        let rel = file
+            .strip_prefix(src)
+            .expect("under src/")
+            .to_string_lossy()
+            .replace('\\', "/");
+        if rel.starts_with("sources/") || names_kinds_by_design(&rel) {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).expect("readable source");
+        for (line, lit) in literals(&text) {
+            for word in words {
+                let allowed = KIND_WORDS_ALLOWED
+                    .iter()
+                    .any(|(f, l, _)| *f == rel && *l == lit);
+                if names_word(&lit, word) && !allowed {
+                    out.push(format!("{rel}:{line}: the kind {word:?} in \"{lit}\""));
+                }
+            }
+            for (_, name) in &metrics {
+                if lit.contains(name.as_str()) {
+                    out.push(format!("{rel}:{line}: the metric {name} in \"{lit}\""));
+                }
+            }
+        }
+        // A kind's folder reached into (`crate::sources::table::…`; from the
+        // binary, `inboxwatch::sources::table::…`).
+        let module = module_of(src, file).unwrap_or_default();
+        for (line, code) in code_only(&text).lines().enumerate() {
+            let code = code.replace("inboxwatch::", "crate::");
+            for target in imports(&module, &code) {
+                if let [first, folder, ..] = target.as_slice()
+                    && first == "sources"
+                    && src.join("sources").join(folder).is_dir()
+                {
+                    out.push(format!(
+                        "{rel}:{}: imports {} from the kind's folder",
+                        line + 1,
+                        target.join("::")
+                    ));
+                }
+            }
+            for (konst, name) in &metrics {
+                if code.contains(&format!("::{konst}"))
+                    && code
+                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .any(|t| t == konst)
+                {
+                    out.push(format!("{rel}:{}: the metric {name} ({konst})", line + 1));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn kinds_are_named_only_under_sources() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    // The `kind = "…"` words, from the registry.
+    let found = kind_leaks(&src, inboxwatch::sources::SourceSpec::KINDS);
+    assert!(
+        found.is_empty(),
+        "kinds named outside src/sources/ (docs/architecture.md, \"Adding a kind of \
+         source\"):\n{}",
+        found.join("\n")
+    );
+}
+
+/// Guards the check itself: a kind compared by its word, a kind's metric in
+/// a literal and as a constant, and the binary importing from a kind's folder
+/// are each found; a longer name holding the word, a comment, the registry
+/// and a unit test are not.
+#[test]
+fn the_check_finds_kinds_named_outside_sources() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let src = dir.path();
+    let write = |rel: &str, text: &str| {
+        let path = src.join(rel);
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    };
+    write(
+        "sources/example/mod.rs",
+        "fn f() { let _ = \"example\"; }\n",
+    );
+    write(
+        "main.rs",
+        "use inboxwatch::sources::example::schema;\nuse inboxwatch::sources::SourceSpec;\n",
+    );
+    write(
+        "telemetry/catalogue.rs",
+        "names! {\n    EXAMPLE_LAG = \"example_lag_seconds\";\n    UP = \"inboxwatch_up\";\n}\n",
+    );
+    write(
+        "http/pages.rs",
+        "fn card(s: &S) {\n    if s.kind == \"example\" {}\n\
+         \x20   let n = \"demo-example.db\"; // \"example\"\n\
+         \x20   let m = metric::EXAMPLE_LAG;\n\
+         \x20   let t = \"sum(example_lag_seconds)\";\n\
+         \x20   let u = \"inboxwatch_up\";\n}\n\
+         #[cfg(test)]\nmod tests { const K: &str = \"example\"; }\n",
+    );
+    let found = kind_leaks(src, &["example"]);
+    assert_eq!(
+        found,
+        [
+            "http/pages.rs:2: the kind \"example\" in \"example\"",
+            "http/pages.rs:5: the metric example_lag_seconds in \"sum(example_lag_seconds)\"",
+            "http/pages.rs:4: the metric example_lag_seconds (EXAMPLE_LAG)",
+            "main.rs:1: imports sources::example::schema from the kind's folder",
+        ],
+    );
+}
+
+// ---------------------------------------------------------------------------
+// No loops between the files of one folder.
+
+/// The files of one folder that import each other in a loop, each loop once
+/// as `a ↔ b ↔ c` (module paths from the crate root, files of the same
+/// folder only: the layers already order the units).
+fn folder_loops(src: &Path) -> Vec<String> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut edges: BTreeMap<Vec<String>, Vec<Vec<String>>> = BTreeMap::new();
+    for file in &files {
+        let Some(module) = module_of(src, file) else {
+            continue;
+        };
+        let text = std::fs::read_to_string(file).expect("readable source");
+        let mut to: Vec<Vec<String>> = imports(&module, &code_only(&text))
+            .into_iter()
+            .filter_map(|t| {
+                // The sibling file the path names: same parent, one level down.
+                let parent = &module[..module.len().saturating_sub(1)];
+                (!module.is_empty()
+                    && t.len() > parent.len()
+                    && t[..parent.len()] == *parent
+                    && t[parent.len()] != module[module.len() - 1])
+                    .then(|| t[..=parent.len()].to_vec())
+            })
+            .filter(|t| {
+                let mut p = src.to_path_buf();
+                t.iter().for_each(|s| p.push(s));
+                p.with_extension("rs").is_file() || p.join("mod.rs").is_file()
+            })
+            .collect();
+        to.sort();
+        to.dedup();
+        edges.insert(module, to);
+    }
+    // Each strongly connected set of more than one file is a loop.
+    let nodes: Vec<&Vec<String>> = edges.keys().collect();
+    let mut out = Vec::new();
+    let mut placed: Vec<&Vec<String>> = Vec::new();
+    for a in &nodes {
+        if placed.contains(a) {
+            continue;
+        }
+        let from_a = reachable(&edges, a);
+        let mut set: Vec<&Vec<String>> = nodes
+            .iter()
+            .copied()
+            .filter(|b| b != a && from_a.contains(b) && reachable(&edges, b).contains(a))
+            .collect();
+        if set.is_empty() {
+            continue;
+        }
+        set.push(a);
+        set.sort();
+        placed.extend(set.iter().copied());
+        out.push(
+            set.iter()
+                .map(|m| m.join("::"))
+                .collect::<Vec<_>>()
+                .join(" ↔ "),
+        );
+    }
+    out
+}
+
+/// The modules `from` reaches through `edges` (itself not included unless
+/// on a loop).
+fn reachable<'a>(
+    edges: &'a BTreeMap<Vec<String>, Vec<Vec<String>>>,
+    from: &Vec<String>,
+) -> Vec<&'a Vec<String>> {
+    let mut seen: Vec<&Vec<String>> = Vec::new();
+    let mut todo: Vec<&Vec<String>> = edges
+        .get(from)
+        .map(|t| t.iter().collect())
+        .unwrap_or_default();
+    while let Some(m) = todo.pop() {
+        if seen.contains(&m) {
+            continue;
+        }
+        seen.push(m);
+        if let Some(next) = edges.get(m) {
+            todo.extend(next.iter());
+        }
+    }
+    seen
+}
+
+#[test]
+fn files_of_a_folder_do_not_import_each_other_in_a_loop() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let found = folder_loops(&src);
+    assert!(
+        found.is_empty(),
+        "files of one folder importing each other (move what both need into one of \
+         them, or into a module of its own):\n{}",
+        found.join("\n")
+    );
+}
+
+/// Guards the check itself: two sibling files importing each other, and
+/// three in a ring, are found; a file importing its sibling one way, and a
+/// module importing its own children, are not.
+#[test]
+fn the_check_finds_a_loop_between_sibling_files() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let src = dir.path();
+    let write = |rel: &str, text: &str| {
+        let path = src.join(rel);
+        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    };
+    write(
+        "demo/mod.rs",
+        "use self::sql::Sql;\nuse self::simulate::run;\n",
+    );
+    write("demo/simulate.rs", "use super::sql::Sql;\n");
+    write("demo/sql.rs", "use super::simulate::Plan;\n");
+    write("demo/drill.rs", "use super::sql::Sql;\n");
+    write("sources/table/config.rs", "use super::events::E;\n");
+    write("sources/table/events.rs", "use super::rules::R;\n");
+    write(
+        "sources/table/rules.rs",
+        "use crate::sources::table::config::C;\n",
+    );
+    write("sources/table/mod.rs", "use self::config::C;\n");
+    assert_eq!(
+        folder_loops(src),
+        [
+            "demo::simulate ↔ demo::sql",
+            "sources::table::config ↔ sources::table::events ↔ sources::table::rules",
+        ]
+    );
 }
