@@ -150,7 +150,7 @@ impl Agent {
             config: config.clone(),
             journal,
             reads: Arc::new(reads),
-            history: http::status::History::started_now(),
+            history: http::history::History::started_now(),
             lookups: Arc::new(tokio::sync::Semaphore::new(http::pages::LOOKUPS_AT_ONCE)),
             pages,
         };

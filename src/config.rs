@@ -17,10 +17,10 @@ use serde::Deserialize;
 use toml::Spanned;
 use toml::de::DeValue;
 
-pub use crate::checks::{
+pub use crate::validation::{
     ConfigError, Environment, PLACEHOLDER, Problem, is_identifier, is_table_name,
 };
-use crate::checks::{Document, Validator, keys_at};
+use crate::validation::{Document, Validator, keys_at};
 pub mod presets;
 pub mod web;
 
@@ -955,7 +955,7 @@ table = "outbox"
     #[test]
     fn attempts_offset_reads_a_retry_count_as_attempts() {
         use crate::dsn::Dialect;
-        use crate::sources::table::dialect::Sql;
+        use crate::sources::table::sql::Sql;
         let inbox = |extra: &str, columns: &str| {
             format!(
                 "[[sources]]\nname = \"jobs\"\nkind = \"inbox\"\ndsn = \"sqlite://x\"\n\
@@ -1100,7 +1100,7 @@ table = "outbox"
         {
             use crate::dsn::Dialect;
             use crate::sources::table::TableKind;
-            use crate::sources::table::dialect::Sql;
+            use crate::sources::table::sql::Sql;
             let pg = Sql {
                 dialect: Dialect::Postgres,
             };

@@ -5,7 +5,6 @@
 pub mod actions;
 pub mod app;
 pub mod card;
-pub mod checks;
 pub mod cli;
 pub mod config;
 pub mod coordination;
@@ -22,3 +21,4 @@ pub mod sources;
 pub mod telemetry;
 pub mod text;
 pub mod tracing_link;
+pub mod validation;

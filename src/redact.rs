@@ -12,7 +12,7 @@ use std::borrow::Cow;
 use regex::Regex;
 use serde::Deserialize;
 
-use crate::checks::Validator;
+use crate::validation::Validator;
 
 /// What a custom pattern's match becomes when its `replace` is not given.
 pub const DEFAULT_REPLACE: &str = "[redacted]";
@@ -259,7 +259,7 @@ fn luhn(digits: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checks::{Environment, Problem};
+    use crate::validation::{Environment, Problem};
 
     fn built(rules: &[(&str, Option<&str>)], builtins: &[&str]) -> (Redactor, Vec<Problem>) {
         let env = |_: &str| None;

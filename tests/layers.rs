@@ -305,7 +305,7 @@ fn the_check_finds_upward_and_sideways_imports() {
         std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
         std::fs::write(path, text).expect("write");
     };
-    write("checks.rs", "use crate::app::Agent;\n");
+    write("validation.rs", "use crate::app::Agent;\n");
     write(
         "sources/table/mod.rs",
         "use super::{kafka::KafkaSpec, run::Source};\n",
@@ -318,7 +318,7 @@ fn the_check_finds_upward_and_sideways_imports() {
     let found = violations(src);
     let says = |what: &str| found.iter().any(|l| l.contains(what));
     assert!(
-        says("checks.rs: checks (layer 0) imports app::Agent from app"),
+        says("validation.rs: validation (layer 0) imports app::Agent from app"),
         "{found:#?}"
     );
     assert!(

@@ -12,10 +12,10 @@ use serde::Deserialize;
 use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
-use crate::checks::Validator;
 use crate::sources::SourceSpec;
 use crate::sources::kind::Preset;
 use crate::text::render_source;
+use crate::validation::Validator;
 
 /// The preset called `name`, with the kind it makes.
 pub fn find(name: &str) -> Option<(&'static str, Box<dyn Preset>)> {

@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde::de::IgnoredAny;
 use sha2::{Digest, Sha256};
 
-use crate::checks::Problem;
+use crate::validation::Problem;
 
 /// The key every problem of the file starts with.
 const KEY: &str = "web_config_file";

@@ -29,8 +29,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+pub mod history;
 pub mod pages;
-pub mod status;
 pub mod web;
 
 use crate::config::{Config, HttpLimits};
@@ -58,7 +58,7 @@ pub struct AppState {
     /// in the order of `config.sources`.
     pub reads: Arc<Vec<Option<String>>>,
     /// The last hour of the status cards' trends.
-    pub history: status::History,
+    pub history: history::History,
     /// Turns to read the databases for the pages ([`pages::LOOKUPS_AT_ONCE`]).
     pub lookups: Arc<Semaphore>,
     /// The pages and the JSON API are served ([`pages_served`]).
@@ -127,9 +127,9 @@ async fn private(mut response: Response) -> Response {
 }
 
 /// Takes a sample of every source's trends for the status page's
-/// sparklines every [`status::SAMPLE_EVERY`], until `stop`.
+/// sparklines every [`history::SAMPLE_EVERY`], until `stop`.
 pub async fn sample_history(state: AppState, stop: CancellationToken) {
-    let mut tick = tokio::time::interval(status::SAMPLE_EVERY);
+    let mut tick = tokio::time::interval(history::SAMPLE_EVERY);
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
@@ -520,7 +520,7 @@ mod tests {
             reads: Arc::new(vec![None; config.sources.len()]),
             config: Arc::new(config),
             journal: crate::journal::Journal::default(),
-            history: status::History::started_now(),
+            history: history::History::started_now(),
             lookups: Arc::new(Semaphore::new(1)),
             pages: true,
         };

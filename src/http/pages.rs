@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::AppState;
-use super::status;
+use super::history;
 use crate::card::{Card, Part, Table};
 use crate::coordination::hide_standby;
 use crate::journal::{FIRST_KEPT, Trail};
@@ -416,7 +416,7 @@ pub async fn status_page(State(state): State<AppState>) -> Response {
          sparklines: the last hour, one point per {} s</p>",
         report.sources.len(),
         escape(&report.generated_at),
-        status::SAMPLE_EVERY.as_secs()
+        history::SAMPLE_EVERY.as_secs()
     );
     for s in &report.sources {
         let _ = write!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::checks::{Validator, is_owner, owner_problem};
+use crate::validation::{Validator, is_owner, owner_problem};
 
 /// The shortest `poll_interval` and `timeout`: below it a source would
 /// hammer what it watches, and a poll could not finish.
@@ -63,7 +63,7 @@ pub struct Common {
     pub name: String,
     /// `sources[i]`, for messages that point back at the file.
     pub key: String,
-    /// The team that owns the source, checked by [`crate::checks::is_owner`].
+    /// The team that owns the source, checked by [`crate::validation::is_owner`].
     pub owner: Option<String>,
     /// `service_name` as written.
     pub service_name: Option<String>,
@@ -217,7 +217,7 @@ fn text_problem(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checks::{Environment, Problem};
+    use crate::validation::{Environment, Problem};
 
     const TABLE: Defaults = Defaults {
         kind: "inbox",

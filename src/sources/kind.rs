@@ -27,13 +27,13 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue};
 
 use crate::card::{Card, Past};
-use crate::checks::{Parts, Unknown, Validator};
 use crate::coordination::{Leadership, Lock, elect};
 use crate::health::Health;
 use crate::journal::Journal;
-use crate::sources::run::{Source, run_loop};
+use crate::sources::poll_loop::{Source, run_loop};
 use crate::telemetry::values::Reading;
 use crate::tracing_link::Linker;
+use crate::validation::{Parts, Unknown, Validator};
 
 pub use actions::{
     Action, ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetterActions,

@@ -10,17 +10,17 @@
 pub mod common;
 pub mod kafka;
 pub mod kind;
-pub mod run;
+pub mod poll_loop;
 pub mod table;
 
 use toml::Spanned;
 use toml::de::DeValue;
 
 use crate::card::{Card, Past};
-use crate::checks::Validator;
 use crate::dsn::Dialect;
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::values::Reading;
+use crate::validation::Validator;
 use kind::{DeadLetterActions, DeadLetterTopics, Finding, Kind, Lookups, Preset, Runtime, Schema};
 
 /// Declares [`SourceSpec`], one variant per kind, and its methods, each of

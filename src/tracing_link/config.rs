@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::checks::{Validator, expand_env};
 use crate::dsn::redact;
 use crate::telemetry::collector::{Collector, Protocol};
+use crate::validation::{Validator, expand_env};
 
 /// `[tracing]` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -441,7 +441,7 @@ fn join_path(base: &str, path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checks::{Environment, Problem};
+    use crate::validation::{Environment, Problem};
 
     fn check(raw: RawTracing, vars: &[(&str, &str)]) -> Result<TracingConfig, Vec<Problem>> {
         let vars: Vec<(String, String)> = vars

@@ -555,7 +555,8 @@ mod tests {
     #[test]
     fn sent_spans_carry_masked_error_texts() {
         let env = |_: &str| None;
-        let mut v = crate::checks::Validator::new("", crate::checks::Environment::Process, &env);
+        let mut v =
+            crate::validation::Validator::new("", crate::validation::Environment::Process, &env);
         let rules = [crate::redact::RawRule {
             pattern: Some(r"Acme\w*".into()),
             replace: Some("[acme]".into()),

@@ -11,8 +11,8 @@ use regex::Regex;
 
 use serde::Deserialize;
 
-use crate::checks::{Validator, expand_env, is_owner, owner_problem};
 use crate::sources::common::{self, Common, Defaults, RawCommon};
+use crate::validation::{Validator, expand_env, is_owner, owner_problem};
 
 /// Default pattern of dead-letter topic names.
 pub const DEFAULT_DEAD_LETTER_TOPICS: &str = r".*(\.DLQ|-dlq|\.dead-letter)$";

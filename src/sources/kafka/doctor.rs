@@ -7,7 +7,7 @@ use super::client;
 use super::config::KafkaSpec;
 use super::fetch::Protocol;
 use crate::sources::kind::Finding;
-use crate::sources::run::Source as _;
+use crate::sources::poll_loop::Source as _;
 
 /// The negotiated API versions of the first reachable broker, then one full
 /// cycle of the Kafka source, as the agent would run it.

@@ -39,7 +39,7 @@ use tracing::{debug, warn};
 use super::client::{Connection, Connector, KafkaError, error_name};
 use super::config::KafkaSpec;
 use super::records::{self, Found};
-use crate::sources::run::SourceError;
+use crate::sources::poll_loop::SourceError;
 
 pub use groups::Protocol;
 

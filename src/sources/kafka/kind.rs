@@ -10,10 +10,10 @@ use super::config::{KafkaSpec, RawKafka, validate};
 use super::election::KafkaElection;
 use super::{KafkaSource, card, doctor};
 use crate::card::{Card, Past};
-use crate::checks::Validator;
 use crate::sources::common::RawCommon;
 use crate::sources::kind::{Answer, DeadLetterTopics, DeadRecords, Finding, Kind, Runtime};
 use crate::telemetry::values::Reading;
+use crate::validation::Validator;
 
 impl Kind for KafkaSpec {
     const KIND: &'static str = "kafka";

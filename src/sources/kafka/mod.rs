@@ -31,12 +31,12 @@ pub mod dead_letters;
 mod doctor;
 pub mod election;
 pub mod fetch;
+pub mod group_status;
 mod kind;
 pub mod oauth;
 pub mod records;
 pub mod scram;
 pub mod series;
-pub mod status;
 
 pub use config::KafkaSpec;
 
@@ -47,7 +47,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use self::client::Connector;
 use self::fetch::{Fetcher, Protocol, Retry};
 use self::series::{Memory, Settings};
-use super::run::{PollStats, Source, SourceError};
+use super::poll_loop::{PollStats, Source, SourceError};
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::snapshot;
 

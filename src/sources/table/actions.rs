@@ -13,9 +13,9 @@ use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Connection};
 
 use super::config::{DeadLetterActions, InboxSpec, Status};
-use super::dialect::Sql;
 use super::inbox::Inbox;
 use super::lookup::open;
+use super::sql::Sql;
 use super::{TableSource, get};
 use crate::dsn::Dialect;
 use crate::sources::kind::{Action, ActionError, ActionOutcome, ActionRequest, AuditEntry};

@@ -10,16 +10,16 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::dialect::Sql;
-use super::errors::{self, ErrorClasses, RawErrorClass};
+use super::error_classes::{self, ErrorClasses, RawErrorClass};
 use super::events::{EventsSpec, RawEvents, events_spec};
+use super::sql::Sql;
 // The meanings of a row's status, read from here by the rest of the folder.
 pub use super::meaning::{Status, StatusMap};
 use super::rules::{self, Rule, Statuses};
-use crate::checks::{Environment, Validator, is_identifier, is_table_name};
 use crate::dsn::Dsn;
 use crate::sources::common::{self, Common, Defaults, RawCommon};
 use crate::tracing_link::config::{RawSourceTrace, SourceTrace, validate_source};
+use crate::validation::{Environment, Validator, is_identifier, is_table_name};
 
 // ---------------------------------------------------------------------------
 // What an entry may say.
@@ -792,7 +792,7 @@ pub(crate) fn inbox_spec(
     let statuses = statuses(v, key, raw.statuses.as_ref());
     let deleted_as = deleted_as(v, key, raw.deleted_as.as_deref(), table.finished_rows);
     let attempts_count = attempts_count(v, key, &raw);
-    let error_classes = Arc::new(errors::validate(
+    let error_classes = Arc::new(error_classes::validate(
         v,
         key,
         raw.error_classes.as_deref().unwrap_or_default(),

@@ -7,9 +7,9 @@ use sqlx::{AnyConnection, Row};
 
 use super::capabilities;
 use super::config::{InboxSpec, Status};
-use super::dialect::{Param, Sql};
 use super::schema::create_index;
 use super::shape::Shape;
+use super::sql::{Param, Sql};
 use super::{TableKind, TableSource};
 use crate::dsn::Dialect;
 use crate::sources::kind::Finding;
@@ -106,7 +106,7 @@ async fn scans(
     query: &str,
     table: &str,
 ) -> Result<bool, sqlx::Error> {
-    let (_, bare) = super::dialect::split_table(table);
+    let (_, bare) = super::sql::split_table(table);
     match sql.dialect {
         Dialect::Postgres => {
             let rows = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {query}")))

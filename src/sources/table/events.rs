@@ -19,11 +19,11 @@ use std::sync::Arc;
 use serde::Deserialize;
 use sqlx::AnyConnection;
 
-use super::dialect::Sql;
 use super::meaning::Status;
+use super::sql::Sql;
 use super::{TableKind, TableSource, Window, get, query_error};
-use crate::checks::{Validator, is_identifier, is_table_name};
-use crate::sources::run::SourceError;
+use crate::sources::poll_loop::SourceError;
+use crate::validation::{Validator, is_identifier, is_table_name};
 
 /// `[sources.events]` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -527,7 +527,7 @@ mod tests {
             ..RawEvents::default()
         };
         let env = |_: &str| None;
-        let mut v = Validator::new("", crate::checks::Environment::Process, &env);
+        let mut v = Validator::new("", crate::validation::Environment::Process, &env);
         let spec = events_spec(
             &mut v,
             "sources[0]",
@@ -546,7 +546,7 @@ mod tests {
     fn mistakes_are_named_by_their_key() {
         let problems = |raw: Option<&RawEvents>, with_events: bool| {
             let env = |_: &str| None;
-            let mut v = Validator::new("", crate::checks::Environment::Process, &env);
+            let mut v = Validator::new("", crate::validation::Environment::Process, &env);
             events_spec(&mut v, "sources[0]", raw, with_events, "jobs");
             v.into_problems()
                 .into_iter()

@@ -35,9 +35,9 @@ use sqlx::any::AnyRow;
 
 use super::backlog::{GaugeMap, Unfinished};
 use super::config::{Cursor, FinishedRows, InboxSpec, Status};
-use super::dialect::{OUT_OF_RANGE, Sql};
 use super::ordering::Ordering;
-use super::state::{Entry, Flags, Tracked};
+use super::recent::{Entry, Flags, Tracked};
+use super::sql::{OUT_OF_RANGE, Sql};
 use super::{
     Incremental, MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, get_time, key_of,
 };
@@ -72,7 +72,7 @@ struct State {
     /// The highest attempt whose failed-attempt span was emitted.
     spanned: u32,
     /// The error class of the last `last_error` seen (an index into the
-    /// source's [`super::errors::ErrorClasses`]).
+    /// source's [`super::error_classes::ErrorClasses`]).
     class: u8,
     /// The final status ended the attempt the row last showed failed,
     /// without a new one: that failure was not retried.

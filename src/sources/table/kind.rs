@@ -21,7 +21,6 @@ use super::outbox::Outbox;
 use super::shape::Shape;
 use super::{Pools, TableSource, actions, card, lookup, presets, schema};
 use crate::card::{Card, Past};
-use crate::checks::Validator;
 use crate::coordination::LEASE;
 use crate::redact::Redactor;
 use crate::sources::common::RawCommon;
@@ -32,6 +31,7 @@ use crate::sources::kind::{
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::values::Reading;
 use crate::tracing_link::SpanSink;
+use crate::validation::Validator;
 
 /// The `Kind` of a table source: `$spec` with its own keys `$raw`, checked by
 /// `$validate`, polled as `$poll`, checked by `doctor` as `$shape`; the

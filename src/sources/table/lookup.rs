@@ -9,7 +9,7 @@ use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, Connection};
 
 use super::config::{InboxSpec, OutboxSpec, Status};
-use super::dialect::{Param, Sql};
+use super::sql::{Param, Sql};
 use super::{TableKind, TableSource, get};
 use crate::dsn::Dialect;
 use crate::redact::Redactor;

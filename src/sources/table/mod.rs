@@ -17,9 +17,8 @@ pub mod backlog;
 pub mod capabilities;
 mod card;
 pub mod config;
-pub mod dialect;
 mod doctor;
-pub mod errors;
+pub mod error_classes;
 pub mod events;
 pub mod inbox;
 mod kind;
@@ -29,10 +28,11 @@ pub mod meaning;
 mod ordering;
 pub mod outbox;
 pub mod presets;
+mod recent;
 pub mod rules;
 pub mod schema;
 mod shape;
-mod state;
+pub mod sql;
 
 pub use config::{InboxSpec, OutboxSpec, Status, StatusMap, TableSpec};
 
@@ -46,11 +46,11 @@ use sqlx::{AnyConnection, AnyPool, Connection, Row};
 use tracing::{debug, warn};
 
 use crate::dsn::Dialect;
-use crate::sources::run::{PollStats, Source, SourceError};
+use crate::sources::poll_loop::{PollStats, Source, SourceError};
 use crate::telemetry::catalogue as metric;
 use backlog::{Backlog, GaugeMap, Unfinished};
 use config::{Cursor, FinishedRows};
-use dialect::{IdBind, Param, Sql};
+use sql::{IdBind, Param, Sql};
 
 /// How far behind the change cursor every poll looks, for transactions that
 /// commit shortly after setting `updated_at`; older stragglers (up to the
@@ -878,7 +878,7 @@ impl<K: TableKind> TableSource<K> {
             for row in &rows {
                 self.take(row, w.baseline)?;
                 let value = get_time(row, at, column).map_err(SourceError::Schema)?;
-                if let Some(u) = value.filter(|u| *u != dialect::OUT_OF_RANGE) {
+                if let Some(u) = value.filter(|u| *u != sql::OUT_OF_RANGE) {
                     max_seen = max_seen.max(u);
                 }
             }
@@ -889,7 +889,7 @@ impl<K: TableKind> TableSource<K> {
             let value = get_time(last, at, column).map_err(SourceError::Schema)?;
             // Rows whose value is out of range (`infinity`) sort last: the
             // page holds only such rows from here on, each rejected.
-            let Some(last) = value.filter(|c| *c != dialect::OUT_OF_RANGE) else {
+            let Some(last) = value.filter(|c| *c != sql::OUT_OF_RANGE) else {
                 break;
             };
             // The page may end inside a run of rows sharing its last value:
@@ -1738,7 +1738,7 @@ where
 
 /// A time of the select list (written with [`Sql::row_time`]; the events
 /// log's list with [`Sql::micros`]): microseconds since the epoch, or
-/// [`dialect::OUT_OF_RANGE`].
+/// [`sql::OUT_OF_RANGE`].
 pub(crate) fn get_time(row: &AnyRow, i: usize, meaning: &str) -> Result<Option<i64>, String> {
     use sqlx::ValueRef;
     use sqlx::any::AnyTypeInfoKind;

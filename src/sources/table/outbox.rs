@@ -11,9 +11,9 @@ use sqlx::any::AnyRow;
 
 use super::backlog::{GaugeMap, Unfinished};
 use super::config::{Cursor, FinishedRows, OutboxSpec};
-use super::dialect::{OUT_OF_RANGE, Sql};
 use super::inbox::seconds;
-use super::state::{Entry, Flags, Tracked};
+use super::recent::{Entry, Flags, Tracked};
+use super::sql::{OUT_OF_RANGE, Sql};
 use super::{Incremental, NO_CURSOR, Reject, Rejections, TableKind, get, get_time, key_of};
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::labels::LabelCap;

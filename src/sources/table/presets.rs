@@ -16,10 +16,10 @@ use toml::de::{DeTable, DeValue};
 
 use super::capabilities::{self, Capability, How};
 use super::config::{InboxSpec, OutboxSpec};
-use crate::checks::{Environment, Validator};
 use crate::sources::kind::{Kind, Preset};
 use crate::telemetry::catalogue as metric;
 use crate::text::render_source;
+use crate::validation::{Environment, Validator};
 
 /// Every preset: its name and the text of its file. Adding a preset is one
 /// file under `presets/` and one line here (and the test that proves it).

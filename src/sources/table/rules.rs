@@ -15,10 +15,10 @@
 //! The rules are tried in order, first match wins, before the status words
 //! of `[sources.statuses]` (which then only apply to rows no rule matched).
 
-use super::dialect::Sql;
 use super::meaning::{Status, StatusMap};
-use crate::checks::is_identifier;
+use super::sql::Sql;
 use crate::dsn::Dialect;
+use crate::validation::is_identifier;
 
 /// One rule: rows matching `when` have status `meaning`.
 #[derive(Debug, Clone, PartialEq, Eq)]

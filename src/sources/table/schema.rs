@@ -3,7 +3,7 @@
 //! unfinished rows for the gauges.
 
 use super::config::StatusMap;
-use super::dialect::Sql;
+use super::sql::Sql;
 use crate::dsn::Dialect;
 
 /// DDL for an inbox table and, optionally, an outbox table.

@@ -24,7 +24,7 @@ use tracing::{debug, warn};
 use super::super::client::{KafkaError, error_name};
 use super::super::election::{ELECTION_PROTOCOL, GROUP_PREFIX};
 use super::{Committed, Fetcher, Group, Retry, Topics, assigned_topics, committed};
-use crate::sources::run::SourceError;
+use crate::sources::poll_loop::SourceError;
 
 /// Groups per OffsetFetch / DescribeGroups / FindCoordinator request.
 const GROUP_CHUNK: usize = 100;

@@ -13,7 +13,7 @@
 use regex::{RegexSet, RegexSetBuilder};
 use serde::Deserialize;
 
-use crate::checks::Validator;
+use crate::validation::Validator;
 
 /// The class of a text no pattern matches.
 pub const OTHER: &str = "other";
@@ -361,7 +361,7 @@ mod tests {
             })
             .collect();
         let env = |_: &str| None;
-        let mut v = Validator::new("", crate::checks::Environment::Process, &env);
+        let mut v = Validator::new("", crate::validation::Environment::Process, &env);
         let classes = validate(&mut v, "sources[0]", &raw, defaults);
         let problems = v
             .into_problems()
