@@ -308,7 +308,7 @@ fn the_check_finds_upward_and_sideways_imports() {
     write("validation.rs", "use crate::app::Agent;\n");
     write(
         "sources/table/mod.rs",
-        "use super::{kafka::KafkaSpec, run::Source};\n",
+        "use super::{kafka::KafkaSpec, poll_loop::Source};\n",
     );
     write(
         "sources/kafka/mod.rs",
