@@ -1043,18 +1043,25 @@ table = "outbox"
         assert!(keys.contains(&"sources[1].granularity"), "{keys:?}");
     }
 
+    /// An inbox entry with `extra` settings and `columns` mapped.
+    fn ordering_inbox(extra: &str, columns: &str) -> String {
+        format!(
+            "[[sources]]\nname = \"orders\"\nkind = \"inbox\"\ndsn = \"sqlite://x\"\n\
+             table = \"inbox\"\n{extra}\n[sources.columns]\n{columns}\n"
+        )
+    }
+
+    /// Both ordering columns mapped.
+    const ORDERING_COLUMNS: &str =
+        "ordering_key = \"aggregate_id\"\nversion = \"aggregate_version\"";
+
     /// `ordering_key` and `version` come as a pair; `ordering_keys_limit`
     /// only with them and within its bounds; `parked` has no default word,
     /// takes words like the other meanings and is a meaning rules may name.
     #[test]
     fn ordering_columns_and_parked_statuses_are_checked_by_key() {
-        let inbox = |extra: &str, columns: &str| {
-            format!(
-                "[[sources]]\nname = \"orders\"\nkind = \"inbox\"\ndsn = \"sqlite://x\"\n\
-                 table = \"inbox\"\n{extra}\n[sources.columns]\n{columns}\n"
-            )
-        };
-        let both = "ordering_key = \"aggregate_id\"\nversion = \"aggregate_version\"";
+        let inbox = ordering_inbox;
+        let both = ORDERING_COLUMNS;
         let spec = |text: &str| {
             let cfg = check(text).unwrap_or_else(|e| panic!("{text}: {:?}", e.problems));
             let SourceSpec::Inbox(s) = cfg.sources.into_iter().next().expect("a source") else {
@@ -1151,7 +1158,13 @@ table = "outbox"
             "",
         ));
         assert!(s.parks() && !s.ordered());
+    }
 
+    /// The ordering and parked settings that are wrong, each refused by its key.
+    #[test]
+    fn wrong_ordering_and_parked_settings_are_refused_by_key() {
+        let inbox = ordering_inbox;
+        let both = ORDERING_COLUMNS;
         for (extra, columns, key, says) in [
             (
                 "",
