@@ -132,7 +132,7 @@ impl Agent {
             health.register(spec.name());
             let source_reads = spec.reads();
             info!(source = %spec.name(), "{source_reads}");
-            reads.push(Some(source_reads));
+            reads.push(source_reads);
             spec.start(&mut rt)?;
         }
         let (tasks, linker, owned_outright) = rt.finish();

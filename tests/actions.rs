@@ -838,7 +838,7 @@ fn bad_usage_exits_2_naming_what_is_wrong() {
         ),
         (
             vec!["--source", "out", "--operator", "o", "--reason", "r", "e1"],
-            "error: --source: source \"out\" is of kind \"outbox\": only inbox sources",
+            "error: --source: source \"out\" is of kind \"outbox\", which offers no dead-letter actions (replay / ignore)",
         ),
     ];
     for (extra, message) in cases {

@@ -259,9 +259,9 @@ async fn check_reads(bootstrap: &str, dlq: &str, truth: &Truth) {
         .expect("GET /api/v1/dead-letters");
     assert_eq!(code, 200, "{body}");
     let api: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-    let listed: Vec<Listed> = api["kafka_records"]
+    let listed: Vec<Listed> = api["topic_records"]
         .as_array()
-        .expect("kafka_records")
+        .expect("topic_records")
         .iter()
         .map(|r| {
             (
@@ -286,9 +286,9 @@ async fn check_reads(bootstrap: &str, dlq: &str, truth: &Truth) {
             )
         })
         .collect();
-    assert_eq!(listed, expected, "/api/v1/dead-letters kafka_records");
+    assert_eq!(listed, expected, "/api/v1/dead-letters topic_records");
     assert_eq!(
-        api["kafka_records"][0]["exception_class"].as_str(),
+        api["topic_records"][0]["exception_class"].as_str(),
         Some(SPRING_CLASS)
     );
     let (code, page) = agent

@@ -294,17 +294,20 @@ fn modules_import_only_from_lower_layers() {
     );
 }
 
+/// Writes `text` to `rel` under `src`, with its folders (the checks' own tests).
+fn write_file(src: &Path, rel: &str, text: &str) {
+    let path = src.join(rel);
+    std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
+    std::fs::write(path, text).expect("write");
+}
+
 /// Guards the check itself: an upward import, a sideways one between units
 /// of one layer, and a module in no layer are each found.
 #[test]
 fn the_check_finds_upward_and_sideways_imports() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let src = dir.path();
-    let write = |rel: &str, text: &str| {
-        let path = src.join(rel);
-        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
-        std::fs::write(path, text).expect("write");
-    };
+    let write = |rel: &str, text: &str| write_file(src, rel, text);
     write("validation.rs", "use crate::app::Agent;\n");
     write(
         "sources/table/mod.rs",
@@ -420,13 +423,19 @@ fn literals(text: &str) -> Vec<(usize, String)> {
     out
 }
 
-/// Whether `word` stands in `text` as a word of its own: not inside a longer
-/// name (`demo-inbox`, `inbox.attempt`, `inbox_table`, `--outbox-table`).
+/// Whether `word` stands in `text` as a word of its own, in any case
+/// (`Kafka topics`): not inside a longer name (`demo-inbox`, `inbox.attempt`,
+/// `inbox_table`, `--outbox-table`). A literal that is the word's prefix of
+/// names (`kafka_`, `inbox.`) names it too.
 fn names_word(text: &str, word: &str) -> bool {
+    let lower = text.to_lowercase();
+    if lower == format!("{word}_") || lower == format!("{word}.") {
+        return true;
+    }
     let part = |c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | '.');
-    text.match_indices(word).any(|(at, _)| {
-        let before = text[..at].chars().next_back();
-        let after = text[at + word.len()..].chars().next();
+    lower.match_indices(word).any(|(at, _)| {
+        let before = lower[..at].chars().next_back();
+        let after = lower[at + word.len()..].chars().next();
         !before.is_some_and(part) && !after.is_some_and(part)
     })
 }
@@ -510,19 +519,15 @@ fn kinds_are_named_only_under_sources() {
     );
 }
 
-/// Guards the check itself: a kind compared by its word, a kind's metric in
-/// a literal and as a constant, and the binary importing from a kind's folder
-/// are each found; a longer name holding the word, a comment, the registry
+/// Guards the check itself: a kind compared by its word, named in a heading
+/// or by its prefix of names, a kind's metric in a literal and as a
+/// constant, and the binary importing from a kind's folder are each found; a longer name holding the word, a comment, the registry
 /// and a unit test are not.
 #[test]
 fn the_check_finds_kinds_named_outside_sources() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let src = dir.path();
-    let write = |rel: &str, text: &str| {
-        let path = src.join(rel);
-        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
-        std::fs::write(path, text).expect("write");
-    };
+    let write = |rel: &str, text: &str| write_file(src, rel, text);
     write(
         "sources/example/mod.rs",
         "fn f() { let _ = \"example\"; }\n",
@@ -541,7 +546,9 @@ fn the_check_finds_kinds_named_outside_sources() {
          \x20   let n = \"demo-example.db\"; // \"example\"\n\
          \x20   let m = metric::EXAMPLE_LAG;\n\
          \x20   let t = \"sum(example_lag_seconds)\";\n\
-         \x20   let u = \"inboxwatch_up\";\n}\n\
+         \x20   let u = \"inboxwatch_up\";\n\
+         \x20   let h = \"<h2>Example topics</h2>\";\n\
+         \x20   let p = name.starts_with(\"example_\");\n}\n\
          #[cfg(test)]\nmod tests { const K: &str = \"example\"; }\n",
     );
     let found = kind_leaks(src, &["example"]);
@@ -550,6 +557,8 @@ fn the_check_finds_kinds_named_outside_sources() {
         [
             "http/pages.rs:2: the kind \"example\" in \"example\"",
             "http/pages.rs:5: the metric example_lag_seconds in \"sum(example_lag_seconds)\"",
+            "http/pages.rs:7: the kind \"example\" in \"<h2>Example topics</h2>\"",
+            "http/pages.rs:8: the kind \"example\" in \"example_\"",
             "http/pages.rs:4: the metric example_lag_seconds (EXAMPLE_LAG)",
             "main.rs:1: imports sources::example::schema from the kind's folder",
         ],
@@ -664,11 +673,7 @@ fn files_of_a_folder_do_not_import_each_other_in_a_loop() {
 fn the_check_finds_a_loop_between_sibling_files() {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let src = dir.path();
-    let write = |rel: &str, text: &str| {
-        let path = src.join(rel);
-        std::fs::create_dir_all(path.parent().expect("a parent")).expect("mkdir");
-        std::fs::write(path, text).expect("write");
-    };
+    let write = |rel: &str, text: &str| write_file(src, rel, text);
     write(
         "demo/mod.rs",
         "use self::sql::Sql;\nuse self::simulate::run;\n",

@@ -56,7 +56,7 @@ pub struct AppState {
     pub journal: crate::journal::Journal,
     /// What each poll of each source reads ([`crate::sources::SourceSpec::reads`]),
     /// in the order of `config.sources`.
-    pub reads: Arc<Vec<Option<String>>>,
+    pub reads: Arc<Vec<String>>,
     /// The last hour of the status cards' trends.
     pub history: history::History,
     /// Turns to read the databases for the pages ([`pages::LOOKUPS_AT_ONCE`]).
@@ -517,7 +517,7 @@ mod tests {
             health: Arc::new(Health::default()),
             leadership: Arc::new(Leadership::default()),
             stopping: CancellationToken::new(),
-            reads: Arc::new(vec![None; config.sources.len()]),
+            reads: Arc::new(config.sources.iter().map(|s| s.reads()).collect()),
             config: Arc::new(config),
             journal: crate::journal::Journal::default(),
             history: history::History::started_now(),

@@ -288,7 +288,7 @@ pub struct SourceStatus {
     pub leader: bool,
     /// What each poll reads, in words (a table source with its mode,
     /// `cursor = "none": …`); every kind says it.
-    pub reads: Option<String>,
+    pub reads: String,
     /// What the source's setup leaves out, with the line that fixes it
     /// (a column the table has and the configuration does not map).
     pub notes: Vec<String>,
@@ -445,13 +445,11 @@ pub async fn status_page(State(state): State<AppState>) -> Response {
                 "standby: another agent owns it"
             }
         );
-        if let Some(r) = &s.reads {
-            let _ = write!(
-                body,
-                "<p class=\"muted\" data-field=\"reads\">{}</p>",
-                escape(r)
-            );
-        }
+        let _ = write!(
+            body,
+            "<p class=\"muted\" data-field=\"reads\">{}</p>",
+            escape(&s.reads)
+        );
         for note in &s.notes {
             let _ = write!(body, "<p data-field=\"note\">{}</p>", escape(note));
         }
@@ -730,7 +728,7 @@ pub struct DeadLettersReport {
     pub cut: Vec<String>,
     /// The latest records of the Kafka sources' dead-letter topics (not
     /// filtered by `since` or `error_class`).
-    pub kafka_records: Vec<DeadRecordView>,
+    pub topic_records: Vec<DeadRecordView>,
     /// Sources that could not be read, with why.
     pub errors: Vec<(String, String)>,
 }
@@ -836,7 +834,7 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
             ));
         }
     }
-    let mut kafka_records = Vec::new();
+    let mut topic_records = Vec::new();
     let mut errors = Vec::new();
     for (spec, topics) in topics.iter().filter(|_| f.error_class.is_none()) {
         match tokio::time::timeout(
@@ -846,7 +844,7 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
         .await
         {
             Ok(Ok(read)) => {
-                kafka_records.extend(read.records.into_iter().map(|r| record_view(spec, r)));
+                topic_records.extend(read.records.into_iter().map(|r| record_view(spec, r)));
                 for p in read.problems {
                     errors.push((
                         spec.name().to_string(),
@@ -908,7 +906,7 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
         since_seconds: f.since.as_secs(),
         dead_letters: out.into_iter().map(|(_, v)| v).collect(),
         cut,
-        kafka_records,
+        topic_records,
         errors,
     })
 }
@@ -1027,14 +1025,14 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
     if report.dead_letters.is_empty() {
         body.push_str("<p class=\"muted\">No dead letters in this window.</p>");
     }
-    if !report.kafka_records.is_empty() {
+    if !report.topic_records.is_empty() {
         body.push_str(
-            "<h2>Kafka dead-letter topics</h2><p class=\"muted\">the latest records of each partition, \
+            "<h2>Dead-letter topics</h2><p class=\"muted\">the latest records of each partition, \
              newest first, read without a consumer group</p><table id=\"dead-records\"><tr><th>source</th>\
              <th>owner</th><th>topic</th><th>partition</th><th>offset</th><th>timestamp</th><th>key</th>\
              <th>original topic</th><th>exception</th><th>headers</th><th>value (first bytes)</th></tr>",
         );
-        for r in &report.kafka_records {
+        for r in &report.topic_records {
             let o = |v: &Option<String>| v.as_deref().map_or("–".to_string(), escape);
             let headers = r
                 .headers

@@ -30,6 +30,7 @@ use crate::card::{Card, Past};
 use crate::coordination::{Leadership, Lock, elect};
 use crate::health::Health;
 use crate::journal::Journal;
+use crate::sources::common::Common;
 use crate::sources::poll_loop::{Source, run_loop};
 use crate::telemetry::values::Reading;
 use crate::tracing_link::Linker;
@@ -80,15 +81,22 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
     }
 
     /// The configured name: the `source` label.
-    fn name(&self) -> &str;
+    fn name(&self) -> &str {
+        &self.common().name
+    }
+
+    /// The settings every source has, as `sources::common::check` made them.
+    fn common(&self) -> &Common;
 
     /// The team that owns the source (`owner`), "" when none is configured.
-    fn owner(&self) -> &str;
+    fn owner(&self) -> &str {
+        self.common().owner.as_deref().unwrap_or_default()
+    }
 
     /// The `service` label of `inboxwatch_source_info`: the consumer's
     /// `service_name` (the `service.name` of its spans), else the source name.
     fn service(&self) -> &str {
-        self.name()
+        self.common().service()
     }
 
     /// Starts watching: the election that decides whether this agent polls

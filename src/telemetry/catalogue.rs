@@ -38,6 +38,12 @@ pub struct MetricDef {
     pub help: &'static str,
 }
 
+/// The families published in snapshots (whole sets of series replaced each
+/// cycle, `telemetry::snapshot`) rather than through the recorder, by name
+/// prefix: a kind that publishes snapshots adds its prefix here, so that the
+/// OTLP push observes its families.
+pub const SNAPSHOT_PREFIXES: &[&str] = &["kafka_"];
+
 /// Buckets of the latency histograms, in seconds: 5 ms to 1 h.
 pub const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,

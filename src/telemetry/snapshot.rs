@@ -181,9 +181,13 @@ fn escape(v: &str) -> String {
         .replace('\n', "\\n")
 }
 
-/// Whether a catalogue metric lives in snapshots rather than the recorder.
+/// Whether a catalogue metric lives in snapshots rather than the recorder
+/// (the catalogue says which families: [`catalogue::SNAPSHOT_PREFIXES`]).
 pub fn is_snapshot_metric(name: &str) -> bool {
-    name.starts_with("kafka_") && catalogue::find(name).is_some()
+    catalogue::SNAPSHOT_PREFIXES
+        .iter()
+        .any(|p| name.starts_with(p))
+        && catalogue::find(name).is_some()
 }
 
 #[cfg(test)]

@@ -7,7 +7,11 @@
 //!
 //! Sources call `metrics::counter!` and friends on every poll: the same
 //! series gets the same handle, so the layer holds one entry per series, as
-//! the Prometheus recorder does.
+//! the Prometheus recorder does, and like it never forgets one (the
+//! recorder has no idle timeout; were one set, a handle kept here would go
+//! on updating a series the recorder had dropped, so this layer would have
+//! to forget it too). A card reads only its source's series: they are kept
+//! by source as well.
 
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
@@ -32,9 +36,27 @@ pub struct Values {
 
 #[derive(Debug, Default)]
 struct Store {
-    counters: RwLock<HashMap<Key, Arc<KeptCounter>>>,
-    gauges: RwLock<HashMap<Key, Arc<KeptGauge>>>,
-    histograms: RwLock<HashMap<Key, Arc<KeptHistogram>>>,
+    counters: RwLock<Series<KeptCounter>>,
+    gauges: RwLock<Series<KeptGauge>>,
+    histograms: RwLock<Series<KeptHistogram>>,
+}
+
+/// The kept handles of one type: by series, to hand the same one out again,
+/// and by source (the `source` label; "" for the agent's own series), so
+/// that a card reads its source's series without visiting the others'.
+#[derive(Debug)]
+struct Series<T> {
+    by_key: HashMap<Key, Arc<T>>,
+    by_source: HashMap<String, Vec<(Key, Arc<T>)>>,
+}
+
+impl<T> Default for Series<T> {
+    fn default() -> Series<T> {
+        Series {
+            by_key: HashMap::new(),
+            by_source: HashMap::new(),
+        }
+    }
 }
 
 fn read<T>(lock: &RwLock<T>) -> RwLockReadGuard<'_, T> {
@@ -46,15 +68,30 @@ fn write<T>(lock: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The entry of `key`, made by `make` the first time.
-fn kept<T>(map: &RwLock<HashMap<Key, Arc<T>>>, key: &Key, make: impl FnOnce() -> T) -> Arc<T> {
-    if let Some(h) = read(map).get(key) {
+/// The entry of `key`, made by `make` the first time. `make` (the inner
+/// recorder's registration) runs outside the lock; two first registrations
+/// of one series at once keep the first (the inner recorder hands both the
+/// same series).
+fn kept<T>(lock: &RwLock<Series<T>>, key: &Key, make: impl FnOnce() -> T) -> Arc<T> {
+    if let Some(h) = read(lock).by_key.get(key) {
         return h.clone();
     }
-    write(map)
-        .entry(key.clone())
-        .or_insert_with(|| Arc::new(make()))
-        .clone()
+    let made = Arc::new(make());
+    let mut series = write(lock);
+    if let Some(h) = series.by_key.get(key) {
+        return h.clone();
+    }
+    series.by_key.insert(key.clone(), made.clone());
+    let source = key
+        .labels()
+        .find(|l| l.key() == "source")
+        .map_or_else(String::new, |l| l.value().to_string());
+    series
+        .by_source
+        .entry(source)
+        .or_default()
+        .push((key.clone(), made.clone()));
+    made
 }
 
 impl Values {
@@ -235,16 +272,18 @@ impl<'a> Reading<'a> {
         let Some(values) = self.values else {
             return;
         };
-        let mut wanted = vec![("source", self.source)];
-        wanted.extend_from_slice(labels);
-        for (key, c) in read(&values.store.counters).iter() {
-            if matches(key, name, &wanted) {
-                f(key, c.value.load(Ordering::Acquire) as f64);
+        if let Some(series) = read(&values.store.counters).by_source.get(self.source) {
+            for (key, c) in series {
+                if matches(key, name, labels) {
+                    f(key, c.value.load(Ordering::Acquire) as f64);
+                }
             }
         }
-        for (key, g) in read(&values.store.gauges).iter() {
-            if matches(key, name, &wanted) {
-                f(key, f64::from_bits(g.value.load(Ordering::Acquire)));
+        if let Some(series) = read(&values.store.gauges).by_source.get(self.source) {
+            for (key, g) in series {
+                if matches(key, name, labels) {
+                    f(key, f64::from_bits(g.value.load(Ordering::Acquire)));
+                }
             }
         }
     }
@@ -287,11 +326,10 @@ impl<'a> Reading<'a> {
         let Some(values) = self.values else {
             return Vec::new();
         };
-        let mut wanted = vec![("source", self.source)];
-        wanted.extend_from_slice(labels);
         let mut out: Vec<(f64, u64)> = Vec::new();
-        for (key, h) in read(&values.store.histograms).iter() {
-            if !matches(key, name, &wanted) {
+        let histograms = read(&values.store.histograms);
+        for (key, h) in histograms.by_source.get(self.source).into_iter().flatten() {
+            if !matches(key, name, labels) {
                 continue;
             }
             if out.is_empty() {
@@ -393,6 +431,14 @@ mod tests {
             Reading::nothing("s").sum(metric::INBOX_DELIVERIES, &[]),
             None
         );
-        assert_eq!(read(&values.store.counters).len(), 3);
+        assert_eq!(read(&values.store.counters).by_key.len(), 3);
+        // Each series is kept once by source too: a series registered again
+        // is not listed again.
+        let by_source: usize = read(&values.store.counters)
+            .by_source
+            .values()
+            .map(Vec::len)
+            .sum();
+        assert_eq!(by_source, 3);
     }
 }

@@ -10,7 +10,7 @@ use super::config::{KafkaSpec, RawKafka, validate};
 use super::election::KafkaElection;
 use super::{KafkaSource, card, doctor};
 use crate::card::{Card, Past};
-use crate::sources::common::RawCommon;
+use crate::sources::common::{Common, RawCommon};
 use crate::sources::kind::{Answer, DeadLetterTopics, DeadRecords, Finding, Kind, Runtime};
 use crate::telemetry::values::Reading;
 use crate::validation::Validator;
@@ -23,16 +23,8 @@ impl Kind for KafkaSpec {
         validate(v, key, name, raw)
     }
 
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn owner(&self) -> &str {
-        self.owner.as_deref().unwrap_or_default()
-    }
-
-    fn service(&self) -> &str {
-        self.common.service()
+    fn common(&self) -> &Common {
+        &self.common
     }
 
     fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {

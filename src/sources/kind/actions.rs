@@ -74,7 +74,7 @@ pub struct ActionOutcome {
 #[derive(Debug, thiserror::Error)]
 pub enum ActionError {
     /// The source's kind keeps no dead-lettered rows.
-    #[error("is of kind \"{0}\": only inbox sources have dead-lettered rows to replay or ignore")]
+    #[error("is of kind \"{0}\", which offers no dead-letter actions (replay / ignore)")]
     Unsupported(&'static str),
     /// The inbox has no `[sources.dead_letter_actions]`.
     #[error(

@@ -23,7 +23,7 @@ use super::{Pools, TableSource, actions, card, lookup, presets, schema};
 use crate::card::{Card, Past};
 use crate::coordination::LEASE;
 use crate::redact::Redactor;
-use crate::sources::common::RawCommon;
+use crate::sources::common::{Common, RawCommon};
 use crate::sources::kind::{
     ActionError, ActionOutcome, ActionRequest, Answer, AuditEntry, DeadLetter, DeadLetterActions,
     Finding, Kind, Lookups, Preset, Runtime, Schema,
@@ -59,16 +59,8 @@ macro_rules! table_kind {
                 presets::of_kind($kind)
             }
 
-            fn name(&self) -> &str {
-                &self.table.name
-            }
-
-            fn owner(&self) -> &str {
-                self.table.owner.as_deref().unwrap_or_default()
-            }
-
-            fn service(&self) -> &str {
-                self.table.service_name.as_deref().unwrap_or(&self.table.name)
+            fn common(&self) -> &Common {
+                &self.table.common
             }
 
             fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
