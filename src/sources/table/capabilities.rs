@@ -427,21 +427,7 @@ fn kind_of(ty: &str) -> Option<Kind> {
 pub(crate) fn suggestions(spec: Shape<'_>, present: &[(String, String)]) -> Vec<String> {
     let meanings = spec.mapped();
     let mapped: Vec<&str> = meanings.iter().map(|(_, c)| *c).collect();
-    let optional: &[&str] = match spec {
-        Shape::Inbox(_) => &[
-            "event_type",
-            "started_at",
-            "finished_at",
-            "attempts",
-            "deliveries",
-            "last_error",
-            "traceparent",
-            "updated_at",
-            "ordering_key",
-            "version",
-        ],
-        Shape::Outbox(_) => &["event_type", "traceparent", "updated_at"],
-    };
+    let optional = spec.optional_meanings();
     let is_mapped = |meaning: &str| meanings.iter().any(|(m, _)| *m == meaning);
     let mut out = Vec::new();
     for (meaning, names, kind) in LOOKS {

@@ -37,6 +37,7 @@ use super::backlog::{GaugeMap, Unfinished};
 use super::config::{Cursor, FinishedRows, InboxSpec, Status};
 use super::ordering::Ordering;
 use super::recent::{Entry, Flags, Tracked};
+use super::shape::Shape;
 use super::sql::{OUT_OF_RANGE, Sql};
 use super::{
     Incremental, MAX_ERROR_LEN, NO_CURSOR, Reject, Rejections, TableKind, get, get_time, key_of,
@@ -1256,23 +1257,7 @@ impl TableKind for Inbox {
     }
 
     fn unmapped_meanings(&self) -> Vec<&'static str> {
-        let mapped = self.spec.columns.mapped();
-        [
-            "event_type",
-            "started_at",
-            "finished_at",
-            "attempts",
-            "deliveries",
-            "last_error",
-            "traceparent",
-            "business_key",
-            "summary",
-            "ordering_key",
-            "version",
-        ]
-        .into_iter()
-        .filter(|m| !mapped.iter().any(|(k, _)| k == m))
-        .collect()
+        Shape::Inbox(&self.spec).unmapped_meanings()
     }
 
     fn unfinished_filter(&self, sql: &Sql) -> String {

@@ -13,6 +13,7 @@ use super::backlog::{GaugeMap, Unfinished};
 use super::config::{Cursor, FinishedRows, OutboxSpec};
 use super::inbox::seconds;
 use super::recent::{Entry, Flags, Tracked};
+use super::shape::Shape;
 use super::sql::{OUT_OF_RANGE, Sql};
 use super::{Incremental, NO_CURSOR, Reject, Rejections, TableKind, get, get_time, key_of};
 use crate::telemetry::catalogue as metric;
@@ -221,11 +222,7 @@ impl TableKind for Outbox {
     }
 
     fn unmapped_meanings(&self) -> Vec<&'static str> {
-        let mapped = self.spec.columns.mapped();
-        ["event_type", "traceparent"]
-            .into_iter()
-            .filter(|m| !mapped.iter().any(|(k, _)| k == m))
-            .collect()
+        Shape::Outbox(&self.spec).unmapped_meanings()
     }
 
     fn unfinished_filter(&self, sql: &Sql) -> String {
