@@ -72,12 +72,7 @@ fn doctor(config: &str) -> common::Outcome {
 
 /// What `/api/v1/status` says of `source`: (state, error, numbers.degraded).
 async fn api_state(agent: &Agent, source: &str) -> Result<(String, String, String), String> {
-    let (_, body) = agent.get("/api/v1/status").await?;
-    let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-    let s = v["sources"]
-        .as_array()
-        .and_then(|a| a.iter().find(|s| s["name"] == source))
-        .ok_or_else(|| format!("no source {source} in {body}"))?;
+    let s = agent.api_source(source).await?;
     let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
     Ok((
         text(&s["state"]),

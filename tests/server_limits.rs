@@ -41,21 +41,6 @@ fn sum_of(m: &Metrics, name: &str) -> Option<f64> {
     Some(found.map(|s| s.value).sum())
 }
 
-/// `/api/v1/status`'s entry of [`SOURCE`].
-async fn api_source(agent: &Agent) -> Result<Value, String> {
-    let (code, body) = agent.get("/api/v1/status").await?;
-    if code != 200 {
-        return Err(format!("/api/v1/status answered {code}: {body}"));
-    }
-    let v: Value =
-        serde_json::from_str(&body).map_err(|e| format!("/api/v1/status: {e}: {body}"))?;
-    v["sources"]
-        .as_array()
-        .and_then(|a| a.iter().find(|s| s["name"] == SOURCE))
-        .cloned()
-        .ok_or_else(|| format!("no source {SOURCE:?} in /api/v1/status: {body}"))
-}
-
 /// One series of a source's `history`: a value or null per sample, the current one last.
 fn history_of(source: &Value, series: &str) -> Result<Vec<Option<f64>>, String> {
     source["history"][series]
@@ -74,7 +59,7 @@ fn history_of(source: &Value, series: &str) -> Result<Vec<Option<f64>>, String> 
 
 /// Samples the history holds now (its backlog series without the current value).
 async fn samples_taken(agent: &Agent) -> Result<usize, String> {
-    let source = api_source(agent).await?;
+    let source = agent.api_source(SOURCE).await?;
     Ok(history_of(&source, "backlog")?.len().saturating_sub(1))
 }
 
@@ -260,7 +245,7 @@ async fn the_status_history_holds_a_sample_every_30s_of_what_metrics_showed() {
     // The page and the API read at once (the next sample is some 30 s away).
     let (code, page) = agent.get("/").await.expect("GET /");
     assert_eq!(code, 200, "{page}");
-    let source = api_source(&agent).await.expect("the status API");
+    let source = agent.api_source(SOURCE).await.expect("the status API");
     let history = history_of(&source, "backlog").expect("the backlog history");
     let m = agent.scrape().await;
     assert_eq!(
@@ -394,7 +379,7 @@ async fn check_hit_rate(
         "{step}: duplicates / deliveries on /metrics"
     );
 
-    let source = api_source(agent).await.expect("the status API");
+    let source = agent.api_source(SOURCE).await.expect("the status API");
     let n = &source["numbers"];
     let got = (
         n["deliveries_total"].as_f64(),

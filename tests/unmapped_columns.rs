@@ -34,12 +34,7 @@ fn note(meaning: &str) -> String {
 /// The notes `/api/v1/status` gives `source`, once the source has polled.
 async fn notes(agent: &Agent, source: &str) -> Vec<String> {
     let res = wait_until(CONVERGE, || async {
-        let (_, body) = agent.get("/api/v1/status").await?;
-        let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| e.to_string())?;
-        let s = v["sources"]
-            .as_array()
-            .and_then(|a| a.iter().find(|s| s["name"] == source))
-            .ok_or_else(|| format!("no source {source} in {body}"))?;
+        let s = agent.api_source(source).await?;
         if s["state"] != "up" {
             return Err(format!("not up yet: {s}"));
         }

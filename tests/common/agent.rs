@@ -447,6 +447,22 @@ impl Agent {
         http_get(self.port, path).await
     }
 
+    /// What `/api/v1/status` says of the source named `name` (its object in
+    /// `sources`); `Err` when the API does not answer 200 or lists no such source.
+    pub async fn api_source(&self, name: &str) -> Result<serde_json::Value, String> {
+        let (code, body) = self.get("/api/v1/status").await?;
+        if code != 200 {
+            return Err(format!("/api/v1/status answered {code}: {body}"));
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| format!("/api/v1/status: {e}: {body}"))?;
+        v["sources"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["name"] == name))
+            .cloned()
+            .ok_or_else(|| format!("no source {name:?} in /api/v1/status: {body}"))
+    }
+
     /// Polls `/readyz` until 200; panics (printing stderr) on timeout or exit.
     pub async fn wait_ready(&self, timeout: Duration) {
         let started = Instant::now();
