@@ -207,6 +207,7 @@ mod promtool_unit_tests_pass {
         "latency",
         "ordering",
         "owner_joins",
+        "queues",
         "quiet",
     ];
 
@@ -293,6 +294,10 @@ mod promtool_unit_tests_pass {
         passes("owner_joins");
     }
     #[test]
+    fn queues() {
+        passes("queues");
+    }
+    #[test]
     fn quiet() {
         passes("quiet");
     }
@@ -353,7 +358,8 @@ fn every_alert_is_unit_tested_firing_and_silent() {
 }
 
 /// The owners a unit-test block's input gives each source (`inboxwatch_source_info`) and
-/// each Kafka consumer group (`kafka_consumer_group_info`), keyed `source=…` / `group=…`.
+/// each Kafka consumer group (`kafka_consumer_group_info`) and each queue consumer
+/// (`queue_consumer_info`), keyed `source=…` / `group=…` / `consumer=SOURCE/QUEUE/CONSUMER`.
 fn block_owners(block: &str) -> BTreeMap<String, BTreeSet<String>> {
     let label = |series: &str, name: &str| -> Option<String> {
         let at = series.find(&format!("{name}=\""))? + name.len() + 2;
@@ -369,6 +375,15 @@ fn block_owners(block: &str) -> BTreeMap<String, BTreeSet<String>> {
             label(series, "source").map(|s| format!("source={s}"))
         } else if series.contains("kafka_consumer_group_info{") {
             label(series, "group").map(|g| format!("group={g}"))
+        } else if series.contains("queue_consumer_info{") {
+            match (
+                label(series, "source"),
+                label(series, "queue"),
+                label(series, "consumer"),
+            ) {
+                (Some(s), Some(q), Some(c)) => Some(format!("consumer={s}/{q}/{c}")),
+                _ => None,
+            }
         } else {
             None
         };
@@ -417,10 +432,15 @@ fn every_alert_carries_owner_in_the_unit_tests() {
                     owned.insert(name.clone());
                     continue;
                 }
-                let key = match (labels.get("group"), labels.get("source")) {
-                    (Some(g), _) => format!("group={g}"),
-                    (None, Some(s)) => format!("source={s}"),
-                    (None, None) => String::new(),
+                let key = match (
+                    labels.get("group"),
+                    labels.get("source"),
+                    labels.get("queue").zip(labels.get("consumer")),
+                ) {
+                    (Some(g), _, _) => format!("group={g}"),
+                    (None, Some(s), Some((q, c))) => format!("consumer={s}/{q}/{c}"),
+                    (None, Some(s), None) => format!("source={s}"),
+                    (None, None, _) => String::new(),
                 };
                 match owners.get(&key) {
                     None => {
@@ -1221,7 +1241,8 @@ fn ordering_ack_and_drain_queries_return_data_on_ordering_series() {
 /// group or topic only (a stalled group does not hide another group's growing lag).
 /// Alerts are added and read back with amtool.
 #[test]
-fn a_critical_inhibits_its_source_and_family_and_for_kafka_its_group_or_topic_only() {
+fn a_critical_inhibits_its_source_and_family_and_for_kafka_and_queues_its_group_topic_or_consumer_only()
+ {
     // (labels, inhibited)
     let alerts: &[(&str, bool)] = &[
         (
@@ -1263,6 +1284,39 @@ fn a_critical_inhibits_its_source_and_family_and_for_kafka_its_group_or_topic_on
         ),
         (
             "alertname=KafkaDeadLetter severity=info family=dead_letters source=prod cluster=prod topic=b.DLQ",
+            false,
+        ),
+        // A stalled queue consumer hides its own lag warnings, not another consumer's.
+        (
+            "alertname=QueueConsumerStalled severity=critical family=queue_consumer source=js broker=nats queue=ORDERS consumer=billing",
+            false,
+        ),
+        (
+            "alertname=QueueLagOverObjective severity=warning family=queue_consumer source=js broker=nats queue=ORDERS consumer=billing",
+            true,
+        ),
+        (
+            "alertname=QueueConsumerLagGrowing severity=warning family=queue_consumer source=js broker=nats queue=ORDERS consumer=billing",
+            true,
+        ),
+        (
+            "alertname=QueueLagOverObjective severity=warning family=queue_consumer source=js broker=nats queue=ORDERS consumer=audit",
+            false,
+        ),
+        (
+            "alertname=QueueLagOverObjective severity=warning family=queue_consumer source=js broker=nats queue=PAYMENTS consumer=billing",
+            false,
+        ),
+        (
+            "alertname=QueueDeadLetterSpike severity=critical family=dead_letters source=rs broker=redis queue=orders consumer=workers",
+            false,
+        ),
+        (
+            "alertname=QueueDeadLetter severity=info family=dead_letters source=rs broker=redis queue=orders consumer=workers",
+            true,
+        ),
+        (
+            "alertname=QueueDeadLetter severity=info family=dead_letters source=rs broker=redis queue=payments consumer=workers",
             false,
         ),
         (

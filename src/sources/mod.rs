@@ -10,7 +10,9 @@
 pub mod common;
 pub mod kafka;
 pub mod kind;
+pub mod lag_status;
 pub mod poll_loop;
+pub mod queue;
 pub mod table;
 
 use toml::Spanned;

@@ -42,7 +42,7 @@ pub struct MetricDef {
 /// cycle, `telemetry::snapshot`) rather than through the recorder, by name
 /// prefix: a kind that publishes snapshots adds its prefix here, so that the
 /// OTLP push observes its families.
-pub const SNAPSHOT_PREFIXES: &[&str] = &["kafka_"];
+pub const SNAPSHOT_PREFIXES: &[&str] = &["kafka_", "queue_"];
 
 /// Buckets of the latency histograms, in seconds: 5 ms to 1 h.
 pub const LATENCY_BUCKETS: &[f64] = &[
@@ -119,12 +119,27 @@ names! {
     KAFKA_FUTURE_TIMESTAMPS = "inboxwatch_kafka_future_timestamps_total";
     KAFKA_PARTITIONS_UNAVAILABLE = "inboxwatch_kafka_partitions_unavailable";
     KAFKA_CYCLE_RETRIES = "inboxwatch_kafka_retries_total";
+    QUEUE_MESSAGES = "queue_messages";
+    QUEUE_PUBLISHED = "queue_messages_published_total";
+    QUEUE_REDELIVERIES = "queue_redeliveries_total";
+    QUEUE_LAG_MESSAGES = "queue_consumer_lag_messages";
+    QUEUE_LAG_SECONDS = "queue_consumer_lag_seconds";
+    QUEUE_UNACKED = "queue_consumer_unacked_messages";
+    QUEUE_OLDEST_UNACKED_AGE = "queue_consumer_oldest_unacked_age_seconds";
+    QUEUE_REDELIVERED = "queue_consumer_redelivered_messages";
+    QUEUE_REDELIVERED_SCAN_CUT = "queue_consumer_redelivered_scan_cut";
+    QUEUE_CONSUMERS = "queue_consumer_consumers";
+    QUEUE_CONSUMER_STATUS = "queue_consumer_status";
+    QUEUE_CONSUMER_INFO = "queue_consumer_info";
+    QUEUE_DEAD_LETTERS = "queue_dead_letters_total";
 }
 
 const SE: &[&str] = &["source", "event_type"];
 const S: &[&str] = &["source"];
 const SEC: &[&str] = &["source", "event_type", "error_class"];
 const CGTP: &[&str] = &["cluster", "group", "topic", "partition"];
+const SBQ: &[&str] = &["source", "broker", "queue"];
+const SBQC: &[&str] = &["source", "broker", "queue", "consumer"];
 
 const fn def(
     name: &'static str,
@@ -546,6 +561,97 @@ pub static CATALOGUE: &[MetricDef] = &[
         Some(Unit::Count),
         &["cluster", "topic", "tier"],
         "Records appended to retry topics (retry_topics pattern), by the tier its `tier` group extracts.",
+    ),
+    def(
+        QUEUE_MESSAGES,
+        Kind::Gauge,
+        Some(Unit::Count),
+        SBQ,
+        "Messages the broker holds in the stream or queue (NATS state.messages, Redis XLEN, RabbitMQ messages).",
+    ),
+    def(
+        QUEUE_PUBLISHED,
+        Kind::Counter,
+        Some(Unit::Count),
+        SBQ,
+        "Messages appended to the stream or queue since the agent began watching it, from the growth of the broker's own count (NATS last sequence, Redis entries-added, RabbitMQ message_stats.publish); a stream recreated counts from 0 again.",
+    ),
+    def(
+        QUEUE_REDELIVERIES,
+        Kind::Counter,
+        Some(Unit::Count),
+        SBQ,
+        "Redeliveries of the queue's messages since the agent began watching it, from the growth of the broker's count (RabbitMQ message_stats.redeliver).",
+    ),
+    def(
+        QUEUE_LAG_MESSAGES,
+        Kind::Gauge,
+        Some(Unit::Count),
+        SBQC,
+        "Messages the consumer has not been delivered yet (NATS num_pending, Redis the group's lag, RabbitMQ messages_ready).",
+    ),
+    def(
+        QUEUE_LAG_SECONDS,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        SBQC,
+        "Age of the oldest message the consumer has not been delivered, on the broker's clock (0 when its lag is 0); absent where the broker keeps no time for it, never estimated.",
+    ),
+    def(
+        QUEUE_UNACKED,
+        Kind::Gauge,
+        Some(Unit::Count),
+        SBQC,
+        "Messages delivered to the consumer and not acknowledged yet (NATS num_ack_pending, Redis the group's pending entries, RabbitMQ messages_unacknowledged); absent for a consumer that does not acknowledge.",
+    ),
+    def(
+        QUEUE_OLDEST_UNACKED_AGE,
+        Kind::Gauge,
+        Some(Unit::Seconds),
+        SBQC,
+        "Age of the oldest message delivered to the consumer and not acknowledged yet, on the broker's clock (0 when none is).",
+    ),
+    def(
+        QUEUE_REDELIVERED,
+        Kind::Gauge,
+        Some(Unit::Count),
+        SBQC,
+        "Messages awaiting acknowledgement that were delivered more than once (NATS num_redelivered, Redis pending entries with a delivery count above 1).",
+    ),
+    def(
+        QUEUE_REDELIVERED_SCAN_CUT,
+        Kind::Gauge,
+        Some(Unit::Count),
+        SBQC,
+        "1 when the bounded scan of the consumer's pending entries stopped at its limit, so queue_consumer_redelivered_messages counts only the entries scanned; 0 otherwise.",
+    ),
+    def(
+        QUEUE_CONSUMERS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        SBQC,
+        "Consumers attached: NATS waiting pull requests or a bound push subscriber, the Redis group's consumers, RabbitMQ the queue's consumers.",
+    ),
+    def(
+        QUEUE_CONSUMER_STATUS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        &["source", "broker", "queue", "consumer", "status"],
+        "1 on the consumer's current status (ok, warn, stall, stop, rewind, error), 0 on the others: the rules of Kafka's group status over what it has acknowledged and what it has not (docs/queues.md, \"Consumer status\").",
+    ),
+    def(
+        QUEUE_CONSUMER_INFO,
+        Kind::Gauge,
+        None,
+        &["source", "broker", "queue", "consumer", "owner"],
+        "Always 1, one per watched consumer: its owner (the source's owner, else \"\"), for joins.",
+    ),
+    def(
+        QUEUE_DEAD_LETTERS,
+        Kind::Counter,
+        Some(Unit::Count),
+        &["source", "broker", "queue", "consumer", "reason"],
+        "Messages the consumer's broker gave up on, by reason: max_deliveries and terminated (NATS advisories, counted while the agent listens), dead_letter_stream (growth of a configured Redis dead-letter stream), dead_letter_queue (RabbitMQ publishes into the queue's dead-letter target).",
     ),
 ];
 

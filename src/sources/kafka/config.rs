@@ -12,6 +12,7 @@ use regex::Regex;
 use serde::Deserialize;
 
 use crate::sources::common::{self, Common, Defaults, RawCommon};
+use crate::sources::lag_status::status_window;
 use crate::validation::{Validator, expand_env, is_owner, owner_problem};
 
 /// Default pattern of dead-letter topic names.
@@ -426,21 +427,6 @@ fn retry_topics(v: &mut Validator<'_>, key: &str, written: Option<&str>) -> Opti
         );
     }
     pattern
-}
-
-/// `status_window`: at least two poll intervals (default `5m`).
-fn status_window(
-    v: &mut Validator<'_>,
-    key: &str,
-    written: Option<&str>,
-    poll_interval: Duration,
-) -> Duration {
-    let at = format!("{key}.status_window");
-    let window = v.duration(&at, written, Duration::from_secs(300));
-    if window < poll_interval * 2 {
-        v.problem(&at, "must span at least two poll intervals".into());
-    }
-    window
 }
 
 /// `[[sources.owners]]`: each a pattern of group names and its owner.

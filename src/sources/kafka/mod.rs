@@ -31,7 +31,6 @@ pub mod dead_letters;
 mod doctor;
 pub mod election;
 pub mod fetch;
-pub mod group_status;
 mod kind;
 pub mod oauth;
 pub mod records;

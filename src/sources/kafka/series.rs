@@ -11,7 +11,7 @@ use regex::Regex;
 
 use super::config::{KafkaSpec, owner_of};
 use super::fetch::{Committed, Fetched, Group, Partition};
-use super::group_status::{History, Status};
+use crate::sources::lag_status::{History, Status};
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::snapshot::Sample;
 

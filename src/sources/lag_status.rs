@@ -1,7 +1,9 @@
-//! A consumer group's status without thresholds, judged over a sliding
-//! window of its own offsets and lags, in the spirit of Burrow's rules.
+//! A consumer's status without thresholds, judged over a sliding window of
+//! its own positions and lags, in the spirit of Burrow's rules: Kafka's
+//! consumer groups (per partition, the committed offset) and the queue
+//! kinds' consumers (`sources::queue`: what they have acknowledged) alike.
 //!
-//! Per partition, over the samples of the last `status_window`:
+//! Per partition (or consumer), over the samples of the last `status_window`:
 //! * `rewind`: the committed offset went backwards between two samples;
 //! * `ok`: the current lag is 0 (caught up; an idle topic is always ok);
 //! * `stop` / `stall`: lag > 0 and the committed offset has not moved for at
@@ -17,6 +19,8 @@
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
+
+use crate::validation::Validator;
 
 /// A group's status; the order is the severity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -49,6 +53,21 @@ impl Status {
             Status::Error => "error",
         }
     }
+}
+
+/// `status_window`: at least two poll intervals (default `5m`).
+pub fn status_window(
+    v: &mut Validator<'_>,
+    key: &str,
+    written: Option<&str>,
+    poll_interval: Duration,
+) -> Duration {
+    let at = format!("{key}.status_window");
+    let window = v.duration(&at, written, Duration::from_secs(300));
+    if window < poll_interval * 2 {
+        v.problem(&at, "must span at least two poll intervals".into());
+    }
+    window
 }
 
 #[derive(Debug, Clone, Copy)]
