@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the test suite against real services: makes sure PostgreSQL and MariaDB
-# are up (starting the machine's own servers if they are not), installs what else
+# Runs the test suite against real services: makes sure PostgreSQL, MariaDB,
+# Redis, NATS and RabbitMQ are up (starting the machine's own servers if they are
+# not; RabbitMQ with the plugins the tests need), installs what else
 # the tests need (scripts/test-deps.sh) while they compile, then runs cargo
 # nextest. Extra arguments go to nextest (e.g. a filter: `postgres::`).
 set -euo pipefail
@@ -31,6 +32,30 @@ if ! mariadb-admin -h 127.0.0.1 -u root ping >/dev/null 2>&1; then
 fi
 wait_for MariaDB 60 mariadb-admin -h 127.0.0.1 -u root ping
 mariadb -h 127.0.0.1 -u root -e "CREATE DATABASE IF NOT EXISTS test"
+
+# The brokers of the queue kinds (tests/nats.rs, tests/redis_streams.rs,
+# tests/rabbitmq.rs): the machine's own servers, started when they are not running.
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  echo "Starting Redis..."
+  redis-server --bind 127.0.0.1 --port 6379 --save '' --daemonize yes >/dev/null
+fi
+wait_for Redis 30 redis-cli -h 127.0.0.1 -p 6379 ping
+if ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
+  echo "Starting NATS with JetStream..."
+  mkdir -p /var/lib/nats-server
+  nohup nats-server -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server >/dev/null 2>&1 &
+fi
+wait_for NATS 30 bash -c 'exec 3<>/dev/tcp/127.0.0.1/4222'
+if ! rabbitmqctl -q status >/dev/null 2>&1; then
+  echo "Starting RabbitMQ..."
+  rabbitmq-server -detached >/dev/null 2>&1 || true
+fi
+wait_for RabbitMQ 120 rabbitmqctl -q await_startup
+# Its management API (the rabbitmq kind polls it), Prometheus endpoint (the peer
+# of the scale bench) and stream protocol (stream queues' consumer offsets); the
+# machine has them installed but off. Idempotent, and online on a running node.
+rabbitmq-plugins -q enable rabbitmq_management rabbitmq_prometheus rabbitmq_stream >/dev/null
+wait_for "RabbitMQ management API" 60 bash -c 'exec 3<>/dev/tcp/127.0.0.1/15672'
 
 # cargo-nextest: the machine's own if it is 0.9.91 or newer (.config/nextest.toml's
 # test priorities need it), else the prebuilt binary PyPI ships, else built.
