@@ -46,6 +46,7 @@ mod preset_apalis;
 mod preset_pgboss;
 mod preset_python;
 mod preset_recipes;
+mod rabbitmq;
 mod redaction;
 mod reliability;
 mod secrets;

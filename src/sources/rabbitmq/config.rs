@@ -1,0 +1,385 @@
+//! The `kind = "rabbitmq"` source's settings, validated. The settings every
+//! source has (name, owner, service, poll interval, timeout, the objective
+//! of the oldest age) are read and checked by [`crate::sources::common`]; a
+//! RabbitMQ source embeds them.
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use regex::Regex;
+use serde::Deserialize;
+
+use crate::sources::common::{self, Common, Defaults, RawCommon};
+use crate::sources::queue;
+use crate::validation::{Validator, expand_env};
+
+/// A validated RabbitMQ source.
+#[derive(Debug, Clone)]
+pub struct RabbitSpec {
+    /// Name, owner, service, poll interval, timeout, objectives.
+    pub common: Common,
+    /// The management API's base URL, without a trailing `/` (never with
+    /// credentials: they are `username` and `password`).
+    pub management_url: String,
+    pub username: String,
+    pub password: Secret,
+    /// Virtual hosts watched, a regex matched against whole names.
+    pub vhosts: Regex,
+    /// Queues watched, a regex matched against whole names.
+    pub queues: Regex,
+    /// The window a queue's status is judged over.
+    pub status_window: Duration,
+    /// TLS to the management API (an `https` URL): roots and client certificate.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl Deref for RabbitSpec {
+    type Target = Common;
+
+    fn deref(&self) -> &Common {
+        &self.common
+    }
+}
+
+/// A secret: never printed.
+#[derive(Clone)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("\"***\"")
+    }
+}
+
+/// A `kind = "rabbitmq"` entry's own keys as written, besides those every
+/// source has ([`RawCommon`]).
+#[derive(Debug, Default, Deserialize)]
+pub struct RawRabbit {
+    /// The management plugin's base URL, `http://host:15672` or `https://…`.
+    pub management_url: Option<String>,
+    /// A user of the management API; the `monitoring` tag suffices.
+    pub username: Option<String>,
+    /// Its password; `${VAR}` is replaced by the environment variable VAR.
+    pub password: Option<String>,
+    /// A file whose content is the password; instead of `password`.
+    pub password_file: Option<String>,
+    /// Virtual hosts to watch, a regex of whole names (default every one).
+    pub vhosts: Option<String>,
+    /// Queues to watch, a regex of whole names (default every one).
+    pub queues: Option<String>,
+    /// The sliding window a queue's status is judged over (default `5m`).
+    pub status_window: Option<String>,
+    /// TLS to the management API.
+    pub tls: Option<RawTls>,
+}
+
+/// `[sources.tls]`: the roots and client certificate of an `https` URL.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawTls {
+    /// PEM file of the CA(s) that sign the server's certificate (default: the Mozilla roots).
+    pub ca_file: Option<String>,
+    /// PEM client certificate (mutual TLS), with `key_file`.
+    pub cert_file: Option<String>,
+    /// PEM private key of `cert_file`.
+    pub key_file: Option<String>,
+}
+
+/// The settings every source has, as a RabbitMQ source reads them: the
+/// broker read every 15 s, within a timeout of the poll interval, at least
+/// 10 s; the objective of the oldest age is exported.
+const COMMON: Defaults = Defaults {
+    kind: "rabbitmq",
+    poll_interval: Duration::from_secs(15),
+    timeout_floor: Duration::from_secs(10),
+    objectives: true,
+};
+
+/// Validates a `kind = "rabbitmq"` entry.
+pub(crate) fn validate(
+    v: &mut Validator<'_>,
+    key: &str,
+    name: String,
+    (common, s): (RawCommon, RawRabbit),
+) -> Option<RabbitSpec> {
+    let management_url = management_url(v, key, s.management_url.as_deref());
+    let username = username(v, key, s.username.as_deref());
+    let password = password(v, key, &s);
+    let vhosts = regex(
+        v,
+        &format!("{key}.vhosts"),
+        s.vhosts.as_deref().unwrap_or(".*"),
+    );
+    let queues = regex(
+        v,
+        &format!("{key}.queues"),
+        s.queues.as_deref().unwrap_or(".*"),
+    );
+    let common = common::check(common, key, name, &COMMON, v);
+    let status_window =
+        queue::status_window(v, key, s.status_window.as_deref(), common.poll_interval);
+    let tls = match (&s.tls, management_url.as_deref()) {
+        (Some(t), url) => {
+            if url.is_some_and(|u| u.starts_with("http://")) {
+                v.problem(
+                    &format!("{key}.tls"),
+                    "only with an https:// management_url".into(),
+                );
+            }
+            match tls_config(t) {
+                Ok(c) => Some(Arc::new(c)),
+                Err((k, message)) => {
+                    v.problem(&format!("{key}.tls.{k}"), message);
+                    None
+                }
+            }
+        }
+        (None, _) => None,
+    };
+    Some(RabbitSpec {
+        common,
+        management_url: management_url?,
+        username: username?,
+        password: password?,
+        vhosts: vhosts?,
+        queues: queues?,
+        status_window,
+        tls,
+    })
+}
+
+/// `management_url`: required, `http://` or `https://` with a host, no
+/// credentials, no query; kept without a trailing `/`.
+fn management_url(v: &mut Validator<'_>, key: &str, written: Option<&str>) -> Option<String> {
+    let at = format!("{key}.management_url");
+    let Some(text) = written else {
+        v.problem(
+            &at,
+            "required (the management plugin's URL, e.g. http://127.0.0.1:15672)".into(),
+        );
+        return None;
+    };
+    let text = v.expand(&at, text)?;
+    let url = match url::Url::parse(&text) {
+        Ok(u) => u,
+        Err(e) => {
+            v.problem(&at, format!("not a URL: {e}"));
+            return None;
+        }
+    };
+    let problem = if !matches!(url.scheme(), "http" | "https") {
+        Some(format!(
+            "scheme \"{}\": expected http or https",
+            url.scheme()
+        ))
+    } else if url.host_str().is_none_or(str::is_empty) {
+        Some("needs a host".into())
+    } else if !url.username().is_empty() || url.password().is_some() {
+        Some("must not hold credentials: give username and password".into())
+    } else if url.query().is_some() || url.fragment().is_some() {
+        Some("must not have a query or fragment".into())
+    } else {
+        None
+    };
+    if let Some(p) = problem {
+        v.problem(&at, p);
+        return None;
+    }
+    Some(url.as_str().trim_end_matches('/').to_string())
+}
+
+fn username(v: &mut Validator<'_>, key: &str, written: Option<&str>) -> Option<String> {
+    let at = format!("{key}.username");
+    match written {
+        Some(u) if !u.is_empty() => v.expand(&at, u),
+        _ => {
+            v.problem(&at, "required (a user tagged monitoring suffices)".into());
+            None
+        }
+    }
+}
+
+/// `password` (with `${VAR}`) or `password_file`, exactly one.
+fn password(v: &mut Validator<'_>, key: &str, s: &RawRabbit) -> Option<Secret> {
+    let env = v.env();
+    let text = match (&s.password, &s.password_file) {
+        (Some(_), Some(_)) => {
+            v.problem(
+                &format!("{key}.password_file"),
+                "give either password or password_file, not both".into(),
+            );
+            None
+        }
+        (Some(p), None) => match expand_env(p, env) {
+            Ok(p) => Some(p),
+            Err(var) => {
+                v.problem(
+                    &format!("{key}.password"),
+                    format!("environment variable {var} is not set"),
+                );
+                None
+            }
+        },
+        (None, Some(path)) => match std::fs::read_to_string(path) {
+            Ok(p) => Some(p.trim_end_matches(['\n', '\r']).to_string()),
+            Err(e) => {
+                v.problem(
+                    &format!("{key}.password_file"),
+                    format!("cannot read \"{path}\": {e}"),
+                );
+                None
+            }
+        },
+        (None, None) => {
+            v.problem(
+                &format!("{key}.password"),
+                "required (or password_file)".into(),
+            );
+            None
+        }
+    };
+    text.map(Secret)
+}
+
+fn regex(v: &mut Validator<'_>, key: &str, text: &str) -> Option<Regex> {
+    match Regex::new(&format!("^(?:{text})$")) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            let first = e
+                .to_string()
+                .lines()
+                .last()
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            v.problem(
+                key,
+                format!("invalid regular expression \"{text}\": {first}"),
+            );
+            None
+        }
+    }
+}
+
+/// Builds the rustls client config; errors name the `tls` key at fault.
+fn tls_config(t: &RawTls) -> Result<rustls::ClientConfig, (&'static str, String)> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    match &t.ca_file {
+        Some(path) => {
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                .and_then(|it| it.collect::<Result<_, _>>())
+                .map_err(|e| {
+                    (
+                        "ca_file",
+                        format!("cannot read CA certificates from \"{path}\": {e}"),
+                    )
+                })?;
+            if certs.is_empty() {
+                return Err(("ca_file", format!("\"{path}\" holds no PEM certificate")));
+            }
+            for c in certs {
+                roots
+                    .add(c)
+                    .map_err(|e| ("ca_file", format!("\"{path}\": {e}")))?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ("ca_file", e.to_string()))?
+        .with_root_certificates(roots);
+    match (&t.cert_file, &t.key_file) {
+        (None, None) => Ok(builder.with_no_client_auth()),
+        (Some(_), None) => Err(("key_file", "required with cert_file".into())),
+        (None, Some(_)) => Err(("cert_file", "required with key_file".into())),
+        (Some(cert), Some(key)) => {
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+                .and_then(|it| it.collect::<Result<_, _>>())
+                .map_err(|e| ("cert_file", format!("cannot read \"{cert}\": {e}")))?;
+            if chain.is_empty() {
+                return Err(("cert_file", format!("\"{cert}\" holds no PEM certificate")));
+            }
+            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+                (
+                    "key_file",
+                    format!("cannot read a private key from \"{key}\": {e}"),
+                )
+            })?;
+            builder
+                .with_client_auth_cert(chain, key_der)
+                .map_err(|e| ("key_file", format!("does not fit cert_file: {e}")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    fn problems(entry: &str) -> Vec<String> {
+        match crate::config::parse_str(&format!(
+            "[[sources]]\nname = \"r\"\nkind = \"rabbitmq\"\n{entry}"
+        )) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    /// Guards the checks of the kind's own keys, each by its full key.
+    #[test]
+    fn settings_are_checked_by_full_key() {
+        let ok =
+            "management_url = \"http://127.0.0.1:15672/\"\nusername = \"m\"\npassword = \"p\"\n";
+        assert!(problems(ok).is_empty(), "{:?}", problems(ok));
+        for (entry, key) in [
+            (
+                "username = \"m\"\npassword = \"p\"\n",
+                "sources[0].management_url",
+            ),
+            (
+                "management_url = \"amqp://h:5672\"\nusername = \"m\"\npassword = \"p\"\n",
+                "sources[0].management_url",
+            ),
+            (
+                "management_url = \"http://u:secret@h:15672\"\nusername = \"m\"\npassword = \"p\"\n",
+                "sources[0].management_url",
+            ),
+            (
+                "management_url = \"http://h:15672\"\npassword = \"p\"\n",
+                "sources[0].username",
+            ),
+            (
+                "management_url = \"http://h:15672\"\nusername = \"m\"\n",
+                "sources[0].password",
+            ),
+            (
+                "management_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\nqueues = \"(\"\n",
+                "sources[0].queues",
+            ),
+            (
+                "management_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"${INBOXWATCH_TEST_UNSET_RABBIT}\"\n",
+                "sources[0].password",
+            ),
+            (
+                "management_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\n[sources.tls]\nca_file = \"/nonexistent.pem\"\n",
+                "sources[0].tls",
+            ),
+        ] {
+            let got = problems(entry);
+            assert!(
+                got.len() == 1 && got[0].contains(key),
+                "{entry}: {got:?} (want one problem at {key})"
+            );
+            assert!(!got[0].contains("secret"), "{got:?}");
+        }
+    }
+}

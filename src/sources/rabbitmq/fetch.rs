@@ -1,0 +1,445 @@
+//! What one poll reads of the management API, and what it means (a pure
+//! step, [`observe`]): the watched vhosts (`/api/vhosts?columns=name`), each
+//! one's queues page by page with only the columns the series need
+//! (`/api/queues/<vhost>?columns=…&page=…&page_size=500`), and, for each
+//! dead-letter exchange the watched queues name, its type and the queues it
+//! is bound to (`/api/exchanges/<vhost>/<x>` and `…/bindings/source`): the
+//! dead-letter target queues.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::client::{Api, ApiError, segment};
+use super::config::RabbitSpec;
+use crate::sources::queue::{Consumer, DeadLetters, Observation, Queue};
+
+/// The most a page may hold (the management API's own cap).
+pub const PAGE_SIZE: usize = 500;
+
+/// The columns asked of every queue.
+pub const COLUMNS: &str = "name,type,messages,messages_ready,messages_unacknowledged,consumers,\
+head_message_timestamp,message_stats.publish,message_stats.redeliver,message_stats.ack,\
+message_stats.deliver_no_ack,message_stats.get_no_ack,arguments,effective_policy_definition,\
+backing_queue_status.next_seq_id";
+
+/// One queue as the management API lists it (only the columns asked).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct QueueRow {
+    pub name: String,
+    /// `classic`, `quorum` or `stream`.
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    pub messages: Option<u64>,
+    pub messages_ready: Option<u64>,
+    pub messages_unacknowledged: Option<u64>,
+    pub consumers: Option<u64>,
+    /// Seconds since the epoch: the `timestamp` property of the message at
+    /// the head of a classic queue, when its publisher set one.
+    pub head_message_timestamp: Option<Value>,
+    pub message_stats: Option<Stats>,
+    #[serde(default)]
+    pub arguments: Option<Value>,
+    #[serde(default)]
+    pub effective_policy_definition: Option<Value>,
+    pub backing_queue_status: Option<BackingQueue>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+pub struct Stats {
+    pub publish: Option<u64>,
+    pub redeliver: Option<u64>,
+    pub ack: Option<u64>,
+    pub deliver_no_ack: Option<u64>,
+    pub get_no_ack: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+pub struct BackingQueue {
+    /// A classic queue's count of messages ever enqueued, whoever put them
+    /// there (a publisher or dead-lettering).
+    pub next_seq_id: Option<u64>,
+}
+
+impl QueueRow {
+    /// The head message's timestamp in seconds, if the queue reports one.
+    pub fn head_timestamp(&self) -> Option<f64> {
+        match &self.head_message_timestamp {
+            Some(Value::Number(n)) => n.as_f64(),
+            _ => None,
+        }
+    }
+
+    /// A setting of the queue: its argument `x-<name>`, else its effective
+    /// policy's `<name>` (queue arguments win).
+    fn setting(&self, name: &str) -> Option<String> {
+        let from = |v: &Option<Value>, key: &str| {
+            v.as_ref()
+                .and_then(|v| v.get(key))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        };
+        from(&self.arguments, &format!("x-{name}"))
+            .or_else(|| from(&self.effective_policy_definition, name))
+    }
+
+    /// The dead-letter exchange and routing key, where the queue has one.
+    pub fn dead_letter(&self) -> Option<(String, Option<String>)> {
+        let exchange = self.setting("dead-letter-exchange")?;
+        Some((exchange, self.setting("dead-letter-routing-key")))
+    }
+
+    /// Whether its consumers are read from this listing (not a stream's).
+    pub fn has_consumer_row(&self) -> bool {
+        self.kind != "stream"
+    }
+}
+
+/// The queues of one vhost, and where its queues' dead letters go.
+#[derive(Debug, Clone, Default)]
+pub struct VhostRead {
+    pub vhost: String,
+    /// Every queue of the vhost (the dead-letter targets among them need
+    /// not be watched), by name.
+    pub rows: BTreeMap<String, QueueRow>,
+    /// Per dead-letter exchange and routing key the watched queues name,
+    /// the queues it delivers to; `None` when the exchange does not exist.
+    pub targets: BTreeMap<(String, Option<String>), Option<Vec<String>>>,
+}
+
+/// One read of the broker.
+#[derive(Debug, Clone, Default)]
+pub struct Read {
+    pub vhosts: Vec<VhostRead>,
+    /// Vhosts the pattern matches that the user may not read (it needs a
+    /// permission entry there, empty patterns suffice): skipped.
+    pub refused: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Named {
+    name: String,
+}
+
+#[derive(Deserialize)]
+struct Page<T> {
+    items: Vec<T>,
+    page_count: usize,
+}
+
+#[derive(Deserialize)]
+struct ExchangeType {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(Deserialize)]
+struct Binding {
+    destination: String,
+    destination_type: String,
+    #[serde(default)]
+    routing_key: String,
+}
+
+/// Reads every watched vhost's queues and their dead-letter targets.
+pub async fn fetch(api: &Api, spec: &RabbitSpec) -> Result<Read, ApiError> {
+    let vhosts: Vec<Named> = api.get("/api/vhosts?columns=name").await?;
+    let mut out = Read::default();
+    for vhost in vhosts.into_iter().map(|v| v.name) {
+        if !spec.vhosts.is_match(&vhost) {
+            continue;
+        }
+        let mut read = VhostRead {
+            vhost: vhost.clone(),
+            ..VhostRead::default()
+        };
+        let mut page = 1;
+        loop {
+            let path = format!(
+                "/api/queues/{}?page={page}&page_size={PAGE_SIZE}&sort=name&columns={COLUMNS}",
+                segment(&vhost)
+            );
+            let got: Page<QueueRow> = match api.get(&path).await {
+                Ok(p) => p,
+                // Queues deleted between two pages: the last page is gone.
+                Err(ApiError::Status { status, .. }) if status.as_u16() == 400 && page > 1 => {
+                    break;
+                }
+                // The vhost was deleted since it was listed.
+                Err(e) if e.is_not_found() => break,
+                Err(ApiError::Unauthorized { .. }) => {
+                    out.refused.push(vhost.clone());
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
+            for row in got.items {
+                read.rows.insert(row.name.clone(), row);
+            }
+            if page >= got.page_count {
+                break;
+            }
+            page += 1;
+        }
+        let wanted: BTreeSet<(String, Option<String>)> = read
+            .rows
+            .values()
+            .filter(|r| spec.queues.is_match(&r.name))
+            .filter_map(QueueRow::dead_letter)
+            .collect();
+        for (exchange, key) in wanted {
+            let targets = targets(api, &vhost, &exchange, key.as_deref()).await?;
+            read.targets.insert((exchange, key), targets);
+        }
+        if out.refused.last() != Some(&vhost) {
+            out.vhosts.push(read);
+        }
+    }
+    Ok(out)
+}
+
+/// The queues a dead-letter exchange delivers to with `key`: the queue of
+/// that name for the default exchange; else the queues bound to it whose
+/// binding the key matches (every bound queue for a fanout or headers
+/// exchange, or when no dead-letter routing key is set: the messages keep
+/// their own). `None`: the exchange does not exist.
+async fn targets(
+    api: &Api,
+    vhost: &str,
+    exchange: &str,
+    key: Option<&str>,
+) -> Result<Option<Vec<String>>, ApiError> {
+    if exchange.is_empty() {
+        return Ok(Some(key.map(|k| vec![k.to_string()]).unwrap_or_default()));
+    }
+    let base = format!("/api/exchanges/{}/{}", segment(vhost), segment(exchange));
+    let kind: ExchangeType = match api.get(&format!("{base}?columns=type")).await {
+        Ok(t) => t,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let bindings: Vec<Binding> = match api
+        .get(&format!(
+            "{base}/bindings/source?columns=destination,destination_type,routing_key"
+        ))
+        .await
+    {
+        Ok(b) => b,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut out: Vec<String> = bindings
+        .into_iter()
+        .filter(|b| b.destination_type == "queue")
+        .filter(|b| match (kind.kind.as_str(), key) {
+            (_, None) => true,
+            ("direct", Some(k)) => b.routing_key == k,
+            ("topic", Some(k)) => topic_matches(&b.routing_key, k),
+            _ => true,
+        })
+        .map(|b| b.destination)
+        .collect();
+    out.sort();
+    out.dedup();
+    Ok(Some(out))
+}
+
+/// AMQP topic matching: words split on `.`, `*` one word, `#` zero or more.
+pub fn topic_matches(pattern: &str, key: &str) -> bool {
+    fn go(p: &[&str], k: &[&str]) -> bool {
+        match (p.first(), k.first()) {
+            (None, None) => true,
+            (Some(&"#"), _) => go(&p[1..], k) || (!k.is_empty() && go(p, &k[1..])),
+            (Some(&"*"), Some(_)) => go(&p[1..], &k[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &k[1..]),
+            _ => false,
+        }
+    }
+    let p: Vec<&str> = pattern.split('.').collect();
+    let k: Vec<&str> = if key.is_empty() {
+        Vec::new()
+    } else {
+        key.split('.').collect()
+    };
+    go(&p, &k)
+}
+
+/// The `queue` label: the queue's name in the default vhost `/`,
+/// `<vhost>/<name>` in any other (names are unique only within a vhost).
+pub fn label(vhost: &str, name: &str) -> String {
+    if vhost == "/" {
+        name.to_string()
+    } else {
+        format!("{vhost}/{name}")
+    }
+}
+
+/// What the source keeps between reads to count dead letters: each target
+/// queue's count of enqueued messages and of publishes at the last read.
+#[derive(Debug, Default)]
+pub struct DeadLetterMemory {
+    last: HashMap<(String, String), (u64, u64)>,
+}
+
+impl DeadLetterMemory {
+    /// Messages that entered the target since the last read without being
+    /// published by a client: dead-lettered into it. 0 on first sight, and
+    /// when either count fell (the broker restarted, its statistics were
+    /// reset): never more than the broker counted.
+    fn growth(&mut self, vhost: &str, target: &str, enqueued: u64, published: u64) -> u64 {
+        let key = (vhost.to_string(), target.to_string());
+        let grew = match self.last.get(&key) {
+            Some(&(e, p)) if enqueued >= e && published >= p => {
+                (enqueued - e).saturating_sub(published - p)
+            }
+            _ => 0,
+        };
+        self.last.insert(key, (enqueued, published));
+        grew
+    }
+}
+
+/// The observation of one read: each watched queue, its consumers' row
+/// (`consumer = ""`), and what its dead-letter targets received since the
+/// last read. `now` is the wall clock in seconds since the epoch.
+pub fn observe(
+    read: &Read,
+    spec: &RabbitSpec,
+    dead: &mut DeadLetterMemory,
+    now: f64,
+) -> Observation {
+    let mut out = Observation {
+        broker: "rabbitmq",
+        ..Observation::default()
+    };
+    let mut targets_seen = HashMap::new();
+    for vh in &read.vhosts {
+        for row in vh.rows.values() {
+            if !spec.queues.is_match(&row.name) {
+                continue;
+            }
+            // A queue whose statistics were not emitted yet (just declared,
+            // or a broker that just started) says nothing this read.
+            let Some(messages) = row.messages else {
+                continue;
+            };
+            let queue = label(&vh.vhost, &row.name);
+            let stats = row.message_stats.unwrap_or_default();
+            let streamed = !row.has_consumer_row();
+            out.queues.push(Queue {
+                queue: queue.clone(),
+                messages,
+                appended: if streamed {
+                    None
+                } else {
+                    Some(stats.publish.unwrap_or(0))
+                },
+                redelivered: if streamed {
+                    None
+                } else {
+                    Some(stats.redeliver.unwrap_or(0))
+                },
+            });
+            if streamed {
+                continue;
+            }
+            let ready = row.messages_ready.unwrap_or(0);
+            out.consumers.push(Consumer {
+                queue: queue.clone(),
+                consumer: String::new(),
+                lag_messages: ready,
+                lag_seconds: row.head_timestamp().map(|t| (now - t).max(0.0)),
+                unacked: Some(row.messages_unacknowledged.unwrap_or(0)),
+                oldest_unacked_age_seconds: None,
+                redelivered: None,
+                redelivered_scan_cut: false,
+                consumers: row.consumers.unwrap_or(0),
+                acknowledged: (stats.ack.unwrap_or(0)
+                    + stats.deliver_no_ack.unwrap_or(0)
+                    + stats.get_no_ack.unwrap_or(0)) as i64,
+            });
+            let Some(dl) = row.dead_letter() else {
+                continue;
+            };
+            let Some(Some(targets)) = vh.targets.get(&dl) else {
+                continue;
+            };
+            let mut count = 0;
+            let mut countable = false;
+            for t in targets {
+                let Some(target) = vh.rows.get(t) else {
+                    continue;
+                };
+                let Some(enqueued) = target.backing_queue_status.and_then(|b| b.next_seq_id) else {
+                    continue;
+                };
+                countable = true;
+                let published = target.message_stats.and_then(|s| s.publish).unwrap_or(0);
+                let key = (vh.vhost.clone(), t.clone());
+                count += *targets_seen
+                    .entry(key)
+                    .or_insert_with(|| dead.growth(&vh.vhost, t, enqueued, published));
+            }
+            if countable {
+                out.dead_letters.push(DeadLetters {
+                    queue,
+                    consumer: String::new(),
+                    reason: "dead_letter_queue",
+                    count,
+                });
+            }
+        }
+    }
+    dead.last.retain(|k, _| targets_seen.contains_key(k));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_patterns_match_as_the_broker_does() {
+        for (p, k, m) in [
+            ("orders.*", "orders.created", true),
+            ("orders.*", "orders", false),
+            ("orders.#", "orders", true),
+            ("#", "", true),
+            ("#.dead", "a.b.dead", true),
+            ("*.dead", "a.b.dead", false),
+            ("a.b", "a.b", true),
+        ] {
+            assert_eq!(topic_matches(p, k), m, "{p} {k}");
+        }
+    }
+
+    #[test]
+    fn dead_letters_count_what_entered_the_target_unpublished_and_never_more() {
+        let mut m = DeadLetterMemory::default();
+        assert_eq!(m.growth("/", "dlq", 10, 4), 0);
+        assert_eq!(m.growth("/", "dlq", 15, 4), 5);
+        // Two published by a client, three dead-lettered.
+        assert_eq!(m.growth("/", "dlq", 20, 6), 3);
+        // Statistics reset (a restart): a new baseline, nothing counted.
+        assert_eq!(m.growth("/", "dlq", 20, 0), 0);
+        assert_eq!(m.growth("/", "dlq", 21, 0), 1);
+    }
+
+    #[test]
+    fn arguments_win_over_the_policy() {
+        let row = QueueRow {
+            arguments: Some(serde_json::json!({"x-dead-letter-exchange": "dlx"})),
+            effective_policy_definition: Some(serde_json::json!({
+                "dead-letter-exchange": "other", "dead-letter-routing-key": "dead"
+            })),
+            ..QueueRow::default()
+        };
+        assert_eq!(row.dead_letter(), Some(("dlx".into(), Some("dead".into()))));
+        let row = QueueRow {
+            effective_policy_definition: Some(serde_json::json!([])),
+            ..QueueRow::default()
+        };
+        assert_eq!(row.dead_letter(), None);
+    }
+}
