@@ -264,7 +264,8 @@ mod tests {
         let config = crate::config::parse_str(
             "[[sources]]\nname = \"i\"\nkind = \"inbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\n\
              [[sources]]\nname = \"o\"\nkind = \"outbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\n\
-             [[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"a:9092\"]\n",
+             [[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"a:9092\"]\n\
+             [[sources]]\nname = \"r\"\nkind = \"rabbitmq\"\nmanagement_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\n",
         )
         .expect("a valid config");
         let kinds: Vec<&str> = config.sources.iter().map(|s| s.kind()).collect();

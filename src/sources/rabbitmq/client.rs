@@ -104,15 +104,25 @@ impl Api {
 
     /// GETs `path` (from `/api/…`, already encoded) and parses its JSON.
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ApiError> {
-        let url = format!("{}{path}", self.base);
-        let body = self.get_bytes(&url).await?;
-        serde_json::from_slice(&body).map_err(|e| ApiError::Body {
-            url,
-            cause: e.to_string(),
-        })
+        Ok(self.get_dated(path).await?.0)
     }
 
-    async fn get_bytes(&self, url: &str) -> Result<Bytes, ApiError> {
+    /// [`Api::get`], with the broker's clock when it answered (its `Date`
+    /// header, whole seconds since the epoch).
+    pub async fn get_dated<T: DeserializeOwned>(
+        &self,
+        path: &str,
+    ) -> Result<(T, Option<f64>), ApiError> {
+        let url = format!("{}{path}", self.base);
+        let (body, date) = self.get_bytes(&url).await?;
+        let value = serde_json::from_slice(&body).map_err(|e| ApiError::Body {
+            url,
+            cause: e.to_string(),
+        })?;
+        Ok((value, date))
+    }
+
+    async fn get_bytes(&self, url: &str) -> Result<(Bytes, Option<f64>), ApiError> {
         let request = Request::get(url)
             .header(header::AUTHORIZATION, &self.authorization)
             // No `Accept`: the management plugin answers a path that is
@@ -132,6 +142,11 @@ impl Api {
                     cause: cause_chain(&e),
                 })?;
             let status = response.status();
+            let date = response
+                .headers()
+                .get(header::DATE)
+                .and_then(|d| d.to_str().ok())
+                .and_then(http_date);
             let body = Limited::new(response.into_body(), MAX_BODY)
                 .collect()
                 .await
@@ -141,7 +156,7 @@ impl Api {
                 })?
                 .to_bytes();
             match status {
-                StatusCode::OK => Ok(body),
+                StatusCode::OK => Ok((body, date)),
                 StatusCode::UNAUTHORIZED => Err(ApiError::Unauthorized {
                     url: url.to_string(),
                 }),
@@ -184,8 +199,57 @@ fn cause_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// An HTTP date (`Sun, 06 Nov 1994 08:49:37 GMT`) in seconds since the epoch.
+fn http_date(text: &str) -> Option<f64> {
+    let mut it = text.split_whitespace().skip(1);
+    let day: i64 = it.next()?.parse().ok()?;
+    let month = match it.next()? {
+        "Jan" => 1,
+        "Feb" => 2,
+        "Mar" => 3,
+        "Apr" => 4,
+        "May" => 5,
+        "Jun" => 6,
+        "Jul" => 7,
+        "Aug" => 8,
+        "Sep" => 9,
+        "Oct" => 10,
+        "Nov" => 11,
+        "Dec" => 12,
+        _ => return None,
+    };
+    let year: i64 = it.next()?.parse().ok()?;
+    let mut hms = it.next()?.split(':').map(|v| v.parse::<i64>().ok());
+    let (h, m, s) = (hms.next()??, hms.next()??, hms.next()??);
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + h * 3600 + m * 60 + s) as f64)
+}
+
 /// A path segment (vhost, queue or exchange name) percent-encoded for the
 /// management API (`/` is `%2F`).
 pub fn segment(name: &str) -> String {
     percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn http_dates_are_read_as_seconds_since_the_epoch() {
+        assert_eq!(
+            super::http_date("Sun, 06 Nov 1994 08:49:37 GMT"),
+            Some(784111777.0)
+        );
+        assert_eq!(
+            super::http_date("Fri, 04 Dec 2026 10:45:00 GMT"),
+            Some(1796381100.0)
+        );
+        assert_eq!(super::http_date("yesterday"), None);
+    }
 }

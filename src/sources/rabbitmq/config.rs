@@ -370,7 +370,7 @@ mod tests {
                 "sources[0].password",
             ),
             (
-                "management_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\n[sources.tls]\nca_file = \"/nonexistent.pem\"\n",
+                "management_url = \"https://h:15671\"\nusername = \"m\"\npassword = \"p\"\n[sources.tls]\nca_file = \"/nonexistent.pem\"\n",
                 "sources[0].tls",
             ),
         ] {

@@ -100,6 +100,8 @@ impl QueueRow {
 #[derive(Debug, Clone, Default)]
 pub struct VhostRead {
     pub vhost: String,
+    /// The broker's clock when it answered the first page (its `Date`).
+    pub broker_now: Option<f64>,
     /// Every queue of the vhost (the dead-letter targets among them need
     /// not be watched), by name.
     pub rows: BTreeMap<String, QueueRow>,
@@ -160,8 +162,11 @@ pub async fn fetch(api: &Api, spec: &RabbitSpec) -> Result<Read, ApiError> {
                 "/api/queues/{}?page={page}&page_size={PAGE_SIZE}&sort=name&columns={COLUMNS}",
                 segment(&vhost)
             );
-            let got: Page<QueueRow> = match api.get(&path).await {
-                Ok(p) => p,
+            let got: Page<QueueRow> = match api.get_dated(&path).await {
+                Ok((p, date)) => {
+                    read.broker_now = read.broker_now.or(date);
+                    p
+                }
                 // Queues deleted between two pages: the last page is gone.
                 Err(ApiError::Status { status, .. }) if status.as_u16() == 400 && page > 1 => {
                     break;
@@ -302,10 +307,11 @@ impl DeadLetterMemory {
 
 /// The observation of one read: each watched queue, its consumers' row
 /// (`consumer = ""`), and what its dead-letter targets received since the
-/// last read. `now` is the wall clock in seconds since the epoch.
+/// last read. Ages are on the broker's clock (the `Date` of its answer),
+/// else on `now`, the agent's, in seconds since the epoch.
 pub fn observe(
     read: &Read,
-    spec: &RabbitSpec,
+    queues: &regex::Regex,
     dead: &mut DeadLetterMemory,
     now: f64,
 ) -> Observation {
@@ -316,7 +322,7 @@ pub fn observe(
     let mut targets_seen = HashMap::new();
     for vh in &read.vhosts {
         for row in vh.rows.values() {
-            if !spec.queues.is_match(&row.name) {
+            if !queues.is_match(&row.name) {
                 continue;
             }
             // A queue whose statistics were not emitted yet (just declared,
@@ -345,6 +351,7 @@ pub fn observe(
                 continue;
             }
             let ready = row.messages_ready.unwrap_or(0);
+            let now = vh.broker_now.unwrap_or(now);
             out.consumers.push(Consumer {
                 queue: queue.clone(),
                 consumer: String::new(),
@@ -424,6 +431,85 @@ mod tests {
         // Statistics reset (a restart): a new baseline, nothing counted.
         assert_eq!(m.growth("/", "dlq", 20, 0), 0);
         assert_eq!(m.growth("/", "dlq", 21, 0), 1);
+    }
+
+    fn row(name: &str, kind: &str, json: serde_json::Value) -> QueueRow {
+        let mut r: QueueRow = serde_json::from_value(json).expect("a row");
+        r.name = name.into();
+        r.kind = kind.into();
+        r
+    }
+
+    /// Guards the pure step: a classic queue with a head timestamp (lag
+    /// seconds on the broker's clock), a quorum queue without (absent), a
+    /// stream (depth only), an unwatched dead-letter queue whose enqueues
+    /// less its publishes are the classic queue's dead letters.
+    #[test]
+    fn one_read_becomes_the_queue_family() {
+        let read = |dlq_seq: u64, dlq_pub: u64| {
+            Read {
+            vhosts: vec![VhostRead {
+                vhost: "shop".into(),
+                broker_now: Some(1_000.0),
+                rows: [
+                    row("orders", "classic", serde_json::json!({
+                        "name": "", "messages": 7, "messages_ready": 5, "messages_unacknowledged": 2,
+                        "consumers": 1, "head_message_timestamp": 940,
+                        "message_stats": {"publish": 30, "redeliver": 3, "ack": 20, "deliver_no_ack": 1},
+                        "arguments": {"x-dead-letter-exchange": ""},
+                        "effective_policy_definition": {"dead-letter-routing-key": "orders.dlq"}
+                    })),
+                    row("orders.dlq", "classic", serde_json::json!({
+                        "name": "", "messages": 3, "message_stats": {"publish": dlq_pub},
+                        "backing_queue_status": {"next_seq_id": dlq_seq}
+                    })),
+                    row("raft", "quorum", serde_json::json!({
+                        "name": "", "messages": 4, "messages_ready": 4, "consumers": 0
+                    })),
+                    row("log", "stream", serde_json::json!({"name": "", "messages": 100})),
+                    row("fresh", "classic", serde_json::json!({"name": ""})),
+                ]
+                .into_iter()
+                .map(|r| (r.name.clone(), r))
+                .collect(),
+                targets: [(("".to_string(), Some("orders.dlq".to_string())), Some(vec!["orders.dlq".to_string()]))]
+                    .into_iter()
+                    .collect(),
+            }],
+            refused: Vec::new(),
+        }
+        };
+        let watched = regex::Regex::new("^(?:orders|raft|log|fresh)$").unwrap();
+        let mut dead = DeadLetterMemory::default();
+        let seen = observe(&read(10, 1), &watched, &mut dead, 5_000.0);
+        let names: Vec<&str> = seen.queues.iter().map(|q| q.queue.as_str()).collect();
+        assert_eq!(names, ["shop/log", "shop/orders", "shop/raft"]);
+        let orders = &seen.consumers[0];
+        assert_eq!(
+            (
+                orders.queue.as_str(),
+                orders.lag_messages,
+                orders.lag_seconds,
+                orders.unacked
+            ),
+            ("shop/orders", 5, Some(60.0), Some(2))
+        );
+        assert_eq!((orders.consumers, orders.acknowledged), (1, 21));
+        assert_eq!(seen.consumers[1].lag_seconds, None);
+        assert_eq!(seen.consumers.len(), 2, "a stream has no consumer row here");
+        assert_eq!(seen.queues[0].appended, None);
+        assert_eq!(seen.queues[1].redelivered, Some(3));
+        assert_eq!(seen.dead_letters[0].count, 0, "first sight");
+        // 6 more enqueued, 2 of them published by a client: 4 dead letters.
+        let seen = observe(&read(16, 3), &watched, &mut dead, 5_000.0);
+        assert_eq!(
+            (
+                seen.dead_letters[0].queue.as_str(),
+                seen.dead_letters[0].reason,
+                seen.dead_letters[0].count
+            ),
+            ("shop/orders", "dead_letter_queue", 4)
+        );
     }
 
     #[test]

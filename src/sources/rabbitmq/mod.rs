@@ -10,7 +10,8 @@
 //!   `queue_redeliveries_total` the growth of `message_stats.publish` and
 //!   `message_stats.redeliver`;
 //! * one consumer row per queue (`consumer=""`: RabbitMQ's queue consumers
-//!   have no shared name): lag = `messages_ready`, lag seconds = now −
+//!   have no shared name): lag = `messages_ready`, lag seconds = the
+//!   broker's now (its answer's `Date`) −
 //!   `head_message_timestamp` where the queue reports it (classic queues
 //!   whose publishers set the `timestamp` property; never estimated): the
 //!   age of the oldest message the queue holds, ready or delivered and not
@@ -75,7 +76,7 @@ impl RabbitSource {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
-        let seen = fetch::observe(&read, &self.spec, &mut self.dead, wall);
+        let seen = fetch::observe(&read, &self.spec.queues, &mut self.dead, wall);
         let owner = self.spec.owner.clone().unwrap_or_default();
         self.memory.publish(&self.spec.name, &owner, &seen, now);
         Ok(PollStats {
