@@ -730,3 +730,79 @@ async fn restart_broker_under_the_agent() {
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
     let _ = mgmt("GET", "/api/overview", None);
 }
+
+/// One owner per source: two agents with `[sources.election]` (a user that
+/// may configure only the lock queue's name); exactly one exports the
+/// queues; killed, the other takes over at once (the broker drops the
+/// exclusive queue with the dead agent's connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_agent_owns_the_source_and_another_takes_over() {
+    let vh = Vhost::create("elect");
+    let mon = Monitor::create(&vh);
+    declare_queue(&vh, "orders", "{}");
+    let locker = Monitor::create(&vh);
+    mgmt_ok(
+        "PUT",
+        &format!("/api/permissions/{}/{}", enc(&vh.name), enc(&locker.name)),
+        Some(r#"{"configure":"^inboxwatch\\.election\\..*","write":"","read":""}"#),
+    );
+    let election = format!(
+        "poll_interval = \"1s\"\n[sources.election]\nurl = \"amqp://127.0.0.1:5672/{}\"\nusername = \"{}\"\npassword = \"${{RE_LOCK}}\"\n",
+        enc(&vh.name),
+        locker.name
+    );
+    let config = source_toml("re", &vh.name, &mon.name, "RE_PASSWORD", &election);
+    let env = [
+        ("RE_PASSWORD", mon.password.as_str()),
+        ("RE_LOCK", locker.password.as_str()),
+    ];
+    let a = Agent::start_with_env(&config, &env);
+    let b = Agent::start_with_env(&config, &env);
+    a.wait_ready(READY_TIMEOUT).await;
+    b.wait_ready(READY_TIMEOUT).await;
+    let orders = q(&vh, "orders");
+    let leader = |m: &Metrics| m.get("inboxwatch_source_leader", &[("source", "re")]);
+    let (owner, standby) = wait_until(Duration::from_secs(60), || async {
+        let (ma, mb) = (a.try_scrape().await?, b.try_scrape().await?);
+        let exported = |m: &Metrics| {
+            m.get(MESSAGES, &[("source", "re"), ("queue", &orders)])
+                .is_some()
+        };
+        match (leader(&ma), leader(&mb)) {
+            (Some(1.0), Some(0.0)) if exported(&ma) && !exported(&mb) => Ok((&a, &b)),
+            (Some(0.0), Some(1.0)) if exported(&mb) && !exported(&ma) => Ok((&b, &a)),
+            other => Err(format!("leaders {other:?}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}\n{}", a.stderr(), b.stderr()));
+    // The lock is an exclusive queue of the owner's connection.
+    let lock = vh.queue("inboxwatch.election.re");
+    assert_eq!(lock["exclusive"], true, "{lock}");
+    // One owner for a while.
+    stays(Duration::from_secs(6), || async {
+        let (mo, ms) = (owner.try_scrape().await?, standby.try_scrape().await?);
+        (leader(&mo) == Some(1.0) && leader(&ms) == Some(0.0))
+            .then_some(())
+            .ok_or_else(|| "two owners or none".into())
+    })
+    .await
+    .unwrap();
+    owner.sigkill();
+    wait_until(Duration::from_secs(30), || async {
+        let m = standby.try_scrape().await?;
+        (leader(&m) == Some(1.0)
+            && m.get(MESSAGES, &[("source", "re"), ("queue", &orders)])
+                .is_some())
+        .then_some(())
+        .ok_or_else(|| "no takeover yet".into())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", standby.stderr()));
+    for text in [a.stderr(), b.stderr()] {
+        assert!(
+            !text.contains(&locker.password),
+            "the lock's password printed"
+        );
+    }
+}

@@ -33,6 +33,19 @@ pub struct RabbitSpec {
     pub status_window: Duration,
     /// TLS to the management API (an `https` URL): roots and client certificate.
     pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// `[sources.election]`: the AMQP connection whose exclusive queue
+    /// decides which agent owns the source; none: owned outright.
+    pub election: Option<ElectionUrl>,
+}
+
+/// Where and as whom the election's lock is taken.
+#[derive(Debug, Clone)]
+pub struct ElectionUrl {
+    pub host: String,
+    pub port: u16,
+    pub vhost: String,
+    pub username: String,
+    pub password: Secret,
 }
 
 impl Deref for RabbitSpec {
@@ -79,6 +92,23 @@ pub struct RawRabbit {
     pub status_window: Option<String>,
     /// TLS to the management API.
     pub tls: Option<RawTls>,
+    /// One owner per source across agents: an AMQP user that may declare
+    /// the lock queue.
+    pub election: Option<RawElection>,
+}
+
+/// `[sources.election]`.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawElection {
+    /// `amqp://host:5672/vhost` (the vhost percent-encoded, `%2F` for `/`;
+    /// no credentials).
+    pub url: Option<String>,
+    /// A user with configure rights on `inboxwatch.election.<source>`.
+    pub username: Option<String>,
+    /// Its password; `${VAR}` is replaced by the environment variable VAR.
+    pub password: Option<String>,
+    /// A file whose content is the password; instead of `password`.
+    pub password_file: Option<String>,
 }
 
 /// `[sources.tls]`: the roots and client certificate of an `https` URL.
@@ -111,7 +141,11 @@ pub(crate) fn validate(
 ) -> Option<RabbitSpec> {
     let management_url = management_url(v, key, s.management_url.as_deref());
     let username = username(v, key, s.username.as_deref());
-    let password = password(v, key, &s);
+    let password = password(v, key, s.password.as_deref(), s.password_file.as_deref());
+    let election = s
+        .election
+        .as_ref()
+        .map(|e| election(v, &format!("{key}.election"), e));
     let vhosts = regex(
         v,
         &format!("{key}.vhosts"),
@@ -152,6 +186,66 @@ pub(crate) fn validate(
         queues: queues?,
         status_window,
         tls,
+        election: match election {
+            Some(e) => Some(e?),
+            None => None,
+        },
+    })
+}
+
+/// `[sources.election]`: `url` (amqp://host:port/vhost), `username`, and
+/// `password` or `password_file`.
+fn election(v: &mut Validator<'_>, key: &str, e: &RawElection) -> Option<ElectionUrl> {
+    let at = format!("{key}.url");
+    let url = match e.url.as_deref() {
+        None => {
+            v.problem(&at, "required (amqp://host:5672/vhost)".into());
+            None
+        }
+        Some(text) => v.expand(&at, text).and_then(|text| {
+            let problem = |v: &mut Validator<'_>, m: String| {
+                v.problem(&at, m);
+                None
+            };
+            match url::Url::parse(&text) {
+                Err(e) => problem(v, format!("not a URL: {e}")),
+                Ok(u) if u.scheme() != "amqp" => problem(
+                    v,
+                    format!(
+                        "scheme \"{}\": expected amqp (amqps is not supported)",
+                        u.scheme()
+                    ),
+                ),
+                Ok(u) if !u.username().is_empty() || u.password().is_some() => problem(
+                    v,
+                    "must not hold credentials: give username and password".into(),
+                ),
+                Ok(u) => match u.host_str().filter(|h| !h.is_empty()) {
+                    None => problem(v, "needs a host".into()),
+                    Some(host) => {
+                        let path = u.path().trim_start_matches('/');
+                        let vhost = if path.is_empty() {
+                            "/".to_string()
+                        } else {
+                            percent_encoding::percent_decode_str(path)
+                                .decode_utf8_lossy()
+                                .into_owned()
+                        };
+                        Some((host.to_string(), u.port().unwrap_or(5672), vhost))
+                    }
+                },
+            }
+        }),
+    };
+    let username = username(v, key, e.username.as_deref());
+    let password = password(v, key, e.password.as_deref(), e.password_file.as_deref());
+    let (host, port, vhost) = url?;
+    Some(ElectionUrl {
+        host,
+        port,
+        vhost,
+        username: username?,
+        password: password?,
     })
 }
 
@@ -207,9 +301,14 @@ fn username(v: &mut Validator<'_>, key: &str, written: Option<&str>) -> Option<S
 }
 
 /// `password` (with `${VAR}`) or `password_file`, exactly one.
-fn password(v: &mut Validator<'_>, key: &str, s: &RawRabbit) -> Option<Secret> {
+fn password(
+    v: &mut Validator<'_>,
+    key: &str,
+    password: Option<&str>,
+    password_file: Option<&str>,
+) -> Option<Secret> {
     let env = v.env();
-    let text = match (&s.password, &s.password_file) {
+    let text = match (password, password_file) {
         (Some(_), Some(_)) => {
             v.problem(
                 &format!("{key}.password_file"),
@@ -372,6 +471,14 @@ mod tests {
             (
                 "management_url = \"https://h:15671\"\nusername = \"m\"\npassword = \"p\"\n[sources.tls]\nca_file = \"/nonexistent.pem\"\n",
                 "sources[0].tls",
+            ),
+            (
+                "management_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\n[sources.election]\nurl = \"amqp://u:secret@h:5672/\"\nusername = \"e\"\npassword = \"p\"\n",
+                "sources[0].election.url",
+            ),
+            (
+                "management_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\n[sources.election]\nurl = \"amqp://h:5672/%2F\"\nusername = \"e\"\n",
+                "sources[0].election.password",
             ),
         ] {
             let got = problems(entry);

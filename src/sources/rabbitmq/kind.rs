@@ -5,6 +5,7 @@
 use tracing::{info, warn};
 
 use super::config::{RabbitSpec, RawRabbit, validate};
+use super::election::RabbitElection;
 use super::{RabbitSource, doctor};
 use crate::card::{Card, Past};
 use crate::sources::common::{Common, RawCommon};
@@ -25,21 +26,25 @@ impl Kind for RabbitSpec {
         &self.common
     }
 
-    /// The source is owned outright: a read-only (`monitoring`) user can
-    /// take no lock on the broker — the one atomic lock RabbitMQ has, an
-    /// exclusive queue held on an AMQP connection, needs a user that may
-    /// declare queues — and the management API offers no atomic
-    /// create-if-absent. Two agents given the same source both export it
-    /// (the same gauges twice, each with its own counter baselines), which
-    /// the start line says.
+    /// With `[sources.election]`, the owner is the agent whose AMQP
+    /// connection holds the source's exclusive queue (`election.rs`).
+    /// Without it the source is owned outright: a read-only (`monitoring`)
+    /// user may declare no queue, and the management API offers no atomic
+    /// create-if-absent to build a lock on; two agents given the same
+    /// source then both export it, which the start line warns of.
     fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
         info!(source = %self.name, url = %self.management_url, "Watching RabbitMQ.");
-        warn!(
-            source = %self.name,
-            "A RabbitMQ source has no election: every agent configured with it polls and exports it; give it to one agent only."
-        );
         queue::export_objectives(&self.common);
-        let leader = rt.own_outright(&self.name);
+        let leader = match &self.election {
+            Some(url) => rt.elect(RabbitElection::for_source(&self, url)),
+            None => {
+                warn!(
+                    source = %self.name,
+                    "No [sources.election]: every agent configured with this RabbitMQ source polls and exports it; give it to one agent only, or configure the election."
+                );
+                rt.own_outright(&self.name)
+            }
+        };
         let name = self.name.clone();
         rt.spawn_loop(&name, move || RabbitSource::new(self.clone()), leader);
         Ok(())

@@ -29,12 +29,14 @@
 //! Streams are listed with their message count only: their consumers'
 //! offsets need the stream protocol, which this kind does not speak.
 //!
-//! Which agent polls: the source is owned outright (`kind.rs`): the
-//! management API offers no atomic lock a read-only user can take.
+//! Which agent polls: with `[sources.election]`, the one whose AMQP
+//! connection holds the source's exclusive queue (`election.rs`); without,
+//! every agent configured with it (`kind.rs` says why).
 
 mod client;
 pub mod config;
 mod doctor;
+pub mod election;
 pub mod fetch;
 mod kind;
 
