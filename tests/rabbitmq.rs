@@ -779,6 +779,19 @@ async fn one_agent_owns_the_source_and_another_takes_over() {
     // The lock is an exclusive queue of the owner's connection.
     let lock = vh.queue("inboxwatch.election.re");
     assert_eq!(lock["exclusive"], true, "{lock}");
+    // `doctor` sees the lock held.
+    let doctor = Cmd::new(["doctor", "--config"])
+        .arg(a.dir().join("inboxwatch.toml"))
+        .envs(env)
+        .output();
+    assert!(
+        doctor
+            .stdout
+            .contains("an agent holds the lock queue inboxwatch.election.re"),
+        "{}{}",
+        doctor.stdout,
+        doctor.stderr
+    );
     // One owner for a while.
     stays(Duration::from_secs(6), || async {
         let (mo, ms) = (owner.try_scrape().await?, standby.try_scrape().await?);

@@ -74,6 +74,26 @@ pub(crate) async fn check(spec: &RabbitSpec) -> Vec<Finding> {
             )));
         }
     }
+    if let Some(url) = &spec.election {
+        use crate::coordination::Lock as _;
+        let mut lock = super::election::RabbitElection::for_source(spec, url);
+        out.push(match lock.try_acquire().await {
+            Ok(true) => Finding::Ok(format!(
+                "election: amqp://{}:{} as \"{}\" declares the lock queue {}{} (no agent holds it now)",
+                url.host, url.port, url.username, super::election::QUEUE_PREFIX, spec.name
+            )),
+            Ok(false) => Finding::Ok(format!(
+                "election: amqp://{}:{} as \"{}\": an agent holds the lock queue {}{} and exports the source",
+                url.host, url.port, url.username, super::election::QUEUE_PREFIX, spec.name
+            )),
+            Err(e) => Finding::Error(format!("election: {e}")),
+        });
+        lock.release().await;
+    } else {
+        out.push(Finding::Warn(
+            "no [sources.election]: every agent configured with this source exports it".into(),
+        ));
+    }
     let mut source = RabbitSource::new(spec.clone());
     let started = Instant::now();
     match tokio::time::timeout(spec.timeout, source.poll()).await {
