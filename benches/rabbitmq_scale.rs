@@ -9,6 +9,8 @@
 //!   peak RSS (VmHWM), its CPU per poll, and the broker's (`beam.smp`, from
 //!   /proc) CPU per poll above its idle rate (measured just before, with
 //!   nothing reading it);
+//! * one page of 500 queues and the whole vhost in one request, with the
+//!   agent's columns: why the agent does not page;
 //! * the peer: scrapes of `rabbitmq_prometheus`' `/metrics/per-object` on
 //!   15692 (every queue of the broker, each with its ~20 families): time,
 //!   size, and the broker CPU per scrape above idle.
@@ -137,6 +139,26 @@ async fn main() {
         std::thread::sleep(Duration::from_secs(2));
     }
 
+    // Why the agent does not page: one page of 500 against the whole
+    // vhost in one request, the same columns.
+    let columns = inboxwatch::sources::rabbitmq::fetch::COLUMNS;
+    let mut timed = |path: &str| {
+        let c = cpu_ms(beam);
+        let t = Instant::now();
+        let body = http("GET", 15672, path, None);
+        let took = t.elapsed().as_secs_f64();
+        (
+            took * 1000.0,
+            cpu_ms(beam) - c - idle_rate * took,
+            body.len(),
+        )
+    };
+    let page = timed(&format!(
+        "/api/queues/{vhost}?page=1&page_size=500&sort=name&columns={columns}"
+    ));
+    std::thread::sleep(Duration::from_secs(2));
+    let whole = timed(&format!("/api/queues/{vhost}?columns={columns}"));
+
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("rabbitmq.toml");
     let mut f = std::fs::File::create(&cfg).unwrap();
@@ -243,6 +265,18 @@ async fn main() {
         "| inboxwatch, steady poll (mean of {count:.0}) | {:.0} ms | {:.0} ms / poll | {agent_cpu:.0} ms / poll | {rss_mb:.1} MB ({hwm_mb:.1} MB) | {series} queues |",
         sum / count.max(1.0) * 1000.0,
         broker_ms / count.max(1.0),
+    );
+    println!(
+        "| management API, one page of 500 queues | {:.0} ms | {:.0} ms | | | {:.2} MB |",
+        page.0,
+        page.1,
+        page.2 as f64 / 1e6
+    );
+    println!(
+        "| management API, all {queues} queues in one request | {:.0} ms | {:.0} ms | | | {:.2} MB |",
+        whole.0,
+        whole.1,
+        whole.2 as f64 / 1e6
     );
     println!(
         "| rabbitmq_prometheus /metrics/per-object (mean of 3) | {:.0} ms | {:.0} ms / scrape | | | {:.1} MB, {lines} samples |",

@@ -53,9 +53,8 @@ impl Kind for RabbitSpec {
     fn reads(&self) -> String {
         format!(
             "each poll reads the management API: the vhosts, then each watched vhost's queues \
-             ({} a page, columns {}), and the type and bindings of each dead-letter exchange \
-             its queues name",
-            super::fetch::PAGE_SIZE,
+             in one request (columns {}), and the type and bindings of each dead-letter \
+             exchange its queues name",
             super::fetch::COLUMNS
         )
     }

@@ -2,7 +2,7 @@
 //! management HTTP API, exported as the `queue_*` family of every broker
 //! kind (`sources::queue`) with `broker="rabbitmq"`.
 //!
-//! One poll is a fetch (`fetch.rs`: what the broker says, page by page with
+//! One poll is a fetch (`fetch.rs`: what the broker says, one request per vhost with
 //! only the columns needed) and a pure step (`fetch::observe`: what it
 //! means), handed to the shared [`Memory`], which publishes the family as
 //! one snapshot:
