@@ -142,7 +142,7 @@ async fn main() {
     // Why the agent does not page: one page of 500 against the whole
     // vhost in one request, the same columns.
     let columns = inboxwatch::sources::rabbitmq::fetch::COLUMNS;
-    let mut timed = |path: &str| {
+    let timed = |path: &str| {
         let c = cpu_ms(beam);
         let t = Instant::now();
         let body = http("GET", 15672, path, None);
