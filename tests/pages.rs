@@ -531,6 +531,7 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
     let listed = dom(agent.port, "/dead-letters?since=1h");
     let r = listed
         .split("<tr class=\"dead-letter\">")
+        .skip(1)
         .find(|r| r.contains(">pg-dead-1</a>"))
         .expect("the row of pg-dead-1")
         .to_string();
@@ -594,6 +595,72 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         "the trace text: {ev_body}"
     );
     screenshot(agent.port, &path, "event-postgres");
+
+    // Issue 36: a dead letter replayed through the audited command that dies again
+    // is marked "failed again after replay"; one only ignored is not.
+    let replayed = common::Cmd::new([
+        "dead-letters",
+        "replay",
+        "--config",
+        cfg,
+        "--source",
+        "pages-pg",
+        "--operator",
+        "bob",
+        "--reason",
+        "fixed the ledger timeout",
+        "--yes",
+        "pg-dead-0",
+    ])
+    .output();
+    assert!(
+        replayed.success(),
+        "dead-letters replay: {}",
+        replayed.describe()
+    );
+    db.pool
+        .raw(&format!(
+            "UPDATE {t} SET status = 'dead', attempts = attempts + 1, \
+             finished_at = now() + interval '1 second', updated_at = now() + interval '1 second' \
+             WHERE event_id = 'pg-dead-0'"
+        ))
+        .await
+        .expect("the replayed event dies again");
+    let (_, body) = agent
+        .get("/api/v1/dead-letters?since=1h")
+        .await
+        .expect("GET");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let flags: std::collections::BTreeMap<&str, bool> = v["dead_letters"]
+        .as_array()
+        .expect("dead_letters")
+        .iter()
+        .map(|d| {
+            (
+                d["event_id"].as_str().expect("id"),
+                d["failed_again_after_replay"].as_bool().expect("a flag"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        flags,
+        [
+            ("pg-dead-0", true),
+            ("pg-dead-1", false),
+            (HOSTILE_ID, false)
+        ]
+        .into_iter()
+        .collect(),
+        "{body}"
+    );
+    let listed = dom(agent.port, "/dead-letters?since=1h");
+    let again: Vec<&str> = listed
+        .split("<tr class=\"dead-letter\">")
+        .skip(1)
+        .filter(|r| r.contains("data-field=\"failed_again\">failed again after replay<"))
+        .collect();
+    assert_eq!(again.len(), 1, "{listed}");
+    assert!(again[0].contains(">pg-dead-0</a>"), "{}", again[0]);
 
     db.cleanup().await;
 }

@@ -603,6 +603,9 @@ pub struct DeadLetterView {
     pub actions_configured: bool,
     /// The replays and ignores recorded for it, oldest first.
     pub history: Vec<ActionView>,
+    /// It was dead-lettered again after an audited replay: the replay did
+    /// not fix it.
+    pub failed_again_after_replay: bool,
 }
 
 /// One audited replay or ignore (`dead-letters replay` / `ignore`).
@@ -615,11 +618,15 @@ pub struct ActionView {
     pub previous_status: Option<String>,
     pub attempts: Option<i64>,
     pub last_error: Option<String>,
+    /// `at` in microseconds since the epoch, to compare with a dead letter's time.
+    #[serde(skip)]
+    pub at_micros: i64,
 }
 
 impl From<AuditEntry> for ActionView {
     fn from(a: AuditEntry) -> ActionView {
         ActionView {
+            at_micros: a.at,
             action: a.action,
             operator: a.operator,
             reason: a.reason,
@@ -790,6 +797,7 @@ fn view(
         ignore_command: command(state, "ignore", spec.name(), &d.event_id),
         actions_configured,
         history: Vec::new(),
+        failed_again_after_replay: false,
         trace_url: trace_link(state, &trace_id),
         trace_id,
         event_type: d.event_type,
@@ -911,6 +919,11 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
                     let at = d.dead_at;
                     let mut v = view(state, spec, configured, d);
                     v.history = history.remove(&v.event_id).unwrap_or_default();
+                    v.failed_again_after_replay = at.is_some_and(|dead| {
+                        v.history
+                            .iter()
+                            .any(|a| a.action == "replay" && a.at_micros < dead)
+                    });
                     out.push((at, v));
                 }
             }
@@ -1200,15 +1213,34 @@ async fn dead_letters_for(
     Ok((f, report))
 }
 
+/// What `/dead-letters` shows: the list of [`dead_letters_for`] and, unless
+/// one group is asked for, the failure groups, read side by side in one
+/// lookup turn (a slow database costs the page one lookup's wait, not two).
+async fn dead_letters_and_groups(
+    state: &AppState,
+    uri: &Uri,
+) -> Result<(Filters, DeadLettersReport, Option<GroupsReport>), Response> {
+    let f = filters(uri).map_err(|e| bad_request(&e))?;
+    let _slot = lookup_slot(state).await?;
+    let groups = async {
+        match f.group {
+            None => Some(groups_report(state, &f).await),
+            Some(_) => None,
+        }
+    };
+    let (report, groups) = tokio::join!(dead_letters_report(state, &f), groups);
+    let report = report.map_err(|e| bad_request(&e))?;
+    Ok((f, report, groups))
+}
+
 pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Response {
-    let (f, report) = match dead_letters_for(&state, &uri).await {
+    let (f, report, groups) = match dead_letters_and_groups(&state, &uri).await {
         Ok(found) => found,
         Err(r) => return r,
     };
     let mut body = String::from("<h1>Dead letters</h1>");
-    if f.group.is_none() {
-        let groups = groups_report(&state, &f).await;
-        groups_html(&mut body, &f, &groups);
+    if let Some(groups) = &groups {
+        groups_html(&mut body, &f, groups);
         body.push_str("<h2>Dead letters</h2>");
     }
     let _ = write!(
@@ -1249,7 +1281,7 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
         let o = |v: &Option<String>| v.as_deref().map_or("–".to_string(), escape);
         let _ = write!(
             body,
-            "<tr class=\"dead-letter\"><td>{}</td><td data-field=\"owner\">{}</td><td data-field=\"event_id\"><a href=\"/events/{}\">{}</a></td>\
+            "<tr class=\"dead-letter\"><td>{}</td><td data-field=\"owner\">{}</td><td data-field=\"event_id\"><a href=\"/events/{}\">{}</a>{}</td>\
              <td>{}</td><td data-field=\"business_key\">{}</td><td data-field=\"summary\">{}</td><td>{}</td>\
              <td data-field=\"first_failed_at\">{}</td><td>{}</td><td data-field=\"attempts\">{}</td><td data-field=\"error_class\">{}</td><td><pre data-field=\"last_error\">{}</pre></td>\
              <td data-field=\"trace_id\">{trace}</td><td>{}{}</td></tr>",
@@ -1257,6 +1289,11 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
             o(&d.owner),
             url_part(&d.event_id),
             escape(&d.event_id),
+            if d.failed_again_after_replay {
+                "<br><span class=\"over\" data-field=\"failed_again\">failed again after replay</span>"
+            } else {
+                ""
+            },
             o(&d.event_type),
             o(&d.business_key),
             o(&d.summary),
