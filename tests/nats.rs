@@ -293,11 +293,35 @@ async fn every_series_equals_the_truth_of_the_workload() {
             }
         })
         .await;
+    // The status card says the same (/api/v1/status).
+    let api = agent.api_source(source).await;
     let info_a = js.consumer_info(&a, "worker").await;
     let info_b = js.consumer_info(&b, "payments").await;
     js.delete_stream(&a).await;
     js.delete_stream(&b).await;
     result.unwrap_or_else(|e| panic!("{e}\nserver says: {info_a}\n{info_b}\n{}", agent.stderr()));
+    let api = api.expect("the source in /api/v1/status");
+    let card: Vec<(String, String, f64, f64)> = api["numbers"]["consumers"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no consumers on the card: {api}"))
+        .iter()
+        .map(|c| {
+            (
+                c["queue"].as_str().unwrap_or_default().to_string(),
+                c["consumer"].as_str().unwrap_or_default().to_string(),
+                c["lag_messages"].as_f64().unwrap_or(-1.0),
+                c["unacked"].as_f64().unwrap_or(-1.0),
+            )
+        })
+        .collect();
+    assert_eq!(
+        card,
+        vec![
+            (a.clone(), "worker".into(), 150.0, 35.0),
+            (b.clone(), "payments".into(), 45.0, 19.0),
+        ],
+        "{api}"
+    );
 }
 
 /// Statuses over the window: a consumer holding its `max_ack_pending`
