@@ -59,17 +59,42 @@ pub(crate) async fn check(spec: &NatsSpec) -> Vec<Finding> {
         }
     }
     #[derive(serde::Deserialize)]
-    struct Stream {}
-    match client::request::<Stream>(&c, format!("$JS.API.STREAM.INFO.KV_{}", spec.election_bucket), String::new()).await {
-        Ok(_) => out.push(Finding::Ok(format!(
-            "election: KV bucket {} found",
-            spec.election_bucket
-        ))),
-        Err(_) => out.push(Finding::Ok(format!(
-            "election: KV bucket {} not found yet; the first agent creates it (the account needs the right to)",
-            spec.election_bucket
-        ))),
+    struct Bucket {
+        config: BucketConfig,
     }
+    #[derive(serde::Deserialize)]
+    struct BucketConfig {
+        #[serde(default)]
+        max_age: u64,
+    }
+    let bucket = &spec.election_bucket;
+    let info = client::request::<Bucket>(
+        &c,
+        format!("$JS.API.STREAM.INFO.KV_{bucket}"),
+        String::new(),
+    )
+    .await;
+    out.push(match info {
+        // A lease that never expires would keep a crashed owner's source
+        // from every other agent.
+        Ok(b) if b.config.max_age == 0 || b.config.max_age > 120_000_000_000 => {
+            Finding::Warn(format!(
+                "election: KV bucket {bucket} keeps values {}: a crashed owner's lease would hold its sources that long (the agents create it with 20 s)",
+                if b.config.max_age == 0 {
+                    "for ever".to_string()
+                } else {
+                    format!("{} s", b.config.max_age / 1_000_000_000)
+                }
+            ))
+        }
+        Ok(b) => Finding::Ok(format!(
+            "election: KV bucket {bucket} found (leases last {} s)",
+            b.config.max_age / 1_000_000_000
+        )),
+        Err(_) => Finding::Ok(format!(
+            "election: KV bucket {bucket} not found yet; the first agent creates it (the account needs the right to)"
+        )),
+    });
     // Doctor holds no lease: the server's clock is not read, so lag seconds
     // are left out of this poll.
     let mut source = NatsSource::new(Arc::new(spec.clone()), ServerClock::default());
