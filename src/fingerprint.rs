@@ -111,6 +111,16 @@ pub struct Key {
 }
 
 impl Key {
+    /// The group of dead letter `d`.
+    pub fn of(d: &Letter<'_>) -> Key {
+        Key {
+            source: d.source.to_string(),
+            event_type: d.event_type.unwrap_or("unknown").to_string(),
+            error_class: d.error_class.unwrap_or("unclassified").to_string(),
+            fingerprint: d.error.map(fingerprint).unwrap_or_default(),
+        }
+    }
+
     /// The group's id: 16 hex digits of FNV-1a over its four parts.
     pub fn id(&self) -> String {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -166,12 +176,7 @@ pub struct Groups {
 impl Groups {
     /// Adds one dead letter.
     pub fn add(&mut self, d: Letter<'_>) {
-        let key = Key {
-            source: d.source.to_string(),
-            event_type: d.event_type.unwrap_or("unknown").to_string(),
-            error_class: d.error_class.unwrap_or("unclassified").to_string(),
-            fingerprint: d.error.map(fingerprint).unwrap_or_default(),
-        };
+        let key = Key::of(&d);
         let g = self.by_key.entry(key.clone()).or_insert_with(|| Group {
             key,
             owner: d.owner.to_string(),
