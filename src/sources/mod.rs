@@ -11,6 +11,7 @@ pub mod common;
 pub mod kafka;
 pub mod kind;
 pub mod lag_status;
+pub mod nats;
 pub mod poll_loop;
 pub mod queue;
 pub mod table;
@@ -160,6 +161,8 @@ kinds! {
     Outbox(table::OutboxSpec),
     /// A Kafka cluster's consumer groups and topics.
     Kafka(kafka::KafkaSpec),
+    /// A NATS server's JetStream streams and durable consumers.
+    Nats(nats::NatsSpec),
 }
 
 /// `inboxwatch schema --dialect`: the recommended tables of the table kinds
@@ -261,7 +264,8 @@ mod tests {
         let config = crate::config::parse_str(
             "[[sources]]\nname = \"i\"\nkind = \"inbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\n\
              [[sources]]\nname = \"o\"\nkind = \"outbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\n\
-             [[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"a:9092\"]\n",
+             [[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"a:9092\"]\n\
+             [[sources]]\nname = \"n\"\nkind = \"nats\"\nurl = \"nats://a:4222\"\n",
         )
         .expect("a valid config");
         let kinds: Vec<&str> = config.sources.iter().map(|s| s.kind()).collect();
