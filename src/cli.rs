@@ -18,7 +18,12 @@ use crate::sources::kind::{Action, ActionRequest};
 pub struct Cli {
     /// Log filter (RUST_LOG syntax), e.g. `info` or `inboxwatch=debug`; the
     /// default keeps the NATS client's own connection chatter out.
-    #[arg(long, global = true, env = "INBOXWATCH_LOG", default_value = "info,async_nats=warn")]
+    #[arg(
+        long,
+        global = true,
+        env = "INBOXWATCH_LOG",
+        default_value = "info,async_nats=warn"
+    )]
     pub log: String,
     #[command(subcommand)]
     pub command: Command,
