@@ -16,8 +16,14 @@ use crate::sources::kind::{Action, ActionRequest};
 #[derive(Debug, Parser)]
 #[command(name = "inboxwatch", version, about)]
 pub struct Cli {
-    /// Log filter (RUST_LOG syntax), e.g. `info` or `inboxwatch=debug`.
-    #[arg(long, global = true, env = "INBOXWATCH_LOG", default_value = "info")]
+    /// Log filter (RUST_LOG syntax), e.g. `info` or `inboxwatch=debug`; the
+    /// default keeps the NATS client's own connection chatter out.
+    #[arg(
+        long,
+        global = true,
+        env = "INBOXWATCH_LOG",
+        default_value = "info,async_nats=warn"
+    )]
     pub log: String,
     #[command(subcommand)]
     pub command: Command,
@@ -150,6 +156,24 @@ pub enum DeadLetterCommand {
     /// row; and the `ignored_status`, if configured). Without `--yes`, only
     /// prints what it would do.
     Ignore(ActionArgs),
+    /// Print the dead letters gathered into failure groups (source, event
+    /// type, error class and the error text with its variable parts taken
+    /// out), tab-separated, the latest last seen first (read-only).
+    Groups {
+        /// The TOML config file.
+        #[arg(long, short)]
+        config: PathBuf,
+        /// Only this source (default: every source with dead letters to list).
+        #[arg(long)]
+        source: Option<String>,
+        /// How far back, e.g. `1h` or `2d`.
+        #[arg(long, default_value = "1d", value_parser = crate::text::parse_since)]
+        since: std::time::Duration,
+        /// At most this many dead letters per source are grouped; a source
+        /// that has more says so on a line of its own.
+        #[arg(long, default_value_t = 10_000)]
+        limit: usize,
+    },
     /// Print the replay / ignore history of events from the audit table,
     /// tab-separated, oldest first (read-only: the source's own DSN).
     History {

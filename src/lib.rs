@@ -11,6 +11,7 @@ pub mod coordination;
 pub mod demo;
 pub mod doctor;
 pub mod dsn;
+pub mod fingerprint;
 pub mod health;
 pub mod http;
 pub mod journal;

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::config::Config;
+use crate::fingerprint::{Groups, Letter};
 use crate::sources::SourceSpec;
 use crate::sources::kind::VALUE_PREFIX;
 use crate::text::{ERROR_SHOWN, bytes_text as escape, printable, terminal_text, timestamp};
@@ -227,6 +228,79 @@ pub async fn dead_letters(
                 one_line(&p.message)
             );
         }
+    }
+    Ok(out)
+}
+
+/// `inboxwatch dead-letters groups`: the dead letters of `since` (at most
+/// `limit` per source) gathered into failure groups (`fingerprint`), as
+/// tab-separated lines, the latest last seen first; a source with more dead
+/// letters than `limit` is named on a line of its own after them.
+pub async fn dead_letter_groups(
+    config: &Config,
+    source: Option<&str>,
+    since: Duration,
+    limit: usize,
+) -> Result<String, LookupError> {
+    let all = selected_by(config, source, |s| s.lookups().is_some())?;
+    let mut groups = Groups::default();
+    let mut cut = Vec::new();
+    for (spec, lookups) in with(&all, SourceSpec::lookups) {
+        let rows = lookups
+            .dead_letters(since, limit.saturating_add(1))
+            .await
+            .map_err(|message| LookupError::Source {
+                source_name: spec.name().to_string(),
+                message,
+            })?;
+        if rows.len() > limit {
+            cut.push(spec.name());
+        }
+        for r in rows.iter().take(limit) {
+            let error = r
+                .last_error
+                .as_deref()
+                .map(|e| config.redact.prefix(e, ERROR_SHOWN));
+            groups.add(Letter {
+                source: spec.name(),
+                owner: spec.owner(),
+                event_type: r.event_type.as_deref(),
+                error_class: r.error_class.as_deref(),
+                error: error.as_deref(),
+                at: r.dead_at,
+                event_id: &r.event_id,
+            });
+        }
+    }
+    let mut out = String::from(
+        "group\tsource\towner\tevent_type\terror_class\tcount\tfirst_seen\tlast_seen\tsample_event_id\tfingerprint\n",
+    );
+    for g in groups.into_sorted() {
+        let owner = if g.owner.is_empty() { "-" } else { &g.owner };
+        let _ = writeln!(
+            out,
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            g.key.id(),
+            g.key.source,
+            printable(owner),
+            printable(&g.key.event_type),
+            printable(&g.key.error_class),
+            g.count,
+            g.first_seen.map_or("-".to_string(), timestamp),
+            g.last_seen.map_or("-".to_string(), timestamp),
+            printable(&g.sample_event_id),
+            if g.key.fingerprint.is_empty() {
+                "-".to_string()
+            } else {
+                printable(&g.key.fingerprint)
+            },
+        );
+    }
+    for name in cut {
+        let _ = writeln!(
+            out,
+            "(source {name} has more than {limit} dead letters within the window: the groups count the latest {limit}; raise --limit)"
+        );
     }
     Ok(out)
 }

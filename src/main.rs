@@ -140,6 +140,16 @@ fn dead_letter_command(command: DeadLetterCommand) -> Result<ExitCode, ExitCode>
     let (action, args) = match command {
         DeadLetterCommand::Replay(args) => (Action::Replay, args),
         DeadLetterCommand::Ignore(args) => (Action::Ignore, args),
+        DeadLetterCommand::Groups {
+            config: path,
+            source,
+            since,
+            limit,
+        } => {
+            let cfg = load(&path)?;
+            let groups = lookup::dead_letter_groups(&cfg, source.as_deref(), since, limit);
+            return printed(answered(block_on(groups))?);
+        }
         DeadLetterCommand::History {
             config: path,
             source,

@@ -39,6 +39,7 @@ mod listener;
 mod lookup;
 mod lossless;
 mod mariadb;
+mod nats;
 mod ordering;
 mod pages;
 mod postgres;

@@ -311,6 +311,191 @@ async fn mariadb_trace_and_dead_letters_print_the_exact_facts() {
     lookups(Db::mysql().await, "lkmy").await;
 }
 
+/// One cause of dead letters: its error class, its fingerprint, how many, and the
+/// error text of the i-th.
+type Cause = (&'static str, &'static str, usize, fn(usize) -> String);
+
+/// 600 dead letters from three causes whose texts differ in their variable parts
+/// (amounts, ids, timestamps, durations), a failing event and an old dead letter with
+/// the same texts: `dead-letters groups` prints exactly three groups, with exact
+/// counts, first and last seen, owner and latest sample, the latest last seen first.
+async fn groups(db: Db, tag: &str) {
+    let tables = db.fresh_tables(tag).await;
+    let now = db.now_ms().await;
+    let base = now - 30 * 60_000;
+    let causes: [Cause; 3] = [
+        (
+            "timeout",
+            "timeout after <n>ms calling inventory for order <n>",
+            250,
+            |i| {
+                format!(
+                    "timeout after {}ms calling inventory for order {}",
+                    3000 + i % 7,
+                    10_000 + i
+                )
+            },
+        ),
+        (
+            "conflict",
+            "duplicate key value violates unique constraint \"<value>\"",
+            200,
+            |i| {
+                format!(
+                    "duplicate key value violates unique constraint \"payments_pkey\"\nDETAIL: Key (id)=({i}) already exists."
+                )
+            },
+        ),
+        (
+            "invalid",
+            "invalid amount <n> for order <id> at <time>",
+            150,
+            |i| {
+                format!(
+                    "invalid amount {}.{:02} for order ord_{:x}a at 2026-12-04T10:{:02}:{:02}.{:03}Z",
+                    i,
+                    i % 100,
+                    i * 7919,
+                    i % 60,
+                    (i * 7) % 60,
+                    i % 1000
+                )
+            },
+        ),
+    ];
+    let mut events = Vec::new();
+    let mut expected = Vec::new();
+    let mut n = 0i64;
+    for (c, (class, fingerprint, count, text)) in causes.iter().enumerate() {
+        let mut first = i64::MAX;
+        let mut last = i64::MIN;
+        let mut last_id = String::new();
+        for i in 0..*count {
+            // Interleaved in time: each cause's dead letters spread over the 30 minutes.
+            let finished = base + 1_000 + (i as i64) * 6_000 + c as i64 * 1_000;
+            n += 1;
+            let id = format!("{tag}-{class}-{i}");
+            if finished > last {
+                last = finished;
+                last_id = id.clone();
+            }
+            first = first.min(finished);
+            events.push(InboxEvent {
+                id,
+                event_type: Some("order.paid".into()),
+                status: Status::Dead,
+                received_ms: finished - 900,
+                started_ms: Some(finished - 500),
+                finished_ms: Some(finished),
+                attempts: 3,
+                deliveries: 1,
+                last_error: Some(text(i)),
+                traceparent: None,
+                updated_ms: finished,
+            });
+        }
+        expected.push((*class, *fingerprint, *count, first, last, last_id));
+    }
+    assert_eq!(n, 600);
+    // Not dead (failing) and dead too long ago: in no group.
+    for (i, (status, finished)) in [
+        (Status::Failed, now - 60_000),
+        (Status::Dead, now - 3 * 86_400_000),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        events.push(InboxEvent {
+            id: format!("{tag}-other-{i}"),
+            event_type: Some("order.paid".into()),
+            status,
+            received_ms: finished - 10,
+            started_ms: Some(finished - 5),
+            finished_ms: (status == Status::Dead).then_some(finished),
+            attempts: 1,
+            deliveries: 1,
+            last_error: Some((causes[0].3)(1)),
+            traceparent: None,
+            updated_ms: finished,
+        });
+    }
+    for e in &events {
+        let (sql, args) = e.insert_stmt(db.dialect, &tables.inbox);
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .expect("insert inbox row");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = dir.path().join("inboxwatch.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[sources]]\nname = \"gr-inbox\"\nkind = \"inbox\"\nowner = \"team-payments\"\ndsn = {dsn}\ntable = {}\n{}\n",
+            toml_str(&tables.inbox),
+            common::scenarios::INBOX_COLUMNS,
+            dsn = toml_str(&db.dsn),
+        ),
+    )
+    .expect("write config");
+    let cfg = cfg.to_str().expect("utf-8 path");
+    let (code, out, err) = run(&["dead-letters", "groups", "--config", cfg]);
+    assert_eq!(code, 0, "dead-letters groups: {err}");
+    // The latest last seen first: the invalid amounts (1 s after the others' last).
+    expected.sort_by_key(|e| std::cmp::Reverse(e.4));
+    let mut want = String::from(
+        "group\tsource\towner\tevent_type\terror_class\tcount\tfirst_seen\tlast_seen\tsample_event_id\tfingerprint\n",
+    );
+    for (class, fingerprint, count, first, last, last_id) in &expected {
+        let key = inboxwatch::fingerprint::Key {
+            source: "gr-inbox".into(),
+            event_type: "order.paid".into(),
+            error_class: class.to_string(),
+            fingerprint: fingerprint.to_string(),
+        };
+        want.push_str(&format!(
+            "{}\tgr-inbox\tteam-payments\torder.paid\t{class}\t{count}\t{}\t{}\t{last_id}\t{fingerprint}\n",
+            key.id(),
+            ts(*first),
+            ts(*last),
+        ));
+    }
+    assert_eq!(out, want, "dead-letters groups");
+    // A limit below the count: the groups count the latest 100, and say so.
+    let (code, out, _) = run(&["dead-letters", "groups", "--config", cfg, "--limit", "100"]);
+    assert_eq!(code, 0);
+    let counted: u64 = out
+        .lines()
+        .skip(1)
+        .filter(|l| !l.starts_with('('))
+        .map(|l| {
+            l.split('\t')
+                .nth(5)
+                .expect("count")
+                .parse::<u64>()
+                .expect("a number")
+        })
+        .sum();
+    assert_eq!(counted, 100, "{out}");
+    assert!(
+        out.ends_with("(source gr-inbox has more than 100 dead letters within the window: the groups count the latest 100; raise --limit)\n"),
+        "{out}"
+    );
+    db.cleanup().await;
+}
+
+/// Guards failure groups (`dead-letters groups`) on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_dead_letter_groups_are_exact() {
+    groups(Db::postgres().await, "grpg").await;
+}
+
+/// The same on MariaDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_dead_letter_groups_are_exact() {
+    groups(Db::mysql().await, "grmy").await;
+}
+
 /// Table data escaped the way `dead-letters` documents it, worked out here:
 /// a backslash doubled, each byte of a control character as `\xNN`.
 fn escaped(text: &str) -> String {

@@ -531,6 +531,7 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
     let listed = dom(agent.port, "/dead-letters?since=1h");
     let r = listed
         .split("<tr class=\"dead-letter\">")
+        .skip(1)
         .find(|r| r.contains(">pg-dead-1</a>"))
         .expect("the row of pg-dead-1")
         .to_string();
@@ -594,6 +595,72 @@ async fn postgres_pages_show_what_metrics_and_the_table_say() {
         "the trace text: {ev_body}"
     );
     screenshot(agent.port, &path, "event-postgres");
+
+    // Issue 36: a dead letter replayed through the audited command that dies again
+    // is marked "failed again after replay"; one only ignored is not.
+    let replayed = common::Cmd::new([
+        "dead-letters",
+        "replay",
+        "--config",
+        cfg,
+        "--source",
+        "pages-pg",
+        "--operator",
+        "bob",
+        "--reason",
+        "fixed the ledger timeout",
+        "--yes",
+        "pg-dead-0",
+    ])
+    .output();
+    assert!(
+        replayed.success(),
+        "dead-letters replay: {}",
+        replayed.describe()
+    );
+    db.pool
+        .raw(&format!(
+            "UPDATE {t} SET status = 'dead', attempts = attempts + 1, \
+             finished_at = now() + interval '1 second', updated_at = now() + interval '1 second' \
+             WHERE event_id = 'pg-dead-0'"
+        ))
+        .await
+        .expect("the replayed event dies again");
+    let (_, body) = agent
+        .get("/api/v1/dead-letters?since=1h")
+        .await
+        .expect("GET");
+    let v: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let flags: std::collections::BTreeMap<&str, bool> = v["dead_letters"]
+        .as_array()
+        .expect("dead_letters")
+        .iter()
+        .map(|d| {
+            (
+                d["event_id"].as_str().expect("id"),
+                d["failed_again_after_replay"].as_bool().expect("a flag"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        flags,
+        [
+            ("pg-dead-0", true),
+            ("pg-dead-1", false),
+            (HOSTILE_ID, false)
+        ]
+        .into_iter()
+        .collect(),
+        "{body}"
+    );
+    let listed = dom(agent.port, "/dead-letters?since=1h");
+    let again: Vec<&str> = listed
+        .split("<tr class=\"dead-letter\">")
+        .skip(1)
+        .filter(|r| r.contains("data-field=\"failed_again\">failed again after replay<"))
+        .collect();
+    assert_eq!(again.len(), 1, "{listed}");
+    assert!(again[0].contains(">pg-dead-0</a>"), "{}", again[0]);
 
     db.cleanup().await;
 }
@@ -1258,5 +1325,189 @@ async fn postgres_status_card_shows_a_dead_letter_burst_in_red() {
         ]
     );
     screenshot(agent.port, "/", "status-burst-postgres");
+    db.cleanup().await;
+}
+
+/// One cause of dead letters: error class, fingerprint, count, the text of the i-th.
+type Cause = (&'static str, &'static str, usize, fn(usize) -> String);
+
+/// Issue 36: `/dead-letters` opens on the failure groups, the latest last seen first,
+/// each with its exact count, first and last seen, owner and fingerprint, expanding to
+/// its latest events; `?group=ID` lists exactly that group's dead letters; markup in an
+/// error text stays text; `/api/v1/dead-letter-groups` says the same as JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_dead_letter_page_opens_on_failure_groups() {
+    let db = Db::postgres().await;
+    let tables = db.fresh_tables("groups").await;
+    let t = &tables.inbox;
+    let now = db.now_ms().await;
+    let base = now - 20 * 60_000;
+    let causes: [Cause; 3] = [
+        (
+            "timeout",
+            "timeout after <n>ms calling stock for order <n>",
+            12,
+            |i| {
+                format!(
+                    "timeout after {}ms calling stock for order {}",
+                    500 + i,
+                    9_000 + i
+                )
+            },
+        ),
+        (
+            "invalid",
+            "ValidationError: <b>amount</b> <n> is not a price",
+            8,
+            |i| format!("ValidationError: <b>amount</b> {i}.5 is not a price"),
+        ),
+        (
+            "conflict",
+            "duplicate key value violates unique constraint \"<value>\"",
+            5,
+            |_| "duplicate key value violates unique constraint \"pay_pkey\"".to_string(),
+        ),
+    ];
+    let mut events = Vec::new();
+    // (class, fingerprint, count, first, last, ids newest first)
+    let mut truth = Vec::new();
+    for (c, (class, fingerprint, count, text)) in causes.iter().enumerate() {
+        let mut ids = Vec::new();
+        let mut times = Vec::new();
+        for i in 0..*count {
+            let finished = base + (i as i64) * 30_000 + (c as i64) * 7_000;
+            let id = format!("grp-{class}-{i}");
+            let mut e = event(&id, Status::Dead, finished - 300);
+            e.finished_ms = Some(finished);
+            e.updated_ms = finished;
+            e.attempts = 3;
+            e.last_error = Some(text(i));
+            events.push(e);
+            ids.push(id);
+            times.push(finished);
+        }
+        ids.reverse();
+        truth.push((
+            *class,
+            *fingerprint,
+            *count,
+            times[0],
+            *times.last().expect("one"),
+            ids,
+        ));
+    }
+    let target = Target {
+        dialect: db.dialect,
+        pool: db.pool.clone(),
+        table: t.clone(),
+    };
+    for e in &events {
+        let (sql, args) = e.insert_stmt(target.dialect, &target.table);
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .expect("insert inbox row");
+    }
+    let config = format!(
+        "[[sources]]\nname = \"groups-pg\"\nkind = \"inbox\"\ndsn = {dsn}\ntable = {table}\nowner = \"team-groups\"\n\
+         poll_interval = \"500ms\"\n{columns}\n",
+        dsn = toml_str(&db.dsn),
+        table = toml_str(t),
+        columns = common::scenarios::INBOX_COLUMNS,
+    );
+    let agent = Agent::start(&config);
+    agent.wait_ready(READY_TIMEOUT).await;
+    truth.sort_by_key(|g| std::cmp::Reverse(g.4));
+
+    // The API: three groups, exact.
+    let (code, body) = agent
+        .get("/api/v1/dead-letter-groups?since=1h")
+        .await
+        .expect("GET");
+    assert_eq!(code, 200, "{body}");
+    let api: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let groups = api["groups"].as_array().expect("groups");
+    assert_eq!(groups.len(), 3, "{body}");
+    let mut ids = Vec::new();
+    for (g, (class, fingerprint, count, first, last, latest)) in groups.iter().zip(&truth) {
+        assert_eq!(g["source"], "groups-pg");
+        assert_eq!(g["owner"], "team-groups");
+        assert_eq!(g["event_type"], "orders.paid");
+        assert_eq!(g["error_class"], *class, "{g}");
+        assert_eq!(g["fingerprint"], *fingerprint, "{g}");
+        assert_eq!(g["count"], *count as u64, "{g}");
+        assert_eq!(g["first_seen"], rfc3339(*first), "{g}");
+        assert_eq!(g["last_seen"], rfc3339(*last), "{g}");
+        assert_eq!(g["sample_event_id"], latest[0].as_str(), "{g}");
+        let listed: Vec<&str> = g["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .map(|e| e[0].as_str().expect("an id"))
+            .collect();
+        assert_eq!(
+            listed,
+            latest.iter().map(String::as_str).collect::<Vec<_>>()
+        );
+        ids.push(g["id"].as_str().expect("an id").to_string());
+    }
+    assert_eq!(api["cut"], serde_json::json!([]));
+
+    // The page: the same groups in the same order, markup as text.
+    let page = dom(agent.port, "/dead-letters?since=1h");
+    screenshot(agent.port, "/dead-letters?since=1h", "dead-letter-groups");
+    let rows: Vec<&str> = page.split("<tr class=\"group\"").skip(1).collect();
+    assert_eq!(rows.len(), 3, "{page}");
+    for ((row, id), (class, fingerprint, count, ..)) in rows.iter().zip(&ids).zip(&truth) {
+        assert!(row.starts_with(&format!(" data-group=\"{id}\"")), "{row}");
+        assert!(
+            row.contains(&format!("<td data-field=\"count\">{count}</td>")),
+            "{row}"
+        );
+        assert!(
+            row.contains(&format!("<td data-field=\"error_class\">{class}</td>")),
+            "{row}"
+        );
+        let shown = fingerprint
+            .replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;");
+        assert!(
+            row.contains(&format!("<pre data-field=\"fingerprint\">{shown}</pre>")),
+            "{row}"
+        );
+    }
+    assert!(
+        !page.contains("<b>amount</b>"),
+        "markup ran as markup: {page}"
+    );
+    // Expanded: one group's dead letters, exactly.
+    let (class, _, count, _, _, latest) = &truth[1];
+    let listed = dom(
+        agent.port,
+        &format!("/dead-letters?since=1h&group={}", ids[1]),
+    );
+    let listed_ids: Vec<String> = listed
+        .split("<td data-field=\"event_id\">")
+        .skip(1)
+        .map(|cell| {
+            let text = cell.split("</a>").next().expect("a link");
+            text.rsplit('>').next().expect("its text").to_string()
+        })
+        .collect();
+    assert_eq!(listed_ids.len(), *count, "{class}: {listed}");
+    assert_eq!(&listed_ids, latest, "{class}");
+    assert!(!listed.contains("<tr class=\"group\""), "{listed}");
+    // A bad group id is refused by name.
+    let (code, body) = agent
+        .get("/api/v1/dead-letter-groups?group=nothex")
+        .await
+        .expect("GET");
+    assert_eq!(code, 400);
+    assert_eq!(
+        body,
+        "group: \"nothex\" is not a group id (16 hex digits)\n"
+    );
+    drop(agent);
     db.cleanup().await;
 }

@@ -102,6 +102,10 @@ pub fn router(state: AppState, web: Arc<web::Web>) -> Router {
                 .route("/events/{id}", get(pages::event_page))
                 .route("/api/v1/status", get(pages::api_status))
                 .route("/api/v1/dead-letters", get(pages::api_dead_letters))
+                .route(
+                    "/api/v1/dead-letter-groups",
+                    get(pages::api_dead_letter_groups),
+                )
                 .route("/api/v1/events/{id}", get(pages::api_event))
                 .layer(axum::middleware::map_response(private)),
         );

@@ -20,6 +20,7 @@ use super::AppState;
 use super::history;
 use crate::card::{Card, Part, Table};
 use crate::coordination::hide_standby;
+use crate::fingerprint::{Groups, Key, Letter};
 use crate::journal::{FIRST_KEPT, Trail};
 use crate::redact::Redactor;
 use crate::sources::SourceSpec;
@@ -34,6 +35,10 @@ const DEAD_LETTERS_SHOWN: usize = 200;
 /// Rows read per source when `?error_class=` filters them (the class is
 /// worked out from the text, so the filter cannot be a query's).
 const DEAD_LETTERS_SCANNED: usize = 2_000;
+/// Dead letters read per source for the failure groups.
+const GROUPS_SCANNED: usize = 10_000;
+/// Events a failure group lists when expanded.
+const GROUP_EVENTS_SHOWN: usize = 20;
 /// Lookups the pages run against the databases at once, across requests;
 /// a request that finds them all busy waits this long, then gets 503.
 pub const LOOKUPS_AT_ONCE: usize = 2;
@@ -539,6 +544,8 @@ struct Filters {
     source: Option<String>,
     since: Duration,
     error_class: Option<String>,
+    /// A failure group's id: only its dead letters.
+    group: Option<String>,
 }
 
 fn filters(uri: &Uri) -> Result<Filters, String> {
@@ -550,13 +557,19 @@ fn filters(uri: &Uri) -> Result<Filters, String> {
         match &*k {
             "source" if !v.is_empty() => f.source = Some(v.into_owned()),
             "error_class" if !v.is_empty() => f.error_class = Some(v.into_owned()),
+            "group" if !v.is_empty() => {
+                if v.len() != 16 || !v.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!("group: {v:?} is not a group id (16 hex digits)"));
+                }
+                f.group = Some(v.to_ascii_lowercase());
+            }
             "since" if !v.is_empty() => {
                 f.since = parse_since(&v).map_err(|e| format!("since: {e}"))?;
             }
-            "source" | "since" | "error_class" => {}
+            "source" | "since" | "error_class" | "group" => {}
             other => {
                 return Err(format!(
-                    "unknown query parameter {other:?}: expected source, since or error_class"
+                    "unknown query parameter {other:?}: expected source, since, error_class or group"
                 ));
             }
         }
@@ -590,6 +603,9 @@ pub struct DeadLetterView {
     pub actions_configured: bool,
     /// The replays and ignores recorded for it, oldest first.
     pub history: Vec<ActionView>,
+    /// It was dead-lettered again after an audited replay: the replay did
+    /// not fix it.
+    pub failed_again_after_replay: bool,
 }
 
 /// One audited replay or ignore (`dead-letters replay` / `ignore`).
@@ -602,11 +618,15 @@ pub struct ActionView {
     pub previous_status: Option<String>,
     pub attempts: Option<i64>,
     pub last_error: Option<String>,
+    /// `at` in microseconds since the epoch, to compare with a dead letter's time.
+    #[serde(skip)]
+    pub at_micros: i64,
 }
 
 impl From<AuditEntry> for ActionView {
     fn from(a: AuditEntry) -> ActionView {
         ActionView {
+            at_micros: a.at,
             action: a.action,
             operator: a.operator,
             reason: a.reason,
@@ -777,6 +797,7 @@ fn view(
         ignore_command: command(state, "ignore", spec.name(), &d.event_id),
         actions_configured,
         history: Vec::new(),
+        failed_again_after_replay: false,
         trace_url: trace_link(state, &trace_id),
         trace_id,
         event_type: d.event_type,
@@ -836,7 +857,10 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
     }
     let mut topic_records = Vec::new();
     let mut errors = Vec::new();
-    for (spec, topics) in topics.iter().filter(|_| f.error_class.is_none()) {
+    for (spec, topics) in topics
+        .iter()
+        .filter(|_| f.error_class.is_none() && f.group.is_none())
+    {
         match tokio::time::timeout(
             LOOKUP_TIMEOUT,
             topics.dead_letter_records(RECORDS_PER_PARTITION, RECORDS_SHOWN),
@@ -864,7 +888,7 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
     }
     let mut out = Vec::new();
     let mut cut = Vec::new();
-    let scan = if f.error_class.is_some() {
+    let scan = if f.error_class.is_some() || f.group.is_some() {
         DEAD_LETTERS_SCANNED
     } else {
         DEAD_LETTERS_SHOWN
@@ -876,6 +900,11 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
                 let mut rows: Vec<DeadLetter> = rows
                     .into_iter()
                     .filter(|d| f.error_class.is_none() || d.error_class == f.error_class)
+                    .filter(|d| {
+                        f.group
+                            .as_deref()
+                            .is_none_or(|g| group_key(&state.config.redact, spec, d).id() == g)
+                    })
                     .collect();
                 if read >= scan || rows.len() > DEAD_LETTERS_SHOWN {
                     rows.truncate(DEAD_LETTERS_SHOWN);
@@ -890,6 +919,11 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
                     let at = d.dead_at;
                     let mut v = view(state, spec, configured, d);
                     v.history = history.remove(&v.event_id).unwrap_or_default();
+                    v.failed_again_after_replay = at.is_some_and(|dead| {
+                        v.history
+                            .iter()
+                            .any(|a| a.action == "replay" && a.at_micros < dead)
+                    });
                     out.push((at, v));
                 }
             }
@@ -909,6 +943,238 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
         topic_records,
         errors,
     })
+}
+
+/// The failure group of dead letter `d` of `spec`, its error text masked as
+/// the page shows it.
+fn group_key(redact: &Redactor, spec: &SourceSpec, d: &DeadLetter) -> Key {
+    let error = d
+        .last_error
+        .as_deref()
+        .map(|e| redact.prefix(e, ERROR_SHOWN));
+    Key::of(&Letter {
+        source: spec.name(),
+        owner: spec.owner(),
+        event_type: d.event_type.as_deref(),
+        error_class: d.error_class.as_deref(),
+        error: error.as_deref(),
+        at: d.dead_at,
+        event_id: &d.event_id,
+    })
+}
+
+/// One failure group as the page and `/api/v1/dead-letter-groups` show it.
+#[derive(Debug, Serialize)]
+pub struct GroupView {
+    pub id: String,
+    pub source: String,
+    pub owner: Option<String>,
+    pub event_type: String,
+    pub error_class: String,
+    /// The error text without its variable parts.
+    pub fingerprint: String,
+    pub count: u64,
+    pub first_seen: Option<String>,
+    pub last_seen: Option<String>,
+    /// The latest dead letter of the group.
+    pub sample_event_id: String,
+    pub sample_error: Option<String>,
+    /// Its latest dead letters (at most [`GROUP_EVENTS_SHOWN`]), newest
+    /// first: event id and when it was dead-lettered.
+    pub events: Vec<(String, Option<String>)>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct GroupsReport {
+    pub since_seconds: u64,
+    /// The latest last seen first.
+    pub groups: Vec<GroupView>,
+    /// Sources with more dead letters in the window than were grouped
+    /// (the newest [`GROUPS_SCANNED`] per source).
+    pub cut: Vec<String>,
+    pub errors: Vec<(String, String)>,
+}
+
+/// The dead letters of the filters' window gathered into failure groups.
+async fn groups_report(state: &AppState, f: &Filters) -> GroupsReport {
+    let redact = &state.config.redact;
+    let mut groups = Groups::default();
+    let mut events: BTreeMap<String, Vec<(String, Option<i64>)>> = BTreeMap::new();
+    let mut cut = Vec::new();
+    let mut errors = Vec::new();
+    let sources = state
+        .config
+        .sources
+        .iter()
+        .filter(|s| f.source.as_deref().is_none_or(|n| n == s.name()))
+        .filter_map(|s| Some((s, s.lookups()?)));
+    for (spec, lookups) in sources {
+        let rows = match tokio::time::timeout(
+            LOOKUP_TIMEOUT,
+            lookups.dead_letters(f.since, GROUPS_SCANNED),
+        )
+        .await
+        {
+            Ok(Ok(rows)) => rows,
+            Ok(Err(e)) => {
+                errors.push((spec.name().to_string(), e));
+                continue;
+            }
+            Err(_) => {
+                errors.push((
+                    spec.name().to_string(),
+                    format!("no answer within {}s", LOOKUP_TIMEOUT.as_secs()),
+                ));
+                continue;
+            }
+        };
+        if rows.len() >= GROUPS_SCANNED {
+            cut.push(spec.name().to_string());
+        }
+        for d in rows
+            .iter()
+            .filter(|d| f.error_class.is_none() || d.error_class == f.error_class)
+        {
+            let error = d
+                .last_error
+                .as_deref()
+                .map(|e| redact.prefix(e, ERROR_SHOWN));
+            let letter = Letter {
+                source: spec.name(),
+                owner: spec.owner(),
+                event_type: d.event_type.as_deref(),
+                error_class: d.error_class.as_deref(),
+                error: error.as_deref(),
+                at: d.dead_at,
+                event_id: &d.event_id,
+            };
+            let listed = events.entry(Key::of(&letter).id()).or_default();
+            if listed.len() < GROUP_EVENTS_SHOWN {
+                listed.push((d.event_id.clone(), d.dead_at));
+            }
+            groups.add(letter);
+        }
+    }
+    let owners: BTreeMap<&str, Option<String>> = state
+        .config
+        .sources
+        .iter()
+        .map(|s| (s.name(), owner(s)))
+        .collect();
+    let groups = groups
+        .into_sorted()
+        .into_iter()
+        .map(|g| {
+            let id = g.key.id();
+            let mut listed = events.remove(&id).unwrap_or_default();
+            listed.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
+            GroupView {
+                owner: owners.get(g.key.source.as_str()).cloned().flatten(),
+                id,
+                count: g.count,
+                first_seen: g.first_seen.map(timestamp),
+                last_seen: g.last_seen.map(timestamp),
+                sample_event_id: g.sample_event_id,
+                sample_error: g.sample_error,
+                events: listed
+                    .into_iter()
+                    .map(|(e, at)| (e, at.map(timestamp)))
+                    .collect(),
+                source: g.key.source,
+                event_type: g.key.event_type,
+                error_class: g.key.error_class,
+                fingerprint: g.key.fingerprint,
+            }
+        })
+        .collect();
+    GroupsReport {
+        since_seconds: f.since.as_secs(),
+        groups,
+        cut,
+        errors,
+    }
+}
+
+/// The failure groups as a table, each expanding to its latest events.
+fn groups_html(body: &mut String, f: &Filters, report: &GroupsReport) {
+    body.push_str(
+        "<h2>Failure groups</h2><p class=\"muted\">dead letters by source, event type, error class \
+         and the error text without its variable parts; the latest last seen first</p>",
+    );
+    for source in &report.cut {
+        let _ = write!(
+            body,
+            "<p class=\"over\" data-field=\"groups_cut\">source {}: more dead letters than grouped; \
+             these groups count the newest {GROUPS_SCANNED} (narrow <code>?since=</code>)</p>",
+            escape(source)
+        );
+    }
+    if report.groups.is_empty() {
+        body.push_str("<p class=\"muted\">No failure group in this window.</p>");
+        return;
+    }
+    body.push_str(
+        "<table id=\"dead-letter-groups\"><tr><th>source</th><th>owner</th><th>event type</th>\
+         <th>error class</th><th>count</th><th>first seen</th><th>last seen</th><th>error (variable parts taken out)</th>\
+         <th>events</th></tr>",
+    );
+    for g in &report.groups {
+        let items: String = g
+            .events
+            .iter()
+            .map(|(id, at)| {
+                format!(
+                    "<li><a href=\"/events/{}\">{}</a> <span class=\"muted\">{}</span></li>",
+                    url_part(id),
+                    escape(id),
+                    at.as_deref().map_or("–".to_string(), escape)
+                )
+            })
+            .collect();
+        let _ = write!(
+            body,
+            "<tr class=\"group\" data-group=\"{id}\"><td>{}</td><td data-field=\"owner\">{}</td><td data-field=\"event_type\">{}</td>\
+             <td data-field=\"error_class\">{}</td><td data-field=\"count\">{}</td><td data-field=\"first_seen\">{}</td>\
+             <td data-field=\"last_seen\">{}</td><td><pre data-field=\"fingerprint\">{}</pre></td>\
+             <td><details><summary>{} latest</summary><ul>{items}</ul>\
+             <a href=\"/dead-letters?group={id}&amp;since={}\">all of them below</a></details></td></tr>",
+            escape(&g.source),
+            g.owner.as_deref().map_or("–".to_string(), escape),
+            escape(&g.event_type),
+            escape(&g.error_class),
+            g.count,
+            g.first_seen.as_deref().map_or("–".to_string(), escape),
+            g.last_seen.as_deref().map_or("–".to_string(), escape),
+            escape(&g.fingerprint),
+            g.events.len(),
+            f.since.as_secs(),
+            id = escape(&g.id),
+        );
+    }
+    body.push_str("</table>");
+}
+
+pub async fn api_dead_letter_groups(State(state): State<AppState>, uri: Uri) -> Response {
+    let f = match filters(&uri) {
+        Ok(f) => f,
+        Err(e) => return bad_request(&e),
+    };
+    if let Some(n) = &f.source
+        && !state
+            .config
+            .sources
+            .iter()
+            .any(|s| s.name() == n && s.lookups().is_some())
+    {
+        return bad_request(&format!(
+            "source: no source named {n:?} with dead letters to group"
+        ));
+    }
+    let _slot = match lookup_slot(&state).await {
+        Ok(slot) => slot,
+        Err(r) => return r,
+    };
+    json(&groups_report(&state, &f).await)
 }
 
 /// A turn to read the databases: at most [`LOOKUPS_AT_ONCE`] page requests
@@ -947,19 +1213,44 @@ async fn dead_letters_for(
     Ok((f, report))
 }
 
+/// What `/dead-letters` shows: the list of [`dead_letters_for`] and, unless
+/// one group is asked for, the failure groups, read side by side in one
+/// lookup turn (a slow database costs the page one lookup's wait, not two).
+async fn dead_letters_and_groups(
+    state: &AppState,
+    uri: &Uri,
+) -> Result<(Filters, DeadLettersReport, Option<GroupsReport>), Response> {
+    let f = filters(uri).map_err(|e| bad_request(&e))?;
+    let _slot = lookup_slot(state).await?;
+    let groups = async {
+        match f.group {
+            None => Some(groups_report(state, &f).await),
+            Some(_) => None,
+        }
+    };
+    let (report, groups) = tokio::join!(dead_letters_report(state, &f), groups);
+    let report = report.map_err(|e| bad_request(&e))?;
+    Ok((f, report, groups))
+}
+
 pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Response {
-    let (f, report) = match dead_letters_for(&state, &uri).await {
+    let (f, report, groups) = match dead_letters_and_groups(&state, &uri).await {
         Ok(found) => found,
         Err(r) => return r,
     };
     let mut body = String::from("<h1>Dead letters</h1>");
+    if let Some(groups) = &groups {
+        groups_html(&mut body, &f, groups);
+        body.push_str("<h2>Dead letters</h2>");
+    }
     let _ = write!(
         body,
-        "<p class=\"muted\">newest first · within {} · source {} · error class {} · \
-         filters: <code>?source=</code> <code>?since=1h</code> <code>?error_class=</code></p>",
+        "<p class=\"muted\">newest first · within {} · source {} · error class {} · group {} · \
+         filters: <code>?source=</code> <code>?since=1h</code> <code>?error_class=</code> <code>?group=</code></p>",
         span(f.since),
         f.source.as_deref().map_or("any".to_string(), escape),
         f.error_class.as_deref().map_or("any".to_string(), escape),
+        f.group.as_deref().map_or("any".to_string(), escape),
     );
     for (source, e) in &report.errors {
         let _ = write!(
@@ -990,7 +1281,7 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
         let o = |v: &Option<String>| v.as_deref().map_or("–".to_string(), escape);
         let _ = write!(
             body,
-            "<tr class=\"dead-letter\"><td>{}</td><td data-field=\"owner\">{}</td><td data-field=\"event_id\"><a href=\"/events/{}\">{}</a></td>\
+            "<tr class=\"dead-letter\"><td>{}</td><td data-field=\"owner\">{}</td><td data-field=\"event_id\"><a href=\"/events/{}\">{}</a>{}</td>\
              <td>{}</td><td data-field=\"business_key\">{}</td><td data-field=\"summary\">{}</td><td>{}</td>\
              <td data-field=\"first_failed_at\">{}</td><td>{}</td><td data-field=\"attempts\">{}</td><td data-field=\"error_class\">{}</td><td><pre data-field=\"last_error\">{}</pre></td>\
              <td data-field=\"trace_id\">{trace}</td><td>{}{}</td></tr>",
@@ -998,6 +1289,11 @@ pub async fn dead_letters_page(State(state): State<AppState>, uri: Uri) -> Respo
             o(&d.owner),
             url_part(&d.event_id),
             escape(&d.event_id),
+            if d.failed_again_after_replay {
+                "<br><span class=\"over\" data-field=\"failed_again\">failed again after replay</span>"
+            } else {
+                ""
+            },
             o(&d.event_type),
             o(&d.business_key),
             o(&d.summary),

@@ -11,6 +11,7 @@ pub mod common;
 pub mod kafka;
 pub mod kind;
 pub mod lag_status;
+pub mod nats;
 pub mod poll_loop;
 pub mod queue;
 pub mod rabbitmq;
@@ -161,6 +162,8 @@ kinds! {
     Outbox(table::OutboxSpec),
     /// A Kafka cluster's consumer groups and topics.
     Kafka(kafka::KafkaSpec),
+    /// A NATS server's JetStream streams and durable consumers.
+    Nats(nats::NatsSpec),
     /// A RabbitMQ broker's queues, through its management API.
     RabbitMq(rabbitmq::RabbitSpec),
 }
@@ -265,6 +268,7 @@ mod tests {
             "[[sources]]\nname = \"i\"\nkind = \"inbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\n\
              [[sources]]\nname = \"o\"\nkind = \"outbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\n\
              [[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"a:9092\"]\n\
+             [[sources]]\nname = \"n\"\nkind = \"nats\"\nurl = \"nats://a:4222\"\n\
              [[sources]]\nname = \"r\"\nkind = \"rabbitmq\"\nmanagement_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\n",
         )
         .expect("a valid config");

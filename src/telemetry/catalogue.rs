@@ -413,7 +413,7 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Counter,
         Some(Unit::Count),
         &["source", "reason"],
-        "Times this agent began counting a source afresh where counts may have been lost before it (reason handover: it took over from another agent).",
+        "Times this agent began counting a source afresh where counts may have been lost before it (reason handover: it took over from another agent; reason advisories: a NATS source did not listen to JetStream's max-delivery and terminated advisories for a while, its connection down or its poll failed).",
     ),
     def(
         COUNTING_GAP_SECONDS,

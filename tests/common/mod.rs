@@ -30,6 +30,7 @@ pub mod http;
 pub mod ids;
 pub mod library;
 pub mod metrics;
+pub mod nats;
 pub mod otlp;
 pub mod process;
 pub mod proxy;

@@ -129,7 +129,7 @@ const COMMON: Defaults = Defaults {
     kind: "rabbitmq",
     poll_interval: Duration::from_secs(15),
     timeout_floor: Duration::from_secs(10),
-    objectives: true,
+    objectives: &["oldest_age"],
 };
 
 /// Validates a `kind = "rabbitmq"` entry.
