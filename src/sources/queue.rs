@@ -96,26 +96,39 @@ pub struct Observation {
 }
 
 /// A running total made from the growth of a count the broker keeps.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Growth {
     last: u64,
     total: u64,
+    /// When the queue was last in a poll's answer.
+    seen: Instant,
 }
+
+/// How long a running total outlives its queue's absence: a queue missing
+/// from a few polls (a broker restarting, a stream being recreated) keeps
+/// counting where it was; one gone for longer is forgotten (auto-deleted
+/// queues would otherwise pile up).
+const FORGET_AFTER: Duration = Duration::from_secs(3600);
 
 impl Growth {
     /// Starts at 0 on first sight; a count that fell (the stream was
     /// recreated, the broker's statistics were reset) counts its new value.
-    fn first(at: u64) -> Growth {
-        Growth { last: at, total: 0 }
+    fn first(at: u64, now: Instant) -> Growth {
+        Growth {
+            last: at,
+            total: 0,
+            seen: now,
+        }
     }
 
-    fn see(&mut self, now: u64) {
-        self.total += if now >= self.last {
-            now - self.last
+    fn see(&mut self, count: u64, now: Instant) {
+        self.total += if count >= self.last {
+            count - self.last
         } else {
-            now
+            count
         };
-        self.last = now;
+        self.last = count;
+        self.seen = now;
     }
 }
 
@@ -171,9 +184,7 @@ impl Memory {
                 ("queue", queue.to_string()),
             ]
         };
-        let mut queues_seen = HashSet::new();
         for q in &seen.queues {
-            queues_seen.insert(q.queue.clone());
             emit(Sample {
                 name: metric::QUEUE_MESSAGES,
                 labels: q_labels(&q.queue),
@@ -190,8 +201,8 @@ impl Memory {
                 let Some(count) = count else { continue };
                 let g = totals
                     .entry(q.queue.clone())
-                    .and_modify(|g| g.see(count))
-                    .or_insert_with(|| Growth::first(count));
+                    .and_modify(|g| g.see(count, now))
+                    .or_insert_with(|| Growth::first(count, now));
                 emit(Sample {
                     name,
                     labels: q_labels(&q.queue),
@@ -199,9 +210,13 @@ impl Memory {
                 });
             }
         }
-        // A queue that is gone keeps no baseline: recreated, it starts again.
-        self.appended.retain(|q, _| queues_seen.contains(q));
-        self.redelivered.retain(|q, _| queues_seen.contains(q));
+        // A queue missing from this answer keeps its total, and its next
+        // count is growth from its last (a recreated stream's new messages);
+        // one missing for an hour is forgotten.
+        self.appended
+            .retain(|_, g| now.duration_since(g.seen) < FORGET_AFTER);
+        self.redelivered
+            .retain(|_, g| now.duration_since(g.seen) < FORGET_AFTER);
 
         for d in &seen.dead_letters {
             *self
@@ -513,16 +528,36 @@ mod tests {
         let s = poll(&mut m, &seen(5, Some(9)), t0);
         assert_eq!(one(&s, metric::QUEUE_PUBLISHED, &[]), Some(35.0));
         assert_eq!(one(&s, metric::QUEUE_REDELIVERIES, &[]), Some(5.0));
-        // Gone for a poll: starts again from its next sight.
+        // Missing from a poll (a broker restarting): no series meanwhile, the
+        // total kept, and the next count is growth from the last one.
+        let s = poll(
+            &mut m,
+            &Observation {
+                broker: "nats",
+                ..Observation::default()
+            },
+            t0 + Duration::from_secs(1),
+        );
+        assert_eq!(one(&s, metric::QUEUE_PUBLISHED, &[]), None);
+        let s = poll(&mut m, &seen(8, None), t0 + Duration::from_secs(2));
+        assert_eq!(one(&s, metric::QUEUE_PUBLISHED, &[]), Some(38.0));
+        // Restarted statistics (the count fell to 0): the total stays.
+        let s = poll(&mut m, &seen(0, None), t0 + Duration::from_secs(3));
+        assert_eq!(one(&s, metric::QUEUE_PUBLISHED, &[]), Some(38.0));
+        // Gone for over an hour: forgotten, and counted from its next sight.
         poll(
             &mut m,
             &Observation {
                 broker: "nats",
                 ..Observation::default()
             },
-            t0,
+            t0 + Duration::from_secs(3) + FORGET_AFTER,
         );
-        let s = poll(&mut m, &seen(50, None), t0);
+        let s = poll(
+            &mut m,
+            &seen(50, None),
+            t0 + Duration::from_secs(4) + FORGET_AFTER,
+        );
         assert_eq!(one(&s, metric::QUEUE_PUBLISHED, &[]), Some(0.0));
     }
 

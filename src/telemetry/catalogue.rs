@@ -574,7 +574,7 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Counter,
         Some(Unit::Count),
         SBQ,
-        "Messages appended to the stream or queue since the agent began watching it, from the growth of the broker's own count (NATS last sequence, Redis entries-added, RabbitMQ message_stats.publish); a stream recreated counts from 0 again.",
+        "Messages appended to the stream or queue since the agent began watching it, from the growth of the broker's own count (NATS last sequence, Redis entries-added, RabbitMQ message_stats.publish); a count that falls (a stream recreated, the broker's statistics reset) counts its new value as growth, and the total carries on.",
     ),
     def(
         QUEUE_REDELIVERIES,
