@@ -13,6 +13,7 @@ pub mod kind;
 pub mod lag_status;
 pub mod poll_loop;
 pub mod queue;
+pub mod redis_streams;
 pub mod table;
 
 use toml::Spanned;
@@ -160,6 +161,8 @@ kinds! {
     Outbox(table::OutboxSpec),
     /// A Kafka cluster's consumer groups and topics.
     Kafka(kafka::KafkaSpec),
+    /// A Redis server's streams and their consumer groups.
+    RedisStreams(redis_streams::RedisStreamsSpec),
 }
 
 /// `inboxwatch schema --dialect`: the recommended tables of the table kinds
