@@ -47,6 +47,7 @@ mod preset_pgboss;
 mod preset_python;
 mod preset_recipes;
 mod redaction;
+mod redis_streams;
 mod reliability;
 mod secrets;
 mod server_limits;

@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod otlp;
 pub mod process;
 pub mod proxy;
+pub mod redis_streams;
 pub mod scenarios;
 pub mod shapes;
 pub mod stack;
