@@ -92,6 +92,7 @@ async fn every_series_equals_the_ground_truth_of_two_streams_and_two_groups() {
     let t: Vec<u64> = (0..300).map(|i| base + i * 1000).collect();
     let pt: Vec<u64> = (0..200).map(|i| base + 50 + i * 1500).collect();
     let ids: Vec<String> = t.iter().map(|ms| r.add_at(&orders, *ms)).collect();
+    assert_eq!(ms_of(&ids[7]), t[7], "an entry's id is its time");
     for ms in &pt {
         r.add_at(&payments, *ms);
     }
@@ -132,6 +133,15 @@ async fn every_series_equals_the_ground_truth_of_two_streams_and_two_groups() {
         &format!(
             "streams = {}\ndead_letter_streams = {{ \"{orders}\" = \"{orders_dead}\", \"{payments}\" = \"{payments_dead}\" }}\n",
             list(&[&orders, &payments, &manual])
+        ),
+    ) + &source(
+        // The same streams with tight bounds: the redelivery scan and the
+        // count of a lag Redis cannot say both cut.
+        "rgc",
+        &url,
+        &format!(
+            "streams = {}\nredelivery_scan_limit = 5\nlag_count_limit = 100\n",
+            list(&[&orders])
         ),
     );
     let agent = Agent::start(&config);
@@ -278,14 +288,39 @@ async fn every_series_equals_the_ground_truth_of_two_streams_and_two_groups() {
     let stderr = agent.stderr();
     let warnings: Vec<&str> = stderr
         .lines()
-        .filter(|l| l.contains("not times") && l.contains(ms_))
+        .filter(|l| l.contains("not times") && l.contains(ms_) && l.contains("source=rgt"))
         .collect();
     assert_eq!(
         warnings.len(),
         1,
         "one warning naming the stream of explicit ids, once:\n{stderr}"
     );
-    let _ = ms_of(&ids[0]);
+
+    // The bounds: 5 pending entries scanned of 40 (all 5 redelivered: the
+    // claimed ones come first), said cut; 100 ids counted of 179, said in a
+    // warning once.
+    let cut = group("rgc", o, "billing");
+    assert_eq!(m.get(SCAN_CUT, &cut), Some(1.0));
+    assert_eq!(m.get(REDELIVERED, &cut), Some(5.0));
+    assert_eq!(m.get(LAG, &cut), Some(100.0));
+    let cut_warnings = stderr
+        .lines()
+        .filter(|l| l.contains("lag_count_limit = 100") && l.contains("source=rgc"))
+        .count();
+    assert_eq!(cut_warnings, 1, "{stderr}");
+
+    // The status card and its API read the same numbers.
+    let api = agent.api_source("rgt").await.expect("the source's status");
+    let billing = api["numbers"]["consumers"]
+        .as_array()
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c["queue"] == o && c["consumer"] == "billing")
+        })
+        .cloned()
+        .unwrap_or_else(|| panic!("no orders/billing on the card: {api}"));
+    assert_eq!(billing["lag_messages"], 179.0, "{api}");
+    assert_eq!(billing["unacked"], 40.0, "{api}");
     r.del(&[&orders, &payments, &manual, &orders_dead, &payments_dead]);
 }
 
@@ -694,6 +729,76 @@ async fn doctor_lists_the_groups_and_says_what_is_wrong() {
     );
     assert!(text.contains("does not exist yet"), "{}", out.describe());
     r.del(&[&s, &manual]);
+}
+
+/// `discover = "pattern"`: every stream `SCAN` finds for the glob is
+/// watched, streams made later too, and a key of another type that matches
+/// is not; bad settings are check-config errors naming their keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_found_by_pattern_are_watched_and_bad_settings_name_their_keys() {
+    let url = format!("{}/0", shared_url());
+    let mut r = Redis::connect(&url);
+    let p = unique_name("rs", "pt");
+    let (a, b, later, other) = (
+        format!("{p}:a"),
+        format!("{p}:b"),
+        format!("{p}:later"),
+        format!("{p}:string"),
+    );
+    for s in [&a, &b] {
+        r.group(s, "g", "0");
+        r.add(s);
+    }
+    let _: String = r.cmd(&["SET", &other, "x"]);
+    let agent = Agent::start(&source(
+        "rpt",
+        &url,
+        &format!("discover = \"pattern\"\npattern = \"{p}:*\""),
+    ));
+    agent.wait_ready(READY_TIMEOUT).await;
+    r.group(&later, "g", "0");
+    r.add(&later);
+    r.add(&later);
+    let m = wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        let got: Vec<Option<f64>> = [&a, &b, &later]
+            .iter()
+            .map(|s| m.get(LAG, &group("rpt", s, "g")))
+            .collect();
+        (got == [Some(1.0), Some(1.0), Some(2.0)])
+            .then_some(m)
+            .ok_or(format!("lags {got:?}"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    assert_eq!(
+        m.series(MESSAGES, &[("source", "rpt")]).count(),
+        3,
+        "three streams, not the string key"
+    );
+    r.del(&[&a, &b, &later, &other]);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[[sources]]\nname = \"bad\"\nkind = \"redis_streams\"\n\
+         url = \"redis://:hunter2-secret@127.0.0.1:6379/x\"\n\
+         discover = \"pattern\"\nstreams = [\"a\"]\nredelivery_scan_limit = 0\n",
+    )
+    .expect("write the config");
+    let out = Cmd::new(["check-config"]).arg(&path).output();
+    assert_eq!(out.code, Some(2), "{}", out.describe());
+    let text = format!("{}{}", out.stdout, out.stderr);
+    for key in [
+        "sources[0].url",
+        "sources[0].streams",
+        "sources[0].pattern",
+        "sources[0].redelivery_scan_limit",
+    ] {
+        assert!(text.contains(key), "{key}:\n{text}");
+    }
+    assert!(!text.contains("hunter2-secret"), "{text}");
 }
 
 /// One owner across agents: two agents on one config, exactly one exports
