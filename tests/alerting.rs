@@ -1053,6 +1053,105 @@ const KAFKA_SERIES: &[(&str, &str)] = &[
     ),
 ];
 
+/// Input series for promtool, shaped as the queue kinds export them (catalogue labels): a
+/// NATS consumer holding unacknowledged work, a Redis group with a scan cut short and dead
+/// letters, a RabbitMQ queue with redeliveries, ten minutes long.
+const QUEUE_SERIES: &[(&str, &str)] = &[
+    (
+        r#"queue_messages{source="js",broker="nats",queue="ORDERS"}"#,
+        "100+10x10",
+    ),
+    (
+        r#"queue_messages_published_total{source="js",broker="nats",queue="ORDERS"}"#,
+        "0+60x10",
+    ),
+    (
+        r#"queue_redeliveries_total{source="rq",broker="rabbitmq",queue="orders"}"#,
+        "0+3x10",
+    ),
+    (
+        r#"queue_consumer_lag_messages{source="js",broker="nats",queue="ORDERS",consumer="billing"}"#,
+        "5+1x10",
+    ),
+    (
+        r#"queue_consumer_lag_seconds{source="js",broker="nats",queue="ORDERS",consumer="billing"}"#,
+        "30+60x10",
+    ),
+    (
+        r#"queue_consumer_unacked_messages{source="js",broker="nats",queue="ORDERS",consumer="billing"}"#,
+        "3x10",
+    ),
+    (
+        r#"queue_consumer_oldest_unacked_age_seconds{source="js",broker="nats",queue="ORDERS",consumer="billing"}"#,
+        "40+60x10",
+    ),
+    (
+        r#"queue_consumer_redelivered_messages{source="rs",broker="redis",queue="orders",consumer="workers"}"#,
+        "2x10",
+    ),
+    (
+        r#"queue_consumer_redelivered_scan_cut{source="rs",broker="redis",queue="orders",consumer="workers"}"#,
+        "1x10",
+    ),
+    (
+        r#"queue_consumer_consumers{source="js",broker="nats",queue="ORDERS",consumer="billing"}"#,
+        "1x10",
+    ),
+    (
+        r#"queue_consumer_status{source="js",broker="nats",queue="ORDERS",consumer="billing",status="stall"}"#,
+        "1x10",
+    ),
+    (
+        r#"queue_consumer_status{source="js",broker="nats",queue="ORDERS",consumer="billing",status="ok"}"#,
+        "0x10",
+    ),
+    (
+        r#"queue_consumer_info{source="js",broker="nats",queue="ORDERS",consumer="billing",owner="team-orders"}"#,
+        "1x10",
+    ),
+    (
+        r#"queue_dead_letters_total{source="rs",broker="redis",queue="orders",consumer="workers",reason="dead_letter_stream"}"#,
+        "0+2x10",
+    ),
+    (r#"inboxwatch_source_up{source="js"}"#, "1x10"),
+    (
+        r#"inboxwatch_poll_duration_seconds_bucket{source="js",le="0.1"}"#,
+        "0+1x10",
+    ),
+    (
+        r#"inboxwatch_poll_duration_seconds_bucket{source="js",le="+Inf"}"#,
+        "0+1x10",
+    ),
+];
+
+/// As for Kafka: promtool evaluates every query of the Queues dashboard (and the
+/// overview's queue stat) on series shaped as the queue kinds export them: every one
+/// returns data.
+#[test]
+fn queues_dashboard_queries_return_data_on_queue_series() {
+    let dashboards = grafana::dashboards();
+    let exprs: Vec<(String, String)> = grafana::queries(&dashboards)
+        .into_iter()
+        .filter(|q| {
+            let queues_dashboard = dashboards
+                .iter()
+                .any(|d| d.file == q.file && d.json["uid"] == "inboxwatch-queues");
+            queues_dashboard || q.expr.contains("queue_consumer")
+        })
+        .map(|q| (format!("dashboards/{} / {}", q.file, q.panel), q.expr))
+        .collect();
+    assert!(
+        exprs.len() > 15,
+        "too few queue queries found ({})",
+        exprs.len()
+    );
+    assert_queries_return_data(
+        "Queues dashboard queries on queue series",
+        &exprs,
+        QUEUE_SERIES,
+    );
+}
+
 /// Grafana variables as "All": `$__rate_interval` becomes 2m, any other variable
 /// matches everything (they are only used in regex matchers).
 fn all_variables(expr: &str) -> String {

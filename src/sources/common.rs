@@ -52,8 +52,10 @@ pub struct Defaults {
     /// The least default `timeout`: unwritten, it is the poll interval or this,
     /// whichever is longer.
     pub timeout_floor: Duration,
-    /// Whether `[sources.objectives]` means something to the kind.
-    pub objectives: bool,
+    /// The objectives of `[sources.objectives]` the kind reads (`oldest_age`,
+    /// `p95`); none refuses the section, and one it does not read is refused
+    /// by its key.
+    pub objectives: &'static [&'static str],
 }
 
 /// The checked settings every source has; each kind's settings embed them.
@@ -164,7 +166,7 @@ fn objectives(
     let Some(raw) = raw else {
         return Objectives::default();
     };
-    if !defaults.objectives {
+    if defaults.objectives.is_empty() {
         v.problem(
             &format!("{key}.objectives"),
             format!(
@@ -175,7 +177,20 @@ fn objectives(
         return Objectives::default();
     }
     let mut duration = |name: &str, text: Option<&str>| {
-        text.map(|t| v.duration(&format!("{key}.objectives.{name}"), Some(t), Duration::ZERO))
+        let text = text?;
+        let at = format!("{key}.objectives.{name}");
+        if !defaults.objectives.contains(&name) {
+            v.problem(
+                &at,
+                format!(
+                    "{} sources have no {name} objective (they read {})",
+                    defaults.kind,
+                    defaults.objectives.join(", ")
+                ),
+            );
+            return None;
+        }
+        Some(v.duration(&at, Some(text), Duration::ZERO))
     };
     Objectives {
         oldest_age: duration("oldest_age", raw.oldest_age.as_deref()),
@@ -223,13 +238,19 @@ mod tests {
         kind: "inbox",
         poll_interval: Duration::from_secs(5),
         timeout_floor: Duration::from_secs(1),
-        objectives: true,
+        objectives: &["oldest_age", "p95"],
+    };
+    const QUEUE: Defaults = Defaults {
+        kind: "nats",
+        poll_interval: Duration::from_secs(10),
+        timeout_floor: Duration::from_secs(5),
+        objectives: &["oldest_age"],
     };
     const BROKER: Defaults = Defaults {
         kind: "kafka",
         poll_interval: Duration::from_secs(10),
         timeout_floor: Duration::from_secs(5),
-        objectives: false,
+        objectives: &[],
     };
 
     fn check_with(raw: RawCommon, defaults: &Defaults) -> (Common, Vec<Problem>) {
@@ -317,6 +338,24 @@ mod tests {
                 "sources[0].owner",
                 "sources[0].service_name",
                 "sources[0].objectives"
+            ]
+        );
+        // A kind that reads only some objectives refuses the others by key.
+        let mut both = raw();
+        both.owner = None;
+        both.service_name = None;
+        both.objectives = Some(RawObjectives {
+            oldest_age: Some("5m".into()),
+            p95: Some("1s".into()),
+        });
+        let (c, problems) = check_with(both, &QUEUE);
+        assert_eq!(c.objectives.oldest_age, Some(Duration::from_secs(300)));
+        assert_eq!(c.objectives.p95, None);
+        let said: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            said,
+            [
+                "sources[0].objectives.p95: nats sources have no p95 objective (they read oldest_age)"
             ]
         );
         let (c, problems) = check_with(

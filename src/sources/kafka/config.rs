@@ -316,7 +316,7 @@ const COMMON: Defaults = Defaults {
     kind: "kafka",
     poll_interval: Duration::from_secs(10),
     timeout_floor: Duration::from_secs(5),
-    objectives: false,
+    objectives: &[],
 };
 
 /// Validates a `kind = "kafka"` entry.

@@ -173,7 +173,7 @@ const COMMON: Defaults = Defaults {
     kind: "redis_streams",
     poll_interval: Duration::from_secs(10),
     timeout_floor: Duration::from_secs(5),
-    objectives: true,
+    objectives: &["oldest_age"],
 };
 
 /// Validates a `kind = "redis_streams"` entry.
@@ -187,12 +187,6 @@ pub(crate) fn validate(
     let streams = streams(v, key, &s);
     let dead_letter_streams = dead_letter_streams(v, key, &s, streams.as_ref());
     let common = common::check(common, key, name, &COMMON, v);
-    if common.objectives.p95.is_some() {
-        v.problem(
-            &format!("{key}.objectives.p95"),
-            "redis_streams sources see no processing times: only oldest_age applies".into(),
-        );
-    }
     let status_window =
         queue::status_window(v, key, s.status_window.as_deref(), common.poll_interval);
     let redelivery_scan_limit = v.positive(

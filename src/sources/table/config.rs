@@ -558,7 +558,7 @@ fn common_defaults(kind: &'static str) -> Defaults {
         kind,
         poll_interval: Duration::from_secs(5),
         timeout_floor: Duration::from_secs(1),
-        objectives: true,
+        objectives: &["oldest_age", "p95"],
     }
 }
 
