@@ -640,7 +640,7 @@ async fn a_wrong_password_is_said_by_key_without_the_secret() {
 /// TLS: a `rediss://` source with the server's CA connects over TLS
 /// (`doctor` says so); without it the certificate is refused, and the
 /// error names the `tls.ca_file` key; a `redis://` URL against the TLS
-/// port fails without hanging.
+/// port fails without hanging, and so does `rediss://` to a plain server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_connects_with_its_ca_and_a_failure_names_the_key() {
     let server = PrivateRedis::with_tls();
@@ -678,6 +678,15 @@ async fn tls_connects_with_its_ca_and_a_failure_names_the_key() {
         "streams = [\"s\"]\ntimeout = \"2s\"",
     ));
     assert!(!ok, "plain TCP to a TLS port fails: {text}");
+    let (ok, text) = doctor(source(
+        "rtls",
+        &format!("{}/0", shared_url().replacen("redis://", "rediss://", 1)),
+        "streams = [\"s\"]\ntimeout = \"2s\"",
+    ));
+    assert!(
+        !ok && text.contains("no TLS handshake") && text.contains("sources[0].url"),
+        "TLS to a plain server fails by key: {text}"
+    );
 }
 
 /// `doctor` on a real server: the version, each group with its consumers

@@ -53,7 +53,13 @@ pub async fn connect(
                 tokio_rustls::TlsConnector::from(tls.clone()).connect(name, tcp),
             )
             .await
-            .map_err(|_| ClientError::Connect(format!("no TLS handshake within {timeout:?}")))?
+            .map_err(|_| {
+                ClientError::Connect(format!(
+                    "no TLS handshake within {timeout:?} (does the server speak TLS on this \
+                     port? redis:// in {}.url is plain TCP)",
+                    server.key
+                ))
+            })?
             .map_err(|e| {
                 ClientError::Connect(format!(
                     "TLS handshake failed: {e} (check {key}.tls.ca_file and the url's host)",
