@@ -49,6 +49,7 @@ mod preset_python;
 mod preset_recipes;
 mod rabbitmq;
 mod redaction;
+mod redis_streams;
 mod reliability;
 mod secrets;
 mod server_limits;

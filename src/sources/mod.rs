@@ -15,6 +15,7 @@ pub mod nats;
 pub mod poll_loop;
 pub mod queue;
 pub mod rabbitmq;
+pub mod redis_streams;
 pub mod table;
 
 use toml::Spanned;
@@ -166,6 +167,8 @@ kinds! {
     Nats(nats::NatsSpec),
     /// A RabbitMQ broker's queues, through its management API.
     RabbitMq(rabbitmq::RabbitSpec),
+    /// A Redis server's streams and their consumer groups.
+    RedisStreams(redis_streams::RedisStreamsSpec),
 }
 
 /// `inboxwatch schema --dialect`: the recommended tables of the table kinds

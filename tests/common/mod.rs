@@ -35,6 +35,7 @@ pub mod otlp;
 pub mod process;
 pub mod proxy;
 pub mod rabbitmq;
+pub mod redis_streams;
 pub mod scenarios;
 pub mod shapes;
 pub mod stack;
