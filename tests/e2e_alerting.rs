@@ -46,7 +46,9 @@ const OUTBOX_SOURCE: &str = "e2e-outbox";
 /// The Kafka source (its `cluster` label), for the Kafka panels.
 const KAFKA_SOURCE: &str = "e2e-kafka";
 /// What `$source` stands for in turn: a query passes when one of them gives it data.
-const SOURCES: [&str; 3] = [SOURCE, OUTBOX_SOURCE, KAFKA_SOURCE];
+/// The queue source (Redis Streams), for the Queues panels.
+const QUEUE_SOURCE: &str = "e2e-queue";
+const SOURCES: [&str; 4] = [SOURCE, OUTBOX_SOURCE, KAFKA_SOURCE, QUEUE_SOURCE];
 /// The Kafka topics: a consumed topic, its dead-letter and its retry topic.
 const KAFKA_TOPIC: &str = "e2e.orders";
 const KAFKA_DLQ: &str = "e2e.orders.DLQ";
@@ -76,6 +78,10 @@ const SPIKE: &str = "InboxDeadLetterSpike";
 /// the expression, why it has no data here). They still have to evaluate.
 const NO_DATA_EXPECTED: &[(&str, &str)] = &[
     (
+        "queue_redeliveries_total",
+        "only RabbitMQ counts redeliveries per queue; the queue source here is Redis Streams",
+    ),
+    (
         "inboxwatch_spans_",
         "no OTLP exporter is configured, so no span counters",
     ),
@@ -101,6 +107,9 @@ const DASHBOARD_VARS: &[(&str, &str)] = &[
     ("cluster", KAFKA_SOURCE),
     ("group", ".*"),
     ("topic", ".*"),
+    ("broker", ".*"),
+    ("queue", ".*"),
+    ("consumer", ".*"),
 ];
 
 // ---------------------------------------------------------------------------------
@@ -430,14 +439,18 @@ fn substitute(expr: &str, source: &str) -> Result<String, String> {
 
 /// Evaluates a variable's `label_values([selector, ]label)` through the label values
 /// API: the values it offers.
-async fn variable_values(prom: &Prometheus, query: &str) -> Result<Vec<String>, String> {
+async fn variable_values(
+    prom: &Prometheus,
+    query: &str,
+    source: &str,
+) -> Result<Vec<String>, String> {
     let inner = query
         .trim()
         .strip_prefix("label_values(")
         .and_then(|q| q.strip_suffix(')'))
         .ok_or_else(|| format!("not a label_values(...) query: {query:?}"))?;
     let (selector, label) = match inner.rsplit_once(',') {
-        Some((s, l)) => (Some(substitute(s.trim(), SOURCE)?), l.trim()),
+        Some((s, l)) => (Some(substitute(s.trim(), source)?), l.trim()),
         None => (None, inner.trim()),
     };
     prom.label_values(label, selector.as_deref()).await
@@ -467,7 +480,54 @@ const ORDERING_COLUMNS: &str = ", ordering_key = \"aggregate_id\", version = \"a
 const ORDERING_DDL: &str = "ALTER TABLE {} ADD COLUMN aggregate_id text GENERATED ALWAYS AS (event_id) STORED, \
      ADD COLUMN aggregate_version integer NOT NULL DEFAULT 1";
 
-fn agent_toml(dsn: &str, tables: &common::Tables, bootstrap: &str) -> String {
+/// A Redis stream for the Queues panels: 5 entries, group `e2e-workers` delivered 3 of
+/// them and acknowledged none (lag 2, 3 pending), and its dead-letter stream, which
+/// [`queue_after_start`] grows. Returns (stream, dead-letter stream).
+fn queue_stream() -> (String, String) {
+    let stream = common::unique_name("e2e", "orders");
+    let dead = format!("{stream}:dead");
+    redis(&["DEL", &stream, &dead]);
+    for _ in 0..5 {
+        redis(&["XADD", &stream, "*", "order", "1"]);
+    }
+    redis(&["XGROUP", "CREATE", &stream, "e2e-workers", "0"]);
+    redis(&[
+        "XREADGROUP",
+        "GROUP",
+        "e2e-workers",
+        "w1",
+        "COUNT",
+        "3",
+        "STREAMS",
+        &stream,
+        ">",
+    ]);
+    redis(&["XADD", &dead, "*", "order", "1"]);
+    (stream, dead)
+}
+
+/// Two dead letters after the agent's first poll: `queue_dead_letters_total` grows.
+fn queue_after_start(dead: &str) {
+    redis(&["XADD", dead, "*", "order", "2"]);
+    redis(&["XADD", dead, "*", "order", "3"]);
+}
+
+/// One command to the machine's Redis (database 0), through `redis-cli`.
+fn redis(args: &[&str]) {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", "6379"])
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && !said.starts_with("ERR"),
+        "redis-cli {args:?}: {said} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn agent_toml(dsn: &str, tables: &common::Tables, bootstrap: &str, queue: (&str, &str)) -> String {
     let columns = common::scenarios::INBOX_COLUMNS
         .trim_end()
         .strip_suffix('}')
@@ -484,6 +544,14 @@ fn agent_toml(dsn: &str, tables: &common::Tables, bootstrap: &str) -> String {
         columns,
         common::scenarios::outbox_source_toml(OUTBOX_SOURCE, dsn, &tables.outbox),
         kafka_support::kafka_source_toml(KAFKA_SOURCE, bootstrap, ""),
+    ) + &format!(
+        "\n[[sources]]\nname = {}\nkind = \"redis_streams\"\nurl = \"redis://127.0.0.1:6379/0\"\n\
+         poll_interval = \"1s\"\nowner = \"team-queues\"\nstreams = [{}]\n\
+         dead_letter_streams = {{ {} = {} }}\n",
+        toml_str(QUEUE_SOURCE),
+        toml_str(queue.0),
+        toml_str(queue.0),
+        toml_str(queue.1),
     )
 }
 
@@ -557,9 +625,16 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
     db.exec(&ORDERING_DDL.replace("{}", &tables.inbox), &[])
         .await;
     let broker = kafka_cluster().await;
-    let mut agent = Agent::start(&agent_toml(&db.dsn, &tables, &broker.bootstrap()));
+    let (stream, dead) = queue_stream();
+    let mut agent = Agent::start(&agent_toml(
+        &db.dsn,
+        &tables,
+        &broker.bootstrap(),
+        (&stream, &dead),
+    ));
     agent.wait_ready(READY_TIMEOUT).await;
     kafka_after_start(&broker).await;
+    queue_after_start(&dead);
     let outbox = Target {
         dialect: db.dialect,
         pool: db.pool.clone(),
@@ -851,7 +926,13 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
         }
     }
     for (file, name, query) in &variables {
-        match variable_values(&prom, query).await {
+        // A Queues variable selects among the queue sources: `$source` is the queue one.
+        let source = if query.contains("queue_") {
+            QUEUE_SOURCE
+        } else {
+            SOURCE
+        };
+        match variable_values(&prom, query, source).await {
             Err(e) => failures.push(format!("{file} / variable {name}: {query}\n    {e}")),
             Ok(values)
                 if values.is_empty()
@@ -861,9 +942,9 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
                     "{file} / variable {name}: {query}\n    offers no value"
                 ))
             }
-            Ok(values) if name == "source" && !values.iter().any(|v| v == SOURCE) => {
+            Ok(values) if name == "source" && !values.iter().any(|v| v == source) => {
                 failures.push(format!(
-                    "{file} / variable {name}: {query}\n    does not offer {SOURCE:?}: {values:?}"
+                    "{file} / variable {name}: {query}\n    does not offer {source:?}: {values:?}"
                 ))
             }
             Ok(_) => {}

@@ -272,7 +272,8 @@ mod tests {
              [[sources]]\nname = \"o\"\nkind = \"outbox\"\ndsn = \"postgres://u@h/db\"\ntable = \"t\"\n\
              [[sources]]\nname = \"k\"\nkind = \"kafka\"\nbrokers = [\"a:9092\"]\n\
              [[sources]]\nname = \"n\"\nkind = \"nats\"\nurl = \"nats://a:4222\"\n\
-             [[sources]]\nname = \"r\"\nkind = \"rabbitmq\"\nmanagement_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\n",
+             [[sources]]\nname = \"r\"\nkind = \"rabbitmq\"\nmanagement_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\n\
+             [[sources]]\nname = \"s\"\nkind = \"redis_streams\"\nurl = \"redis://h:6379/0\"\nstreams = [\"orders\"]\n",
         )
         .expect("a valid config");
         let kinds: Vec<&str> = config.sources.iter().map(|s| s.kind()).collect();
