@@ -11,6 +11,7 @@ use regex::Regex;
 use serde::Deserialize;
 
 use crate::sources::common::{self, Common, Defaults, RawCommon};
+use crate::sources::common::{RawTls, tls_config};
 use crate::sources::queue;
 use crate::validation::Validator;
 
@@ -121,17 +122,6 @@ pub struct RawNats {
     pub token_file: Option<String>,
     /// TLS to the servers.
     pub tls: Option<RawTls>,
-}
-
-/// `[sources.tls]`: present means the servers are reached over TLS.
-#[derive(Debug, Default, Deserialize)]
-pub struct RawTls {
-    /// PEM file of the CA(s) that sign the servers' certificates (default: the Mozilla roots).
-    pub ca_file: Option<String>,
-    /// PEM client certificate (mutual TLS), with `key_file`.
-    pub cert_file: Option<String>,
-    /// PEM private key of `cert_file`.
-    pub key_file: Option<String>,
 }
 
 /// The settings every source has, as a NATS source reads them: the server
@@ -351,61 +341,6 @@ fn auth(v: &mut Validator<'_>, key: &str, s: &RawNats) -> Option<Auth> {
         }
         (None, None, None) => Some(Auth::None),
         _ => None,
-    }
-}
-
-/// Builds the rustls client config; errors name the `tls` key at fault.
-fn tls_config(t: &RawTls) -> Result<rustls::ClientConfig, (&'static str, String)> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let mut roots = rustls::RootCertStore::empty();
-    match &t.ca_file {
-        Some(path) => {
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                .and_then(|it| it.collect::<Result<_, _>>())
-                .map_err(|e| {
-                    (
-                        "ca_file",
-                        format!("cannot read CA certificates from \"{path}\": {e}"),
-                    )
-                })?;
-            if certs.is_empty() {
-                return Err(("ca_file", format!("\"{path}\" holds no PEM certificate")));
-            }
-            for c in certs {
-                roots
-                    .add(c)
-                    .map_err(|e| ("ca_file", format!("\"{path}\": {e}")))?;
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ("ca_file", e.to_string()))?
-        .with_root_certificates(roots);
-    match (&t.cert_file, &t.key_file) {
-        (None, None) => Ok(builder.with_no_client_auth()),
-        (Some(_), None) => Err(("key_file", "required with cert_file".into())),
-        (None, Some(_)) => Err(("cert_file", "required with key_file".into())),
-        (Some(cert), Some(key)) => {
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-                .and_then(|it| it.collect::<Result<_, _>>())
-                .map_err(|e| ("cert_file", format!("cannot read \"{cert}\": {e}")))?;
-            if chain.is_empty() {
-                return Err(("cert_file", format!("\"{cert}\" holds no PEM certificate")));
-            }
-            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                (
-                    "key_file",
-                    format!("cannot read a private key from \"{key}\": {e}"),
-                )
-            })?;
-            builder
-                .with_client_auth_cert(chain, key_der)
-                .map_err(|e| ("key_file", format!("does not fit cert_file: {e}")))
-        }
     }
 }
 

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use url::Url;
 
 use crate::sources::common::{self, Common, Defaults, RawCommon};
+use crate::sources::common::{RawTls, tls_config};
 use crate::sources::queue;
 use crate::validation::{Validator, expand_env};
 
@@ -155,17 +156,6 @@ pub struct RawRedisStreams {
     pub tls: Option<RawTls>,
 }
 
-/// `[sources.tls]`: the CA and client certificate of a `rediss://` server.
-#[derive(Debug, Default, Deserialize)]
-pub struct RawTls {
-    /// PEM file of the CA(s) that sign the server's certificate (default: the Mozilla roots).
-    pub ca_file: Option<String>,
-    /// PEM client certificate (mutual TLS), with `key_file`.
-    pub cert_file: Option<String>,
-    /// PEM private key of `cert_file`.
-    pub key_file: Option<String>,
-}
-
 /// The settings every source has, as a Redis Streams source reads them:
 /// read every 10 s, within a timeout of the poll interval, at least 5 s; an
 /// `oldest_age` objective.
@@ -296,7 +286,7 @@ fn server(v: &mut Validator<'_>, key: &str, s: &RawRedisStreams) -> Option<Serve
             );
             return None;
         }
-        (t, true) => match tls_config(t.as_ref()) {
+        (t, true) => match tls_config(t.as_ref().unwrap_or(&RawTls::default())) {
             Ok(c) => Some(Arc::new(c)),
             Err((k, message)) => {
                 v.problem(&format!("{key}.tls.{k}"), message);
@@ -441,66 +431,6 @@ fn dead_letter_streams(
         }
     }
     written
-}
-
-/// Builds the rustls client config of a `rediss://` server; errors name
-/// the `tls` key at fault.
-fn tls_config(t: Option<&RawTls>) -> Result<rustls::ClientConfig, (&'static str, String)> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let mut roots = rustls::RootCertStore::empty();
-    match t.and_then(|t| t.ca_file.as_ref()) {
-        Some(path) => {
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                .and_then(|it| it.collect::<Result<_, _>>())
-                .map_err(|e| {
-                    (
-                        "ca_file",
-                        format!("cannot read CA certificates from \"{path}\": {e}"),
-                    )
-                })?;
-            if certs.is_empty() {
-                return Err(("ca_file", format!("\"{path}\" holds no PEM certificate")));
-            }
-            for c in certs {
-                roots
-                    .add(c)
-                    .map_err(|e| ("ca_file", format!("\"{path}\": {e}")))?;
-            }
-        }
-        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| ("ca_file", e.to_string()))?
-        .with_root_certificates(roots);
-    let (cert, key) = match t {
-        Some(t) => (t.cert_file.as_ref(), t.key_file.as_ref()),
-        None => (None, None),
-    };
-    match (cert, key) {
-        (None, None) => Ok(builder.with_no_client_auth()),
-        (Some(_), None) => Err(("key_file", "required with cert_file".into())),
-        (None, Some(_)) => Err(("cert_file", "required with key_file".into())),
-        (Some(cert), Some(key)) => {
-            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-                .and_then(|it| it.collect::<Result<_, _>>())
-                .map_err(|e| ("cert_file", format!("cannot read \"{cert}\": {e}")))?;
-            if chain.is_empty() {
-                return Err(("cert_file", format!("\"{cert}\" holds no PEM certificate")));
-            }
-            let key_der = PrivateKeyDer::from_pem_file(key).map_err(|e| {
-                (
-                    "key_file",
-                    format!("cannot read a private key from \"{key}\": {e}"),
-                )
-            })?;
-            builder
-                .with_client_auth_cert(chain, key_der)
-                .map_err(|e| ("key_file", format!("does not fit cert_file: {e}")))
-        }
-    }
 }
 
 #[cfg(test)]
