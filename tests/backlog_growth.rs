@@ -532,6 +532,9 @@ async fn a_backlog_grown_to_50k_is_exact_throughout_sqlite() {
 /// Pending rows received an hour before the agent starts: a backlog whose read
 /// takes seconds in a debug build.
 const LARGE: u32 = 300_000;
+/// Rows that arrive at once once the agent runs: a poll reads them in about
+/// a sixth of the time its read of [`LARGE`] takes, some ten times `timeout`.
+const BURST: u32 = 50_000;
 
 /// Bounds of `inboxwatch_poll_duration_seconds`' buckets the source's `timeout`
 /// is chosen from, so that the buckets tell which polls took longer.
@@ -728,6 +731,44 @@ async fn full_reads_take_their_own_time_limit(db: Db) {
         m.sum("inboxwatch_poll_errors_total", &[s]),
         0.0,
         "{}",
+        agent.stderr()
+    );
+
+    // A burst the next poll must read whole: 50,000 rows arriving at once
+    // (without `xmin` the tail and both late-commit slices read each of them),
+    // longer to read than `timeout`. A poll cut short by its limit is retried
+    // with twice the time, up to `full_read_timeout`; before, each retry read
+    // the same rows and was cut again, and the burst was never counted.
+    insert_batch(&db, &t, 1, BURST, now).await;
+    let pending = pending + f64::from(BURST);
+    let counted = wait_until(Duration::from_secs(180), || async {
+        let m = agent.try_scrape().await?;
+        let got = (
+            m.sum("inbox_messages_received_total", &[s]),
+            m.sum("inbox_deliveries_total", &[s]),
+            gauges(&m),
+        );
+        let want = (f64::from(BURST), f64::from(BURST), [pending, 0.0, 0.0]);
+        if got == want {
+            Ok(m)
+        } else {
+            Err(format!(
+                "received, deliveries and the backlog: {got:?}, want {want:?}"
+            ))
+        }
+    })
+    .await;
+    let m = counted.unwrap_or_else(|e| {
+        panic!(
+            "a burst longer to read than `timeout` was not counted: {e}\n{}",
+            agent.stderr()
+        )
+    });
+    // The evidence that this tried what it is about: a poll was cut short.
+    assert!(
+        m.sum("inboxwatch_poll_errors_total", &[s, ("kind", "timeout")]) >= 1.0,
+        "no poll was cut short by the {timeout} s timeout: the burst of {BURST} rows was \
+         read faster, and this part shows nothing\n{}",
         agent.stderr()
     );
     db.cleanup().await;

@@ -197,13 +197,15 @@ async fn poll_while_leading<S: Source>(
             error = tracing::field::Empty,
             otel.status_code = tracing::field::Empty,
         );
+        // Taken before the poll: a source may give its next poll another limit.
+        let limit = source.timeout();
         let result = tokio::select! {
             _ = cancel.cancelled() => return None,
             r = tracing::Instrument::instrument(
-                tokio::time::timeout(source.timeout(), source.poll()),
+                tokio::time::timeout(limit, source.poll()),
                 span.clone(),
             ) => {
-                r.unwrap_or_else(|_| Err(SourceError::Timeout(source.timeout())))
+                r.unwrap_or(Err(SourceError::Timeout(limit)))
             }
         };
         match &result {

@@ -43,7 +43,7 @@ use futures_util::TryStreamExt;
 use sqlx::any::AnyPoolOptions;
 use sqlx::any::AnyRow;
 use sqlx::{AnyConnection, AnyPool, Connection, Row};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::dsn::Dialect;
 use crate::sources::poll_loop::{PollStats, Source, SourceError};
@@ -263,6 +263,12 @@ pub struct TableSource<K: TableKind> {
     cheap_reconciles: u32,
     /// The next poll is a full reconcile ([`TableSource::kept_gauges`]).
     full_due: bool,
+    /// Polls begun since the last one that finished: between polls, those
+    /// cut short (by their time limit, a lost connection); each doubles the
+    /// time the next may take ([`Source::timeout`]).
+    begun: u32,
+    /// The time limit of the poll under way.
+    limit: Duration,
     /// Rows whose change cursor is NULL, which the tail cannot see.
     nulls: NullScan,
     /// Re-reading the unfinished rows on every poll: which were read.
@@ -424,6 +430,8 @@ impl<K: TableKind> TableSource<K> {
             last_reconcile: None,
             cheap_reconciles: 0,
             full_due: false,
+            begun: 0,
+            limit: Duration::ZERO,
             nulls: NullScan::default(),
             unfinished: Reread::default(),
             events,
@@ -682,7 +690,7 @@ impl<K: TableKind> TableSource<K> {
         // A poll that reads every unfinished row (the first, a full
         // reconcile) may take `full_read_timeout`: its statements too.
         let full = self.full_due;
-        let limit = self.timeout();
+        let limit = self.limit;
         let long = limit > self.spec.timeout;
         if long {
             set_statement_timeout(conn, self.sql, limit)
@@ -1592,17 +1600,37 @@ impl<K: TableKind> Source for TableSource<K> {
     }
 
     /// `full_read_timeout` for a poll that reads every unfinished row: the
-    /// first, and a full reconcile; `timeout` for the others.
+    /// first, and a full reconcile; `timeout` for the others, doubled for
+    /// each poll in a row that was cut short, up to `full_read_timeout`.
+    /// What a poll must read after a burst (a bulk insert's rows, three
+    /// times without `xmin`) can take longer than `timeout` on a loaded
+    /// database; a retry with the same limit would read the same rows and be
+    /// cut again, for good.
     fn timeout(&self) -> Duration {
         if !self.started || self.full_due {
-            self.spec.full_read_timeout
-        } else {
-            self.spec.timeout
+            return self.spec.full_read_timeout;
         }
+        self.spec
+            .timeout
+            .saturating_mul(1u32 << self.begun.min(16))
+            .min(self.spec.full_read_timeout)
     }
 
     async fn poll(&mut self) -> Result<PollStats, SourceError> {
-        self.poll_once().await
+        let limit = self.timeout();
+        if self.begun > 0 && limit > self.spec.timeout {
+            info!(
+                source = %self.spec.name,
+                polls = self.begun,
+                limit = %humantime::format_duration(limit),
+                "The last polls did not finish; this one may take longer."
+            );
+        }
+        self.begun = self.begun.saturating_add(1);
+        self.limit = limit;
+        let stats = self.poll_once().await?;
+        self.begun = 0;
+        Ok(stats)
     }
 
     fn reset(&mut self) {
