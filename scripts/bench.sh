@@ -311,18 +311,20 @@ out, paths = sys.argv[1], sys.argv[2:]
 def cell(text, label, col):
     m = re.search(r"^\| " + re.escape(label) + r"[^|]*\|([^|]*)\|([^|]*)\|", text, re.M)
     return m.group(col).strip() if m else "—"
-lines = ["| database | unfinished rows | inboxwatch mean (ms) | median | p95 | rows read per poll | exporter mean (ms) | exporter ÷ inboxwatch (mean) |",
-         "|---|---:|---:|---:|---:|---:|---:|---:|"]
+lines = ["| database | unfinished rows | inboxwatch mean (ms) | median | p95 | rows read per poll | agent peak RSS (MB) | exporter mean (ms) | exporter ÷ inboxwatch (mean) |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 for p in paths:
     t = open(p).read()
-    head = re.search(r"^### (\S+) — ([\d ]+) rows \((\d+) unfinished\)", t, re.M)
+    # "### PostgreSQL — 2 M rows (1000 unfinished), …"
+    head = re.search(r"^### (\S+) — (.+?) rows \((\d+) unfinished\)", t, re.M)
     db, unf = (head.group(1), format(int(head.group(3)), ",")) if head else ("?", "?")
     mean = cell(t, "database time, mean", 1)
     ratio = re.search(r"^\| database time, mean[^|]*\|[^|]*\|[^|]*\|([^|]*)\|", t, re.M)
     rows = cell(t, "rows read", 1) if "rows read" in t else cell(t, "rows examined", 1)
-    lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |" % (
+    lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
         db, unf, mean, cell(t, "database time, median", 1), cell(t, "database time, p95", 1),
-        rows, cell(t, "database time, mean", 2), ratio.group(1).strip() if ratio else "—"))
+        rows, cell(t, "peak RSS of the exporter process", 1), cell(t, "database time, mean", 2),
+        ratio.group(1).strip() if ratio else "—"))
 open(out, "w").write("\n".join(lines) + "\n")
 PY
   {
