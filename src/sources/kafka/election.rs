@@ -79,22 +79,36 @@ impl KafkaElection {
     /// A connection to the election group's coordinator.
     async fn coordinator(&mut self) -> Result<&mut Connection, String> {
         if self.conn.is_none() {
-            let mut boot = self
-                .connector
-                .connect_any(&self.brokers)
-                .await
-                .map_err(|e| e.to_string())?;
-            let v = boot
-                .version::<FindCoordinatorRequest>()
-                .map_err(|e| e.to_string())?;
-            let req = if v >= 4 {
-                FindCoordinatorRequest::default()
-                    .with_coordinator_keys(vec![StrBytes::from_string(self.group.clone())])
-            } else {
-                FindCoordinatorRequest::default()
-                    .with_key(StrBytes::from_string(self.group.clone()))
+            // A new connection the broker closes before it answers (a close
+            // of every connection that caught this one between its version
+            // exchange and the lookup) is tried once more; a broker that
+            // closes the second too, or cannot be reached, is an error.
+            let mut again = true;
+            let (boot, resp, v) = loop {
+                let mut boot = self
+                    .connector
+                    .connect_any(&self.brokers)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let v = boot
+                    .version::<FindCoordinatorRequest>()
+                    .map_err(|e| e.to_string())?;
+                let req = if v >= 4 {
+                    FindCoordinatorRequest::default()
+                        .with_coordinator_keys(vec![StrBytes::from_string(self.group.clone())])
+                } else {
+                    FindCoordinatorRequest::default()
+                        .with_key(StrBytes::from_string(self.group.clone()))
+                };
+                match boot.send(&req).await {
+                    Ok(resp) => break (boot, resp, v),
+                    Err(e) if again && e.is_broken_connection() => {
+                        again = false;
+                        debug!(group = %self.group, error = %e, "The coordinator lookup's connection was closed; once more on a new one.");
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
             };
-            let resp = boot.send(&req).await.map_err(|e| e.to_string())?;
             let (code, host, port) = match resp.coordinators.first() {
                 Some(c) if v >= 4 => (c.error_code, c.host.to_string(), c.port),
                 _ => (resp.error_code, resp.host.to_string(), resp.port),
