@@ -10,7 +10,7 @@ use crate::common;
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
-use common::nats::{Js, SHARED_URL, Server, certificates};
+use common::nats::{Delivery, Js, SHARED_URL, Server, certificates};
 use common::{Agent, Cmd, Metrics, READY_TIMEOUT, unique_name, wait_until};
 use serde_json::json;
 
@@ -673,4 +673,236 @@ async fn one_agent_owns_the_source_and_another_takes_over() {
     })
     .await
     .unwrap_or_else(|e| panic!("the standby did not take over: {e}\n{}", standby.stderr()));
+}
+
+/// A smaller workload on `stream` (a durable pull consumer, explicit ack,
+/// `max_deliver = 3`): 30 published, 20 delivered, 10 acknowledged; then,
+/// while watched ([`wait_for_small_workload`]), 2 terminated (the returned
+/// deliveries) and 5 more published, 8 held. Returns what the consumer's
+/// series must be.
+async fn small_workload(js: &Js, stream: &str) -> (Expect, Vec<Delivery>) {
+    js.create_stream(stream, &[&format!("{stream}.>")]).await;
+    js.create_consumer(stream, "worker", json!({"max_deliver": 3}))
+        .await;
+    let mut times = BTreeMap::new();
+    let subject = |_| format!("{stream}.orders");
+    publish(js, 30, 1, subject, &mut times).await;
+    let got = js.fetch(stream, "worker", 20).await;
+    assert_eq!(
+        got.iter().map(|d| d.stream_seq).collect::<Vec<_>>(),
+        (1..=20).collect::<Vec<_>>()
+    );
+    for d in &got[..10] {
+        js.ack(d).await;
+    }
+    let expect = Expect {
+        // 21–35: the 5 published while watched included.
+        lag: 15,
+        next: Some(times[&21]),
+        unacked: 8,
+        oldest: Some(times[&13]),
+        redelivered: 0,
+        consumers: 0,
+        dead: BTreeMap::from([("terminated", 2)]),
+    };
+    (expect, got[10..12].to_vec())
+}
+
+/// Terminates `to_term` and publishes 5 once the agent watches, then waits
+/// until the agent's series of `stream`/worker equal `expect`, with 35
+/// messages in the stream, and the agent owning the source (its lease in
+/// the KV bucket).
+async fn wait_for_small_workload(
+    agent: &Agent,
+    js: &Js,
+    (source, stream): (&str, &str),
+    expect: &Expect,
+    to_term: &[Delivery],
+) {
+    agent.wait_ready(READY_TIMEOUT).await;
+    agent
+        .wait_for_polls(&[source], Duration::ZERO, 20, |m| {
+            m.get(MESSAGES, &[("queue", stream)])
+                .map(|_| ())
+                .ok_or("no stream yet".into())
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    for d in to_term {
+        js.term(d).await;
+    }
+    let mut times = BTreeMap::new();
+    publish(js, 5, 31, |_| format!("{stream}.orders"), &mut times).await;
+    let result = agent
+        .wait_for_polls(&[source], Duration::from_secs(2), 6, |m| {
+            let mut diff = consumer_diff(m, source, stream, "worker", expect, SystemTime::now());
+            let l = [("source", source), ("broker", "nats"), ("queue", stream)];
+            for (name, want) in [(MESSAGES, 35.0), (PUBLISHED, 5.0)] {
+                if m.get(name, &l) != Some(want) {
+                    diff.push(format!("{name}: {:?}, want {want}", m.get(name, &l)));
+                }
+            }
+            let leader = m.get("inboxwatch_source_leader", &[("source", source)]);
+            if leader != Some(1.0) {
+                diff.push(format!("leader: {leader:?}, want 1"));
+            }
+            if diff.is_empty() {
+                Ok(())
+            } else {
+                Err(diff.join("\n"))
+            }
+        })
+        .await;
+    result.unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+}
+
+/// An NKey user (`authorization { users = [ { nkey: U… } ] }`): the agent
+/// with the user's seed (from `${VAR}`, and from a file) connects, owns the
+/// source through the KV bucket and exports every series of the workload;
+/// `doctor` reads it. Another valid seed is refused by the server: the
+/// error names the key and says authorization failed, never the seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_nkey_seed_logs_in_and_a_wrong_one_is_refused_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let user = nkeys::KeyPair::new_user();
+    let seed = user.seed().unwrap();
+    let server_conf = dir.path().join("server.conf");
+    std::fs::write(
+        &server_conf,
+        format!(
+            "authorization {{\n  users = [ {{ nkey: {} }} ]\n}}\n",
+            user.public_key()
+        ),
+    )
+    .unwrap();
+    let server = Server::start(dir.path(), &["-c", server_conf.to_str().unwrap()]).await;
+    let js = Js::connect_with(
+        &server.url(),
+        async_nats::ConnectOptions::with_nkey(seed.clone()),
+    )
+    .await;
+    let stream = "NKEYS";
+    let (expect, to_term) = small_workload(&js, stream).await;
+
+    let seed_file = dir.path().join("seed");
+    std::fs::write(&seed_file, format!("{seed}\n")).unwrap();
+    let doctor_config = dir.path().join("doctor.toml");
+    std::fs::write(
+        &doctor_config,
+        source_toml(
+            "nk",
+            &server.url(),
+            stream,
+            &format!("nkey_seed_file = \"{}\"\n", seed_file.display()),
+        ),
+    )
+    .unwrap();
+    let out = Cmd::new(["doctor", "--config"])
+        .arg(&doctor_config)
+        .output();
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert!(out.success() && text.contains("one poll in"), "{text}");
+    assert!(!text.contains(&seed), "{text}");
+
+    let source = "nk";
+    let agent = Agent::run(&source_toml(
+        source,
+        &server.url(),
+        stream,
+        "nkey_seed = \"${NATS_NKEY_SEED}\"\n",
+    ))
+    .env("NATS_NKEY_SEED", &seed)
+    // The seed in no line of the log, however detailed.
+    .env("INBOXWATCH_LOG", "trace")
+    .start();
+    wait_for_small_workload(&agent, &js, (source, stream), &expect, &to_term).await;
+    assert!(!agent.stderr().contains(&seed));
+    drop(agent);
+
+    // Another valid user seed: the server does not know its public key.
+    let wrong = nkeys::KeyPair::new_user().seed().unwrap();
+    let config = source_toml(
+        "wrong",
+        &server.url(),
+        stream,
+        "nkey_seed = \"${NATS_NKEY_SEED}\"\n",
+    );
+    let wrong_config = dir.path().join("wrong.toml");
+    std::fs::write(&wrong_config, &config).unwrap();
+    let out = Cmd::new(["doctor", "--config"])
+        .arg(&wrong_config)
+        .env("NATS_NKEY_SEED", &wrong)
+        .output();
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert!(!out.success(), "{}", out.describe());
+    assert!(
+        text.contains("authorization failed")
+            && text.contains("sources[0].nkey_seed")
+            && text.contains("wrong"),
+        "{text}"
+    );
+    assert!(!text.contains(&wrong), "{text}");
+    let agent = Agent::run(&config).env("NATS_NKEY_SEED", &wrong).start();
+    wait_until(Duration::from_secs(30), || async {
+        let log = agent.stderr();
+        (log.contains("authorization failed") && log.contains("sources[0].nkey_seed"))
+            .then_some(())
+            .ok_or(log)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("no error by key: {e}"));
+    assert!(!agent.stderr().contains(&wrong));
+    let m = wait_until(Duration::from_secs(30), || agent.try_scrape())
+        .await
+        .expect("a scrape");
+    assert_eq!(
+        m.get("inboxwatch_source_up", &[("source", "wrong")]),
+        Some(0.0)
+    );
+}
+
+/// A `.creds` file on an operator-mode server (the operator, account and
+/// user JWTs the test signs; the account with JetStream): the agent reads
+/// the consumers through it, owns the source through the KV bucket, and
+/// `doctor` connects with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_creds_file_logs_in_to_an_operator_mode_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let (server_text, creds) = common::nats::operator_mode();
+    let server_conf = dir.path().join("server.conf");
+    std::fs::write(&server_conf, server_text).unwrap();
+    let server = Server::start(dir.path(), &["-c", server_conf.to_str().unwrap()]).await;
+    let creds_file = dir.path().join("watcher.creds");
+    std::fs::write(&creds_file, &creds).unwrap();
+    let js = Js::connect_with(
+        &server.url(),
+        async_nats::ConnectOptions::with_credentials(&creds).expect("a .creds file"),
+    )
+    .await;
+    let stream = "CREDS";
+    let (expect, to_term) = small_workload(&js, stream).await;
+    let source = "creds";
+    let config = dir.path().join("creds.toml");
+    std::fs::write(
+        &config,
+        source_toml(
+            source,
+            &server.url(),
+            stream,
+            &format!("credentials_file = \"{}\"\n", creds_file.display()),
+        ),
+    )
+    .unwrap();
+    let out = Cmd::new(["doctor", "--config"]).arg(&config).output();
+    let text = format!("{}{}", out.stdout, out.stderr);
+    assert!(out.success() && text.contains("one poll in"), "{text}");
+    let agent = Agent::run_file(&config)
+        .env("INBOXWATCH_LOG", "trace")
+        .start();
+    wait_for_small_workload(&agent, &js, (source, stream), &expect, &to_term).await;
+    let seed = creds
+        .lines()
+        .find(|l| l.starts_with("SU"))
+        .expect("the seed");
+    assert!(!agent.stderr().contains(seed) && !text.contains(seed));
 }

@@ -344,3 +344,99 @@ pub fn certificates(dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
     ]);
     (ca, cert, key)
 }
+
+/// A NATS JWT (v2) of `claims` for `subject`, signed by `issuer`: what
+/// `nsc` writes, for an operator-mode server the test configures.
+pub fn jwt(issuer: &nkeys::KeyPair, subject: &str, name: &str, nats: Value) -> String {
+    use base64::Engine;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let header = URL_SAFE_NO_PAD.encode(json!({"typ": "JWT", "alg": "ed25519-nkey"}).to_string());
+    let claims = json!({
+        "jti": format!("{name}{now}"),
+        "iat": now,
+        "iss": issuer.public_key(),
+        "name": name,
+        "sub": subject,
+        "nats": nats,
+    });
+    let claims = URL_SAFE_NO_PAD.encode(claims.to_string());
+    let signed = format!("{header}.{claims}");
+    let signature = issuer.sign(signed.as_bytes()).expect("sign");
+    format!("{signed}.{}", URL_SAFE_NO_PAD.encode(signature))
+}
+
+/// An operator, an account with JetStream and a user of it: the server's
+/// configuration (operator mode, the account preloaded in memory) and the
+/// user's `.creds` file.
+pub fn operator_mode() -> (String, String) {
+    let operator = nkeys::KeyPair::new_operator();
+    // JetStream needs a system account to start in operator mode.
+    let system = nkeys::KeyPair::new_account();
+    let account = nkeys::KeyPair::new_account();
+    let user = nkeys::KeyPair::new_user();
+    let operator_jwt = jwt(
+        &operator,
+        &operator.public_key(),
+        "op",
+        json!({"system_account": system.public_key(), "type": "operator", "version": 2}),
+    );
+    let system_jwt = jwt(
+        &operator,
+        &system.public_key(),
+        "SYS",
+        json!({
+            "limits": {
+                "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+                "wildcards": true, "conn": -1, "leaf": -1,
+            },
+            "default_permissions": {"pub": {}, "sub": {}},
+            "type": "account",
+            "version": 2,
+        }),
+    );
+    let account_jwt = jwt(
+        &operator,
+        &account.public_key(),
+        "acc",
+        json!({
+            "limits": {
+                "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+                "wildcards": true, "conn": -1, "leaf": -1,
+                "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1,
+            },
+            "default_permissions": {"pub": {}, "sub": {}},
+            "type": "account",
+            "version": 2,
+        }),
+    );
+    let user_jwt = jwt(
+        &account,
+        &user.public_key(),
+        "watcher",
+        json!({
+            "pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1,
+            "type": "user", "version": 2,
+        }),
+    );
+    let server = format!(
+        "operator: {operator_jwt}\nsystem_account: {}\nresolver: MEMORY\n\
+         resolver_preload: {{\n  {}: {system_jwt}\n  {}: {account_jwt}\n}}\n",
+        system.public_key(),
+        system.public_key(),
+        account.public_key()
+    );
+    let creds = format!(
+        "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+         ************************* IMPORTANT *************************\n\
+         NKEY Seed printed below can be used to sign and prove identity.\n\
+         NKEYs are sensitive and should be treated as secrets.\n\n\
+         -----BEGIN USER NKEY SEED-----\n{}\n------END USER NKEY SEED------\n\n\
+         *************************************************************\n",
+        user.seed().expect("a seed")
+    );
+    (server, creds)
+}

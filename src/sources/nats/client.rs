@@ -41,6 +41,20 @@ pub async fn connect(spec: &NatsSpec, events: SharedEvents) -> Result<Client, So
             ConnectOptions::with_user_and_password(user.clone(), password.expose().to_string())
         }
         Auth::Token(t) => ConnectOptions::with_token(t.expose().to_string()),
+        Auth::NKey { seed, .. } => ConnectOptions::with_nkey(seed.expose().to_string()),
+        Auth::Credentials { jwt, seed, .. } => {
+            // Read when the configuration was checked: it is a user seed.
+            let pair =
+                nkeys::KeyPair::from_seed(seed.expose()).map_err(|_| SourceError::Connect {
+                    dsn: servers_text(spec),
+                    message: format!("{}.credentials_file: not an NKey seed", spec.key),
+                })?;
+            let pair = Arc::new(pair);
+            ConnectOptions::with_jwt(jwt.clone(), move |nonce| {
+                let pair = pair.clone();
+                async move { pair.sign(&nonce).map_err(async_nats::AuthError::new) }
+            })
+        }
     };
     options = options
         .name("inboxwatch")
@@ -89,6 +103,12 @@ fn connect_error(spec: &NatsSpec, e: async_nats::ConnectError) -> SourceError {
                 Auth::Token(_) => {
                     format!("the server refused {key}.token: authorization violation")
                 }
+                Auth::NKey { public, .. } => format!(
+                    "authorization failed: the server refused the NKey of {key}.nkey_seed (user {public})"
+                ),
+                Auth::Credentials { public, .. } => format!(
+                    "authorization failed: the server refused the user JWT and NKey of {key}.credentials_file (user {public})"
+                ),
                 Auth::None => format!(
                     "the server requires credentials: give {key}.user and {key}.password, or {key}.token"
                 ),

@@ -57,6 +57,15 @@ pub enum Auth {
     Password { user: String, password: Secret },
     /// `token` / `token_file`.
     Token(Secret),
+    /// `nkey_seed` / `nkey_seed_file`: a user seed (`SU…`) that signs the
+    /// server's nonce; `public` is its public key (`U…`), for messages.
+    NKey { seed: Secret, public: String },
+    /// `credentials_file`: a user JWT, and the seed that signs the nonce.
+    Credentials {
+        jwt: String,
+        seed: Secret,
+        public: String,
+    },
 }
 
 /// `[sources.tls]`: the client config, and the keys written (for errors).
@@ -120,6 +129,13 @@ pub struct RawNats {
     pub token: Option<String>,
     /// A file whose content is the token; instead of `token`.
     pub token_file: Option<String>,
+    /// An NKey user seed (`SU…`); `${VAR}` is replaced by the environment
+    /// variable VAR.
+    pub nkey_seed: Option<String>,
+    /// A file whose content is the NKey user seed; instead of `nkey_seed`.
+    pub nkey_seed_file: Option<String>,
+    /// A `.creds` file: a user JWT and its NKey seed.
+    pub credentials_file: Option<String>,
     /// TLS to the servers.
     pub tls: Option<RawTls>,
 }
@@ -292,8 +308,84 @@ fn secret(
     }
 }
 
-/// `user` + `password`/`password_file`, or `token`/`token_file`, or none.
+/// `user` + `password`/`password_file`, `token`/`token_file`,
+/// `nkey_seed`/`nkey_seed_file`, `credentials_file`, or none.
 fn auth(v: &mut Validator<'_>, key: &str, s: &RawNats) -> Option<Auth> {
+    let written = |keys: &[(&'static str, bool)]| {
+        keys.iter()
+            .filter(|(_, is)| *is)
+            .map(|(k, _)| *k)
+            .collect::<Vec<_>>()
+    };
+    let password_keys = written(&[
+        ("user", s.user.is_some()),
+        ("password", s.password.is_some()),
+        ("password_file", s.password_file.is_some()),
+        ("token", s.token.is_some()),
+        ("token_file", s.token_file.is_some()),
+    ]);
+    let nkey_keys = written(&[
+        ("nkey_seed", s.nkey_seed.is_some()),
+        ("nkey_seed_file", s.nkey_seed_file.is_some()),
+    ]);
+    let creds_keys = written(&[("credentials_file", s.credentials_file.is_some())]);
+    let ways = [&password_keys, &nkey_keys, &creds_keys];
+    if ways.iter().filter(|k| !k.is_empty()).count() > 1 {
+        // Named by the key of the later way: an NKey seed, then a .creds file.
+        let at = if creds_keys.is_empty() {
+            nkey_keys[0]
+        } else {
+            creds_keys[0]
+        };
+        let others: Vec<&str> = ways
+            .iter()
+            .flat_map(|k| k.iter().copied())
+            .filter(|k| *k != at)
+            .collect();
+        v.problem(
+            &format!("{key}.{at}"),
+            format!(
+                "give one way to log in: {at} cannot go with {}",
+                others.join(", ")
+            ),
+        );
+        return None;
+    }
+    if !nkey_keys.is_empty() {
+        let seed = secret(
+            v,
+            key,
+            ("nkey_seed", s.nkey_seed.as_deref()),
+            ("nkey_seed_file", s.nkey_seed_file.as_deref()),
+        )??;
+        let at = format!("{key}.{}", nkey_keys[0]);
+        let public = user_seed(v, &at, seed.expose())?;
+        return Some(Auth::NKey { seed, public });
+    }
+    if !creds_keys.is_empty() {
+        let contents = secret(
+            v,
+            key,
+            ("credentials", None),
+            ("credentials_file", s.credentials_file.as_deref()),
+        )??;
+        let at = format!("{key}.credentials_file");
+        let Some((jwt, seed)) = creds_blocks(contents.expose()) else {
+            v.problem(
+                &at,
+                "not a .creds file: it needs a user JWT block and a user NKey seed block, \
+                 each between -----BEGIN …----- and ------END …------ lines"
+                    .into(),
+            );
+            return None;
+        };
+        let public = user_seed(v, &at, seed)?;
+        return Some(Auth::Credentials {
+            jwt: jwt.to_string(),
+            seed: Secret(seed.to_string()),
+            public,
+        });
+    }
     let password = secret(
         v,
         key,
@@ -344,6 +436,49 @@ fn auth(v: &mut Validator<'_>, key: &str, s: &RawNats) -> Option<Auth> {
     }
 }
 
+/// The public key (`U…`) of a user seed; a malformed seed is a problem at
+/// `at`, told without the seed.
+fn user_seed(v: &mut Validator<'_>, at: &str, seed: &str) -> Option<String> {
+    match nkeys::KeyPair::from_seed(seed) {
+        Ok(pair) if pair.key_pair_type() == nkeys::KeyPairType::User => Some(pair.public_key()),
+        Ok(pair) => {
+            v.problem(
+                at,
+                format!(
+                    "a {:?} seed, not a user seed (a user seed starts with SU)",
+                    pair.key_pair_type()
+                ),
+            );
+            None
+        }
+        Err(_) => {
+            v.problem(
+                at,
+                "not an NKey seed (a user seed: SU and 56 base32 characters, with a valid checksum)"
+                    .into(),
+            );
+            None
+        }
+    }
+}
+
+/// The user JWT and the seed of a `.creds` file: its first two blocks, each
+/// one line between `---…---` lines (`nsc`'s layout).
+fn creds_blocks(text: &str) -> Option<(&str, &str)> {
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let fence = |l: &str| l.len() >= 6 && l.starts_with("---") && l.ends_with("---");
+    let mut blocks = lines.windows(3).filter_map(|w| {
+        (fence(w[0])
+            && fence(w[2])
+            && !w[1].is_empty()
+            && w[1]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.=".contains(c)))
+        .then_some(w[1])
+    });
+    Some((blocks.next()?, blocks.next()?))
+}
+
 #[cfg(test)]
 mod tests {
     fn problems(entry: &str) -> Vec<String> {
@@ -383,5 +518,105 @@ mod tests {
             p.len() == 1 && p[0].contains("sources[0].objectives.p95"),
             "{p:?}"
         );
+    }
+
+    /// Guards the NKey keys: a seed and a .creds file accepted, each
+    /// refused by its key when malformed or combined with another way to
+    /// log in, the secret never in the message.
+    #[test]
+    fn nkey_seeds_and_creds_files_are_checked_by_key() {
+        let user = nkeys::KeyPair::new_user();
+        let seed = user.seed().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let seed_file = file("seed", &format!("{seed}\n"));
+        assert!(problems(&format!("url = \"h:4222\"\nnkey_seed = \"{seed}\"\n")).is_empty());
+        assert!(
+            problems(&format!(
+                "url = \"h:4222\"\nnkey_seed_file = \"{seed_file}\"\n"
+            ))
+            .is_empty()
+        );
+        let creds = format!(
+            "-----BEGIN NATS USER JWT-----\neyJ0eXAiOiJKV1QifQ.eyJzdWIiOiJVIn0.c2ln\n------END NATS USER JWT------\n\n\
+             ************************* IMPORTANT *************************\n\
+             NKEY Seed printed below can be used to sign and prove identity.\n\n\
+             -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+        );
+        let creds_file = file("user.creds", &creds);
+        assert!(
+            problems(&format!(
+                "url = \"h:4222\"\ncredentials_file = \"{creds_file}\"\n"
+            ))
+            .is_empty()
+        );
+        // Malformed: one character changed (the checksum fails), an account
+        // seed, a .creds file without its seed block.
+        let mut broken = seed.clone().into_bytes();
+        broken[10] = if broken[10] == b'A' { b'B' } else { b'A' };
+        let broken = String::from_utf8(broken).unwrap();
+        let account = nkeys::KeyPair::new_account().seed().unwrap();
+        let no_seed = file("half.creds", creds.split("\n\n").next().unwrap());
+        let bad_creds = file("bad.creds", &creds.replace(&seed, &broken));
+        for (entry, at, hidden) in [
+            (
+                format!("nkey_seed = \"{broken}\""),
+                "sources[0].nkey_seed",
+                broken.as_str(),
+            ),
+            (
+                format!("nkey_seed = \"{account}\""),
+                "sources[0].nkey_seed",
+                account.as_str(),
+            ),
+            (
+                format!("nkey_seed_file = \"{}\"", file("bad", &broken)),
+                "sources[0].nkey_seed_file",
+                broken.as_str(),
+            ),
+            (
+                format!("credentials_file = \"{no_seed}\""),
+                "sources[0].credentials_file",
+                seed.as_str(),
+            ),
+            (
+                format!("credentials_file = \"{bad_creds}\""),
+                "sources[0].credentials_file",
+                broken.as_str(),
+            ),
+            (
+                format!("nkey_seed = \"{seed}\"\nnkey_seed_file = \"{seed_file}\""),
+                "sources[0].nkey_seed_file",
+                seed.as_str(),
+            ),
+            (
+                format!("nkey_seed = \"{seed}\"\nuser = \"u\"\npassword = \"p\""),
+                "sources[0].nkey_seed",
+                seed.as_str(),
+            ),
+            (
+                format!("nkey_seed = \"{seed}\"\ntoken = \"t\""),
+                "sources[0].nkey_seed",
+                seed.as_str(),
+            ),
+            (
+                format!("credentials_file = \"{creds_file}\"\nnkey_seed = \"{seed}\""),
+                "sources[0].credentials_file",
+                seed.as_str(),
+            ),
+            (
+                format!("credentials_file = \"{creds_file}\"\ntoken_file = \"{seed_file}\""),
+                "sources[0].credentials_file",
+                seed.as_str(),
+            ),
+        ] {
+            let p = problems(&format!("url = \"h:4222\"\n{entry}\n"));
+            assert!(p.len() == 1 && p[0].contains(at), "{entry}: {p:?}");
+            assert!(!p[0].contains(hidden), "{entry}: {p:?}");
+        }
     }
 }

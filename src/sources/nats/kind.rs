@@ -33,7 +33,10 @@ impl Kind for NatsSpec {
     fn start(self, rt: &mut Runtime) -> anyhow::Result<()> {
         info!(source = %self.name, servers = %self.servers.join(","), "Watching NATS JetStream.");
         if self.tls.is_none()
-            && !matches!(self.auth, super::config::Auth::None)
+            && matches!(
+                self.auth,
+                super::config::Auth::Password { .. } | super::config::Auth::Token(_)
+            )
             && self.servers.iter().any(|s| s.starts_with("nats://"))
         {
             warn!(
