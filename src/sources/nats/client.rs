@@ -110,7 +110,7 @@ fn connect_error(spec: &NatsSpec, e: async_nats::ConnectError) -> SourceError {
                     "authorization failed: the server refused the user JWT and NKey of {key}.credentials_file (user {public})"
                 ),
                 Auth::None => format!(
-                    "the server requires credentials: give {key}.user and {key}.password, or {key}.token"
+                    "the server requires credentials: give {key}.user and {key}.password, {key}.token, {key}.nkey_seed or {key}.credentials_file"
                 ),
             }
         }
