@@ -333,7 +333,7 @@ pub async fn bulk(
         );
         return Ok((out, true));
     }
-    let progress = std::io::stderr().is_terminal();
+    let progress = std::io::stderr().is_terminal() && std::io::stdout().is_terminal();
     let mut tally = Tally::default();
     let step = usize::try_from(selection.rate).unwrap_or(1).max(1);
     for chunk in ids.chunks(step) {
