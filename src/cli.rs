@@ -151,11 +151,11 @@ pub enum DeadLetterCommand {
     /// Put dead-lettered events back to the replay status for the consumer to
     /// process again, each in one transaction with an audit row. Without
     /// `--yes`, only prints what it would do.
-    Replay(ActionArgs),
+    Replay(Box<ActionArgs>),
     /// Record dead-lettered events as deliberately not processed (an audit
     /// row; and the `ignored_status`, if configured). Without `--yes`, only
     /// prints what it would do.
-    Ignore(ActionArgs),
+    Ignore(Box<ActionArgs>),
     /// Print the dead letters gathered into failure groups (source, event
     /// type, error class and the error text with its variable parts taken
     /// out), tab-separated, the latest last seen first (read-only).
@@ -207,8 +207,27 @@ pub struct ActionArgs {
     /// Apply: without it, nothing is written.
     #[arg(long)]
     pub yes: bool,
-    /// The event ids (idempotency keys).
-    #[arg(required = true)]
+    /// Bulk: the events of this failure group (the `group` column of
+    /// `dead-letters groups`).
+    #[arg(long)]
+    pub group: Option<String>,
+    /// Bulk: the dead letters of this error class.
+    #[arg(long)]
+    pub error_class: Option<String>,
+    /// Bulk: the dead letters of this event type.
+    #[arg(long)]
+    pub event_type: Option<String>,
+    /// Bulk: dead-lettered within this long, e.g. `6h` or `2d` (default
+    /// `7d` when a group or filter is given).
+    #[arg(long, value_parser = crate::text::parse_since)]
+    pub since: Option<std::time::Duration>,
+    /// Bulk: dead-lettered at least this long ago, e.g. `10m`.
+    #[arg(long, value_parser = crate::text::parse_since)]
+    pub until: Option<std::time::Duration>,
+    /// Bulk: at most this many events per second, e.g. `100/s`.
+    #[arg(long, default_value = "20/s", value_parser = crate::actions::parse_rate)]
+    pub rate: u32,
+    /// The event ids (idempotency keys); or a group or filter instead.
     pub event_ids: Vec<String>,
 }
 
@@ -222,6 +241,23 @@ impl ActionArgs {
             event_ids: self.event_ids,
             apply: self.yes,
         }
+    }
+
+    /// The bulk selection, when a group or a filter is given.
+    pub fn selection(&self) -> Option<crate::actions::Selection> {
+        let bulk = self.group.is_some()
+            || self.error_class.is_some()
+            || self.event_type.is_some()
+            || self.since.is_some()
+            || self.until.is_some();
+        bulk.then(|| crate::actions::Selection {
+            group: self.group.clone(),
+            error_class: self.error_class.clone(),
+            event_type: self.event_type.clone(),
+            since: self.since,
+            until: self.until,
+            rate: self.rate,
+        })
     }
 }
 

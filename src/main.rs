@@ -138,8 +138,8 @@ fn run(
 /// `dead-letters replay | ignore | history`.
 fn dead_letter_command(command: DeadLetterCommand) -> Result<ExitCode, ExitCode> {
     let (action, args) = match command {
-        DeadLetterCommand::Replay(args) => (Action::Replay, args),
-        DeadLetterCommand::Ignore(args) => (Action::Ignore, args),
+        DeadLetterCommand::Replay(args) => (Action::Replay, *args),
+        DeadLetterCommand::Ignore(args) => (Action::Ignore, *args),
         DeadLetterCommand::Groups {
             config: path,
             source,
@@ -169,7 +169,25 @@ fn dead_letter_command(command: DeadLetterCommand) -> Result<ExitCode, ExitCode>
 fn act(action: Action, args: ActionArgs) -> Result<ExitCode, ExitCode> {
     let cfg = load(&args.config)?;
     let source = args.source.clone();
+    let selection = args.selection();
+    let config_path = args.config.clone();
+    if selection.is_some() != args.event_ids.is_empty() {
+        return Err(usage(
+            "give either event ids or a group or filter (--group, --error-class, \
+             --event-type, --since, --until), not both and not neither",
+        ));
+    }
     let request = args.request(action);
+    if let Some(selection) = selection {
+        let bulk = actions::bulk(&cfg, &config_path, &source, &request, &selection);
+        let (text, all) = answered(block_on(bulk))?;
+        print!("{text}");
+        return Ok(if all {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     if !request.apply {
         eprintln!(
             "dry run: nothing is written; add --yes before the event ids (and their --) to apply"

@@ -814,7 +814,36 @@ fn bad_usage_exits_2_naming_what_is_wrong() {
         ),
         (
             vec!["--source", "act", "--operator", "o", "--reason", "r"],
-            "<EVENT_IDS>",
+            "give either event ids or a group or filter (--group, --error-class, --event-type, --since, --until), not both and not neither",
+        ),
+        (
+            vec![
+                "--source",
+                "act",
+                "--operator",
+                "o",
+                "--reason",
+                "r",
+                "--group",
+                "g",
+                "e1",
+            ],
+            "give either event ids or a group or filter",
+        ),
+        (
+            vec![
+                "--source",
+                "act",
+                "--operator",
+                "o",
+                "--reason",
+                "r",
+                "--group",
+                "g",
+                "--rate",
+                "0/s",
+            ],
+            "invalid value '0/s' for '--rate <RATE>': \"0/s\": expected events per second from 1 to 10000, e.g. `100/s`",
         ),
         (
             vec!["--source", "act", "--operator", " ", "--reason", "r", "e1"],
@@ -1039,4 +1068,220 @@ async fn the_agent_never_opens_the_action_dsn() {
         "the command connected"
     );
     db.cleanup().await;
+}
+
+/// The error text of dead letter `i` of cause `cause`: one cause, its
+/// variable parts (addresses, ids, amounts, durations) changing with `i`.
+fn bulk_error(cause: usize, i: usize) -> String {
+    match cause {
+        0 => format!(
+            "TimeoutError: upstream 10.0.{}.{} did not answer within {}ms",
+            i % 7,
+            i % 250,
+            500 + i
+        ),
+        1 => format!("HttpError: 503 from payments for order 7f3a{i:04x}-0c1d-4e2f-9a8b-{i:012x}"),
+        _ => format!(
+            "ValidationError: amount {}.{:02} for customer {} is negative",
+            1000 + i,
+            i % 100,
+            90_000 + i
+        ),
+    }
+}
+
+/// `(event_id, status)` of every row, by event id.
+async fn statuses(db: &Db, table: &str) -> Vec<(String, String)> {
+    db.query(
+        &format!("SELECT event_id, status FROM {table} ORDER BY event_id"),
+        &[],
+    )
+    .await
+    .into_iter()
+    .map(|r| {
+        (
+            r[0].clone().unwrap_or_default(),
+            r[1].clone().unwrap_or_default(),
+        )
+    })
+    .collect()
+}
+
+/// The audit table's event ids, sorted.
+async fn audited(db: &Db, audit: &str) -> Vec<String> {
+    db.query(
+        &format!("SELECT event_id FROM {audit} ORDER BY event_id"),
+        &[],
+    )
+    .await
+    .into_iter()
+    .map(|r| r[0].clone().unwrap_or_default())
+    .collect()
+}
+
+async fn bulk_replay(db: Db, tag: &str) {
+    let tables = db.fresh_tables(tag).await;
+    let table = tables.inbox.as_str();
+    let audit = common::unique_name("audit", tag);
+    db.register_table(&audit);
+    let base = db.now_ms().await - 10 * 60_000;
+    let dead = |id: String, error: String| InboxEvent {
+        id,
+        event_type: Some("order.paid".into()),
+        status: Status::Dead,
+        received_ms: base,
+        started_ms: Some(base + 1_000),
+        finished_ms: Some(base + 1_500),
+        attempts: 3,
+        deliveries: 1,
+        last_error: Some(error),
+        traceparent: None,
+        updated_ms: base + 1_500,
+    };
+    // 600 dead letters, 200 of each of three causes.
+    for i in 0..600 {
+        let e = dead(format!("{tag}-{i:04}"), bulk_error(i % 3, i));
+        let (sql, args) = e.insert_stmt(db.dialect, table);
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .expect("insert inbox row");
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cfg = write(
+        dir.path(),
+        "bulk.toml",
+        &config(
+            "bulk",
+            &db,
+            table,
+            "",
+            &db.dsn,
+            &format!("audit_table = {}\n", toml_str(&audit)),
+        ),
+    );
+    let (code, ddl, err) = run(&["schema", "--config", &cfg]);
+    assert_eq!(code, 0, "schema --config: {err}");
+    for stmt in split_statements(&ddl) {
+        db.exec(&stmt, &[] as &[V]).await;
+    }
+
+    // Three groups of 200; the timeouts' group is replayed.
+    let (code, groups, err) = run(&["dead-letters", "groups", "--config", &cfg]);
+    assert_eq!(code, 0, "dead-letters groups: {err}");
+    let rows: Vec<Vec<&str>> = groups
+        .lines()
+        .skip(1)
+        .map(|l| l.split('\t').collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "three groups:\n{groups}");
+    assert!(rows.iter().all(|r| r[5] == "200"), "200 each:\n{groups}");
+    let group = rows
+        .iter()
+        .find(|r| r[9].starts_with("TimeoutError"))
+        .unwrap_or_else(|| panic!("the timeouts' group:\n{groups}"))[0]
+        .to_string();
+    let snapshot: Vec<String> = (0..600)
+        .filter(|i| i % 3 == 0)
+        .map(|i| format!("{tag}-{i:04}"))
+        .collect();
+
+    // Without --yes: the count, the first twenty ids, the command; nothing written.
+    let before = (statuses(&db, table).await, audited(&db, &audit).await);
+    let args = [
+        "dead-letters",
+        "replay",
+        "--config",
+        &cfg,
+        "--source",
+        "bulk",
+        "--operator",
+        OPERATOR,
+        "--reason",
+        REASON,
+        "--group",
+        &group,
+        "--rate",
+        "100/s",
+    ];
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "dry run: {err}");
+    let mut want = String::from("200 dead letters would be replayed\n");
+    for id in &snapshot[..20] {
+        want.push_str(&format!("{id}\n"));
+    }
+    want.push_str(&format!(
+        "… and 180 more\nto apply: inboxwatch dead-letters replay --config {cfg} --source bulk \
+         --operator {OPERATOR} --reason '{REASON}' --group {group} --rate 100/s --yes\n"
+    ));
+    assert_eq!(out, want);
+    assert_eq!(
+        (statuses(&db, table).await, audited(&db, &audit).await),
+        before,
+        "a dry run writes nothing"
+    );
+
+    // Applied at 100/s; ten more timeouts die once the run has begun: the
+    // run replays its snapshot only.
+    let mut apply: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    apply.push("--yes".into());
+    let started = std::time::Instant::now();
+    let child = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = apply.iter().map(String::as_str).collect();
+        run(&args)
+    });
+    wait_until(Duration::from_secs(30), || async {
+        if audited(&db, &audit).await.is_empty() {
+            Err("no audit row yet".to_string())
+        } else {
+            Ok(())
+        }
+    })
+    .await
+    .expect("the run begins");
+    let late: Vec<String> = (600..610).map(|i| format!("{tag}-{i:04}")).collect();
+    for (n, id) in late.iter().enumerate() {
+        let e = dead(id.clone(), bulk_error(0, 600 + 3 * n));
+        let (sql, args) = e.insert_stmt(db.dialect, table);
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .expect("insert inbox row");
+    }
+    let (code, out, err) = child.await.expect("the run");
+    let elapsed = started.elapsed();
+    assert_eq!(code, 0, "bulk replay: {out}{err}");
+    assert_eq!(out, "replay: 200, skipped (no longer dead): 0, failed: 0\n");
+    // The cap is a lower bound: 200 events at 100/s take two seconds at least.
+    assert!(elapsed >= Duration::from_secs(2), "{elapsed:?}");
+    let want: Vec<(String, String)> = (0..610)
+        .map(|i| {
+            let id = format!("{tag}-{i:04}");
+            let status = if i < 600 && i % 3 == 0 {
+                "pending"
+            } else {
+                "dead"
+            };
+            (id, status.to_string())
+        })
+        .collect();
+    assert_eq!(statuses(&db, table).await, want);
+    assert_eq!(
+        audited(&db, &audit).await,
+        snapshot,
+        "one audit row per event"
+    );
+}
+
+/// Bulk replay of one failure group at a capped rate (issue 36, item 2):
+/// its snapshot exactly, once each, audited; a dry run writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_bulk_replay_of_a_group_is_its_snapshot() {
+    bulk_replay(Db::postgres().await, "bkpg").await;
+}
+
+/// The same on MariaDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_bulk_replay_of_a_group_is_its_snapshot() {
+    bulk_replay(Db::mysql().await, "bkmy").await;
 }
