@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::config::Config;
 use crate::fingerprint::{Key, Letter};
 use crate::sources::SourceSpec;
-use crate::sources::kind::{Action, ActionError, ActionRequest};
+use crate::sources::kind::{Action, ActionError, ActionRequest, Selection};
 use crate::text::{printable, timestamp};
 
 /// Why the command did nothing at all.
@@ -142,32 +142,6 @@ const BULK_SINCE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Ids a dry run of a bulk action shows.
 const SHOWN_IDS: usize = 20;
-
-/// A bulk `dead-letters replay` / `ignore`: which dead letters, and how fast.
-#[derive(Debug, Clone)]
-pub struct Selection {
-    /// `--group`: a failure group's id (`fingerprint::Key::id`).
-    pub group: Option<String>,
-    pub error_class: Option<String>,
-    pub event_type: Option<String>,
-    /// Dead-lettered within this long (default 7 days).
-    pub since: Option<Duration>,
-    /// Dead-lettered at least this long ago.
-    pub until: Option<Duration>,
-    /// Events per second, at most.
-    pub rate: u32,
-}
-
-/// `--rate`: `N/s` or `N`, N from 1 to 10000 events per second.
-pub fn parse_rate(text: &str) -> Result<u32, String> {
-    let n = text.strip_suffix("/s").unwrap_or(text);
-    match n.trim().parse::<u32>() {
-        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "{text:?}: expected events per second from 1 to 10000, e.g. `100/s`"
-        )),
-    }
-}
 
 /// A bulk run's snapshot: the ids of the dead letters `selection` picks,
 /// read once when the run starts, oldest dead-lettered first (then by id).

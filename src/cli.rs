@@ -225,7 +225,7 @@ pub struct ActionArgs {
     #[arg(long, value_parser = crate::text::parse_since)]
     pub until: Option<std::time::Duration>,
     /// Bulk: at most this many events per second, e.g. `100/s`.
-    #[arg(long, default_value = "20/s", value_parser = crate::actions::parse_rate)]
+    #[arg(long, default_value = "20/s", value_parser = crate::sources::kind::parse_rate)]
     pub rate: u32,
     /// The event ids (idempotency keys); or a group or filter instead.
     pub event_ids: Vec<String>,
@@ -244,13 +244,13 @@ impl ActionArgs {
     }
 
     /// The bulk selection, when a group or a filter is given.
-    pub fn selection(&self) -> Option<crate::actions::Selection> {
+    pub fn selection(&self) -> Option<crate::sources::kind::Selection> {
         let bulk = self.group.is_some()
             || self.error_class.is_some()
             || self.event_type.is_some()
             || self.since.is_some()
             || self.until.is_some();
-        bulk.then(|| crate::actions::Selection {
+        bulk.then(|| crate::sources::kind::Selection {
             group: self.group.clone(),
             error_class: self.error_class.clone(),
             event_type: self.event_type.clone(),

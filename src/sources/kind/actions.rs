@@ -3,6 +3,8 @@
 //! connection of their own; the agent's poll never makes them) and the
 //! history of those actions that the pages show.
 
+use std::time::Duration;
+
 use super::Answer;
 
 /// `dead-letters replay` / `ignore` on a source's dead letters, and their
@@ -58,6 +60,32 @@ pub struct ActionRequest {
     pub event_ids: Vec<String>,
     /// `--yes`: write; without it, only say what would be done.
     pub apply: bool,
+}
+
+/// A bulk `dead-letters replay` / `ignore`: which dead letters, and how fast.
+#[derive(Debug, Clone)]
+pub struct Selection {
+    /// `--group`: a failure group's id (`crate::fingerprint::Key::id`).
+    pub group: Option<String>,
+    pub error_class: Option<String>,
+    pub event_type: Option<String>,
+    /// Dead-lettered within this long (default 7 days).
+    pub since: Option<Duration>,
+    /// Dead-lettered at least this long ago.
+    pub until: Option<Duration>,
+    /// Events per second, at most.
+    pub rate: u32,
+}
+
+/// `--rate`: `N/s` or `N`, N from 1 to 10000 events per second.
+pub fn parse_rate(text: &str) -> Result<u32, String> {
+    let n = text.strip_suffix("/s").unwrap_or(text);
+    match n.trim().parse::<u32>() {
+        Ok(n) if (1..=10_000).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{text:?}: expected events per second from 1 to 10000, e.g. `100/s`"
+        )),
+    }
 }
 
 /// What became of one event of an [`ActionRequest`].
