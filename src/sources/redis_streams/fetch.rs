@@ -62,6 +62,11 @@ pub struct GroupSaid {
     pub consumers: u64,
     /// Entries delivered and not acknowledged (`XPENDING` count).
     pub pending: u64,
+    /// The pending count `XINFO GROUPS` gave in the same answer as
+    /// `entries_read`: what the group read less this is what it has
+    /// acknowledged. `pending` is read later, by `XPENDING`, and a delivery
+    /// in between would make that difference go back.
+    pub pending_with_read: u64,
     pub last_delivered: Id,
     /// The group's logical read counter (nil after `XGROUP SETID` without `ENTRIESREAD`).
     pub entries_read: Option<u64>,
@@ -201,6 +206,7 @@ fn stream(name: &str, info: &Value, groups: &Value) -> StreamSaid {
                 name: field(g, "name").and_then(text).unwrap_or_default(),
                 consumers: count(g, "consumers").unwrap_or(0),
                 pending: count(g, "pending").unwrap_or(0),
+                pending_with_read: count(g, "pending").unwrap_or(0),
                 last_delivered: field(g, "last-delivered-id")
                     .and_then(text)
                     .and_then(|t| Id::parse(&t))
