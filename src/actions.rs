@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::fingerprint::{Key, Letter};
+use crate::fingerprint::Key;
 use crate::sources::SourceSpec;
 use crate::sources::kind::{Action, ActionError, ActionRequest, Selection};
 use crate::text::{printable, timestamp};
@@ -175,19 +175,7 @@ async fn snapshot(
     let mut picked: Vec<(i64, String)> = rows
         .iter()
         .filter(|r| {
-            let error = r
-                .last_error
-                .as_deref()
-                .map(|e| config.redact.prefix(e, crate::text::ERROR_SHOWN));
-            let key = Key::of(&Letter {
-                source: spec.name(),
-                owner: spec.owner(),
-                event_type: r.event_type.as_deref(),
-                error_class: r.error_class.as_deref(),
-                error: error.as_deref(),
-                at: r.dead_at,
-                event_id: &r.event_id,
-            });
+            let key = r.as_letter(&config.redact, spec.name(), spec.owner(), |l| Key::of(&l));
             selection.group.as_ref().is_none_or(|g| *g == key.id())
                 && selection
                     .error_class

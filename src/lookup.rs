@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::config::Config;
-use crate::fingerprint::{Groups, Letter};
+use crate::fingerprint::Groups;
 use crate::sources::SourceSpec;
 use crate::sources::kind::VALUE_PREFIX;
 use crate::text::{ERROR_SHOWN, bytes_text as escape, printable, terminal_text, timestamp};
@@ -257,19 +257,7 @@ pub async fn dead_letter_groups(
             cut.push(spec.name());
         }
         for r in rows.iter().take(limit) {
-            let error = r
-                .last_error
-                .as_deref()
-                .map(|e| config.redact.prefix(e, ERROR_SHOWN));
-            groups.add(Letter {
-                source: spec.name(),
-                owner: spec.owner(),
-                event_type: r.event_type.as_deref(),
-                error_class: r.error_class.as_deref(),
-                error: error.as_deref(),
-                at: r.dead_at,
-                event_id: &r.event_id,
-            });
+            r.as_letter(&config.redact, spec.name(), spec.owner(), |l| groups.add(l));
         }
     }
     let mut out = String::from(

@@ -20,7 +20,7 @@ use super::AppState;
 use super::history;
 use crate::card::{Card, Part, Table};
 use crate::coordination::hide_standby;
-use crate::fingerprint::{Groups, Key, Letter};
+use crate::fingerprint::{Groups, Key};
 use crate::journal::{FIRST_KEPT, Trail};
 use crate::redact::Redactor;
 use crate::sources::SourceSpec;
@@ -948,19 +948,7 @@ async fn dead_letters_report(state: &AppState, f: &Filters) -> Result<DeadLetter
 /// The failure group of dead letter `d` of `spec`, its error text masked as
 /// the page shows it.
 fn group_key(redact: &Redactor, spec: &SourceSpec, d: &DeadLetter) -> Key {
-    let error = d
-        .last_error
-        .as_deref()
-        .map(|e| redact.prefix(e, ERROR_SHOWN));
-    Key::of(&Letter {
-        source: spec.name(),
-        owner: spec.owner(),
-        event_type: d.event_type.as_deref(),
-        error_class: d.error_class.as_deref(),
-        error: error.as_deref(),
-        at: d.dead_at,
-        event_id: &d.event_id,
-    })
+    d.as_letter(redact, spec.name(), spec.owner(), |l| Key::of(&l))
 }
 
 /// One failure group as the page and `/api/v1/dead-letter-groups` show it.
@@ -1035,24 +1023,13 @@ async fn groups_report(state: &AppState, f: &Filters) -> GroupsReport {
             .iter()
             .filter(|d| f.error_class.is_none() || d.error_class == f.error_class)
         {
-            let error = d
-                .last_error
-                .as_deref()
-                .map(|e| redact.prefix(e, ERROR_SHOWN));
-            let letter = Letter {
-                source: spec.name(),
-                owner: spec.owner(),
-                event_type: d.event_type.as_deref(),
-                error_class: d.error_class.as_deref(),
-                error: error.as_deref(),
-                at: d.dead_at,
-                event_id: &d.event_id,
-            };
-            let listed = events.entry(Key::of(&letter).id()).or_default();
-            if listed.len() < GROUP_EVENTS_SHOWN {
-                listed.push((d.event_id.clone(), d.dead_at));
-            }
-            groups.add(letter);
+            d.as_letter(redact, spec.name(), spec.owner(), |letter| {
+                let listed = events.entry(Key::of(&letter).id()).or_default();
+                if listed.len() < GROUP_EVENTS_SHOWN {
+                    listed.push((d.event_id.clone(), d.dead_at));
+                }
+                groups.add(letter);
+            });
         }
     }
     let owners: BTreeMap<&str, Option<String>> = state

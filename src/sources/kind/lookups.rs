@@ -6,7 +6,9 @@
 use std::time::Duration;
 
 use super::Answer;
+use crate::fingerprint::Letter;
 use crate::redact::Redactor;
+use crate::text::ERROR_SHOWN;
 
 /// The lookups of a source that keeps one row per event.
 pub trait Lookups: Sync {
@@ -48,4 +50,31 @@ pub struct DeadLetter {
     pub summary: Option<String>,
     /// The class of `last_error` (`[[sources.error_classes]]`).
     pub error_class: Option<String>,
+}
+
+impl DeadLetter {
+    /// This dead letter of source `source` (owned by `owner`) as failure
+    /// grouping sees it, its error text masked by `redact` and cut as the
+    /// pages and commands show it, given to `f`.
+    pub fn as_letter<R>(
+        &self,
+        redact: &Redactor,
+        source: &str,
+        owner: &str,
+        f: impl FnOnce(Letter<'_>) -> R,
+    ) -> R {
+        let error = self
+            .last_error
+            .as_deref()
+            .map(|e| redact.prefix(e, ERROR_SHOWN));
+        f(Letter {
+            source,
+            owner,
+            event_type: self.event_type.as_deref(),
+            error_class: self.error_class.as_deref(),
+            error: error.as_deref(),
+            at: self.dead_at,
+            event_id: &self.event_id,
+        })
+    }
 }
