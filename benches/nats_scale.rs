@@ -24,9 +24,9 @@ use async_nats::Client;
 use futures_util::StreamExt;
 use serde_json::json;
 
-fn bin() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_inboxwatch"))
-}
+#[path = "common/proc.rs"]
+mod proc;
+use proc::{bin, cpu_ms, rss};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -241,28 +241,4 @@ async fn run_point(p: &Point) -> String {
         p.streams * p.consumers,
         p.messages
     )
-}
-
-/// (VmRSS, VmHWM) in MB.
-fn rss(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kb = |key: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-            .unwrap_or(0.0)
-            / 1024.0
-    };
-    (kb("VmRSS:"), kb("VmHWM:"))
-}
-
-/// User + system CPU time of `pid`, in ms.
-fn cpu_ms(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // Fields 14 and 15 (utime, stime) are at 11 and 12 after the name.
-    (ticks(11) + ticks(12)) * 10.0
 }

@@ -28,10 +28,9 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOpti
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 
-/// The agent's binary, optimized (see benches/kafka_scale.rs).
-fn bin() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_inboxwatch"))
-}
+#[path = "common/proc.rs"]
+mod proc;
+use proc::{bin, cpu_ms, rss};
 
 const POLL: Duration = Duration::from_secs(15);
 
@@ -317,27 +316,4 @@ fn beam_pid() -> u32 {
         .trim()
         .parse()
         .expect("a running beam.smp (RabbitMQ)")
-}
-
-/// (VmRSS, VmHWM) in MB.
-fn rss(pid: u32) -> (f64, f64) {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kb = |key: &str| {
-        s.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-            / 1024.0
-    };
-    (kb("VmRSS:"), kb("VmHWM:"))
-}
-
-/// User + system CPU time of a process, in ms.
-fn cpu_ms(pid: u32) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) * 1000.0 / 100.0
 }

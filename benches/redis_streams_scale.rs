@@ -23,10 +23,9 @@ use std::io::Write as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The agent's binary, optimized (see benches/kafka_scale.rs).
-fn bin() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_inboxwatch"))
-}
+#[path = "common/proc.rs"]
+mod proc;
+use proc::{bin, cpu_ms, rss};
 
 /// A TCP port nothing listens on right now.
 fn free_port() -> u16 {
@@ -383,27 +382,4 @@ async fn scrape(port: u16) -> Option<String> {
     let mut body = String::new();
     s.read_to_string(&mut body).await.ok()?;
     Some(body)
-}
-
-/// (VmRSS, VmHWM) in MB.
-fn rss(pid: u32) -> (f64, f64) {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kb = |key: &str| {
-        s.lines()
-            .find(|l| l.starts_with(key))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-            / 1024.0
-    };
-    (kb("VmRSS:"), kb("VmHWM:"))
-}
-
-/// User + system CPU time of a process, in ms.
-fn cpu_ms(pid: u32) -> f64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = s.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) * 1000.0 / 100.0
 }
