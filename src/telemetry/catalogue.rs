@@ -69,6 +69,8 @@ names! {
     INBOX_COMPLETED = "inbox_messages_completed_total";
     INBOX_ATTEMPT_FAILURES = "inbox_attempt_failures_total";
     INBOX_DEAD_LETTERS = "inbox_dead_letters_total";
+    INBOX_DEAD_LETTER_REPLAYS = "inbox_dead_letter_replays_total";
+    INBOX_DEAD_LETTERS_AFTER_REPLAY = "inbox_dead_letters_after_replay_total";
     INBOX_PERMANENT_RETRIES = "inbox_permanent_error_retries_total";
     INBOX_PROCESSING_DURATION = "inbox_processing_duration_seconds";
     INBOX_END_TO_END = "inbox_end_to_end_latency_seconds";
@@ -137,6 +139,7 @@ names! {
 const SE: &[&str] = &["source", "event_type"];
 const S: &[&str] = &["source"];
 const SEC: &[&str] = &["source", "event_type", "error_class"];
+const SC: &[&str] = &["source", "error_class"];
 const CGTP: &[&str] = &["cluster", "group", "topic", "partition"];
 const SBQ: &[&str] = &["source", "broker", "queue"];
 const SBQC: &[&str] = &["source", "broker", "queue", "consumer"];
@@ -205,6 +208,20 @@ pub static CATALOGUE: &[MetricDef] = &[
         Some(Unit::Count),
         SEC,
         "Events dead-lettered, by the error class of their last_error (sums to inbox_messages_completed_total{outcome=\"dead_lettered\"}).",
+    ),
+    def(
+        INBOX_DEAD_LETTER_REPLAYS,
+        Kind::Counter,
+        Some(Unit::Count),
+        S,
+        "Replays `inboxwatch dead-letters replay` recorded in the source's audit table since the agent's start (read with the agent's own connection; absent when the audit table cannot be read).",
+    ),
+    def(
+        INBOX_DEAD_LETTERS_AFTER_REPLAY,
+        Kind::Counter,
+        Some(Unit::Count),
+        SC,
+        "Replayed events dead-lettered again, once per replay, by the error class they died with this time (the fix did not work: stop replaying).",
     ),
     def(
         INBOX_PERMANENT_RETRIES,

@@ -37,6 +37,7 @@ use super::backlog::{GaugeMap, Unfinished};
 use super::config::{Cursor, FinishedRows, InboxSpec, Status};
 use super::ordering::Ordering;
 use super::recent::{Entry, Flags, Tracked};
+use super::replays::Replays;
 use super::shape::Shape;
 use super::sql::{OUT_OF_RANGE, Sql};
 use super::{
@@ -287,6 +288,8 @@ pub struct Inbox {
     parked: Option<Parked>,
     /// Whether the per-source series (ordering, parked) exist.
     source_series: bool,
+    /// Replayed events followed until they finish again.
+    replays: Replays,
 }
 
 /// The parked rows of the table, from [`Inbox::parked_query`].
@@ -323,10 +326,17 @@ impl Inbox {
         let ordering = spec
             .ordered()
             .then(|| Ordering::new(spec.ordering_keys_limit));
+        let replays = Replays::new(
+            &spec,
+            Sql {
+                dialect: spec.table.dsn.dialect(),
+            },
+        );
         Inbox {
             ordering,
             parked: None,
             source_series: false,
+            replays,
             spec,
             states,
             labels,
@@ -594,6 +604,13 @@ impl Inbox {
             Some(reason) => self.reject_version(&row, reason, existing, long_error_at, baseline),
             None => {
                 let shown = self.shown(&row, label, status, existing);
+                if !baseline {
+                    match status {
+                        Some(Status::Dead) => self.replays.dead(&row.event_id, shown.class),
+                        Some(Status::Succeeded) => self.replays.succeeded(&row.event_id),
+                        _ => {}
+                    }
+                }
                 match existing.filter(|s| s.valid) {
                     Some(prev) => {
                         let prev = State {
@@ -1492,7 +1509,18 @@ impl TableKind for Inbox {
         }
     }
 
+    fn replays_query(&self) -> Option<(&str, i64)> {
+        self.replays.query()
+    }
+
+    fn replays(&mut self, read: Result<Vec<AnyRow>, String>) {
+        self.replays.take(&self.spec.table.name, read);
+    }
+
     fn flush(&mut self, gauges: &GaugeMap, db_now: i64, now: Instant) {
+        let classes = &self.spec.error_classes;
+        self.replays
+            .flush(&self.spec.table.name, |c| classes.get(c).name.clone());
         self.record();
         self.record_source(db_now);
         self.record_gauges(gauges, db_now, now);

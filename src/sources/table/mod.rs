@@ -29,6 +29,7 @@ mod ordering;
 pub mod outbox;
 pub mod presets;
 mod recent;
+mod replays;
 pub mod rules;
 pub mod schema;
 mod shape;
@@ -191,6 +192,14 @@ pub trait TableKind: Send + 'static {
     fn parked(&mut self, _row: &AnyRow) -> Result<(), String> {
         Ok(())
     }
+    /// The read of the replays recorded in the dead-letter audit table
+    /// (`replays`), run before each poll's transaction, and its lower bound
+    /// (microseconds); `None` when the kind follows none.
+    fn replays_query(&self) -> Option<(&str, i64)> {
+        None
+    }
+    /// Takes the rows of [`TableKind::replays_query`], or why it failed.
+    fn replays(&mut self, _read: Result<Vec<AnyRow>, String>) {}
     /// The gauges in the gauge query's rows.
     fn gauges(&mut self, rows: &[AnyRow]) -> Result<GaugeMap, String>;
     /// Rows whose `stuck_from` lies before this are stuck (microseconds).
@@ -696,6 +705,20 @@ impl<K: TableKind> TableSource<K> {
             set_statement_timeout(conn, self.sql, limit)
                 .await
                 .map_err(query_error)?;
+        }
+        // Replays first: a replayed event the poll then finds dead died
+        // again (a replay commits with its audit row). Outside the
+        // transaction, so that a missing audit table does not abort it.
+        if let Some((query, since)) = self.kind.replays_query() {
+            let query = query.to_string();
+            let read = bind(
+                sqlx::query(sqlx::AssertSqlSafe(query)),
+                self.sql.cursor(since),
+            )
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| self.spec.dsn.scrub(&e.to_string()));
+            self.kind.replays(read);
         }
         let mut tx = conn.begin().await.map_err(query_error)?;
         let now_row = sqlx::query(sqlx::AssertSqlSafe(format!(
