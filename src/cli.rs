@@ -189,6 +189,10 @@ pub enum DeadLetterCommand {
     },
 }
 
+/// A bulk run's events per second without `--rate`: slow enough for a
+/// consumer sized for its normal traffic to absorb a re-drive of hundreds.
+pub const DEFAULT_RATE: u32 = 20;
+
 /// The arguments of `dead-letters replay` and `ignore`.
 #[derive(Debug, clap::Args)]
 pub struct ActionArgs {
@@ -224,9 +228,19 @@ pub struct ActionArgs {
     /// Bulk: dead-lettered at least this long ago, e.g. `10m`.
     #[arg(long, value_parser = crate::text::parse_since)]
     pub until: Option<std::time::Duration>,
-    /// Bulk: at most this many events per second, e.g. `100/s`.
-    #[arg(long, default_value = "20/s", value_parser = crate::sources::kind::parse_rate)]
-    pub rate: u32,
+    /// Bulk: at most this many events per second, e.g. `100/s` (default
+    /// `20/s`; a resumed run keeps its own unless given).
+    #[arg(long, value_parser = crate::sources::kind::parse_rate)]
+    pub rate: Option<u32>,
+    /// Resume the bulk run of this id (printed when it began, and in the
+    /// runs table) after an interruption: the events of its snapshot it has
+    /// not done yet, none twice.
+    #[arg(
+        long,
+        value_name = "RUN_ID",
+        conflicts_with_all = ["group", "error_class", "event_type", "since", "until", "event_ids"]
+    )]
+    pub resume: Option<String>,
     /// The event ids (idempotency keys); or a group or filter instead.
     pub event_ids: Vec<String>,
 }
@@ -240,6 +254,7 @@ impl ActionArgs {
             reason: self.reason,
             event_ids: self.event_ids,
             apply: self.yes,
+            run_id: None,
         }
     }
 
@@ -256,7 +271,7 @@ impl ActionArgs {
             event_type: self.event_type.clone(),
             since: self.since,
             until: self.until,
-            rate: self.rate,
+            rate: self.rate.unwrap_or(DEFAULT_RATE),
         })
     }
 }

@@ -171,10 +171,22 @@ fn act(action: Action, args: ActionArgs) -> Result<ExitCode, ExitCode> {
     let source = args.source.clone();
     let selection = args.selection();
     let config_path = args.config.clone();
+    if let Some(run_id) = args.resume.clone() {
+        let rate = args.rate;
+        let request = args.request(action);
+        let resume = actions::resume(&cfg, &config_path, &source, &request, &run_id, rate);
+        let (text, all) = answered(block_on(resume))?;
+        print!("{text}");
+        return Ok(if all {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
     if selection.is_some() != args.event_ids.is_empty() {
         return Err(usage(
             "give either event ids or a group or filter (--group, --error-class, \
-             --event-type, --since, --until), not both and not neither",
+             --event-type, --since, --until) or --resume RUN_ID, not both and not neither",
         ));
     }
     let request = args.request(action);

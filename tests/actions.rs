@@ -814,7 +814,7 @@ fn bad_usage_exits_2_naming_what_is_wrong() {
         ),
         (
             vec!["--source", "act", "--operator", "o", "--reason", "r"],
-            "give either event ids or a group or filter (--group, --error-class, --event-type, --since, --until), not both and not neither",
+            "give either event ids or a group or filter (--group, --error-class, --event-type, --since, --until) or --resume RUN_ID, not both and not neither",
         ),
         (
             vec![
@@ -1119,13 +1119,9 @@ async fn audited(db: &Db, audit: &str) -> Vec<String> {
     .collect()
 }
 
-async fn bulk_replay(db: Db, tag: &str) {
-    let tables = db.fresh_tables(tag).await;
-    let table = tables.inbox.as_str();
-    let audit = common::unique_name("audit", tag);
-    db.register_table(&audit);
-    let base = db.now_ms().await - 10 * 60_000;
-    let dead = |id: String, error: String| InboxEvent {
+/// A dead letter of `bulk_seed`'s kind.
+fn bulk_dead(id: String, error: String, base: i64) -> InboxEvent {
+    InboxEvent {
         id,
         event_type: Some("order.paid".into()),
         status: Status::Dead,
@@ -1137,11 +1133,31 @@ async fn bulk_replay(db: Db, tag: &str) {
         last_error: Some(error),
         traceparent: None,
         updated_ms: base + 1_500,
-    };
-    // 600 dead letters, 200 of each of three causes.
+    }
+}
+
+/// A bulk test's tables and config: 600 dead letters, 200 of each of three
+/// causes, the audit and runs tables made from `schema --config`.
+struct BulkSeed {
+    _dir: tempfile::TempDir,
+    table: String,
+    audit: String,
+    runs: String,
+    cfg: String,
+    base: i64,
+}
+
+async fn bulk_seed(db: &Db, tag: &str) -> BulkSeed {
+    let tables = db.fresh_tables(tag).await;
+    let table = tables.inbox.clone();
+    let audit = common::unique_name("audit", tag);
+    let runs = format!("{audit}_runs");
+    db.register_table(&audit);
+    db.register_table(&runs);
+    let base = db.now_ms().await - 10 * 60_000;
     for i in 0..600 {
-        let e = dead(format!("{tag}-{i:04}"), bulk_error(i % 3, i));
-        let (sql, args) = e.insert_stmt(db.dialect, table);
+        let e = bulk_dead(format!("{tag}-{i:04}"), bulk_error(i % 3, i), base);
+        let (sql, args) = e.insert_stmt(db.dialect, &table);
         db.pool
             .execute(&sql, &args)
             .await
@@ -1153,8 +1169,8 @@ async fn bulk_replay(db: Db, tag: &str) {
         "bulk.toml",
         &config(
             "bulk",
-            &db,
-            table,
+            db,
+            &table,
             "",
             &db.dsn,
             &format!("audit_table = {}\n", toml_str(&audit)),
@@ -1165,9 +1181,20 @@ async fn bulk_replay(db: Db, tag: &str) {
     for stmt in split_statements(&ddl) {
         db.exec(&stmt, &[] as &[V]).await;
     }
+    BulkSeed {
+        _dir: dir,
+        table,
+        audit,
+        runs,
+        cfg,
+        base,
+    }
+}
 
-    // Three groups of 200; the timeouts' group is replayed.
-    let (code, groups, err) = run(&["dead-letters", "groups", "--config", &cfg]);
+/// The id of the failure group whose errors begin with `prefix`, from
+/// `dead-letters groups` (which must show three groups of 200).
+fn group_of(cfg: &str, prefix: &str) -> String {
+    let (code, groups, err) = run(&["dead-letters", "groups", "--config", cfg]);
     assert_eq!(code, 0, "dead-letters groups: {err}");
     let rows: Vec<Vec<&str>> = groups
         .lines()
@@ -1176,11 +1203,107 @@ async fn bulk_replay(db: Db, tag: &str) {
         .collect();
     assert_eq!(rows.len(), 3, "three groups:\n{groups}");
     assert!(rows.iter().all(|r| r[5] == "200"), "200 each:\n{groups}");
-    let group = rows
+    rows.iter()
+        .find(|r| r[9].starts_with(prefix))
+        .unwrap_or_else(|| panic!("the group of {prefix}:\n{groups}"))[0]
+        .to_string()
+}
+
+/// `(event_id, run_id)` of every audit row, by event id, then row id.
+async fn audit_runs(db: &Db, audit: &str) -> Vec<(String, String)> {
+    db.query(
+        &format!("SELECT event_id, run_id FROM {audit} ORDER BY event_id, id"),
+        &[],
+    )
+    .await
+    .into_iter()
+    .map(|r| {
+        (
+            r[0].clone().unwrap_or_default(),
+            r[1].clone().unwrap_or_default(),
+        )
+    })
+    .collect()
+}
+
+/// The run id a bulk run's first line on stderr names.
+fn run_id_of(stderr: &str) -> String {
+    stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("run ")?.split(':').next())
+        .unwrap_or_else(|| panic!("no run line on stderr:\n{stderr}"))
+        .to_string()
+}
+
+/// The runs table's rows: id, source, action, operator, reason, selection,
+/// rate, total, done, skipped, failed, whether it finished, event_ids.
+async fn run_rows(db: &Db, runs: &str) -> Vec<Vec<Option<String>>> {
+    let cols = [
+        "id",
+        "source",
+        "action",
+        "operator",
+        "reason",
+        "selection",
+        "rate",
+        "total",
+        "done",
+        "skipped",
+        "failed",
+    ];
+    let list: Vec<String> = cols
         .iter()
-        .find(|r| r[9].starts_with("TimeoutError"))
-        .unwrap_or_else(|| panic!("the timeouts' group:\n{groups}"))[0]
-        .to_string();
+        .map(|c| format!("CAST({c} AS {{text}})"))
+        .collect();
+    db.query(
+        &format!(
+            "SELECT {}, CASE WHEN finished_at IS NULL THEN 'running' ELSE 'finished' END, \
+             CAST(event_ids AS {{text}}) FROM {runs} ORDER BY id",
+            list.join(", ")
+        ),
+        &[],
+    )
+    .await
+}
+
+/// The row a run should have left.
+fn want_run(
+    id: &str,
+    selection: &str,
+    rate: u32,
+    counts: [usize; 4],
+    state: &str,
+    snapshot: &[String],
+) -> Vec<Option<String>> {
+    let [total, done, skipped, failed] = counts;
+    [
+        id.to_string(),
+        "bulk".into(),
+        "replay".into(),
+        OPERATOR.into(),
+        REASON.into(),
+        selection.into(),
+        rate.to_string(),
+        total.to_string(),
+        done.to_string(),
+        skipped.to_string(),
+        failed.to_string(),
+        state.into(),
+        serde_json::to_string(snapshot).expect("json"),
+    ]
+    .into_iter()
+    .map(Some)
+    .collect()
+}
+
+async fn bulk_replay(db: Db, tag: &str) {
+    let seed = bulk_seed(&db, tag).await;
+    let (table, audit, cfg) = (seed.table.as_str(), seed.audit.clone(), seed.cfg.clone());
+    let base = seed.base;
+    let dead = |id: String, error: String| bulk_dead(id, error, base);
+
+    // Three groups of 200; the timeouts' group is replayed.
+    let group = group_of(&cfg, "TimeoutError");
     let snapshot: Vec<String> = (0..600)
         .filter(|i| i % 3 == 0)
         .map(|i| format!("{tag}-{i:04}"))
@@ -1251,7 +1374,11 @@ async fn bulk_replay(db: Db, tag: &str) {
     let (code, out, err) = child.await.expect("the run");
     let elapsed = started.elapsed();
     assert_eq!(code, 0, "bulk replay: {out}{err}");
-    assert_eq!(out, "replay: 200, skipped (no longer dead): 0, failed: 0\n");
+    let run_id = run_id_of(&err);
+    assert_eq!(
+        out,
+        format!("run {run_id}: replay: 200, skipped (no longer dead): 0, failed: 0\n")
+    );
     // The cap is a lower bound: 200 events at 100/s take two seconds at least.
     assert!(elapsed >= Duration::from_secs(2), "{elapsed:?}");
     let want: Vec<(String, String)> = (0..610)
@@ -1271,6 +1398,209 @@ async fn bulk_replay(db: Db, tag: &str) {
         snapshot,
         "one audit row per event"
     );
+    // Each audit row names the run; the run's row says what it was and did.
+    let want: Vec<(String, String)> = snapshot
+        .iter()
+        .map(|id| (id.clone(), run_id.clone()))
+        .collect();
+    assert_eq!(audit_runs(&db, &audit).await, want);
+    assert_eq!(
+        run_rows(&db, &seed.runs).await,
+        vec![want_run(
+            &run_id,
+            &format!("--group {group}"),
+            100,
+            [200, 200, 0, 0],
+            "finished",
+            &snapshot
+        )]
+    );
+}
+
+/// A bulk run stopped part-way — by SIGTERM (`term`), or killed — then
+/// resumed: the resumed run does the rest of its snapshot and nothing twice,
+/// not even events it replayed that died again before the resume.
+async fn bulk_resume(db: Db, tag: &str, term: bool) {
+    let seed = bulk_seed(&db, tag).await;
+    let (table, audit, cfg) = (seed.table.as_str(), seed.audit.as_str(), seed.cfg.as_str());
+    let group = group_of(cfg, "HttpError");
+    let snapshot: Vec<String> = (0..600)
+        .filter(|i| i % 3 == 1)
+        .map(|i| format!("{tag}-{i:04}"))
+        .collect();
+    let base = [
+        "dead-letters",
+        "replay",
+        "--config",
+        cfg,
+        "--source",
+        "bulk",
+        "--operator",
+        OPERATOR,
+        "--reason",
+        REASON,
+    ];
+    let err_file = tempfile::NamedTempFile::new().expect("temp file");
+    let mut child = std::process::Command::new(common::BIN)
+        .args(base)
+        .args(["--group", &group, "--rate", "20/s", "--yes"])
+        .stdout(std::process::Stdio::null())
+        .stderr(err_file.reopen().expect("reopen"))
+        .spawn()
+        .expect("spawn the run");
+    // Killed once 40 to 100 events are done: 200 at 20/s would take 10 s.
+    let killed_at = wait_until(Duration::from_secs(60), || async {
+        let n = audited(&db, audit).await.len();
+        if n >= 40 {
+            Ok(n)
+        } else {
+            Err(format!("{n} audit rows"))
+        }
+    })
+    .await
+    .expect("the run gets going");
+    if term {
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .expect("kill -TERM");
+        assert!(sent.success(), "kill -TERM: {sent:?}");
+    } else {
+        child.kill().expect("kill the run");
+    }
+    let status = child.wait().expect("wait for the run");
+    let err = std::fs::read_to_string(err_file.path()).expect("stderr");
+    let run_id = run_id_of(&err);
+    let first = audit_runs(&db, audit).await;
+    let done: Vec<String> = first.iter().map(|(id, _)| id.clone()).collect();
+    if term {
+        // Stopped between events: it says how far it got and how to resume,
+        // and its row has the counts.
+        assert_eq!(status.code(), Some(1), "{status:?}\n{err}");
+        let last = err.lines().last().unwrap_or_default();
+        assert_eq!(
+            last,
+            format!(
+                "error: run {run_id} interrupted after {n} of 200 events (replay: {n}, skipped: 0, \
+                 failed: 0); resume with: inboxwatch \
+                 dead-letters replay --config {cfg} --source bulk --operator {OPERATOR} --reason \
+                 '{REASON}' --resume {run_id} --yes",
+                n = done.len()
+            )
+        );
+        let runs = run_rows(&db, &seed.runs).await;
+        assert_eq!(runs[0][8], Some(done.len().to_string()), "{runs:?}");
+    } else {
+        assert_eq!(status.code(), None, "killed: {status:?}");
+    }
+    assert!(
+        (killed_at..200).contains(&done.len()),
+        "{} done when killed (at least {killed_at}, fewer than 200)",
+        done.len()
+    );
+    assert!(first.iter().all(|(_, r)| *r == run_id), "{first:?}");
+    assert_eq!(done, snapshot[..done.len()], "done in the snapshot's order");
+    let runs = run_rows(&db, &seed.runs).await;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0][11].as_deref(), Some("running"), "{runs:?}");
+
+    // Ten of the replayed events die again before the resume: they were
+    // this run's, and are not replayed a second time.
+    let again: Vec<String> = done[..10].to_vec();
+    let ids: Vec<String> = again.iter().map(|id| format!("'{id}'")).collect();
+    db.exec(
+        &format!(
+            "UPDATE {table} SET status = 'dead' WHERE event_id IN ({})",
+            ids.join(", ")
+        ),
+        &[] as &[V],
+    )
+    .await;
+
+    // Without --yes: what is left, and the command; nothing written.
+    let mut resume: Vec<&str> = base.to_vec();
+    resume.extend(["--resume", &run_id]);
+    let before = (statuses(&db, table).await, audited(&db, audit).await);
+    let (code, out, err) = run(&resume);
+    assert_eq!(code, 0, "resume dry run: {err}");
+    let left = &snapshot[done.len()..];
+    let mut want = format!(
+        "{} of the 200 dead letters of run {run_id} would be replayed ({} were already)\n",
+        left.len(),
+        done.len()
+    );
+    for id in left.iter().take(20) {
+        want.push_str(&format!("{id}\n"));
+    }
+    if left.len() > 20 {
+        want.push_str(&format!("… and {} more\n", left.len() - 20));
+    }
+    want.push_str(&format!(
+        "to apply: inboxwatch dead-letters replay --config {cfg} --source bulk --operator \
+         {OPERATOR} --reason '{REASON}' --resume {run_id} --yes\n"
+    ));
+    assert_eq!(out, want);
+    assert_eq!(
+        (statuses(&db, table).await, audited(&db, audit).await),
+        before,
+        "a dry run writes nothing"
+    );
+
+    // Resumed at 100/s: the rest, once each.
+    resume.extend(["--rate", "100/s", "--yes"]);
+    let (code, out, err) = run(&resume);
+    assert_eq!(code, 0, "resume: {out}{err}");
+    assert_eq!(
+        out,
+        format!("run {run_id}: replay: 200, skipped (no longer dead): 0, failed: 0\n")
+    );
+    let want: Vec<(String, String)> = snapshot
+        .iter()
+        .map(|id| (id.clone(), run_id.clone()))
+        .collect();
+    assert_eq!(audit_runs(&db, audit).await, want, "each event once");
+    let want: Vec<(String, String)> = (0..600)
+        .map(|i| {
+            let id = format!("{tag}-{i:04}");
+            let replayed = i % 3 == 1 && !again.contains(&id);
+            let status = if replayed { "pending" } else { "dead" };
+            (id, status.to_string())
+        })
+        .collect();
+    assert_eq!(statuses(&db, table).await, want);
+    assert_eq!(
+        run_rows(&db, &seed.runs).await,
+        vec![want_run(
+            &run_id,
+            &format!("--group {group}"),
+            20,
+            [200, 200, 0, 0],
+            "finished",
+            &snapshot
+        )]
+    );
+
+    // A finished run has nothing to resume.
+    let (code, out, err) = run(&resume);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with(&format!("run {run_id} finished at "))
+            && out.ends_with(
+                ": nothing to resume (replay: 200, skipped (no longer dead): 0, failed: 0)\n"
+            ),
+        "{out}"
+    );
+    // Resuming it as an ignore is refused, naming the run's action.
+    let mut wrong: Vec<&str> = resume.clone();
+    wrong[1] = "ignore";
+    let (code, _, err) = run(&wrong);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(
+        err,
+        format!(
+            "error: --resume: run \"{run_id}\" is a replay run: resume it with `dead-letters replay`\n"
+        )
+    );
 }
 
 /// Bulk replay of one failure group at a capped rate (issue 36, item 2):
@@ -1284,4 +1614,29 @@ async fn postgres_bulk_replay_of_a_group_is_its_snapshot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_bulk_replay_of_a_group_is_its_snapshot() {
     bulk_replay(Db::mysql().await, "bkmy").await;
+}
+
+/// The same on SQLite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_bulk_replay_of_a_group_is_its_snapshot() {
+    bulk_replay(Db::sqlite().await, "bksq").await;
+}
+
+/// A bulk run interrupted by SIGTERM (issue 36, item 2) and resumed with
+/// `--resume`: nothing twice, the run's row finished with its counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_an_interrupted_bulk_run_resumes_without_doing_anything_twice() {
+    bulk_resume(Db::postgres().await, "brpg", true).await;
+}
+
+/// The same on MariaDB, the run killed (SIGKILL) instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_an_interrupted_bulk_run_resumes_without_doing_anything_twice() {
+    bulk_resume(Db::mysql().await, "brmy", false).await;
+}
+
+/// The same on SQLite.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_an_interrupted_bulk_run_resumes_without_doing_anything_twice() {
+    bulk_resume(Db::sqlite().await, "brsq", true).await;
 }

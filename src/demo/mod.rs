@@ -495,6 +495,7 @@ async fn replay_batch(cfg: &config::Config, pool: &AnyPool, table: &str) -> anyh
         reason: "drill dead-letter-replay: the bad deploy is rolled back".to_owned(),
         event_ids: ids,
         apply: true,
+        run_id: None,
     };
     let (text, _) = crate::actions::run(cfg, SOURCE, &request).await?;
     Ok(text)

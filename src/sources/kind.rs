@@ -37,8 +37,8 @@ use crate::tracing_link::Linker;
 use crate::validation::{Parts, Unknown, Validator};
 
 pub use actions::{
-    Action, ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetterActions, Selection,
-    parse_rate,
+    Action, ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetterActions, Run,
+    RunCounts, Selection, parse_rate,
 };
 pub use lookups::{DeadLetter, Lookups};
 pub use topics::{DeadLetterTopics, DeadPartitionProblem, DeadRecord, DeadRecords, VALUE_PREFIX};

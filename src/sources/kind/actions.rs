@@ -29,6 +29,57 @@ pub trait DeadLetterActions: Sync {
         &'a self,
         event_ids: &'a [String],
     ) -> Answer<'a, Result<Vec<AuditEntry>, String>>;
+
+    /// Records a bulk run before its first event: its row in the runs
+    /// table, with its snapshot. `Err` (nothing written) when the runs table
+    /// or the audit table's `run_id` column is missing.
+    fn begin_run<'a>(&'a self, run: &'a Run) -> Answer<'a, Result<(), ActionError>>;
+
+    /// A bulk run's counts so far, and whether it has finished.
+    fn update_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        counts: RunCounts,
+        finished: bool,
+    ) -> Answer<'a, Result<(), ActionError>>;
+
+    /// A bulk run as recorded, and the events its audit rows say it has
+    /// already done, for `--resume`.
+    fn load_run<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> Answer<'a, Result<(Run, Vec<String>), ActionError>>;
+}
+
+/// One bulk `dead-letters replay` / `ignore` run: a row of the runs table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    pub id: String,
+    pub action: Action,
+    pub operator: String,
+    pub reason: String,
+    /// The group or filter, as the command's flags.
+    pub selection: String,
+    /// Events per second, at most.
+    pub rate: u32,
+    /// The snapshot: the events to act on, in the run's order.
+    pub event_ids: Vec<String>,
+    /// When it began, microseconds since the epoch (database clock).
+    pub started_at: i64,
+    /// When it finished; `None` while it runs or after an interruption.
+    pub finished_at: Option<i64>,
+    pub counts: RunCounts,
+}
+
+/// What became of a bulk run's events so far.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RunCounts {
+    /// Replayed or ignored.
+    pub done: u64,
+    /// No longer dead when their turn came.
+    pub skipped: u64,
+    /// A database error: nothing changed.
+    pub failed: u64,
 }
 
 /// What `dead-letters replay` / `ignore` do to a dead-lettered event.
@@ -49,6 +100,15 @@ impl Action {
             Action::Ignore => "ignore",
         }
     }
+
+    /// The action an `action` column names.
+    pub fn parse(word: &str) -> Option<Action> {
+        match word {
+            "replay" => Some(Action::Replay),
+            "ignore" => Some(Action::Ignore),
+            _ => None,
+        }
+    }
 }
 
 /// One `dead-letters replay` / `ignore` command.
@@ -60,6 +120,8 @@ pub struct ActionRequest {
     pub event_ids: Vec<String>,
     /// `--yes`: write; without it, only say what would be done.
     pub apply: bool,
+    /// The bulk run these events belong to: their audit rows name it.
+    pub run_id: Option<String>,
 }
 
 /// A bulk `dead-letters replay` / `ignore`: which dead letters, and how fast.

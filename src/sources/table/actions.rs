@@ -10,15 +10,17 @@
 //! read-only connection.
 
 use sqlx::any::AnyRow;
-use sqlx::{AnyConnection, Connection};
+use sqlx::{AnyConnection, Connection, Row as _};
 
-use super::config::{DeadLetterActions, InboxSpec, Status};
+use super::config::{DeadLetterActions, InboxSpec, Status, runs_table};
 use super::inbox::Inbox;
 use super::lookup::open;
 use super::sql::Sql;
 use super::{TableSource, get};
 use crate::dsn::Dialect;
-use crate::sources::kind::{Action, ActionError, ActionOutcome, ActionRequest, AuditEntry};
+use crate::sources::kind::{
+    Action, ActionError, ActionOutcome, ActionRequest, AuditEntry, Run, RunCounts,
+};
 
 /// How long an action waits for a row the consumer holds locked.
 const LOCK_WAIT_SECS: u64 = 10;
@@ -99,6 +101,10 @@ pub(crate) async fn act(
              --config FILE` prints; nothing was changed",
             a.audit_table, spec.table.key
         )));
+    }
+    if req.run_id.is_some() && !has_run_id(&present) {
+        let _ = conn.close().await;
+        return Err(ActionError::Failed(no_run_id(sql, a)));
     }
     let mut out = Vec::new();
     for id in &req.event_ids {
@@ -382,6 +388,30 @@ async fn update(
     )))
 }
 
+/// Whether the audit table's columns (a `columns_query` answer) include
+/// `run_id`.
+fn has_run_id(columns: &[AnyRow]) -> bool {
+    columns.iter().any(|r| {
+        r.try_get::<String, _>(0)
+            .is_ok_and(|c| c.eq_ignore_ascii_case("run_id"))
+    })
+}
+
+/// Why a bulk run cannot be recorded in an audit table made before runs.
+fn no_run_id(sql: Sql, a: &DeadLetterActions) -> String {
+    let word = match sql.dialect {
+        Dialect::MySql => "VARCHAR(191)",
+        _ => "TEXT",
+    };
+    format!(
+        "audit table \"{}\" has no run_id column: it was made before bulk runs; add it with \
+         `ALTER TABLE {} ADD COLUMN run_id {word}` and create the runs table with the DDL \
+         `inboxwatch schema --config FILE` prints; nothing was changed",
+        a.audit_table,
+        sql.table(&a.audit_table)
+    )
+}
+
 /// The audit row of the action, with what the row showed before it.
 async fn record(
     conn: &mut AnyConnection,
@@ -393,8 +423,15 @@ async fn record(
     row: &Row,
 ) -> Result<(), sqlx::Error> {
     let p = |n| sql.placeholder(n);
+    // The run id only when there is one: an audit table made before bulk
+    // runs has no such column, and single actions still work on it.
+    let (run_col, run_value) = match req.run_id {
+        Some(_) => (format!(", {}", sql.ident("run_id")), format!(", {}", p(9))),
+        None => (String::new(), String::new()),
+    };
     let insert = format!(
-        "INSERT INTO {} ({}, {}, {}, {}, {}, {}, {}, {}, {}) VALUES ({}, {}, {}, {}, {}, {}, {}, {}, {})",
+        "INSERT INTO {} ({}, {}, {}, {}, {}, {}, {}, {}, {}{run_col}) \
+         VALUES ({}, {}, {}, {}, {}, {}, {}, {}, {}{run_value})",
         sql.table(&a.audit_table),
         sql.ident("source"),
         sql.ident("event_id"),
@@ -415,7 +452,7 @@ async fn record(
         p(7),
         p(8),
     );
-    sqlx::query(sqlx::AssertSqlSafe(insert))
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(insert))
         .bind(spec.table.name.clone())
         .bind(id.to_string())
         .bind(req.action.as_str())
@@ -423,10 +460,275 @@ async fn record(
         .bind(req.reason.clone())
         .bind(row.word.clone())
         .bind(row.attempts)
-        .bind(row.last_error.clone())
-        .execute(&mut *conn)
-        .await?;
+        .bind(row.last_error.clone());
+    if let Some(run) = &req.run_id {
+        q = q.bind(run.clone());
+    }
+    q.execute(&mut *conn).await?;
     Ok(())
+}
+
+/// Opens the action DSN and checks that the audit table has `run_id` and
+/// the runs table exists: what every bulk run needs before it writes.
+async fn open_runs(spec: &InboxSpec) -> Result<(AnyConnection, Sql, String), ActionError> {
+    let a = spec.actions.as_ref().ok_or(ActionError::NotConfigured)?;
+    let mut conn = connect(spec, a).await?;
+    let sql = Sql {
+        dialect: a.dsn.dialect(),
+    };
+    let runs = runs_table(&a.audit_table);
+    let columns = |t: &str| sqlx::query(sqlx::AssertSqlSafe(sql.columns_query(t)));
+    let audit = columns(&a.audit_table)
+        .fetch_all(&mut conn)
+        .await
+        .map_err(|e| ActionError::Failed(db_error(&e, spec, a)))?;
+    let problem = if audit.is_empty() {
+        Some(format!(
+            "audit table \"{}\" does not exist or the action DSN's user cannot see it \
+             ({}.dead_letter_actions.audit_table): create it with the DDL `inboxwatch schema \
+             --config FILE` prints; nothing was changed",
+            a.audit_table, spec.table.key
+        ))
+    } else if !has_run_id(&audit) {
+        Some(no_run_id(sql, a))
+    } else {
+        let present = columns(&runs)
+            .fetch_all(&mut conn)
+            .await
+            .map_err(|e| ActionError::Failed(db_error(&e, spec, a)))?;
+        present.is_empty().then(|| {
+            format!(
+                "runs table \"{runs}\" does not exist or the action DSN's user cannot see it: \
+                 create it with the DDL `inboxwatch schema --config FILE` prints (it sits \
+                 beside {}.dead_letter_actions.audit_table); nothing was changed",
+                spec.table.key
+            )
+        })
+    };
+    if let Some(p) = problem {
+        let _ = conn.close().await;
+        return Err(ActionError::Failed(p));
+    }
+    Ok((conn, sql, runs))
+}
+
+/// A bulk run's row, written before its first event.
+pub(crate) async fn begin_run(spec: &InboxSpec, run: &Run) -> Result<(), ActionError> {
+    let (mut conn, sql, runs) = open_runs(spec).await?;
+    let a = spec.actions.as_ref().ok_or(ActionError::NotConfigured)?;
+    let p = |n| sql.placeholder(n);
+    let cols = [
+        "id",
+        "source",
+        "action",
+        "operator",
+        "reason",
+        "selection",
+        "rate",
+        "started_at",
+        "total",
+        "done",
+        "skipped",
+        "failed",
+        "event_ids",
+    ];
+    let values = [
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+        p(5),
+        p(6),
+        p(7),
+        now(sql.dialect).to_string(),
+        p(8),
+        p(9),
+        p(10),
+        p(11),
+        p(12),
+    ];
+    let insert = format!(
+        "INSERT INTO {} ({}) VALUES ({})",
+        sql.table(&runs),
+        cols.map(|c| sql.ident(c)).join(", "),
+        values.join(", ")
+    );
+    let ids = serde_json::to_string(&run.event_ids).unwrap_or_default();
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let result = sqlx::query(sqlx::AssertSqlSafe(insert))
+        .bind(run.id.clone())
+        .bind(spec.table.name.clone())
+        .bind(run.action.as_str())
+        .bind(run.operator.clone())
+        .bind(run.reason.clone())
+        .bind(run.selection.clone())
+        .bind(i64::from(run.rate))
+        .bind(i64::try_from(run.event_ids.len()).unwrap_or(i64::MAX))
+        .bind(count(run.counts.done))
+        .bind(count(run.counts.skipped))
+        .bind(count(run.counts.failed))
+        .bind(ids)
+        .execute(&mut conn)
+        .await;
+    let _ = conn.close().await;
+    result
+        .map(drop)
+        .map_err(|e| ActionError::Failed(db_error(&e, spec, a)))
+}
+
+/// A bulk run's counts, and its end when `finished`.
+pub(crate) async fn update_run(
+    spec: &InboxSpec,
+    run_id: &str,
+    counts: RunCounts,
+    finished: bool,
+) -> Result<(), ActionError> {
+    let a = spec.actions.as_ref().ok_or(ActionError::NotConfigured)?;
+    let mut conn = connect(spec, a).await?;
+    let sql = Sql {
+        dialect: a.dsn.dialect(),
+    };
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let update = format!(
+        "UPDATE {} SET {} = {}, {} = {}, {} = {}{} WHERE {} = {}",
+        sql.table(&runs_table(&a.audit_table)),
+        sql.ident("done"),
+        sql.placeholder(1),
+        sql.ident("skipped"),
+        sql.placeholder(2),
+        sql.ident("failed"),
+        sql.placeholder(3),
+        if finished {
+            format!(", {} = {}", sql.ident("finished_at"), now(sql.dialect))
+        } else {
+            String::new()
+        },
+        sql.ident("id"),
+        sql.placeholder(4),
+    );
+    let result = sqlx::query(sqlx::AssertSqlSafe(update))
+        .bind(count(counts.done))
+        .bind(count(counts.skipped))
+        .bind(count(counts.failed))
+        .bind(run_id.to_string())
+        .execute(&mut conn)
+        .await;
+    let _ = conn.close().await;
+    result
+        .map(drop)
+        .map_err(|e| ActionError::Failed(db_error(&e, spec, a)))
+}
+
+/// A bulk run as its row says, and the events its audit rows say it has
+/// done.
+pub(crate) async fn load_run(
+    spec: &InboxSpec,
+    run_id: &str,
+) -> Result<(Run, Vec<String>), ActionError> {
+    let (mut conn, sql, runs) = open_runs(spec).await?;
+    let a = spec.actions.as_ref().ok_or(ActionError::NotConfigured)?;
+    let found = read_run(&mut conn, sql, spec, a, &runs, run_id).await;
+    let _ = conn.close().await;
+    found
+}
+
+async fn read_run(
+    conn: &mut AnyConnection,
+    sql: Sql,
+    spec: &InboxSpec,
+    a: &DeadLetterActions,
+    runs: &str,
+    run_id: &str,
+) -> Result<(Run, Vec<String>), ActionError> {
+    let failed = |e: sqlx::Error| ActionError::Failed(db_error(&e, spec, a));
+    let col = |c: &str| sql.ident(c);
+    let query = format!(
+        "SELECT {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {} FROM {} WHERE {} = {} AND {} = {}",
+        sql.text(&col("action")),
+        sql.text(&col("operator")),
+        sql.text(&col("reason")),
+        sql.text(&col("selection")),
+        sql.int(&col("rate")),
+        sql.micros(&col("started_at")),
+        sql.micros(&col("finished_at")),
+        sql.int(&col("done")),
+        sql.int(&col("skipped")),
+        sql.int(&col("failed")),
+        sql.text(&col("event_ids")),
+        sql.text(&col("source")),
+        sql.table(runs),
+        col("id"),
+        sql.placeholder(1),
+        col("source"),
+        sql.placeholder(2),
+    );
+    let row = sqlx::query(sqlx::AssertSqlSafe(query))
+        .bind(run_id.to_string())
+        .bind(spec.table.name.clone())
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(failed)?
+        .ok_or_else(|| {
+            ActionError::Failed(format!(
+                "run \"{run_id}\": no such run of source \"{}\" in \"{runs}\"",
+                spec.table.name
+            ))
+        })?;
+    let bad = |m: String| ActionError::Failed(format!("run \"{run_id}\" in \"{runs}\": {m}"));
+    let word: Option<String> = get(&row, 0, "action").map_err(bad)?;
+    let action = Action::parse(word.as_deref().unwrap_or_default())
+        .ok_or_else(|| bad(format!("action {word:?} is neither replay nor ignore")))?;
+    let ids: Option<String> = get(&row, 10, "event_ids").map_err(bad)?;
+    let event_ids: Vec<String> = serde_json::from_str(ids.as_deref().unwrap_or_default())
+        .map_err(|e| bad(format!("event_ids is not a JSON array of ids: {e}")))?;
+    let n = |i: usize, name: &str| -> Result<u64, ActionError> {
+        let v: Option<i64> = get(&row, i, name).map_err(bad)?;
+        Ok(v.and_then(|v| u64::try_from(v).ok()).unwrap_or_default())
+    };
+    let run = Run {
+        id: run_id.to_string(),
+        action,
+        operator: get::<Option<String>>(&row, 1, "operator")
+            .map_err(bad)?
+            .unwrap_or_default(),
+        reason: get::<Option<String>>(&row, 2, "reason")
+            .map_err(bad)?
+            .unwrap_or_default(),
+        selection: get::<Option<String>>(&row, 3, "selection")
+            .map_err(bad)?
+            .unwrap_or_default(),
+        rate: u32::try_from(n(4, "rate")?).unwrap_or(1),
+        started_at: get::<Option<i64>>(&row, 5, "started_at")
+            .map_err(bad)?
+            .unwrap_or_default(),
+        finished_at: get(&row, 6, "finished_at").map_err(bad)?,
+        counts: RunCounts {
+            done: n(7, "done")?,
+            skipped: n(8, "skipped")?,
+            failed: n(9, "failed")?,
+        },
+        event_ids,
+    };
+    let done_query = format!(
+        "SELECT {} FROM {} WHERE {} = {} AND {} = {}",
+        sql.text(&col("event_id")),
+        sql.table(&a.audit_table),
+        col("run_id"),
+        sql.placeholder(1),
+        col("source"),
+        sql.placeholder(2),
+    );
+    let done: Vec<String> =
+        sqlx::query_scalar::<_, Option<String>>(sqlx::AssertSqlSafe(done_query))
+            .bind(run_id.to_string())
+            .bind(spec.table.name.clone())
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(failed)?
+            .into_iter()
+            .flatten()
+            .collect();
+    Ok((run, done))
 }
 
 /// The replay / ignore history of `event_ids`, oldest first, over the

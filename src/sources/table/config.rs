@@ -347,6 +347,12 @@ const MAX_ORDERING_KEYS: usize = 10_000_000;
 /// The default `audit_table`.
 pub const AUDIT_TABLE: &str = "inboxwatch_dead_letter_actions";
 
+/// The runs table of an audit table: one row per bulk run, beside it (in
+/// its schema, when it names one).
+pub fn runs_table(audit_table: &str) -> String {
+    format!("{audit_table}_runs")
+}
+
 /// A validated `[sources.dead_letter_actions]`.
 #[derive(Debug, Clone)]
 pub struct DeadLetterActions {

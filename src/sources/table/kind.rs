@@ -26,7 +26,7 @@ use crate::redact::Redactor;
 use crate::sources::common::{Common, RawCommon};
 use crate::sources::kind::{
     ActionError, ActionOutcome, ActionRequest, Answer, AuditEntry, DeadLetter, DeadLetterActions,
-    Finding, Kind, Lookups, Preset, Runtime, Schema,
+    Finding, Kind, Lookups, Preset, Run, RunCounts, Runtime, Schema,
 };
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::values::Reading;
@@ -196,6 +196,26 @@ impl DeadLetterActions for InboxSpec {
         event_ids: &'a [String],
     ) -> Answer<'a, Result<Vec<AuditEntry>, String>> {
         Box::pin(actions::audit_history(self, event_ids))
+    }
+
+    fn begin_run<'a>(&'a self, run: &'a Run) -> Answer<'a, Result<(), ActionError>> {
+        Box::pin(actions::begin_run(self, run))
+    }
+
+    fn update_run<'a>(
+        &'a self,
+        run_id: &'a str,
+        counts: RunCounts,
+        finished: bool,
+    ) -> Answer<'a, Result<(), ActionError>> {
+        Box::pin(actions::update_run(self, run_id, counts, finished))
+    }
+
+    fn load_run<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> Answer<'a, Result<(Run, Vec<String>), ActionError>> {
+        Box::pin(actions::load_run(self, run_id))
     }
 }
 

@@ -2,7 +2,7 @@
 //! dialect — the change-cursor index for tailing and an index over the
 //! unfinished rows for the gauges.
 
-use super::config::StatusMap;
+use super::config::{StatusMap, runs_table};
 use super::sql::Sql;
 use crate::dsn::Dialect;
 
@@ -136,7 +136,8 @@ pub fn audit_ddl(dialect: Dialect, table: &str) -> String {
          \x20   at              {time} NOT NULL,\n\
          \x20   previous_status {word},\n\
          \x20   attempts        {int},\n\
-         \x20   last_error      {text}\n\
+         \x20   last_error      {text},\n\
+         \x20   run_id          {word}\n\
          );\n"
     );
     out.push_str("-- The history of an event, for the pages.\n");
@@ -146,6 +147,42 @@ pub fn audit_ddl(dialect: Dialect, table: &str) -> String {
         &t,
         "source, event_id",
         None,
+    ));
+    out.push_str("-- The events a bulk run has done, for --resume.\n");
+    out.push_str(&create_index(
+        dialect,
+        &index_name(table, "run"),
+        &t,
+        "run_id",
+        None,
+    ));
+    let runs_name = runs_table(table);
+    let runs = sql.table(&runs_name);
+    // A snapshot of up to 100,000 ids outgrows MEDIUMTEXT's 16 MiB only with
+    // ids near 191 characters; LONGTEXT holds any.
+    let snapshot = match dialect {
+        Dialect::MySql => "LONGTEXT",
+        _ => text,
+    };
+    out.push_str(&format!(
+        "-- Bulk runs (dead-letters replay / ignore with a group or filter): one row per run;\n\
+         -- event_ids is its snapshot, a JSON array in the run's order.\n\
+         CREATE TABLE IF NOT EXISTS {runs} (\n\
+         \x20   id          {word} PRIMARY KEY,\n\
+         \x20   source      {word} NOT NULL,\n\
+         \x20   action      {word} NOT NULL,\n\
+         \x20   operator    {word} NOT NULL,\n\
+         \x20   reason      {text} NOT NULL,\n\
+         \x20   selection   {text} NOT NULL,\n\
+         \x20   rate        {int} NOT NULL,\n\
+         \x20   started_at  {time} NOT NULL,\n\
+         \x20   finished_at {time},\n\
+         \x20   total       {int} NOT NULL,\n\
+         \x20   done        {int} NOT NULL,\n\
+         \x20   skipped     {int} NOT NULL,\n\
+         \x20   failed      {int} NOT NULL,\n\
+         \x20   event_ids   {snapshot} NOT NULL\n\
+         );\n"
     ));
     out
 }
