@@ -264,10 +264,19 @@ async fn replay_and_ignore(db: Db, tag: &str) {
             .unwrap_or_else(|e| panic!("the audit DDL does not execute: {e}\n{stmt}"));
     }
 
-    // The agent watches the table from before the replay.
+    // The agent watches the table from before the replay, and has read the
+    // (empty) audit table.
     let agent = Agent::start(&main_toml);
     agent.wait_ready(Duration::from_secs(30)).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    common::wait_until(Duration::from_secs(20), || async {
+        let m = agent.try_scrape().await?;
+        match m.get("inbox_dead_letter_replays_total", &[("source", "act")]) {
+            Some(0.0) => Ok(()),
+            other => Err(format!("replays {other:?}")),
+        }
+    })
+    .await
+    .expect("the agent has read the audit table");
 
     let ids: Vec<&str> = s
         .dead
@@ -389,20 +398,27 @@ async fn replay_and_ignore(db: Db, tag: &str) {
     })
     .await
     .expect("the agent sees the replayed rows pending");
+    // The first replayed event dies again; the others succeed.
     let now = db.now_ms().await;
-    for e in &s.dead {
+    for (i, e) in s.dead.iter().enumerate() {
+        let again = i == 0;
         let done = InboxEvent {
-            status: Status::Succeeded,
+            status: if again {
+                Status::Dead
+            } else {
+                Status::Succeeded
+            },
             started_ms: Some(now - 200),
             finished_ms: Some(now - 100),
             attempts: 1,
-            last_error: None,
+            last_error: again.then(|| "TimeoutError: upstream did not answer within 9s".into()),
             updated_ms: now,
             ..e.clone()
         };
         let (sql, args) = done.update_stmt(db.dialect, table);
         db.pool.execute(&sql, &args).await.expect("complete a row");
     }
+    let succeeded = s.dead.len() as f64 - 1.0;
     let completed = |outcome: &'static str| {
         [
             ("source", "act"),
@@ -417,10 +433,34 @@ async fn replay_and_ignore(db: Db, tag: &str) {
             "inbox_messages_completed_total",
             &completed("dead_lettered"),
         );
-        if ok == Some(s.dead.len() as f64) && dead == 0.0 {
+        // Each replay counted, and the one event dead again, by the class
+        // of the error it died with this time: the class of the one dead
+        // letter the agent counted (every class's series exists, at 0).
+        let replays = m.get("inbox_dead_letter_replays_total", &[("source", "act")]);
+        let again: Vec<(String, f64)> = m
+            .series(
+                "inbox_dead_letters_after_replay_total",
+                &[("source", "act")],
+            )
+            .filter(|x| x.value > 0.0)
+            .map(|x| (x.labels["error_class"].clone(), x.value))
+            .collect();
+        let classes: Vec<(String, f64)> = m
+            .series("inbox_dead_letters_total", &[("source", "act")])
+            .filter(|x| x.value > 0.0)
+            .map(|x| (x.labels["error_class"].clone(), x.value))
+            .collect();
+        if ok == Some(succeeded)
+            && dead == 1.0
+            && replays == Some(s.dead.len() as f64)
+            && again == classes
+        {
             Ok(())
         } else {
-            Err(format!("succeeded {ok:?}, dead_lettered {dead}"))
+            Err(format!(
+                "succeeded {ok:?}, dead_lettered {dead}, replays {replays:?}, after replay \
+                 {again:?}, dead letters by class {classes:?}"
+            ))
         }
     })
     .await
@@ -428,10 +468,14 @@ async fn replay_and_ignore(db: Db, tag: &str) {
     common::stays(Duration::from_secs(2), || async {
         let m = agent.try_scrape().await?;
         let ok = m.get("inbox_messages_completed_total", &completed("succeeded"));
-        if ok == Some(s.dead.len() as f64) {
+        let again = m.sum(
+            "inbox_dead_letters_after_replay_total",
+            &[("source", "act")],
+        );
+        if ok == Some(succeeded) && again == 1.0 {
             Ok(())
         } else {
-            Err(format!("succeeded {ok:?}"))
+            Err(format!("succeeded {ok:?}, after replay {again}"))
         }
     })
     .await

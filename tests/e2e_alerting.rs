@@ -19,6 +19,12 @@
 //!    and ordering columns on the inbox (each event its own key) the ordering ones.
 //! 4. Every rule Prometheus loaded evaluated without an error.
 //!
+//! Beside them, from the start: [`REPLAYED`] dead letters from before the agent
+//! started are replayed with `inboxwatch dead-letters replay` and
+//! [`DEAD_AGAIN`] of them die again (the others succeed);
+//! `InboxReplayFailingAgain{source="e2e-orders"}` has to fire in Prometheus by the
+//! end, with [`REPLAYED`] replays and [`DEAD_AGAIN`] events failed again counted.
+//!
 //! Needs `/usr/bin/prometheus` and `/usr/bin/prometheus-alertmanager` (Debian packages
 //! `prometheus prometheus-alertmanager`). Takes about three and a half minutes; run
 //! with `cargo nextest run --test e2e_alerting --no-capture` to see the timeline.
@@ -53,6 +59,14 @@ const SOURCES: [&str; 4] = [SOURCE, OUTBOX_SOURCE, KAFKA_SOURCE, QUEUE_SOURCE];
 const KAFKA_TOPIC: &str = "e2e.orders";
 const KAFKA_DLQ: &str = "e2e.orders.DLQ";
 const KAFKA_RETRY: &str = "e2e.orders.retry.10s";
+/// Dead letters from before the agent's start that are replayed, and how many
+/// of them die again.
+const REPLAYED: usize = 10;
+const DEAD_AGAIN: usize = 6;
+/// The replay alert.
+const REPLAY_ALERT: &str = "InboxReplayFailingAgain";
+/// The dead-letter audit table of the inbox source.
+const AUDIT_TABLE: &str = "e2e_dead_letter_actions";
 /// Steady, healthy traffic before the burst.
 const HEALTHY_PHASE: Duration = Duration::from_secs(75);
 /// One new healthy event every this many milliseconds (for the whole test).
@@ -527,6 +541,106 @@ fn redis(args: &[&str]) {
     );
 }
 
+/// [`REPLAYED`] dead letters dead-lettered ten minutes ago, and the audit
+/// tables `schema --config` prints; returns their ids.
+async fn seed_dead_letters(db: &Db, table: &str, config: &std::path::Path) -> Vec<String> {
+    db.register_table(AUDIT_TABLE);
+    db.register_table(&format!("{AUDIT_TABLE}_runs"));
+    let out = common::Cmd::new(["schema", "--config"])
+        .arg(config)
+        .output();
+    assert!(out.success(), "schema --config: {}", out.describe());
+    for stmt in common::split_statements(&out.stdout) {
+        db.exec(&stmt, &[]).await;
+    }
+    let base = db.now_ms().await - 10 * 60_000;
+    let mut ids = Vec::new();
+    for i in 0..REPLAYED {
+        let e = InboxEvent {
+            id: format!("e2e-replayed-{i:02}"),
+            event_type: Some(EVENT_TYPES[0].to_string()),
+            status: Status::Dead,
+            received_ms: base,
+            started_ms: Some(base + 100),
+            finished_ms: Some(base + 200),
+            attempts: 3,
+            deliveries: 1,
+            last_error: Some("TimeoutError: payments did not answer".into()),
+            traceparent: None,
+            updated_ms: base + 200,
+        };
+        let (sql, args) = e.insert_stmt(db.dialect, table);
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .expect("insert a dead letter");
+        ids.push(e.id);
+    }
+    ids
+}
+
+/// Once Prometheus has the replay series at 0: replays `ids` (the CLI, by id),
+/// then [`DEAD_AGAIN`] of them die again and the others succeed.
+async fn replay_and_fail_again(
+    db: &Db,
+    table: &str,
+    config: &std::path::Path,
+    prom: &Prometheus,
+    ids: &[String],
+) {
+    // Prometheus has both series at 0 (the agent has read the audit table),
+    // so that what follows is an increase.
+    wait_until(START_TIMEOUT, || async move {
+        let query = format!(
+            "count(inbox_dead_letter_replays_total{{source=\"{SOURCE}\"}} == 0) + \
+             count(inbox_dead_letters_after_replay_total{{source=\"{SOURCE}\",error_class=\"timeout\"}} == 0)"
+        );
+        let v = prom.query_values(&query).await;
+        let result: serde_json::Value = serde_json::from_str(&v).unwrap_or_default();
+        match result[0]["value"][1].as_str() {
+            Some("2") => Ok(()),
+            _ => Err(format!("{query}: {v}")),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the replay series are not at 0 in Prometheus: {e}"));
+    let mut args: Vec<String> = ["dead-letters", "replay", "--config"]
+        .map(String::from)
+        .to_vec();
+    args.push(config.to_string_lossy().into_owned());
+    args.extend(
+        [
+            "--source",
+            SOURCE,
+            "--operator",
+            "e2e",
+            "--reason",
+            "payments back",
+            "--yes",
+        ]
+        .map(String::from),
+    );
+    args.extend(ids.iter().cloned());
+    let out = common::Cmd::new(args).output();
+    assert!(out.success(), "dead-letters replay: {}", out.describe());
+    for (i, id) in ids.iter().enumerate() {
+        let (status, error) = if i < DEAD_AGAIN {
+            ("dead", "'TimeoutError: payments still down'")
+        } else {
+            ("succeeded", "NULL")
+        };
+        db.exec(
+            &format!(
+                "UPDATE {table} SET status = '{status}', attempts = 1, started_at = now(), \
+                 finished_at = now(), last_error = {error}, updated_at = now() \
+                 WHERE event_id = '{id}'"
+            ),
+            &[],
+        )
+        .await;
+    }
+}
+
 fn agent_toml(dsn: &str, tables: &common::Tables, bootstrap: &str, queue: (&str, &str)) -> String {
     let columns = common::scenarios::INBOX_COLUMNS
         .trim_end()
@@ -537,11 +651,14 @@ fn agent_toml(dsn: &str, tables: &common::Tables, bootstrap: &str, queue: (&str,
         + ORDERING_COLUMNS;
     format!(
         "[[sources]]\nname = {}\nkind = \"inbox\"\ndsn = {}\ntable = {}\npoll_interval = \"500ms\"\n\
-         overlap = \"10s\"\ntimeout = \"2s\"\n{}\n[sources.objectives]\noldest_age = \"5m\"\np95 = \"2s\"\n{}{}",
+         overlap = \"10s\"\ntimeout = \"2s\"\n{}\n[sources.objectives]\noldest_age = \"5m\"\np95 = \"2s\"\n\
+         [sources.dead_letter_actions]\ndsn = {}\naudit_table = {}\n{}{}",
         toml_str(SOURCE),
         toml_str(dsn),
         toml_str(&tables.inbox),
         columns,
+        toml_str(dsn),
+        toml_str(AUDIT_TABLE),
         common::scenarios::outbox_source_toml(OUTBOX_SOURCE, dsn, &tables.outbox),
         kafka_support::kafka_source_toml(KAFKA_SOURCE, bootstrap, ""),
     ) + &format!(
@@ -626,12 +743,12 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
         .await;
     let broker = kafka_cluster().await;
     let (stream, dead) = queue_stream();
-    let mut agent = Agent::start(&agent_toml(
-        &db.dsn,
-        &tables,
-        &broker.bootstrap(),
-        (&stream, &dead),
-    ));
+    let toml = agent_toml(&db.dsn, &tables, &broker.bootstrap(), (&stream, &dead));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config_file = dir.path().join("agent.toml");
+    std::fs::write(&config_file, &toml).expect("write the config");
+    let replayed = seed_dead_letters(&db, &tables.inbox, &config_file).await;
+    let mut agent = Agent::start(&toml);
     agent.wait_ready(READY_TIMEOUT).await;
     kafka_after_start(&broker).await;
     queue_after_start(&dead);
@@ -682,6 +799,11 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
     .await
     .unwrap_or_else(|e| panic!("Prometheus does not scrape the agent: {e}"));
     eprintln!("+{} Prometheus scrapes the agent", secs(t0.elapsed()));
+    replay_and_fail_again(&db, &tables.inbox, &config_file, &prom, &replayed).await;
+    eprintln!(
+        "+{} {REPLAYED} dead letters replayed, {DEAD_AGAIN} of them dead again",
+        secs(t0.elapsed())
+    );
 
     // The consumer simulation.
     let ctl = Arc::new(Control::default());
@@ -853,6 +975,78 @@ async fn dead_letter_spike_pages_oncall_and_dashboards_have_data() {
     .await
     .unwrap_or_else(|e| panic!("{SPIKE} does not inhibit InboxDeadLetter: {e}"));
     eprintln!("InboxDeadLetter in Alertmanager: {inhibited}");
+
+    // The replayed events that died again: the alert fired (it is a warning: it
+    // goes to chat, never pages).
+    let prom_ref = &prom;
+    let fired = wait_until(Duration::from_secs(60), || async move {
+        let alerts = prom_ref.alerts().await?;
+        alerts
+            .into_iter()
+            .find(|a| {
+                a.name == REPLAY_ALERT
+                    && a.state == "firing"
+                    && a.labels.get("source").map(String::as_str) == Some(SOURCE)
+            })
+            .ok_or_else(|| format!("{REPLAY_ALERT}{{source={SOURCE:?}}} is not firing"))
+    })
+    .await;
+    let fired = match fired {
+        Ok(a) => a,
+        Err(e) => {
+            let series: Vec<String> = agent
+                .try_scrape()
+                .await
+                .map(|m| {
+                    [
+                        "inbox_dead_letter_replays_total",
+                        "inbox_dead_letters_after_replay_total",
+                    ]
+                    .iter()
+                    .flat_map(|n| {
+                        m.series(n, &[])
+                            .map(|x| format!("{} {}", x.series(), x.value))
+                            .collect::<Vec<_>>()
+                    })
+                    .collect()
+                })
+                .unwrap_or_default();
+            let alerts = prom.alerts().await.unwrap_or_default();
+            panic!(
+                "{e}\nthe agent's replay series:\n{}\nPrometheus alerts:\n{}",
+                series.join("\n"),
+                render_alerts(&alerts)
+            )
+        }
+    };
+    eprintln!("+{} Prometheus: {}", secs(t0.elapsed()), fired.brief());
+    assert_eq!(fired.severity(), "warning", "{}", fired.brief());
+    // The alert's value is increase() over the hour: the events dead again,
+    // extrapolated a little (the counters themselves are exact, below).
+    let value: f64 = fired.value.parse().unwrap_or_default();
+    assert!(
+        (DEAD_AGAIN as f64..DEAD_AGAIN as f64 + 0.5).contains(&value),
+        "the alert's value is about the events dead again: {}",
+        fired.brief()
+    );
+    for (query, want) in [
+        (
+            format!("inbox_dead_letter_replays_total{{source=\"{SOURCE}\"}}"),
+            REPLAYED,
+        ),
+        (
+            format!("sum(inbox_dead_letters_after_replay_total{{source=\"{SOURCE}\"}})"),
+            DEAD_AGAIN,
+        ),
+    ] {
+        let v = prom.query_values(&query).await;
+        let result: serde_json::Value = serde_json::from_str(&v).unwrap_or_default();
+        assert_eq!(
+            result[0]["value"][1].as_str(),
+            Some(want.to_string().as_str()),
+            "{query}: {v}"
+        );
+    }
 
     // 3. Dashboards, just after the inbox workload stopped and its backlog drained:
     // the drain-time panels have an estimate (0: nothing left), the rate panels still

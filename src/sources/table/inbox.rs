@@ -606,7 +606,10 @@ impl Inbox {
                 let shown = self.shown(&row, label, status, existing);
                 if !baseline {
                     match status {
-                        Some(Status::Dead) => self.replays.dead(&row.event_id, shown.class),
+                        Some(Status::Dead) => {
+                            let when = row.updated.max(row.finished.unwrap_or(i64::MIN));
+                            self.replays.dead(&row.event_id, shown.class, when);
+                        }
                         Some(Status::Succeeded) => self.replays.succeeded(&row.event_id),
                         _ => {}
                     }
@@ -1518,9 +1521,8 @@ impl TableKind for Inbox {
     }
 
     fn flush(&mut self, gauges: &GaugeMap, db_now: i64, now: Instant) {
-        let classes = &self.spec.error_classes;
         self.replays
-            .flush(&self.spec.table.name, |c| classes.get(c).name.clone());
+            .flush(&self.spec.table.name, &self.spec.error_classes);
         self.record();
         self.record_source(db_now);
         self.record_gauges(gauges, db_now, now);

@@ -13,14 +13,20 @@
 //! finds dead after the replay was read died again. An event is followed
 //! until it is seen succeeded or dead, or for [`FOLLOWED_FOR`] after its
 //! replay, and at most [`MAX_FOLLOWED`] at once (the oldest replays go
-//! first). The series exist once the audit table was read; a missing or
-//! unreadable audit table is logged once and the series stay absent.
+//! first). A replay and its event's death can both land between a poll's
+//! read of the audit table and its read of the rows: the poll sees the event
+//! dead before it knows of the replay. So the deaths seen are kept for
+//! [`RECENT_DEAD`], with the row's time (its change cursor, or finish): a
+//! replay read later whose time is at or before that death counts it then.
+//! The series exist once the audit table was read; a missing or unreadable
+//! audit table is logged once and the series stay absent.
 
 use std::collections::{HashMap, HashSet};
 
 use sqlx::any::AnyRow;
 
 use super::config::InboxSpec;
+use super::error_classes::ErrorClasses;
 use super::get;
 use super::sql::Sql;
 use crate::telemetry::catalogue as metric;
@@ -35,6 +41,9 @@ pub const MAX_FOLLOWED: usize = 1_000_000;
 /// audit rows whose transactions commit late (microseconds).
 const OVERLAP: i64 = 60 * 1_000_000;
 
+/// How long a death seen is kept for a replay read after it (microseconds).
+pub const RECENT_DEAD: i64 = 2 * OVERLAP;
+
 /// What the agent knows of the source's replays.
 #[derive(Debug, Default)]
 pub struct Replays {
@@ -48,16 +57,18 @@ pub struct Replays {
     followed: HashMap<String, i64>,
     /// The rows read within the overlap, so that a row read twice counts once.
     seen: HashSet<(String, i64)>,
+    /// Deaths seen of events not followed: event id → (row time, class).
+    recent_dead: HashMap<String, (i64, u8)>,
+    /// The latest row time of a death seen.
+    latest_dead: i64,
     /// Whether the audit table has been read (the baseline is taken).
     read: bool,
     /// This poll's new replays.
     new: u64,
     /// This poll's events dead again, by error class.
     again: HashMap<u8, u64>,
-    /// Error classes whose series exist.
-    series: HashSet<u8>,
-    /// Whether the replays series exists.
-    replays_series: bool,
+    /// Whether the series exist.
+    series: bool,
     /// Whether a failed read was logged.
     warned: bool,
 }
@@ -131,6 +142,14 @@ impl Replays {
             if !baseline {
                 self.new += 1;
             }
+            // Dead again before this read knew of the replay.
+            if let Some(&(died, class)) = self.recent_dead.get(&id)
+                && died >= at
+            {
+                self.recent_dead.remove(&id);
+                *self.again.entry(class).or_default() += 1;
+                continue;
+            }
             let when = self.followed.entry(id).or_insert(at);
             *when = (*when).max(at);
         }
@@ -150,11 +169,24 @@ impl Replays {
         }
     }
 
-    /// An event seen dead: counted if it was replayed and not yet seen
-    /// finished since.
-    pub fn dead(&mut self, event_id: &str, class: u8) {
+    /// An event seen dead, in a row version of time `when` (its change
+    /// cursor or finish, microseconds): counted if it was replayed and not
+    /// yet seen finished since; else kept a while for a replay read later.
+    pub fn dead(&mut self, event_id: &str, class: u8, when: i64) {
+        if self.query.is_none() && self.followed.is_empty() {
+            return;
+        }
         if self.followed.remove(event_id).is_some() {
             *self.again.entry(class).or_default() += 1;
+            return;
+        }
+        self.latest_dead = self.latest_dead.max(when);
+        let cut = self.latest_dead - RECENT_DEAD;
+        if when > cut {
+            self.recent_dead.insert(event_id.to_string(), (when, class));
+        }
+        if self.recent_dead.len() > MAX_FOLLOWED {
+            self.recent_dead.retain(|_, (t, _)| *t > cut);
         }
     }
 
@@ -165,33 +197,34 @@ impl Replays {
         }
     }
 
-    /// Records this poll's counts; a series first shows at 0, its amounts
-    /// one poll later, as the other series by error class.
-    pub fn flush(&mut self, source: &str, class_name: impl Fn(u8) -> String) {
+    /// Records this poll's counts. Every series exists, at 0, from the first
+    /// read of the audit table on — one per error class of the source — so
+    /// that the first replay and the first event dead again after one are
+    /// increases however often the agent is scraped.
+    pub fn flush(&mut self, source: &str, classes: &ErrorClasses) {
+        let cut = self.latest_dead - RECENT_DEAD;
+        self.recent_dead.retain(|_, (t, _)| *t > cut);
         if !self.read {
             return;
         }
         let replays =
             metrics::counter!(metric::INBOX_DEAD_LETTER_REPLAYS, "source" => source.to_string());
-        if self.replays_series {
-            replays.increment(std::mem::take(&mut self.new));
-        } else {
-            self.replays_series = true;
-            replays.increment(0);
-        }
-        let again: Vec<(u8, u64)> = self.again.drain().collect();
-        for (class, n) in again {
-            let c = metrics::counter!(
+        replays.increment(std::mem::take(&mut self.new));
+        let counter = |name: &str| {
+            metrics::counter!(
                 metric::INBOX_DEAD_LETTERS_AFTER_REPLAY,
                 "source" => source.to_string(),
-                "error_class" => class_name(class)
-            );
-            if self.series.insert(class) {
-                c.increment(0);
-                self.again.insert(class, n);
-            } else {
-                c.increment(n);
+                "error_class" => name.to_string()
+            )
+        };
+        if !self.series {
+            self.series = true;
+            for class in classes.all() {
+                counter(&class.name).increment(0);
             }
+        }
+        for (class, n) in self.again.drain() {
+            counter(&classes.get(class).name).increment(n);
         }
     }
 
@@ -217,16 +250,16 @@ mod tests {
         assert_eq!(p.new, 0, "the first read is the baseline");
         p.add(vec![r("old", 1_000), r("a", 2_000), r("b", 2_000)]);
         assert_eq!(p.new, 2, "a row read again counts once");
-        p.dead("a", 3);
-        p.dead("a", 3);
+        p.dead("a", 3, 2_500);
+        p.dead("a", 3, 2_600);
         p.succeeded("b");
-        p.dead("b", 3);
-        p.dead("old", 4);
-        p.dead("never", 4);
+        p.dead("b", 3, 2_700);
+        p.dead("old", 4, 2_800);
+        p.dead("never", 4, 2_900);
         assert_eq!(p.again, HashMap::from([(3, 1), (4, 1)]));
         // Replayed again: followed again.
         p.add(vec![r("a", 90_000_000)]);
-        p.dead("a", 3);
+        p.dead("a", 3, 90_000_001);
         assert_eq!(p.again, HashMap::from([(3, 2), (4, 1)]));
         assert_eq!(p.new, 3);
     }
@@ -245,7 +278,29 @@ mod tests {
             1,
             "a week after its replay, a is no longer followed"
         );
-        p.dead("a", 0);
+        p.dead("a", 0, FOLLOWED_FOR + 300 * 1_000_000);
         assert!(p.again.is_empty());
+    }
+
+    #[test]
+    fn a_death_seen_before_its_replay_is_read_counts_when_the_replay_is_read() {
+        let mut p = Replays {
+            query: Some(String::new()),
+            ..Replays::default()
+        };
+        p.add(Vec::new());
+        // Replayed at 10 s, dead again at 11 s, both before the audit read.
+        p.dead("a", 2, 11_000_000);
+        // Dead at 5 s, replayed at 10 s: that death is the old one.
+        p.dead("b", 2, 5_000_000);
+        assert!(p.again.is_empty());
+        p.add(vec![r("a", 10_000_000), r("b", 10_000_000)]);
+        assert_eq!(p.again, HashMap::from([(2, 1)]));
+        assert_eq!(p.followed(), 1, "b is followed");
+        // A death kept longer than RECENT_DEAD is forgotten.
+        p.dead("c", 2, 20_000_000);
+        p.dead("d", 2, 20_000_000 + RECENT_DEAD + 1);
+        p.flush("s", &ErrorClasses::default());
+        assert!(!p.recent_dead.contains_key("c") && p.recent_dead.contains_key("d"));
     }
 }
