@@ -156,9 +156,10 @@ pub enum DeadLetterCommand {
     /// row; and the `ignored_status`, if configured). Without `--yes`, only
     /// prints what it would do.
     Ignore(Box<ActionArgs>),
-    /// Print the dead letters gathered into failure groups (source, event
-    /// type, error class and the error text with its variable parts taken
-    /// out), tab-separated, the latest last seen first (read-only).
+    /// Print the dead letters, and the events failing now, gathered into
+    /// failure groups (source, event type, error class and the error text
+    /// with its variable parts taken out), tab-separated, the latest last
+    /// seen first (read-only).
     Groups {
         /// The TOML config file.
         #[arg(long, short)]

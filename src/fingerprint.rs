@@ -144,11 +144,16 @@ impl Key {
 pub struct Group {
     pub key: Key,
     pub owner: String,
+    /// Dead letters.
     pub count: u64,
-    /// Microseconds since the epoch: the earliest and latest dead letter.
+    /// Events failing now: in a failed status, waiting for their next
+    /// attempt.
+    pub failing: u64,
+    /// Microseconds since the epoch: the earliest and latest failure of
+    /// the group, dead letters and failing events alike.
     pub first_seen: Option<i64>,
     pub last_seen: Option<i64>,
-    /// The latest dead letter of the group: its event id and error text.
+    /// The latest failure of the group: its event id and error text.
     pub sample_event_id: String,
     pub sample_error: Option<String>,
 }
@@ -176,23 +181,34 @@ pub struct Groups {
 impl Groups {
     /// Adds one dead letter.
     pub fn add(&mut self, d: Letter<'_>) {
+        self.entry(d).count += 1;
+    }
+
+    /// Adds one event failing now (`at`: its last failure).
+    pub fn add_failing(&mut self, d: Letter<'_>) {
+        self.entry(d).failing += 1;
+    }
+
+    /// The group of `d`, its times and sample updated by it.
+    fn entry(&mut self, d: Letter<'_>) -> &mut Group {
         let key = Key::of(&d);
         let g = self.by_key.entry(key.clone()).or_insert_with(|| Group {
             key,
             owner: d.owner.to_string(),
             count: 0,
+            failing: 0,
             first_seen: d.at,
             last_seen: d.at,
             sample_event_id: d.event_id.to_string(),
             sample_error: d.error.map(str::to_string),
         });
-        g.count += 1;
         g.first_seen = min_some(g.first_seen, d.at);
         if d.at.is_some() && d.at >= g.last_seen {
             g.last_seen = d.at;
             g.sample_event_id = d.event_id.to_string();
             g.sample_error = d.error.map(str::to_string);
         }
+        g
     }
 
     /// The groups, the latest last seen first (then by id, for a stable order).

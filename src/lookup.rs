@@ -245,6 +245,7 @@ pub async fn dead_letter_groups(
     let all = selected_by(config, source, |s| s.lookups().is_some())?;
     let mut groups = Groups::default();
     let mut cut = Vec::new();
+    let mut cut_failing = Vec::new();
     for (spec, lookups) in with(&all, SourceSpec::lookups) {
         let rows = lookups
             .dead_letters(since, limit.saturating_add(1))
@@ -259,21 +260,37 @@ pub async fn dead_letter_groups(
         for r in rows.iter().take(limit) {
             r.as_letter(&config.redact, spec.name(), spec.owner(), |l| groups.add(l));
         }
+        let failing = lookups
+            .failing(since, limit.saturating_add(1))
+            .await
+            .map_err(|message| LookupError::Source {
+                source_name: spec.name().to_string(),
+                message,
+            })?;
+        if failing.len() > limit {
+            cut_failing.push(spec.name());
+        }
+        for r in failing.iter().take(limit) {
+            r.as_letter(&config.redact, spec.name(), spec.owner(), |l| {
+                groups.add_failing(l)
+            });
+        }
     }
     let mut out = String::from(
-        "group\tsource\towner\tevent_type\terror_class\tcount\tfirst_seen\tlast_seen\tsample_event_id\tfingerprint\n",
+        "group\tsource\towner\tevent_type\terror_class\tcount\tfailing\tfirst_seen\tlast_seen\tsample_event_id\tfingerprint\n",
     );
     for g in groups.into_sorted() {
         let owner = if g.owner.is_empty() { "-" } else { &g.owner };
         let _ = writeln!(
             out,
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
             g.key.id(),
             g.key.source,
             printable(owner),
             printable(&g.key.event_type),
             printable(&g.key.error_class),
             g.count,
+            g.failing,
             g.first_seen.map_or("-".to_string(), timestamp),
             g.last_seen.map_or("-".to_string(), timestamp),
             printable(&g.sample_event_id),
@@ -288,6 +305,12 @@ pub async fn dead_letter_groups(
         let _ = writeln!(
             out,
             "(source {name} has more than {limit} dead letters within the window: the groups count the latest {limit}; raise --limit)"
+        );
+    }
+    for name in cut_failing {
+        let _ = writeln!(
+            out,
+            "(source {name} has more than {limit} events failing within the window: the groups count the latest {limit}; raise --limit)"
         );
     }
     Ok(out)

@@ -1248,7 +1248,7 @@ fn group_of(cfg: &str, prefix: &str) -> String {
     assert_eq!(rows.len(), 3, "three groups:\n{groups}");
     assert!(rows.iter().all(|r| r[5] == "200"), "200 each:\n{groups}");
     rows.iter()
-        .find(|r| r[9].starts_with(prefix))
+        .find(|r| r[10].starts_with(prefix))
         .unwrap_or_else(|| panic!("the group of {prefix}:\n{groups}"))[0]
         .to_string()
 }

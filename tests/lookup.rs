@@ -317,8 +317,9 @@ type Cause = (&'static str, &'static str, usize, fn(usize) -> String);
 
 /// 600 dead letters from three causes whose texts differ in their variable parts
 /// (amounts, ids, timestamps, durations), a failing event and an old dead letter with
-/// the same texts: `dead-letters groups` prints exactly three groups, with exact
-/// counts, first and last seen, owner and latest sample, the latest last seen first.
+/// the same texts, and four failing events of a fourth cause: `dead-letters groups`
+/// prints exactly four groups, with exact counts of dead letters and of events failing
+/// now, first and last seen, owner and latest sample, the latest last seen first.
 async fn groups(db: Db, tag: &str) {
     let tables = db.fresh_tables(tag).await;
     let now = db.now_ms().await;
@@ -394,10 +395,44 @@ async fn groups(db: Db, tag: &str) {
                 updated_ms: finished,
             });
         }
-        expected.push((*class, *fingerprint, *count, first, last, last_id));
+        expected.push((*class, *fingerprint, *count, 0, first, last, last_id));
     }
     assert_eq!(n, 600);
-    // Not dead (failing) and dead too long ago: in no group.
+    // Failing now, of the timeouts' cause: the timeouts' group counts it as
+    // failing, and it is the group's latest failure. Dead too long ago: in
+    // no group.
+    expected[0].3 = 1;
+    expected[0].5 = now - 60_000;
+    expected[0].6 = format!("{tag}-other-0");
+    // Failing now, of a cause with no dead letter yet: a group of its own.
+    for i in 0..4i64 {
+        let at = now - 120_000 + i * 1_000;
+        events.push(InboxEvent {
+            id: format!("{tag}-failing-{i}"),
+            event_type: Some("order.paid".into()),
+            status: Status::Failed,
+            received_ms: at - 10,
+            started_ms: Some(at - 5),
+            finished_ms: None,
+            attempts: 2,
+            deliveries: 1,
+            last_error: Some(format!(
+                "service unavailable: payments 503 for order {}",
+                77 + i
+            )),
+            traceparent: None,
+            updated_ms: at,
+        });
+    }
+    expected.push((
+        "server_error",
+        "service unavailable: payments <n> for order <n>",
+        0,
+        4,
+        now - 120_000,
+        now - 117_000,
+        format!("{tag}-failing-3"),
+    ));
     for (i, (status, finished)) in [
         (Status::Failed, now - 60_000),
         (Status::Dead, now - 3 * 86_400_000),
@@ -442,11 +477,11 @@ async fn groups(db: Db, tag: &str) {
     let (code, out, err) = run(&["dead-letters", "groups", "--config", cfg]);
     assert_eq!(code, 0, "dead-letters groups: {err}");
     // The latest last seen first: the invalid amounts (1 s after the others' last).
-    expected.sort_by_key(|e| std::cmp::Reverse(e.4));
+    expected.sort_by_key(|e| std::cmp::Reverse(e.5));
     let mut want = String::from(
-        "group\tsource\towner\tevent_type\terror_class\tcount\tfirst_seen\tlast_seen\tsample_event_id\tfingerprint\n",
+        "group\tsource\towner\tevent_type\terror_class\tcount\tfailing\tfirst_seen\tlast_seen\tsample_event_id\tfingerprint\n",
     );
-    for (class, fingerprint, count, first, last, last_id) in &expected {
+    for (class, fingerprint, count, failing, first, last, last_id) in &expected {
         let key = inboxwatch::fingerprint::Key {
             source: "gr-inbox".into(),
             event_type: "order.paid".into(),
@@ -454,7 +489,7 @@ async fn groups(db: Db, tag: &str) {
             fingerprint: fingerprint.to_string(),
         };
         want.push_str(&format!(
-            "{}\tgr-inbox\tteam-payments\torder.paid\t{class}\t{count}\t{}\t{}\t{last_id}\t{fingerprint}\n",
+            "{}\tgr-inbox\tteam-payments\torder.paid\t{class}\t{count}\t{failing}\t{}\t{}\t{last_id}\t{fingerprint}\n",
             key.id(),
             ts(*first),
             ts(*last),

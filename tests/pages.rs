@@ -1396,6 +1396,25 @@ async fn postgres_dead_letter_page_opens_on_failure_groups() {
             ids,
         ));
     }
+    // Three events failing now, of a cause with no dead letter: a group of
+    // their own, the latest (their failures are the newest).
+    let mut failing_ids = Vec::new();
+    for i in 0..3i64 {
+        let at = now - 90_000 + i * 10_000;
+        let id = format!("grp-failing-{i}");
+        let mut e = event(&id, Status::Failed, at - 300);
+        e.finished_ms = None;
+        e.updated_ms = at;
+        e.attempts = 2;
+        e.last_error = Some(format!(
+            "service unavailable: stock {} for order {}",
+            503,
+            40 + i
+        ));
+        events.push(e);
+        failing_ids.push((id, at));
+    }
+    failing_ids.reverse();
     let target = Target {
         dialect: db.dialect,
         pool: db.pool.clone(),
@@ -1427,9 +1446,36 @@ async fn postgres_dead_letter_page_opens_on_failure_groups() {
     assert_eq!(code, 200, "{body}");
     let api: serde_json::Value = serde_json::from_str(&body).expect("JSON");
     let groups = api["groups"].as_array().expect("groups");
-    assert_eq!(groups.len(), 3, "{body}");
+    assert_eq!(groups.len(), 4, "{body}");
+    // First the failing events' group: no dead letter, three failing now.
+    let f = &groups[0];
+    assert_eq!(f["error_class"], "server_error", "{f}");
+    assert_eq!(
+        f["fingerprint"], "service unavailable: stock <n> for order <n>",
+        "{f}"
+    );
+    assert_eq!((&f["count"], &f["failing"]), (&0.into(), &3.into()), "{f}");
+    assert_eq!(f["first_seen"], rfc3339(failing_ids[2].1), "{f}");
+    assert_eq!(f["last_seen"], rfc3339(failing_ids[0].1), "{f}");
+    assert_eq!(f["sample_event_id"], failing_ids[0].0.as_str(), "{f}");
+    assert_eq!(f["events"], serde_json::json!([]), "{f}");
+    let listed: Vec<&str> = f["failing_events"]
+        .as_array()
+        .expect("failing events")
+        .iter()
+        .map(|e| e[0].as_str().expect("an id"))
+        .collect();
+    assert_eq!(
+        listed,
+        failing_ids
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .collect::<Vec<_>>()
+    );
+    let failing_group = f["id"].as_str().expect("an id").to_string();
     let mut ids = Vec::new();
-    for (g, (class, fingerprint, count, first, last, latest)) in groups.iter().zip(&truth) {
+    for (g, (class, fingerprint, count, first, last, latest)) in groups[1..].iter().zip(&truth) {
+        assert_eq!(g["failing"], 0, "{g}");
         assert_eq!(g["source"], "groups-pg");
         assert_eq!(g["owner"], "team-groups");
         assert_eq!(g["event_type"], "orders.paid");
@@ -1457,9 +1503,21 @@ async fn postgres_dead_letter_page_opens_on_failure_groups() {
     let page = dom(agent.port, "/dead-letters?since=1h");
     screenshot(agent.port, "/dead-letters?since=1h", "dead-letter-groups");
     let rows: Vec<&str> = page.split("<tr class=\"group\"").skip(1).collect();
-    assert_eq!(rows.len(), 3, "{page}");
-    for ((row, id), (class, fingerprint, count, ..)) in rows.iter().zip(&ids).zip(&truth) {
+    assert_eq!(rows.len(), 4, "{page}");
+    assert!(
+        rows[0].starts_with(&format!(" data-group=\"{failing_group}\""))
+            && rows[0].contains("<td data-field=\"count\">0</td><td data-field=\"failing\">3</td>")
+            && rows[0].contains(&format!(
+                "{}</a> <span class=\"muted\">{} (failing)</span>",
+                failing_ids[0].0,
+                rfc3339(failing_ids[0].1)
+            )),
+        "{}",
+        rows[0]
+    );
+    for ((row, id), (class, fingerprint, count, ..)) in rows[1..].iter().zip(&ids).zip(&truth) {
         assert!(row.starts_with(&format!(" data-group=\"{id}\"")), "{row}");
+        assert!(row.contains("<td data-field=\"failing\">0</td>"), "{row}");
         assert!(
             row.contains(&format!("<td data-field=\"count\">{count}</td>")),
             "{row}"

@@ -961,15 +961,22 @@ pub struct GroupView {
     pub error_class: String,
     /// The error text without its variable parts.
     pub fingerprint: String,
+    /// Dead letters.
     pub count: u64,
+    /// Events failing now (a failed status, waiting for their next attempt).
+    pub failing: u64,
+    /// The earliest and latest failure, dead letters and failing events alike.
     pub first_seen: Option<String>,
     pub last_seen: Option<String>,
-    /// The latest dead letter of the group.
+    /// The latest failure of the group.
     pub sample_event_id: String,
     pub sample_error: Option<String>,
     /// Its latest dead letters (at most [`GROUP_EVENTS_SHOWN`]), newest
     /// first: event id and when it was dead-lettered.
     pub events: Vec<(String, Option<String>)>,
+    /// Its latest events failing now, newest first: event id and its last
+    /// failure.
+    pub failing_events: Vec<(String, Option<String>)>,
 }
 
 #[derive(Debug, Serialize)]
@@ -988,6 +995,7 @@ async fn groups_report(state: &AppState, f: &Filters) -> GroupsReport {
     let redact = &state.config.redact;
     let mut groups = Groups::default();
     let mut events: BTreeMap<String, Vec<(String, Option<i64>)>> = BTreeMap::new();
+    let mut failing_events: BTreeMap<String, Vec<(String, Option<i64>)>> = BTreeMap::new();
     let mut cut = Vec::new();
     let mut errors = Vec::new();
     let sources = state
@@ -1019,17 +1027,46 @@ async fn groups_report(state: &AppState, f: &Filters) -> GroupsReport {
         if rows.len() >= GROUPS_SCANNED {
             cut.push(spec.name().to_string());
         }
-        for d in rows
-            .iter()
-            .filter(|d| f.error_class.is_none() || d.error_class == f.error_class)
-        {
-            d.as_letter(redact, spec.name(), spec.owner(), |letter| {
-                let listed = events.entry(Key::of(&letter).id()).or_default();
-                if listed.len() < GROUP_EVENTS_SHOWN {
-                    listed.push((d.event_id.clone(), d.dead_at));
+        let failing =
+            match tokio::time::timeout(LOOKUP_TIMEOUT, lookups.failing(f.since, GROUPS_SCANNED))
+                .await
+            {
+                Ok(Ok(rows)) => rows,
+                Ok(Err(e)) => {
+                    errors.push((spec.name().to_string(), e));
+                    Vec::new()
                 }
-                groups.add(letter);
-            });
+                Err(_) => {
+                    errors.push((
+                        spec.name().to_string(),
+                        format!("no answer within {}s", LOOKUP_TIMEOUT.as_secs()),
+                    ));
+                    Vec::new()
+                }
+            };
+        if failing.len() >= GROUPS_SCANNED && !cut.iter().any(|c| c == spec.name()) {
+            cut.push(spec.name().to_string());
+        }
+        let picked = |d: &&DeadLetter| f.error_class.is_none() || d.error_class == f.error_class;
+        for (list, dead) in [(&rows, true), (&failing, false)] {
+            for d in list.iter().filter(picked) {
+                d.as_letter(redact, spec.name(), spec.owner(), |letter| {
+                    let id = Key::of(&letter).id();
+                    let listed = if dead {
+                        events.entry(id).or_default()
+                    } else {
+                        failing_events.entry(id).or_default()
+                    };
+                    if listed.len() < GROUP_EVENTS_SHOWN {
+                        listed.push((d.event_id.clone(), d.dead_at));
+                    }
+                    if dead {
+                        groups.add(letter);
+                    } else {
+                        groups.add_failing(letter);
+                    }
+                });
+            }
         }
     }
     let owners: BTreeMap<&str, Option<String>> = state
@@ -1043,20 +1080,25 @@ async fn groups_report(state: &AppState, f: &Filters) -> GroupsReport {
         .into_iter()
         .map(|g| {
             let id = g.key.id();
-            let mut listed = events.remove(&id).unwrap_or_default();
-            listed.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
+            let newest_first = |mut l: Vec<(String, Option<i64>)>| {
+                l.sort_by_key(|(_, at)| std::cmp::Reverse(*at));
+                l.into_iter()
+                    .map(|(e, at)| (e, at.map(timestamp)))
+                    .collect()
+            };
+            let listed = newest_first(events.remove(&id).unwrap_or_default());
+            let failing_listed = newest_first(failing_events.remove(&id).unwrap_or_default());
             GroupView {
                 owner: owners.get(g.key.source.as_str()).cloned().flatten(),
                 id,
                 count: g.count,
+                failing: g.failing,
+                failing_events: failing_listed,
                 first_seen: g.first_seen.map(timestamp),
                 last_seen: g.last_seen.map(timestamp),
                 sample_event_id: g.sample_event_id,
                 sample_error: g.sample_error,
-                events: listed
-                    .into_iter()
-                    .map(|(e, at)| (e, at.map(timestamp)))
-                    .collect(),
+                events: listed,
                 source: g.key.source,
                 event_type: g.key.event_type,
                 error_class: g.key.error_class,
@@ -1075,8 +1117,9 @@ async fn groups_report(state: &AppState, f: &Filters) -> GroupsReport {
 /// The failure groups as a table, each expanding to its latest events.
 fn groups_html(body: &mut String, f: &Filters, report: &GroupsReport) {
     body.push_str(
-        "<h2>Failure groups</h2><p class=\"muted\">dead letters by source, event type, error class \
-         and the error text without its variable parts; the latest last seen first</p>",
+        "<h2>Failure groups</h2><p class=\"muted\">dead letters and events failing now by source, \
+         event type, error class and the error text without its variable parts; the latest last \
+         seen first</p>",
     );
     for source in &report.cut {
         let _ = write!(
@@ -1092,26 +1135,29 @@ fn groups_html(body: &mut String, f: &Filters, report: &GroupsReport) {
     }
     body.push_str(
         "<table id=\"dead-letter-groups\"><tr><th>source</th><th>owner</th><th>event type</th>\
-         <th>error class</th><th>count</th><th>first seen</th><th>last seen</th><th>error (variable parts taken out)</th>\
+         <th>error class</th><th>count</th><th>failing now</th><th>first seen</th><th>last seen</th><th>error (variable parts taken out)</th>\
          <th>events</th></tr>",
     );
     for g in &report.groups {
+        let item = |(id, at): &(String, Option<String>), failing: bool| {
+            format!(
+                "<li><a href=\"/events/{}\">{}</a> <span class=\"muted\">{}{}</span></li>",
+                url_part(id),
+                escape(id),
+                at.as_deref().map_or("–".to_string(), escape),
+                if failing { " (failing)" } else { "" }
+            )
+        };
         let items: String = g
             .events
             .iter()
-            .map(|(id, at)| {
-                format!(
-                    "<li><a href=\"/events/{}\">{}</a> <span class=\"muted\">{}</span></li>",
-                    url_part(id),
-                    escape(id),
-                    at.as_deref().map_or("–".to_string(), escape)
-                )
-            })
+            .map(|e| item(e, false))
+            .chain(g.failing_events.iter().map(|e| item(e, true)))
             .collect();
         let _ = write!(
             body,
             "<tr class=\"group\" data-group=\"{id}\"><td>{}</td><td data-field=\"owner\">{}</td><td data-field=\"event_type\">{}</td>\
-             <td data-field=\"error_class\">{}</td><td data-field=\"count\">{}</td><td data-field=\"first_seen\">{}</td>\
+             <td data-field=\"error_class\">{}</td><td data-field=\"count\">{}</td><td data-field=\"failing\">{}</td><td data-field=\"first_seen\">{}</td>\
              <td data-field=\"last_seen\">{}</td><td><pre data-field=\"fingerprint\">{}</pre></td>\
              <td><details><summary>{} latest</summary><ul>{items}</ul>\
              <a href=\"/dead-letters?group={id}&amp;since={}\">all of them below</a></details></td></tr>",
@@ -1120,10 +1166,11 @@ fn groups_html(body: &mut String, f: &Filters, report: &GroupsReport) {
             escape(&g.event_type),
             escape(&g.error_class),
             g.count,
+            g.failing,
             g.first_seen.as_deref().map_or("–".to_string(), escape),
             g.last_seen.as_deref().map_or("–".to_string(), escape),
             escape(&g.fingerprint),
-            g.events.len(),
+            g.events.len() + g.failing_events.len(),
             f.since.as_secs(),
             id = escape(&g.id),
         );

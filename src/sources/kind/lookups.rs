@@ -29,6 +29,18 @@ pub trait Lookups: Sync {
         limit: usize,
     ) -> Answer<'_, Result<Vec<DeadLetter>, String>>;
 
+    /// The events failing now (in a failed status, waiting for their next
+    /// attempt) whose last failure lies within `since`, the latest first,
+    /// at most `limit`, as dead letters are listed (`dead_at`: the last
+    /// failure). None for a kind without such a status.
+    fn failing(
+        &self,
+        _since: Duration,
+        _limit: usize,
+    ) -> Answer<'_, Result<Vec<DeadLetter>, String>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
     /// The error classes the source's dead letters can have (`error_class`).
     fn error_classes(&self) -> Vec<String>;
 }

@@ -145,6 +145,14 @@ impl Lookups for InboxSpec {
         Box::pin(lookup::dead_letters(self, since, limit))
     }
 
+    fn failing(
+        &self,
+        since: Duration,
+        limit: usize,
+    ) -> Answer<'_, Result<Vec<DeadLetter>, String>> {
+        Box::pin(lookup::failing(self, since, limit))
+    }
+
     fn error_classes(&self) -> Vec<String> {
         self.error_classes
             .all()

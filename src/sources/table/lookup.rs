@@ -69,7 +69,24 @@ pub(crate) async fn dead_letters(
         super::inbox::Inbox::new(s.clone()),
     ))
     .await?;
-    let rows = dead_rows(&mut conn, sql, s, since, limit).await;
+    let rows = failure_rows(&mut conn, sql, s, Status::Dead, since, limit).await;
+    let _ = conn.close().await;
+    rows
+}
+
+/// The events failing now (a `failed` status) whose last failure lies
+/// within `since`, the latest first: for the failure groups.
+pub(crate) async fn failing(
+    s: &InboxSpec,
+    since: Duration,
+    limit: usize,
+) -> Result<Vec<DeadLetter>, String> {
+    let (mut conn, sql) = open(TableSource::new(
+        s.table.clone(),
+        super::inbox::Inbox::new(s.clone()),
+    ))
+    .await?;
+    let rows = failure_rows(&mut conn, sql, s, Status::Failed, since, limit).await;
     let _ = conn.close().await;
     rows
 }
@@ -319,23 +336,28 @@ async fn outbox_event(
 
 /// `inboxwatch dead-letters`: the events dead-lettered within `since`, newest
 /// first, as tab-separated columns under a header.
-async fn dead_rows(
+/// The rows in `status` (dead, or failed) whose failure lies within
+/// `since`, the latest first. A dead row's time is its `finished_at` (else
+/// its change cursor); a failed row's its change cursor (else the start of
+/// the attempt that failed).
+async fn failure_rows(
     conn: &mut AnyConnection,
     sql: Sql,
     s: &InboxSpec,
+    status: Status,
     since: Duration,
     limit: usize,
 ) -> Result<Vec<DeadLetter>, String> {
     let c = &s.columns;
     let dead = match s.words_only() {
-        Some(status) => {
-            let words = s.statuses.words_for(Status::Dead);
+        Some(column) => {
+            let words = s.statuses.words_for(status);
             if words.is_empty() {
                 return Ok(Vec::new());
             }
-            format!("{} IN {}", sql.ident(status), sql.in_list(&words))
+            format!("{} IN {}", sql.ident(column), sql.in_list(&words))
         }
-        None => format!("{} = 'dead'", s.status_select(&sql)),
+        None => format!("{} = '{}'", s.status_select(&sql), status.as_str()),
     };
     let mut tx = conn.begin().await.map_err(|e| e.to_string())?;
     let now: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {}", sql.now_micros())))
@@ -346,11 +368,18 @@ async fn dead_rows(
     // The change cursor is indexed and set when a row is dead-lettered, so
     // bounding it first keeps this proportional to recent changes. Without
     // either time, every dead row is listed, newest arrival first.
-    let times: Vec<&str> = [c.updated_at.as_deref(), c.finished_at.as_deref()]
-        .into_iter()
-        .flatten()
-        .collect();
-    let dead_at = c.finished_at.as_deref().or(c.updated_at.as_deref());
+    let (times, dead_at): (Vec<&str>, Option<&str>) = if status == Status::Dead {
+        (
+            [c.updated_at.as_deref(), c.finished_at.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect(),
+            c.finished_at.as_deref().or(c.updated_at.as_deref()),
+        )
+    } else {
+        let at = c.updated_at.as_deref().or(c.started_at.as_deref());
+        (at.into_iter().collect(), at)
+    };
     let mut filter = String::new();
     for (i, t) in times.iter().enumerate() {
         filter.push_str(&format!("{} AND ", sql.after(&sql.ident(t), i + 1)));
