@@ -1684,3 +1684,155 @@ async fn mariadb_an_interrupted_bulk_run_resumes_without_doing_anything_twice() 
 async fn sqlite_an_interrupted_bulk_run_resumes_without_doing_anything_twice() {
     bulk_resume(Db::sqlite().await, "brsq", true).await;
 }
+
+/// A replayed event that dies again before the agent's next poll sees it
+/// pending (a fast consumer), where the agent saw it dead-lettered before:
+/// the agent, which reads the replay from the audit table before the rows,
+/// counts the death as a dead letter again (and a success as a completion
+/// again), besides the event failed again after replay.
+async fn replay_and_death_within_one_poll(db: Db, tag: &str) {
+    let tables = db.fresh_tables(tag).await;
+    let table = tables.inbox.as_str();
+    let audit = common::unique_name("audit", tag);
+    db.register_table(&audit);
+    db.register_table(&format!("{audit}_runs"));
+    let ids: Vec<String> = (0..5).map(|i| format!("{tag}-{i}")).collect();
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Polls 4 s apart: the replay and what follows it fit between two.
+    let toml = config(
+        "fast",
+        &db,
+        table,
+        "",
+        &db.dsn,
+        &format!("audit_table = {}\n", toml_str(&audit)),
+    )
+    .replace("poll_interval = \"300ms\"", "poll_interval = \"4s\"");
+    let cfg = write(dir.path(), "fast.toml", &toml);
+    let (code, ddl, err) = run(&["schema", "--config", &cfg]);
+    assert_eq!(code, 0, "schema --config: {err}");
+    for stmt in split_statements(&ddl) {
+        db.exec(&stmt, &[] as &[V]).await;
+    }
+    let agent = Agent::start(&toml);
+    agent.wait_ready(Duration::from_secs(30)).await;
+    common::wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        match m.get("inbox_dead_letter_replays_total", &[("source", "fast")]) {
+            Some(0.0) => Ok(()),
+            other => Err(format!("replays {other:?}")),
+        }
+    })
+    .await
+    .expect("the agent has read the audit table");
+    // Five events dead-lettered while the agent watches: it remembers them
+    // finished.
+    let base = db.now_ms().await;
+    for id in &ids {
+        let e = bulk_dead(
+            id.clone(),
+            "TimeoutError: upstream did not answer".into(),
+            base,
+        );
+        let (sql, args) = e.insert_stmt(db.dialect, table);
+        db.pool
+            .execute(&sql, &args)
+            .await
+            .expect("insert inbox row");
+    }
+    let completed = |outcome: &'static str| {
+        [
+            ("source", "fast"),
+            ("event_type", "order.paid"),
+            ("outcome", outcome),
+        ]
+    };
+    common::wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        match m.sum(
+            "inbox_messages_completed_total",
+            &completed("dead_lettered"),
+        ) {
+            5.0 => Ok(()),
+            other => Err(format!("dead_lettered {other}")),
+        }
+    })
+    .await
+    .expect("the agent counts the five dead letters");
+    // Just after a poll: replayed, then three die again and two succeed.
+    agent.wait_polls("fast", 1, Duration::ZERO).await;
+    let mut args = vec![
+        "dead-letters",
+        "replay",
+        "--config",
+        &cfg,
+        "--source",
+        "fast",
+        "--operator",
+        OPERATOR,
+        "--reason",
+        REASON,
+        "--yes",
+    ];
+    args.extend(ids.iter().map(String::as_str));
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "replay: {out}{err}");
+    let now = db.now_ms().await;
+    for (i, id) in ids.iter().enumerate() {
+        let again = i < 3;
+        let e = InboxEvent {
+            status: if again {
+                Status::Dead
+            } else {
+                Status::Succeeded
+            },
+            started_ms: Some(now - 200),
+            finished_ms: Some(now - 100),
+            attempts: 4,
+            last_error: again.then(|| "TimeoutError: upstream did not answer again".into()),
+            updated_ms: now,
+            ..bulk_dead(id.clone(), String::new(), base)
+        };
+        let (sql, args) = e.update_stmt(db.dialect, table);
+        db.pool.execute(&sql, &args).await.expect("update a row");
+    }
+    let counted = agent
+        .wait_for_polls(&["fast"], Duration::ZERO, 3, |m| {
+            let got = (
+                m.sum("inbox_dead_letter_replays_total", &[("source", "fast")]),
+                m.sum(
+                    "inbox_dead_letters_after_replay_total",
+                    &[("source", "fast")],
+                ),
+                m.sum("inbox_dead_letters_total", &[("source", "fast")]),
+                m.sum(
+                    "inbox_messages_completed_total",
+                    &completed("dead_lettered"),
+                ),
+                m.sum("inbox_messages_completed_total", &completed("succeeded")),
+            );
+            if got == (5.0, 3.0, 8.0, 8.0, 2.0) {
+                Ok(got)
+            } else {
+                Err(format!(
+                    "(replays, after replay, dead letters, dead_lettered, succeeded) = {got:?}, \
+                     want (5, 3, 8, 8, 2)"
+                ))
+            }
+        })
+        .await;
+    counted.expect("counted after the polls that followed");
+    agent.terminate(Duration::from_secs(10));
+}
+
+/// Guards the re-opening of a replayed event on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_replayed_event_dead_again_within_one_poll_is_a_dead_letter_again() {
+    replay_and_death_within_one_poll(Db::postgres().await, "rapg").await;
+}
+
+/// The same on MariaDB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_a_replayed_event_dead_again_within_one_poll_is_a_dead_letter_again() {
+    replay_and_death_within_one_poll(Db::mysql().await, "ramy").await;
+}

@@ -11,7 +11,8 @@
 //!   a re-drive that resets the attempts counts the new ones from 0;
 //! * reaching succeeded or dead counts one completion with its processing,
 //!   end-to-end and attempts observations, once per event (again only after a
-//!   re-drive takes it back to an unfinished status);
+//!   re-drive takes it back to an unfinished status — seen in its row, or in
+//!   a replay read from the dead-letter audit table, [`super::replays`]);
 //! * events that predate the agent are a baseline: their later changes count,
 //!   their history does not;
 //! * failed attempts, retries and dead letters carry the error class of the
@@ -521,6 +522,33 @@ impl Inbox {
                 prev.failures + u32::from(status == Status::Failed && prev.status != Status::Failed)
             }
         }
+    }
+
+    /// A replay read from the audit table re-opens its event: an event the
+    /// agent last saw finished, in a version older than the replay, is
+    /// remembered as back in `pending` (with its attempts from 0 when the
+    /// replay resets them), as if the agent had seen the replay's row — so
+    /// that a death that follows the replay within one poll counts as a
+    /// completion again, like one the agent sees after the pending row.
+    fn reopen(&mut self, event_id: &str, at: i64) {
+        let key = key_of(event_id);
+        let Some(prev) = self.states.get(key).copied().map(State::from) else {
+            return;
+        };
+        if !prev.valid || !prev.completed || prev.updated >= at {
+            return;
+        }
+        let reset = self.spec.actions.as_ref().is_some_and(|a| a.reset_attempts);
+        self.states.insert(
+            key,
+            State {
+                status: Status::Pending,
+                completed: false,
+                failures: if reset { 0 } else { prev.failures },
+                ended_failed: false,
+                ..prev
+            },
+        );
     }
 
     /// Counts one completion of the event a row shows (see
@@ -1517,7 +1545,9 @@ impl TableKind for Inbox {
     }
 
     fn replays(&mut self, read: Result<Vec<AnyRow>, String>) {
-        self.replays.take(&self.spec.table.name, read);
+        for (event_id, at) in self.replays.take(&self.spec.table.name, read) {
+            self.reopen(&event_id, at);
+        }
     }
 
     fn flush(&mut self, gauges: &GaugeMap, db_now: i64, now: Instant) {

@@ -101,8 +101,9 @@ impl Replays {
         self.query.as_deref().map(|q| (q, self.since.unwrap_or(0)))
     }
 
-    /// Takes one read's rows, or its error (logged once).
-    pub fn take(&mut self, source: &str, read: Result<Vec<AnyRow>, String>) {
+    /// Takes one read's rows, or its error (logged once); returns the
+    /// replays it found that are now followed: (event id, when replayed).
+    pub fn take(&mut self, source: &str, read: Result<Vec<AnyRow>, String>) -> Vec<(String, i64)> {
         let rows = match read {
             Ok(rows) => rows,
             Err(e) => {
@@ -115,7 +116,7 @@ impl Replays {
                          (the agent's user needs SELECT on it)"
                     );
                 }
-                return;
+                return Vec::new();
             }
         };
         let mut replays = Vec::with_capacity(rows.len());
@@ -126,11 +127,13 @@ impl Replays {
                 replays.push((id, at));
             }
         }
-        self.add(replays);
+        self.add(replays)
     }
 
-    /// Takes replays `(event id, at)` read from the audit table.
-    fn add(&mut self, replays: Vec<(String, i64)>) {
+    /// Takes replays `(event id, at)` read from the audit table; returns
+    /// those now followed.
+    fn add(&mut self, replays: Vec<(String, i64)>) -> Vec<(String, i64)> {
+        let mut followed = Vec::new();
         let baseline = !self.read;
         self.read = true;
         let mut latest = self.since.map_or(i64::MIN, |s| s + OVERLAP);
@@ -150,11 +153,12 @@ impl Replays {
                 *self.again.entry(class).or_default() += 1;
                 continue;
             }
-            let when = self.followed.entry(id).or_insert(at);
+            let when = self.followed.entry(id.clone()).or_insert(at);
             *when = (*when).max(at);
+            followed.push((id, at));
         }
         if latest == i64::MIN {
-            return;
+            return followed;
         }
         let since = latest - OVERLAP;
         self.since = Some(since);
@@ -167,6 +171,7 @@ impl Replays {
             let cut_at = *nth;
             self.followed.retain(|_, at| *at >= cut_at);
         }
+        followed
     }
 
     /// An event seen dead, in a row version of time `when` (its change
