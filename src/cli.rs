@@ -227,8 +227,39 @@ pub struct ActionArgs {
     /// Bulk: at most this many events per second, e.g. `100/s`.
     #[arg(long, default_value = "20/s", value_parser = crate::sources::kind::parse_rate)]
     pub rate: u32,
+    /// Kafka: send records of this dead-letter topic back (replay only),
+    /// picked by `--partition` with `--from-offset` / `--to-offset`,
+    /// `--header`, `--since` / `--until` (on the record's timestamp).
+    #[arg(long, value_name = "TOPIC")]
+    pub topic: Option<String>,
+    /// Kafka: only this partition of `--topic`.
+    #[arg(long, requires = "topic")]
+    pub partition: Option<i32>,
+    /// Kafka: the first offset (inclusive), with `--partition`.
+    #[arg(long, requires = "partition")]
+    pub from_offset: Option<i64>,
+    /// Kafka: the last offset (inclusive), with `--partition`.
+    #[arg(long, requires = "partition")]
+    pub to_offset: Option<i64>,
+    /// Kafka: only records with this header, `key=value` (repeatable: all
+    /// of them).
+    #[arg(long = "header", value_name = "KEY=VALUE", requires = "topic", value_parser = parse_header)]
+    pub headers: Vec<(String, String)>,
+    /// Kafka: produce every record to this topic instead of its original
+    /// topic (the `kafka_dlt-original-topic` / `__connect.errors.topic`
+    /// header).
+    #[arg(long = "to", value_name = "TOPIC", requires = "topic")]
+    pub to_topic: Option<String>,
     /// The event ids (idempotency keys); or a group or filter instead.
     pub event_ids: Vec<String>,
+}
+
+/// `--header key=value`.
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{text:?}: expected KEY=VALUE")),
+    }
 }
 
 impl ActionArgs {
@@ -241,6 +272,23 @@ impl ActionArgs {
             event_ids: self.event_ids,
             apply: self.yes,
         }
+    }
+
+    /// The records of a dead-letter topic, when `--topic` is given; at most
+    /// `max` per run.
+    pub fn topic_selection(&self, max: usize) -> Option<crate::sources::kind::TopicSelection> {
+        let topic = self.topic.clone()?;
+        Some(crate::sources::kind::TopicSelection {
+            topic,
+            partition: self.partition,
+            from_offset: self.from_offset,
+            to_offset: self.to_offset,
+            headers: self.headers.clone(),
+            since: self.since,
+            until: self.until,
+            to: self.to_topic.clone(),
+            max,
+        })
     }
 
     /// The bulk selection, when a group or a filter is given.
