@@ -630,7 +630,7 @@ impl Replayer<'_> {
 
     /// The batch of one record sent back: its key, value and headers, the
     /// replay headers, the producer's identity and `sequence`.
-    fn batch(&self, r: &ReplayRecord, sequence: i32) -> Result<Bytes, ActionError> {
+    pub fn batch(&self, r: &ReplayRecord, sequence: i32) -> Result<Bytes, ActionError> {
         let replay = [
             (RUN_ID_HEADER, self.run.run_id.clone()),
             (OPERATOR_HEADER, self.run.operator.clone()),
