@@ -516,7 +516,7 @@ async fn a_replay_by_offset_range_sends_exactly_those_records_back_audited() {
         ),
         (
             vec!["--partition", "1", "--to", "nowhere.topic"],
-            format!("would go to no such topic \"nowhere.topic\": nothing was sent"),
+            "would go to no such topic \"nowhere.topic\": nothing was sent".to_string(),
         ),
     ] {
         let out = Cmd::new(replay_args(

@@ -540,18 +540,7 @@ pub async fn open<'a>(
     })
 }
 
-/// Where one record goes: its partition and that partition's leader.
-struct Target {
-    partition: i32,
-    leader: i32,
-}
-
 impl Replayer<'_> {
-    /// The producer id and epoch the broker gave the run.
-    pub fn producer(&self) -> (i64, i16) {
-        (self.producer_id, self.producer_epoch)
-    }
-
     /// A connection to broker `node`, opened when first needed.
     async fn connection(&mut self, node: i32) -> Result<&mut Connection, KafkaError> {
         if !self.connections.contains_key(&node) {
@@ -601,8 +590,8 @@ impl Replayer<'_> {
         Ok(())
     }
 
-    /// The partition `r` goes to, and its leader.
-    async fn target(&mut self, r: &ReplayRecord) -> Result<Target, ActionError> {
+    /// The partition `r` goes to.
+    async fn partition(&mut self, r: &ReplayRecord) -> Result<i32, ActionError> {
         if !self.destinations.contains_key(&r.destination) {
             self.refresh(&r.destination).await?;
         }
@@ -624,8 +613,7 @@ impl Replayer<'_> {
                 i
             }
         };
-        let (partition, leader) = d.leaders[index];
-        Ok(Target { partition, leader })
+        Ok(d.leaders[index].0)
     }
 
     /// The batch of one record sent back: its key, value and headers, the
@@ -682,7 +670,7 @@ impl Replayer<'_> {
         Ok(buf.freeze())
     }
 
-    /// Produces `batch` to `topic`/`target`, up to [`ATTEMPTS`] times (the
+    /// Produces `batch` to `topic`/`partition`, up to [`ATTEMPTS`] times (the
     /// same batch: the broker writes it once). The offset it got, or
     /// `None` when the broker had it already.
     pub async fn produce(
@@ -764,13 +752,12 @@ impl Replayer<'_> {
 
     /// Sends one record back and audits it.
     async fn one(&mut self, r: &ReplayRecord) -> Result<ActionOutcome, ActionError> {
-        let target = self.target(r).await?;
-        let _ = target.leader;
-        let key = (r.destination.clone(), target.partition);
+        let partition = self.partition(r).await?;
+        let key = (r.destination.clone(), partition);
         let sequence = self.sequences.get(&key).copied().unwrap_or(0);
         let batch = self.batch(r, sequence)?;
         let written = self
-            .produce(&r.destination, target.partition, batch)
+            .produce(&r.destination, partition, batch)
             .await
             .map_err(|e| {
                 failed(format!(
@@ -788,7 +775,7 @@ impl Replayer<'_> {
                      nothing more was sent",
                     r.coordinates(),
                     r.destination,
-                    target.partition
+                    partition
                 ))
             })?;
         let at = written.map_or("already written".to_string(), |o| format!("offset {o}"));
@@ -799,7 +786,7 @@ impl Replayer<'_> {
                 "replayed {} to {}/{} ({at}); audit row in \"{}\"",
                 r.coordinates(),
                 r.destination,
-                target.partition,
+                partition,
                 self.audit.table()
             ),
         })
