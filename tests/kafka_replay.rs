@@ -26,7 +26,7 @@ use common::{Cmd, unique_name};
 use inboxwatch::sources::SourceSpec;
 use inboxwatch::sources::kafka::replay::{self, key_partition};
 use inboxwatch::sources::kind::{ReplayRecord, ReplayRun};
-use kafka_support::{Broker, Produced, kafka_source_toml, now_ms};
+use kafka_support::{Broker, Produced, kafka_source_toml, now_ms, producer_for};
 use rdkafka::Message as _;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -65,13 +65,15 @@ struct Topics {
     dlq: String,
     orders: String,
     billing: String,
+    /// A dead-letter topic that does not exist.
+    nope: String,
 }
 
 /// 100 dead letters, alternating partitions 0 and 1; records 0, 1 of every
 /// four from `orders`, 2, 3 from `billing`; every seventh with a null key;
 /// values of 40 to 640 bytes (past the listing's 256-byte prefix).
-async fn produce(broker: &Broker, t: &Topics) -> Vec<Dead> {
-    let producer = broker.producer();
+async fn produce(bootstrap: &str, t: &Topics) -> Vec<Dead> {
+    let producer = producer_for(bootstrap);
     let base = now_ms() - 600_000;
     let mut out = Vec::new();
     for i in 0..100usize {
@@ -348,16 +350,40 @@ fn replay_args<'a>(config: &'a str, dlq: &'a str, extra: &[&'a str]) -> Vec<&'a 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replay_by_offset_range_sends_exactly_those_records_back_audited() {
     let broker = Broker::start().await;
-    let name = unique_name("orders", "r");
-    let t = Topics {
-        dlq: format!("{name}.DLQ"),
-        orders: format!("{name}-orders"),
-        billing: format!("{name}-billing"),
-    };
+    let t = topics();
     broker.create_topic(&t.dlq, DLQ_PARTITIONS).await;
     broker.create_topic(&t.orders, ORDERS_PARTITIONS).await;
     broker.create_topic(&t.billing, BILLING_PARTITIONS).await;
-    let dead = produce(&broker, &t).await;
+    check_replay(&broker.bootstrap(), &t).await;
+}
+
+/// The same against librdkafka's mock cluster, a second implementation of
+/// the broker side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_by_offset_range_sends_exactly_those_records_back_on_the_mock_cluster() {
+    let mock = rdkafka::mocking::MockCluster::new(1).expect("librdkafka's mock cluster");
+    let t = topics();
+    mock.create_topic(&t.dlq, DLQ_PARTITIONS, 1)
+        .expect("create the DLQ");
+    mock.create_topic(&t.orders, ORDERS_PARTITIONS, 1)
+        .expect("create orders");
+    mock.create_topic(&t.billing, BILLING_PARTITIONS, 1)
+        .expect("create billing");
+    check_replay(&mock.bootstrap_servers(), &t).await;
+}
+
+fn topics() -> Topics {
+    let name = unique_name("orders", "r");
+    Topics {
+        dlq: format!("{name}.DLQ"),
+        orders: format!("{name}-orders"),
+        billing: format!("{name}-billing"),
+        nope: format!("{name}-nope.DLQ"),
+    }
+}
+
+async fn check_replay(bootstrap: &str, t: &Topics) {
+    let dead = produce(bootstrap, t).await;
     let originals = [
         (t.orders.as_str(), ORDERS_PARTITIONS),
         (t.billing.as_str(), BILLING_PARTITIONS),
@@ -367,7 +393,7 @@ async fn a_replay_by_offset_range_sends_exactly_those_records_back_audited() {
 
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("audit.db");
-    let path = config(dir.path(), &broker.bootstrap(), Some(&db));
+    let path = config(dir.path(), bootstrap, Some(&db));
     let path_s = path.to_str().expect("utf-8 path").to_string();
     let range = [
         "--partition",
@@ -399,7 +425,7 @@ async fn a_replay_by_offset_range_sends_exactly_those_records_back_audited() {
     create_audit_table(&path, &db).await;
 
     // No audit DSN at all: refused, with or without --yes.
-    let no_audit = config(dir.path(), &broker.bootstrap(), None);
+    let no_audit = config(dir.path(), bootstrap, None);
     let no_audit_s = no_audit.to_str().expect("utf-8 path").to_string();
     for yes in [&[][..], &["--yes"][..]] {
         let out = Cmd::new(replay_args(
@@ -442,7 +468,7 @@ async fn a_replay_by_offset_range_sends_exactly_those_records_back_audited() {
     ));
     assert_eq!(dry.stdout, want);
     assert!(
-        read_back(&broker.bootstrap(), &originals, 0).is_empty(),
+        read_back(bootstrap, &originals, 0).is_empty(),
         "the dry run produced"
     );
     assert!(audit_rows(&db).await.is_empty(), "the dry run audited");
@@ -468,10 +494,10 @@ async fn a_replay_by_offset_range_sends_exactly_those_records_back_audited() {
         .unwrap_or_else(|| panic!("the summary: {}", run.stdout))
         .to_string();
 
-    let got = read_back(&broker.bootstrap(), &originals, 30);
+    let got = read_back(bootstrap, &originals, 30);
     assert_eq!(got, expected(&picked, &t.dlq, &run_id, &partitions));
     // Nothing more than those 30 arrives.
-    assert_eq!(read_back(&broker.bootstrap(), &originals, 0).len(), 30);
+    assert_eq!(read_back(bootstrap, &originals, 0).len(), 30);
 
     let rows = audit_rows(&db).await;
     let want_rows: Vec<AuditRow> = picked
@@ -528,8 +554,8 @@ async fn a_replay_by_offset_range_sends_exactly_those_records_back_audited() {
         assert_eq!(out.code, Some(2), "{extra:?}: {}", out.stdout);
         assert!(out.stderr.contains(&error), "{extra:?}: {}", out.stderr);
     }
-    let nope = format!("{name}-nope.DLQ");
-    let out = Cmd::new(replay_args(&path_s, &nope, &["--yes"])).output();
+    let nope = &t.nope;
+    let out = Cmd::new(replay_args(&path_s, nope, &["--yes"])).output();
     assert_eq!(out.code, Some(2));
     assert!(
         out.stderr
@@ -558,7 +584,7 @@ async fn a_replay_by_offset_range_sends_exactly_those_records_back_audited() {
         "{}",
         out.stdout
     );
-    assert_eq!(read_back(&broker.bootstrap(), &originals, 0).len(), 30);
+    assert_eq!(read_back(bootstrap, &originals, 0).len(), 30);
     assert_eq!(audit_rows(&db).await.len(), 30);
 }
 
