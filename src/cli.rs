@@ -195,7 +195,8 @@ pub struct ActionArgs {
     /// The TOML config file.
     #[arg(long, short)]
     pub config: PathBuf,
-    /// The inbox source (it needs `[sources.dead_letter_actions]`).
+    /// The inbox source, or with `--topic` the Kafka source (it needs
+    /// `[sources.dead_letter_actions]`).
     #[arg(long)]
     pub source: String,
     /// Who does this (recorded in the audit table).
@@ -218,10 +219,12 @@ pub struct ActionArgs {
     #[arg(long)]
     pub event_type: Option<String>,
     /// Bulk: dead-lettered within this long, e.g. `6h` or `2d` (default
-    /// `7d` when a group or filter is given).
+    /// `7d` when a group or filter is given; with `--topic`: the record's
+    /// timestamp, no default).
     #[arg(long, value_parser = crate::text::parse_since)]
     pub since: Option<std::time::Duration>,
-    /// Bulk: dead-lettered at least this long ago, e.g. `10m`.
+    /// Bulk: dead-lettered at least this long ago, e.g. `10m` (with
+    /// `--topic`: the record's timestamp).
     #[arg(long, value_parser = crate::text::parse_since)]
     pub until: Option<std::time::Duration>,
     /// Bulk: at most this many events per second, e.g. `100/s`.

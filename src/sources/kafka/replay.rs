@@ -185,7 +185,9 @@ pub async fn select(
             &mut other
         };
         let (start, end) = bounds(conn, topic, p).await.map_err(failed)?;
-        let (from, to) = range(selection, topic, p, start, end)?;
+        let Some((from, to)) = range(selection, topic, p, start, end)? else {
+            continue;
+        };
         let want = |r: &ReplayRecord| {
             since.is_none_or(|s| r.timestamp >= s)
                 && until.is_none_or(|u| r.timestamp <= u)
@@ -252,14 +254,19 @@ async fn check_destinations(
 }
 
 /// The offsets `from..=to` a selection reads of partition `p`, whose
-/// records are `start..end`.
+/// records are `start..end`; `None`: nothing to read (an empty partition,
+/// no offsets given).
 fn range(
     selection: &TopicSelection,
     topic: &str,
     p: i32,
     start: i64,
     end: i64,
-) -> Result<(i64, i64), ActionError> {
+) -> Result<Option<(i64, i64)>, ActionError> {
+    let explicit = selection.from_offset.is_some() || selection.to_offset.is_some();
+    if !explicit {
+        return Ok((start < end).then_some((start, end - 1)));
+    }
     let from = selection.from_offset.unwrap_or(start);
     let to = selection.to_offset.unwrap_or(end - 1);
     if from > to {
@@ -267,8 +274,7 @@ fn range(
             "--from-offset {from} is after --to-offset {to}"
         )));
     }
-    let explicit = selection.from_offset.is_some() || selection.to_offset.is_some();
-    if explicit && (from < start || to >= end) {
+    if from < start || to >= end {
         return Err(usage(format!(
             "offsets {from} to {to} are outside partition {topic}/{p}, which holds {}",
             if start < end {
@@ -278,7 +284,7 @@ fn range(
             }
         )));
     }
-    Ok((from, to))
+    Ok(Some((from, to)))
 }
 
 /// The log start and last stable offset of partition `p`.
@@ -855,10 +861,21 @@ mod tests {
             "offsets 5 to 20 are outside partition orders.DLQ/0, which holds offsets 0 to 9"
         );
         s.to_offset = Some(9);
-        assert_eq!(range(&s, "orders.DLQ", 0, 0, 10).unwrap(), (5, 9));
+        assert_eq!(range(&s, "orders.DLQ", 0, 0, 10).unwrap(), Some((5, 9)));
         s.from_offset = Some(9);
         s.to_offset = Some(3);
         assert!(range(&s, "orders.DLQ", 0, 0, 10).is_err());
-        assert_eq!(range(&selection(), "t", 0, 4, 10).unwrap(), (4, 9));
+        assert_eq!(
+            range(&s, "t", 0, 4, 4).unwrap_err().to_string(),
+            "--from-offset 9 is after --to-offset 3"
+        );
+        s.to_offset = Some(9);
+        assert_eq!(
+            range(&s, "t", 0, 4, 4).unwrap_err().to_string(),
+            "offsets 9 to 9 are outside partition t/0, which holds no records (its next offset is 4)"
+        );
+        // Without offsets: the whole partition, or nothing of an empty one.
+        assert_eq!(range(&selection(), "t", 0, 4, 10).unwrap(), Some((4, 9)));
+        assert_eq!(range(&selection(), "t", 0, 4, 4).unwrap(), None);
     }
 }
