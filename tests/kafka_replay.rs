@@ -67,6 +67,8 @@ struct Topics {
     billing: String,
     /// A dead-letter topic that does not exist.
     nope: String,
+    /// A dead-letter topic of one record without headers.
+    bare: String,
 }
 
 /// 100 dead letters, alternating partitions 0 and 1; records 0, 1 of every
@@ -354,6 +356,7 @@ async fn a_replay_by_offset_range_sends_exactly_those_records_back_audited() {
     broker.create_topic(&t.dlq, DLQ_PARTITIONS).await;
     broker.create_topic(&t.orders, ORDERS_PARTITIONS).await;
     broker.create_topic(&t.billing, BILLING_PARTITIONS).await;
+    broker.create_topic(&t.bare, 1).await;
     check_replay(&broker.bootstrap(), &t).await;
 }
 
@@ -369,6 +372,8 @@ async fn a_replay_by_offset_range_sends_exactly_those_records_back_on_the_mock_c
         .expect("create orders");
     mock.create_topic(&t.billing, BILLING_PARTITIONS, 1)
         .expect("create billing");
+    mock.create_topic(&t.bare, 1, 1)
+        .expect("create the bare DLQ");
     check_replay(&mock.bootstrap_servers(), &t).await;
 }
 
@@ -379,6 +384,7 @@ fn topics() -> Topics {
         orders: format!("{name}-orders"),
         billing: format!("{name}-billing"),
         nope: format!("{name}-nope.DLQ"),
+        bare: format!("{name}-bare.DLQ"),
     }
 }
 
@@ -580,6 +586,35 @@ async fn check_replay(bootstrap: &str, t: &Topics) {
         out.stdout.starts_with(&format!(
             "1 records of \"{}\" would be sent back\n{}/1/3 -> {}\n",
             t.dlq, t.dlq, t.orders
+        )),
+        "{}",
+        out.stdout
+    );
+    // A record without an original topic: --to says where it goes.
+    let bare = Produced {
+        partition: 0,
+        timestamp_ms: now_ms(),
+        key: None,
+        headers: &[],
+        value: Some(b"no headers"),
+    };
+    assert_eq!(producer_for(bootstrap).send_record(&t.bare, &bare).await, 0);
+    let out = Cmd::new(replay_args(&path_s, &t.bare, &["--yes"])).output();
+    assert_eq!(out.code, Some(2), "{}", out.stdout);
+    assert_eq!(
+        out.stderr,
+        format!(
+            "error: source \"kr\": record {}/0/0 has no original topic (none of the headers \
+             kafka_dlt-original-topic, __connect.errors.topic): give --to TOPIC\n",
+            t.bare
+        )
+    );
+    let out = Cmd::new(replay_args(&path_s, &t.bare, &["--to", &t.billing])).output();
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout.starts_with(&format!(
+            "1 records of \"{}\" would be sent back\n{}/0/0 -> {}\n",
+            t.bare, t.bare, t.billing
         )),
         "{}",
         out.stdout
