@@ -624,15 +624,22 @@ async fn check_replay(bootstrap: &str, t: &Topics) {
 }
 
 /// Guards the idempotent producer: the same batch produced twice within a
-/// run (a retry after a lost answer) is written once.
+/// run (a retry after a lost answer) is written once. tansu only: the mock
+/// cluster checks sequence numbers of transactional producers alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_produce_retried_within_a_run_is_written_once() {
     let broker = Broker::start().await;
     let topic = unique_name("retry", "r");
     broker.create_topic(&topic, 1).await;
+    check_retry(&broker.bootstrap(), &topic).await;
+}
+
+async fn check_retry(bootstrap: &str, topic: &str) {
+    sqlx::any::install_default_drivers();
+    let topic = topic.to_string();
     let dir = tempfile::tempdir().expect("temp dir");
     let db = dir.path().join("audit.db");
-    let path = config(dir.path(), &broker.bootstrap(), Some(&db));
+    let path = config(dir.path(), bootstrap, Some(&db));
     create_audit_table(&path, &db).await;
     let config = inboxwatch::config::load(&path).expect("config loads");
     let Some(SourceSpec::Kafka(spec)) = config.sources.first() else {
@@ -665,7 +672,12 @@ async fn a_produce_retried_within_a_run_is_written_once() {
         .produce(&topic, 0, batch)
         .await
         .expect("produced again");
-    assert_eq!(again, None, "the broker had the batch already");
-    let got = read_back(&broker.bootstrap(), &[(topic.as_str(), 1)], 0);
+    // tansu answers DUPLICATE_SEQUENCE_NUMBER; Kafka acknowledges one of a
+    // partition's last five batches again with its first offset.
+    assert!(
+        again.is_none() || again == first,
+        "the broker had the batch already: {again:?}"
+    );
+    let got = read_back(bootstrap, &[(topic.as_str(), 1)], 0);
     assert_eq!(got.len(), 1, "{got:?}");
 }

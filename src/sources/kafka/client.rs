@@ -89,8 +89,11 @@ fn implemented(key: i16) -> Option<(i16, i16)> {
         ApiKey::SaslAuthenticate => (0, 2),
         ApiKey::ApiVersions => (0, 3),
         // `dead-letters replay --topic` only, with the write credentials of
-        // `[sources.dead_letter_actions]`; below the flexible versions.
-        ApiKey::InitProducerId => (0, 1),
+        // `[sources.dead_letter_actions]`. InitProducerId up to v4: tansu
+        // 0.6 answers an idempotent producer only from v3 on, which carries
+        // the producer id and epoch (-1, -1). Produce below the flexible
+        // versions.
+        ApiKey::InitProducerId => (0, 4),
         ApiKey::Produce => (3, 8),
         _ => return None,
     })
