@@ -681,3 +681,30 @@ async fn check_retry(bootstrap: &str, topic: &str) {
     let got = read_back(bootstrap, &[(topic.as_str(), 1)], 0);
     assert_eq!(got.len(), 1, "{got:?}");
 }
+
+/// Guards the checks of a Kafka source's `[sources.dead_letter_actions]`:
+/// each problem named by its full key, every one in one run.
+#[test]
+fn kafka_dead_letter_actions_problems_are_named_by_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        kafka_source_toml(
+            "kr",
+            "127.0.0.1:9092",
+            "[sources.dead_letter_actions]\naudit_dsn = \"redis://x\"\naudit_table = \"a;b\"\n\
+             [sources.dead_letter_actions.sasl]\nmechanism = \"PLAIN\"\nusername = \"w\"\n",
+        ),
+    )
+    .expect("config");
+    let out = Cmd::new(["check-config", path.to_str().expect("utf-8")]).output();
+    assert_eq!(out.code, Some(2), "{}", out.stdout);
+    for key in [
+        "sources[0].dead_letter_actions.audit_dsn:",
+        "sources[0].dead_letter_actions.audit_table: \"a;b\" is not a table name",
+        "sources[0].dead_letter_actions.sasl.password: required (or password_file)",
+    ] {
+        assert!(out.stderr.contains(key), "{key}: {}", out.stderr);
+    }
+}
