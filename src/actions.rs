@@ -17,6 +17,9 @@ use crate::sources::kind::{
 };
 use crate::text::{printable, timestamp};
 
+mod topic_replay;
+pub use topic_replay::{TOPIC_REPLAY_MAX, topic_replay};
+
 /// Why the command did nothing at all.
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {

@@ -200,7 +200,8 @@ pub struct ActionArgs {
     /// The TOML config file.
     #[arg(long, short)]
     pub config: PathBuf,
-    /// The inbox source (it needs `[sources.dead_letter_actions]`).
+    /// The inbox source, or with `--topic` the Kafka source (it needs
+    /// `[sources.dead_letter_actions]`).
     #[arg(long)]
     pub source: String,
     /// Who does this (recorded in the audit table).
@@ -223,10 +224,12 @@ pub struct ActionArgs {
     #[arg(long)]
     pub event_type: Option<String>,
     /// Bulk: dead-lettered within this long, e.g. `6h` or `2d` (default
-    /// `7d` when a group or filter is given).
+    /// `7d` when a group or filter is given; with `--topic`: the record's
+    /// timestamp, no default).
     #[arg(long, value_parser = crate::text::parse_since)]
     pub since: Option<std::time::Duration>,
-    /// Bulk: dead-lettered at least this long ago, e.g. `10m`.
+    /// Bulk: dead-lettered at least this long ago, e.g. `10m` (with
+    /// `--topic`: the record's timestamp).
     #[arg(long, value_parser = crate::text::parse_since)]
     pub until: Option<std::time::Duration>,
     /// Bulk: at most this many events per second, e.g. `100/s` (default
@@ -239,11 +242,42 @@ pub struct ActionArgs {
     #[arg(
         long,
         value_name = "RUN_ID",
-        conflicts_with_all = ["group", "error_class", "event_type", "since", "until", "event_ids"]
+        conflicts_with_all = ["group", "error_class", "event_type", "since", "until", "event_ids", "topic"]
     )]
     pub resume: Option<String>,
+    /// Kafka: send records of this dead-letter topic back (replay only),
+    /// picked by `--partition` with `--from-offset` / `--to-offset`,
+    /// `--header`, `--since` / `--until` (on the record's timestamp).
+    #[arg(long, value_name = "TOPIC")]
+    pub topic: Option<String>,
+    /// Kafka: only this partition of `--topic`.
+    #[arg(long, requires = "topic")]
+    pub partition: Option<i32>,
+    /// Kafka: the first offset (inclusive), with `--partition`.
+    #[arg(long, requires = "partition")]
+    pub from_offset: Option<i64>,
+    /// Kafka: the last offset (inclusive), with `--partition`.
+    #[arg(long, requires = "partition")]
+    pub to_offset: Option<i64>,
+    /// Kafka: only records with this header, `key=value` (repeatable: all
+    /// of them).
+    #[arg(long = "header", value_name = "KEY=VALUE", requires = "topic", value_parser = parse_header)]
+    pub headers: Vec<(String, String)>,
+    /// Kafka: produce every record to this topic instead of its original
+    /// topic (the `kafka_dlt-original-topic` / `__connect.errors.topic`
+    /// header).
+    #[arg(long = "to", value_name = "TOPIC", requires = "topic")]
+    pub to_topic: Option<String>,
     /// The event ids (idempotency keys); or a group or filter instead.
     pub event_ids: Vec<String>,
+}
+
+/// `--header key=value`.
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{text:?}: expected KEY=VALUE")),
+    }
 }
 
 impl ActionArgs {
@@ -257,6 +291,23 @@ impl ActionArgs {
             apply: self.yes,
             run_id: None,
         }
+    }
+
+    /// The records of a dead-letter topic, when `--topic` is given; at most
+    /// `max` per run.
+    pub fn topic_selection(&self, max: usize) -> Option<crate::sources::kind::TopicSelection> {
+        let topic = self.topic.clone()?;
+        Some(crate::sources::kind::TopicSelection {
+            topic,
+            partition: self.partition,
+            from_offset: self.from_offset,
+            to_offset: self.to_offset,
+            headers: self.headers.clone(),
+            since: self.since,
+            until: self.until,
+            to: self.to_topic.clone(),
+            max,
+        })
     }
 
     /// The bulk selection, when a group or a filter is given.

@@ -169,6 +169,9 @@ fn dead_letter_command(command: DeadLetterCommand) -> Result<ExitCode, ExitCode>
 fn act(action: Action, args: ActionArgs) -> Result<ExitCode, ExitCode> {
     let cfg = load(&args.config)?;
     let source = args.source.clone();
+    if args.topic.is_some() {
+        return topic_replay(action, args, &cfg);
+    }
     let selection = args.selection();
     let config_path = args.config.clone();
     if let Some(run_id) = args.resume.clone() {
@@ -206,6 +209,43 @@ fn act(action: Action, args: ActionArgs) -> Result<ExitCode, ExitCode> {
         );
     }
     let (text, all) = answered(block_on(actions::run(&cfg, &source, &request)))?;
+    print!("{text}");
+    Ok(if all {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// `dead-letters replay --topic`: records of a Kafka dead-letter topic
+/// sent back; exit 1 unless every record was.
+fn topic_replay(action: Action, args: ActionArgs, cfg: &Config) -> Result<ExitCode, ExitCode> {
+    if action != Action::Replay {
+        return Err(usage(
+            "--topic: dead-letter topic records can be replayed, not ignored",
+        ));
+    }
+    if !args.event_ids.is_empty()
+        || args.group.is_some()
+        || args.error_class.is_some()
+        || args.event_type.is_some()
+    {
+        return Err(usage(
+            "--topic: records are picked by --partition with --from-offset / --to-offset, \
+             --header, --since / --until; not by event ids, --group, --error-class or --event-type",
+        ));
+    }
+    let selection = args
+        .topic_selection(actions::TOPIC_REPLAY_MAX)
+        .expect("--topic is given");
+    let (source, config_path, rate) = (
+        args.source.clone(),
+        args.config.clone(),
+        args.rate.unwrap_or(cli::DEFAULT_RATE),
+    );
+    let request = args.request(action);
+    let run = actions::topic_replay(cfg, &config_path, &source, &request, &selection, rate);
+    let (text, all) = answered(block_on(run))?;
     print!("{text}");
     Ok(if all {
         ExitCode::SUCCESS

@@ -51,6 +51,13 @@ pub fn indexes(config: &Config) -> String {
                 source.name()
             ));
         }
+        if let Some((dialect, table)) = source.topic_replay().and_then(|r| r.audit_table()) {
+            out.push_str(&format!(
+                "-- source \"{}\": the audit table of dead-letters replay --topic\n{}",
+                source.name(),
+                crate::sources::audit_ddl(dialect, table)
+            ));
+        }
     }
     out
 }

@@ -33,6 +33,7 @@ mod kafka_cluster;
 mod kafka_dead_letters;
 mod kafka_fake;
 mod kafka_groups;
+mod kafka_replay;
 mod layers;
 mod libraries;
 mod listener;

@@ -6,13 +6,15 @@
 //! own, each with the plain data it answers in, in a file beside this one:
 //! [`Lookups`] (`trace` and the dead-letter rows), [`DeadLetterActions`]
 //! (`dead-letters replay` / `ignore` and their audit), [`DeadLetterTopics`]
-//! (the records of dead-letter topics); and, here, [`Schema`] (the indexes
+//! (the records of dead-letter topics), [`TopicReplay`] (sending them
+//! back); and, here, [`Schema`] (the indexes
 //! its queries need). `app`, `doctor`, `lookup`, `actions`, the
 //! pages and the configuration reach a kind only through these traits, by
 //! way of the registry in `sources/mod.rs`.
 
 mod actions;
 mod lookups;
+mod replay;
 mod topics;
 
 use std::any::Any;
@@ -41,6 +43,7 @@ pub use actions::{
     RunCounts, Selection, parse_rate,
 };
 pub use lookups::{DeadLetter, Lookups};
+pub use replay::{ReplayRecord, ReplayRun, ReplaySender, TopicReplay, TopicSelection};
 pub use topics::{DeadLetterTopics, DeadPartitionProblem, DeadRecord, DeadRecords, VALUE_PREFIX};
 
 /// A kind of source: one folder under `src/sources/`, one variant of the
@@ -135,6 +138,12 @@ pub trait Kind: Sized + Clone + std::fmt::Debug + Send + Sync + 'static {
     /// `dead-letters` lists the latest records of the source's dead-letter
     /// topics (the records themselves, not rows of a table).
     fn dead_letter_topics(&self) -> Option<&dyn DeadLetterTopics> {
+        None
+    }
+
+    /// `dead-letters replay --topic` sends records of the source's
+    /// dead-letter topics back.
+    fn topic_replay(&self) -> Option<&dyn TopicReplay> {
         None
     }
 

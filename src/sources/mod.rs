@@ -26,7 +26,10 @@ use crate::dsn::Dialect;
 use crate::telemetry::catalogue as metric;
 use crate::telemetry::values::Reading;
 use crate::validation::Validator;
-use kind::{DeadLetterActions, DeadLetterTopics, Finding, Kind, Lookups, Preset, Runtime, Schema};
+use kind::{
+    DeadLetterActions, DeadLetterTopics, Finding, Kind, Lookups, Preset, Runtime, Schema,
+    TopicReplay,
+};
 
 /// Declares [`SourceSpec`], one variant per kind, and its methods, each of
 /// which hands over to the kind: nothing outside a kind's folder matches on it.
@@ -138,6 +141,12 @@ macro_rules! kinds {
                 match self { $(SourceSpec::$variant(s) => s.dead_letter_topics(),)+ }
             }
 
+            /// `dead-letters replay --topic`, if the source's kind sends
+            /// dead-letter records back.
+            pub fn topic_replay(&self) -> Option<&dyn TopicReplay> {
+                match self { $(SourceSpec::$variant(s) => s.topic_replay(),)+ }
+            }
+
             /// The indexes of the tables the source reads, if it reads tables.
             pub fn schema(&self) -> Option<&dyn Schema> {
                 match self { $(SourceSpec::$variant(s) => s.schema(),)+ }
@@ -186,6 +195,12 @@ pub fn recommended_schema(
         out.push_str(&table::schema::audit_ddl(dialect, audit));
     }
     out
+}
+
+/// The DDL of the audit table of the dead-letter actions, in `dialect`:
+/// the table kind's, which every kind that audits writes the same rows to.
+pub fn audit_ddl(dialect: Dialect, table: &str) -> String {
+    table::schema::audit_ddl(dialect, table)
 }
 
 /// Reads and validates one entry as a `K`: every key `K` does not take is

@@ -3,7 +3,9 @@
 //! TLS and SASL (PLAIN, SCRAM-SHA-256/512, OAUTHBEARER), re-authenticated
 //! before the session the broker granted runs out (KIP-368). It sends only
 //! the read requests the source needs (and the group-membership requests of
-//! the election); it never joins or commits for a watched group.
+//! the election); it never joins or commits for a watched group. The one
+//! writer is `dead-letters replay --topic` (`replay.rs`: `InitProducerId`
+//! and `Produce`), run by a person with credentials of its own.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -86,6 +88,13 @@ fn implemented(key: i16) -> Option<(i16, i16)> {
         ApiKey::SaslHandshake => (1, 1),
         ApiKey::SaslAuthenticate => (0, 2),
         ApiKey::ApiVersions => (0, 3),
+        // `dead-letters replay --topic` only, with the write credentials of
+        // `[sources.dead_letter_actions]`. InitProducerId up to v4: tansu
+        // 0.6 answers an idempotent producer only from v3 on, which carries
+        // the producer id and epoch (-1, -1). Produce below the flexible
+        // versions.
+        ApiKey::InitProducerId => (0, 4),
+        ApiKey::Produce => (3, 8),
         _ => return None,
     })
 }
@@ -566,6 +575,8 @@ pub fn api_name(key: i16) -> &'static str {
         Ok(ApiKey::SaslHandshake) => "SaslHandshake",
         Ok(ApiKey::SaslAuthenticate) => "SaslAuthenticate",
         Ok(ApiKey::ApiVersions) => "ApiVersions",
+        Ok(ApiKey::InitProducerId) => "InitProducerId",
+        Ok(ApiKey::Produce) => "Produce",
         _ => "an API",
     }
 }

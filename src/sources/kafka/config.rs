@@ -11,10 +11,13 @@ use regex::Regex;
 
 use serde::Deserialize;
 
+use crate::dsn::{Dialect, Dsn};
 use crate::sources::common::{self, Common, Defaults, RawCommon};
 use crate::sources::common::{RawTls, tls_config};
 use crate::sources::lag_status::status_window;
-use crate::validation::{Validator, expand_env, is_owner, owner_problem};
+use crate::validation::{
+    Environment, Validator, expand_env, is_owner, is_table_name, owner_problem,
+};
 
 /// Default pattern of dead-letter topic names.
 pub const DEFAULT_DEAD_LETTER_TOPICS: &str = r".*(\.DLQ|-dlq|\.dead-letter)$";
@@ -46,6 +49,32 @@ pub struct KafkaSpec {
     /// `[[sources.owners]]`: group name patterns (whole names) and their
     /// owner, first match wins; the groups none matches are the source's `owner`.
     pub owners: Vec<(Regex, String)>,
+    /// `[sources.dead_letter_actions]`: what `dead-letters replay --topic`
+    /// produces with and audits to; never used by `run`.
+    pub actions: Option<Box<KafkaActions>>,
+}
+
+/// A validated `[sources.dead_letter_actions]` of a Kafka source.
+#[derive(Debug, Clone)]
+pub struct KafkaActions {
+    /// The write credentials (TLS, SASL) the replay connects with. Private
+    /// to the Kafka unit: only `replay` opens a connection with them, and
+    /// the agent's poll never does.
+    pub(in crate::sources::kafka) security: KafkaSecurity,
+    /// `audit_dsn`: where each record sent back is recorded; `None`: the
+    /// replay is refused.
+    pub(in crate::sources::kafka) audit_dsn: Option<Dsn>,
+    /// The audit table, possibly `schema.table`.
+    pub audit_table: String,
+    /// The `[sources.dead_letter_actions]` key (`sources[2].dead_letter_actions`), for errors.
+    pub key: String,
+}
+
+impl KafkaActions {
+    /// The audit DSN's dialect, when one is configured.
+    pub fn audit_dialect(&self) -> Option<Dialect> {
+        self.audit_dsn.as_ref().map(Dsn::dialect)
+    }
 }
 
 impl Deref for KafkaSpec {
@@ -257,7 +286,34 @@ pub struct RawKafka {
     pub sasl: Option<RawSasl>,
     /// Owners of consumer groups by name pattern, first match wins.
     pub owners: Option<Vec<RawOwner>>,
+    /// What `inboxwatch dead-letters replay --topic` produces with and
+    /// audits to.
+    pub dead_letter_actions: Option<RawKafkaActions>,
 }
+
+/// `[sources.dead_letter_actions]` of a Kafka source: the write credentials
+/// of `dead-letters replay --topic` (never used by `run`) and the database
+/// its audit rows go to.
+#[derive(Debug, Default, Deserialize)]
+pub struct RawKafkaActions {
+    /// TLS of the write connection (a client certificate: `cert_file`,
+    /// `key_file`); same keys as the source's `[sources.tls]`.
+    pub tls: Option<RawTls>,
+    /// SASL of the write connection (a user allowed to produce); same keys
+    /// as the source's `[sources.sasl]`.
+    pub sasl: Option<RawSasl>,
+    /// PostgreSQL, MariaDB/MySQL or SQLite connection string of the audit
+    /// table; without it (and `audit_dsn_file`) a replay is refused.
+    pub audit_dsn: Option<String>,
+    /// A file whose content is that DSN; instead of `audit_dsn`.
+    pub audit_dsn_file: Option<String>,
+    /// Where each record sent back is recorded (default `inboxwatch_dead_letter_actions`).
+    pub audit_table: Option<String>,
+}
+
+/// The default `audit_table` (the table kind's too: one audit table may
+/// hold both).
+pub const AUDIT_TABLE: &str = "inboxwatch_dead_letter_actions";
 
 /// One `[[sources.owners]]` entry of a Kafka source.
 #[derive(Debug, Default, Deserialize)]
@@ -339,6 +395,14 @@ pub(crate) fn validate(
     let client_id = s.client_id.clone().unwrap_or_else(|| "inboxwatch".into());
     let security = security(v, key, &s);
     let owners = owners(v, key, s.owners.as_deref().unwrap_or_default());
+    let before = v.count();
+    let actions = s
+        .dead_letter_actions
+        .as_ref()
+        .map(|a| actions(v, &format!("{key}.dead_letter_actions"), a));
+    if v.count() > before {
+        return None;
+    }
     let (Some(dead_letter_topics), Some(retry_topics), Some(groups), Some(topics), Some(security)) =
         (dead_letter_topics, retry_topics, groups, topics, security)
     else {
@@ -357,7 +421,72 @@ pub(crate) fn validate(
         client_id,
         security,
         owners,
+        actions: actions.flatten().map(Box::new),
     })
+}
+
+/// Checks `[sources.dead_letter_actions]` at key `at`.
+fn actions(v: &mut Validator<'_>, at: &str, raw: &RawKafkaActions) -> Option<KafkaActions> {
+    let before = v.count();
+    let security = security_of(v, at, raw.tls.as_ref(), raw.sasl.as_ref());
+    let audit_dsn = match (&raw.audit_dsn, &raw.audit_dsn_file) {
+        (None, None) => None,
+        (Some(_), Some(_)) => {
+            v.problem(
+                &format!("{at}.audit_dsn_file"),
+                "give either audit_dsn or audit_dsn_file, not both".into(),
+            );
+            None
+        }
+        (Some(text), None) => audit_dsn(v, &format!("{at}.audit_dsn"), text),
+        (None, Some(path)) => match std::fs::read_to_string(path) {
+            Ok(text) => audit_dsn(v, &format!("{at}.audit_dsn_file"), text.trim()),
+            Err(e) => {
+                v.problem(
+                    &format!("{at}.audit_dsn_file"),
+                    format!("cannot read \"{path}\": {e}"),
+                );
+                None
+            }
+        },
+    };
+    let audit_table = match raw.audit_table.as_deref() {
+        None => AUDIT_TABLE.to_string(),
+        Some(t) if is_table_name(t) => t.to_string(),
+        Some(t) => {
+            v.problem(
+                &format!("{at}.audit_table"),
+                format!(
+                    "\"{t}\" is not a table name (letters, digits, _ and $, optionally schema.table)"
+                ),
+            );
+            String::new()
+        }
+    };
+    if v.count() > before {
+        return None;
+    }
+    Some(KafkaActions {
+        security: security?,
+        audit_dsn,
+        audit_table,
+        key: at.to_string(),
+    })
+}
+
+/// The audit DSN written at `at`.
+fn audit_dsn(v: &mut Validator<'_>, at: &str, text: &str) -> Option<Dsn> {
+    if v.environment() == Environment::Placeholders && text.trim_start().starts_with("${") {
+        // The scheme, and so everything, comes from a variable.
+        return Some(Dsn::refused());
+    }
+    match Dsn::expand(text, v.env()) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            v.problem(at, e.to_string());
+            None
+        }
+    }
 }
 
 /// `brokers`: required, at least one, each `host:port`.
@@ -524,9 +653,19 @@ fn filter(
 }
 
 fn security(v: &mut Validator<'_>, key: &str, s: &RawKafka) -> Option<KafkaSecurity> {
+    security_of(v, key, s.tls.as_ref(), s.sasl.as_ref())
+}
+
+/// `tls` and `sasl` under `key`: the source's, or its dead-letter actions'.
+fn security_of(
+    v: &mut Validator<'_>,
+    key: &str,
+    tls: Option<&RawTls>,
+    sasl_raw: Option<&RawSasl>,
+) -> Option<KafkaSecurity> {
     let mut out = KafkaSecurity::default();
     let mut ok = true;
-    if let Some(t) = &s.tls {
+    if let Some(t) = tls {
         match tls_config(t) {
             Ok(c) => {
                 out.tls = Some(TlsSettings {
@@ -539,7 +678,7 @@ fn security(v: &mut Validator<'_>, key: &str, s: &RawKafka) -> Option<KafkaSecur
             }
         }
     }
-    if let Some(sa) = &s.sasl {
+    if let Some(sa) = sasl_raw {
         match sasl(v, &format!("{key}.sasl"), sa) {
             Some(settings) => out.sasl = Some(settings),
             None => ok = false,

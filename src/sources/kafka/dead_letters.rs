@@ -33,7 +33,7 @@ use bytes::Bytes;
 use kafka_protocol::messages::{
     FetchRequest, ListOffsetsRequest, MetadataRequest, fetch_request::FetchPartition,
 };
-use kafka_protocol::records::RecordBatchDecoder;
+use kafka_protocol::records::{Record, RecordBatchDecoder};
 
 use super::client::{Connection, Connector, KafkaError, error_name};
 use super::config::KafkaSpec;
@@ -71,7 +71,7 @@ pub const EXCEPTION_MESSAGE_HEADERS: &[&str] = &[
 ];
 
 /// The value of header `name` (its last, if repeated).
-fn header<'a>(headers: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a [u8]> {
+pub fn header<'a>(headers: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a [u8]> {
     headers
         .iter()
         .rev()
@@ -80,7 +80,7 @@ fn header<'a>(headers: &'a [(String, Vec<u8>)], name: &str) -> Option<&'a [u8]> 
 }
 
 /// The first of `names` the headers carry, as text (invalid UTF-8 replaced).
-fn first_header(headers: &[(String, Vec<u8>)], names: &[&str]) -> Option<String> {
+pub fn first_header(headers: &[(String, Vec<u8>)], names: &[&str]) -> Option<String> {
     names
         .iter()
         .find_map(|n| header(headers, n))
@@ -400,10 +400,10 @@ fn i32_at(b: &[u8], at: usize) -> i32 {
 }
 
 /// What one partition's fetched bytes hold.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Decoded {
+#[derive(Debug, PartialEq, Eq)]
+pub struct Decoded<R = DeadRecord> {
     /// The data records with `from <= offset < end`, oldest first.
-    pub records: Vec<DeadRecord>,
+    pub records: Vec<R>,
     /// What kept some records of the complete batches from being read: a
     /// codec the agent does not decode, an older message format, a corrupt
     /// batch.
@@ -429,14 +429,59 @@ pub fn decode_partition(
     end: i64,
     aborted: &[(i64, i64)],
 ) -> Decoded {
+    decode_records(data, from, end, aborted, |r, timestamp| {
+        dead_record(topic, partition, r, timestamp)
+    })
+}
+
+/// A decoded record as `dead-letters` lists it.
+fn dead_record(topic: &str, partition: i32, r: Record, timestamp: i64) -> DeadRecord {
+    let value_len = r.value.as_ref().map(|v| v.len());
+    let value_prefix = r
+        .value
+        .as_ref()
+        .map(|v| v[..v.len().min(VALUE_PREFIX)].to_vec())
+        .unwrap_or_default();
+    let headers: Vec<(String, Vec<u8>)> = r
+        .headers
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.map(|v| v.to_vec()).unwrap_or_default()))
+        .collect();
+    DeadRecord {
+        topic: topic.to_string(),
+        partition,
+        offset: r.offset,
+        timestamp,
+        key: r.key.map(|k| k.to_vec()),
+        original_topic: first_header(&headers, ORIGINAL_TOPIC_HEADERS),
+        exception_class: first_header(&headers, EXCEPTION_CLASS_HEADERS),
+        exception_message: first_header(&headers, EXCEPTION_MESSAGE_HEADERS),
+        headers,
+        value_prefix,
+        value_len,
+    }
+}
+
+/// [`decode_partition`], each data record made into an `R` by `make` from
+/// the whole record and its timestamp (the batch's, for LogAppendTime).
+pub fn decode_records<R>(
+    data: &Bytes,
+    from: i64,
+    end: i64,
+    aborted: &[(i64, i64)],
+    mut make: impl FnMut(Record, i64) -> R,
+) -> Decoded<R> {
     let b = &data[..];
     let mut aborted = aborted.to_vec();
     aborted.sort_by_key(|&(_, first)| first);
     let mut next_aborted = 0;
     let mut aborting: HashSet<i64> = HashSet::new();
     let mut out = Decoded {
+        records: Vec::new(),
+        trouble: None,
         next: from,
-        ..Decoded::default()
+        used: 0,
+        cut: None,
     };
     let mut pos = 0usize;
     while b.len() - pos >= 12 {
@@ -515,36 +560,14 @@ pub fn decode_partition(
             if r.control || r.offset < from || r.offset >= end {
                 continue;
             }
-            let value_len = r.value.as_ref().map(|v| v.len());
-            let value_prefix = r
-                .value
-                .as_ref()
-                .map(|v| v[..v.len().min(VALUE_PREFIX)].to_vec())
-                .unwrap_or_default();
-            let headers: Vec<(String, Vec<u8>)> = r
-                .headers
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.map(|v| v.to_vec()).unwrap_or_default()))
-                .collect();
-            out.records.push(DeadRecord {
-                topic: topic.to_string(),
-                partition,
-                offset: r.offset,
-                // The broker stamps a LogAppendTime batch as a whole, in its
-                // header.
-                timestamp: if log_append {
-                    max_timestamp
-                } else {
-                    r.timestamp
-                },
-                key: r.key.map(|k| k.to_vec()),
-                original_topic: first_header(&headers, ORIGINAL_TOPIC_HEADERS),
-                exception_class: first_header(&headers, EXCEPTION_CLASS_HEADERS),
-                exception_message: first_header(&headers, EXCEPTION_MESSAGE_HEADERS),
-                headers,
-                value_prefix,
-                value_len,
-            });
+            // The broker stamps a LogAppendTime batch as a whole, in its
+            // header.
+            let timestamp = if log_append {
+                max_timestamp
+            } else {
+                r.timestamp
+            };
+            out.records.push(make(r, timestamp));
         }
     }
     out

@@ -2,7 +2,8 @@
 //! the agents' own on the watched cluster), what its poll reads, its
 //! `doctor` checks. It keeps no event rows, so it offers no lookups (`trace`
 //! skips it); it offers its dead-letter topics, whose latest records
-//! `dead-letters` and the dead-letter page list.
+//! `dead-letters` and the dead-letter page list, and sends them back
+//! (`dead-letters replay --topic`).
 
 use tracing::{info, warn};
 
@@ -10,8 +11,12 @@ use super::config::{KafkaSpec, RawKafka, validate};
 use super::election::KafkaElection;
 use super::{KafkaSource, card, doctor};
 use crate::card::{Card, Past};
+use crate::dsn::Dialect;
 use crate::sources::common::{Common, RawCommon};
-use crate::sources::kind::{Answer, DeadLetterTopics, DeadRecords, Finding, Kind, Runtime};
+use crate::sources::kind::{
+    ActionError, Answer, DeadLetterTopics, DeadRecords, Finding, Kind, ReplayRecord, ReplayRun,
+    ReplaySender, Runtime, TopicReplay, TopicSelection,
+};
 use crate::telemetry::values::Reading;
 use crate::validation::Validator;
 
@@ -72,6 +77,34 @@ impl Kind for KafkaSpec {
 
     fn dead_letter_topics(&self) -> Option<&dyn DeadLetterTopics> {
         Some(self)
+    }
+
+    fn topic_replay(&self) -> Option<&dyn TopicReplay> {
+        Some(self)
+    }
+}
+
+impl TopicReplay for KafkaSpec {
+    fn audit_table(&self) -> Option<(Dialect, &str)> {
+        let actions = self.actions.as_deref()?;
+        Some((actions.audit_dialect()?, actions.audit_table.as_str()))
+    }
+
+    fn select<'a>(
+        &'a self,
+        selection: &'a TopicSelection,
+    ) -> Answer<'a, Result<Vec<ReplayRecord>, ActionError>> {
+        Box::pin(super::replay::select(self, selection))
+    }
+
+    fn open<'a>(
+        &'a self,
+        run: &'a ReplayRun,
+    ) -> Answer<'a, Result<Box<dyn ReplaySender + 'a>, ActionError>> {
+        Box::pin(async move {
+            let sender = super::replay::open(self, run).await?;
+            Ok(Box::new(sender) as Box<dyn ReplaySender + 'a>)
+        })
     }
 }
 

@@ -24,6 +24,7 @@
 //! Which agent reads a cluster is decided apart from the cycle, by a group
 //! of the agents' own (`election.rs`, which does send `FindCoordinator`).
 
+mod audit;
 mod card;
 pub mod client;
 pub mod config;
@@ -34,6 +35,7 @@ pub mod fetch;
 mod kind;
 pub mod oauth;
 pub mod records;
+pub mod replay;
 pub mod scram;
 pub mod series;
 

@@ -175,6 +175,10 @@ pub enum ActionError {
     /// Connecting, or the audit table, failed: nothing was written.
     #[error("{0}")]
     Failed(String),
+    /// The request cannot be done as asked (no such topic, an offset range
+    /// outside the partition, …): nothing was written.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// One row of the audit table: a replay or an ignore of one event.
