@@ -1020,3 +1020,66 @@ async fn a_cycle_ending_after_the_lock_was_lost_does_not_mark_the_source_up() {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
 }
+
+/// Guards the Kafka dead-letter replay's write user (issue 36, item 4): a
+/// source with `[sources.dead_letter_actions.sasl]` is watched by `run` with
+/// its own read user only. The fake broker would accept either user; every
+/// SASL step the agent makes, over a dozen polls and the election's
+/// heartbeats, carries the read user's credentials, never the write user's.
+/// (tansu keeps no ACLs, so a broker refusing the read user's produce
+/// cannot be shown here; this shows the agent never holds the other user's
+/// session.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_never_authenticates_as_the_replay_write_user() {
+    const READ: &[u8] = b"\0reader\0pw-read";
+    const WRITE: &[u8] = b"\0replayer\0pw-write";
+    let topic = unique_name("rowrite", "w");
+    let cluster = Arc::new(Mutex::new(lagging_cluster(&topic)));
+    let config = FakeConfig::default().with_sasl(&["PLAIN"], 60_000, |step| {
+        if step.auth_bytes == READ || step.auth_bytes == WRITE {
+            SaslVerdict::Accept
+        } else {
+            SaslVerdict::Reject("bad credentials".into())
+        }
+    });
+    let fake = FakeKafka::start(config, Cluster::handler(cluster)).await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let audit = dir.path().join("audit.db");
+    let toml = source(
+        "ro",
+        &fake.addr(),
+        "mechanism = \"PLAIN\"\nusername = \"reader\"\npassword = \"pw-read\"\n",
+    ) + &format!(
+        "[sources.dead_letter_actions]\naudit_dsn = {}\n\
+         [sources.dead_letter_actions.sasl]\nmechanism = \"PLAIN\"\nusername = \"replayer\"\n\
+         password = \"pw-write\"\n",
+        toml_str(&format!("sqlite://{}?mode=rwc", audit.display())),
+    );
+    let agent = Agent::start(&toml);
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        lag_is_exact(&m, "ro", &topic)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    agent.wait_polls("ro", 12, Duration::from_secs(3)).await;
+    let steps = fake.sasl_steps();
+    let users: BTreeMap<String, usize> = steps.iter().fold(BTreeMap::new(), |mut m, s| {
+        let user = String::from_utf8_lossy(&s.auth_bytes)
+            .split('\0')
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        *m.entry(user).or_default() += 1;
+        m
+    });
+    assert_eq!(
+        users.keys().map(String::as_str).collect::<Vec<_>>(),
+        vec!["reader"],
+        "the users the agent authenticated as: {users:?}"
+    );
+    assert!(
+        users["reader"] >= 2,
+        "each connection of the agent authenticates: {users:?}"
+    );
+}

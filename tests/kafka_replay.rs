@@ -13,7 +13,8 @@
 //! Not tested: that the agent's read credentials cannot write. tansu 0.6.0
 //! keeps no ACLs (its CreateAcls answers success and stores nothing) and
 //! lets every authenticated user produce, so a read-only user cannot be
-//! made on it.
+//! made on it. `kafka_fake::run_never_authenticates_as_the_replay_write_user`
+//! shows the agent never authenticates as the write user.
 
 use crate::common;
 use crate::kafka_support;
