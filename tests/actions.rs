@@ -1134,21 +1134,27 @@ fn bulk_error(cause: usize, i: usize) -> String {
     }
 }
 
+/// The rows of a two-column query, as text.
+async fn pairs(db: &Db, query: &str) -> Vec<(String, String)> {
+    db.query(query, &[])
+        .await
+        .into_iter()
+        .map(|r| {
+            (
+                r[0].clone().unwrap_or_default(),
+                r[1].clone().unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
 /// `(event_id, status)` of every row, by event id.
 async fn statuses(db: &Db, table: &str) -> Vec<(String, String)> {
-    db.query(
+    pairs(
+        db,
         &format!("SELECT event_id, status FROM {table} ORDER BY event_id"),
-        &[],
     )
     .await
-    .into_iter()
-    .map(|r| {
-        (
-            r[0].clone().unwrap_or_default(),
-            r[1].clone().unwrap_or_default(),
-        )
-    })
-    .collect()
 }
 
 /// The audit table's event ids, sorted.
@@ -1255,19 +1261,11 @@ fn group_of(cfg: &str, prefix: &str) -> String {
 
 /// `(event_id, run_id)` of every audit row, by event id, then row id.
 async fn audit_runs(db: &Db, audit: &str) -> Vec<(String, String)> {
-    db.query(
+    pairs(
+        db,
         &format!("SELECT event_id, run_id FROM {audit} ORDER BY event_id, id"),
-        &[],
     )
     .await
-    .into_iter()
-    .map(|r| {
-        (
-            r[0].clone().unwrap_or_default(),
-            r[1].clone().unwrap_or_default(),
-        )
-    })
-    .collect()
 }
 
 /// The run id a bulk run's first line on stderr names.

@@ -512,6 +512,11 @@ async fn open_runs(spec: &InboxSpec) -> Result<(AnyConnection, Sql, String), Act
     Ok((conn, sql, runs))
 }
 
+/// A count as the runs table keeps it.
+fn count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 /// A bulk run's row, written before its first event.
 pub(crate) async fn begin_run(spec: &InboxSpec, run: &Run) -> Result<(), ActionError> {
     let (mut conn, sql, runs) = open_runs(spec).await?;
@@ -554,7 +559,6 @@ pub(crate) async fn begin_run(spec: &InboxSpec, run: &Run) -> Result<(), ActionE
         values.join(", ")
     );
     let ids = serde_json::to_string(&run.event_ids).unwrap_or_default();
-    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let result = sqlx::query(sqlx::AssertSqlSafe(insert))
         .bind(run.id.clone())
         .bind(spec.table.name.clone())
@@ -588,7 +592,6 @@ pub(crate) async fn update_run(
     let sql = Sql {
         dialect: a.dsn.dialect(),
     };
-    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     let update = format!(
         "UPDATE {} SET {} = {}, {} = {}, {} = {}{} WHERE {} = {}",
         sql.table(&runs_table(&a.audit_table)),

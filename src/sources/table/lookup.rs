@@ -64,14 +64,7 @@ pub(crate) async fn dead_letters(
     since: Duration,
     limit: usize,
 ) -> Result<Vec<DeadLetter>, String> {
-    let (mut conn, sql) = open(TableSource::new(
-        s.table.clone(),
-        super::inbox::Inbox::new(s.clone()),
-    ))
-    .await?;
-    let rows = failure_rows(&mut conn, sql, s, Status::Dead, since, limit).await;
-    let _ = conn.close().await;
-    rows
+    failures(s, Status::Dead, since, limit).await
 }
 
 /// The events failing now (a `failed` status) whose last failure lies
@@ -81,12 +74,22 @@ pub(crate) async fn failing(
     since: Duration,
     limit: usize,
 ) -> Result<Vec<DeadLetter>, String> {
+    failures(s, Status::Failed, since, limit).await
+}
+
+/// [`failure_rows`] over a connection of its own.
+async fn failures(
+    s: &InboxSpec,
+    status: Status,
+    since: Duration,
+    limit: usize,
+) -> Result<Vec<DeadLetter>, String> {
     let (mut conn, sql) = open(TableSource::new(
         s.table.clone(),
         super::inbox::Inbox::new(s.clone()),
     ))
     .await?;
-    let rows = failure_rows(&mut conn, sql, s, Status::Failed, since, limit).await;
+    let rows = failure_rows(&mut conn, sql, s, status, since, limit).await;
     let _ = conn.close().await;
     rows
 }
