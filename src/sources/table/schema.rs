@@ -148,6 +148,14 @@ pub fn audit_ddl(dialect: Dialect, table: &str) -> String {
         "source, event_id",
         None,
     ));
+    out.push_str("-- The replays the agent reads on each poll (those since its last read).\n");
+    out.push_str(&create_index(
+        dialect,
+        &index_name(table, "at"),
+        &t,
+        "source, at",
+        None,
+    ));
     out.push_str("-- The events a bulk run has done, for --resume.\n");
     out.push_str(&create_index(
         dialect,
