@@ -471,9 +471,12 @@ fn offered(spec: &SourceSpec) -> Result<&dyn DeadLetterActions, CommandError> {
     })
 }
 
+/// An error of the kind as the command says it: a refusal (no such topic,
+/// a range outside a partition, …) is bad usage, naming the source.
 fn action_error(source: &str, e: ActionError) -> CommandError {
     match e {
         ActionError::Failed(m) => CommandError::Failed(format!("source \"{source}\": {m}")),
+        ActionError::Refused(m) => CommandError::Usage(format!("source \"{source}\": {m}")),
         other => CommandError::Usage(format!("--source: source \"{source}\" {other}")),
     }
 }

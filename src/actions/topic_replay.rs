@@ -9,37 +9,20 @@
 use std::fmt::Write as _;
 use std::io::IsTerminal as _;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use super::{CommandError, SHOWN_IDS, check_request, find, shell_word};
+use super::{
+    CommandError, SHOWN_IDS, action_error, check_request, command_words, find, new_run_id,
+    shell_word,
+};
 use crate::config::Config;
-use crate::sources::kind::{ActionError, ActionRequest, ReplayRun, TopicSelection};
+use crate::sources::kind::{ActionRequest, ReplayRun, TopicSelection};
 use crate::text::printable;
 
 /// Records one run sends back at most: a larger incident is worked in
 /// narrower ranges (`--partition` with `--from-offset` / `--to-offset`,
 /// `--since` / `--until`).
 pub const TOPIC_REPLAY_MAX: usize = 10_000;
-
-/// An error of the kind as the command says it.
-fn command_error(source: &str, e: ActionError) -> CommandError {
-    match e {
-        ActionError::Failed(m) => CommandError::Failed(format!("source \"{source}\": {m}")),
-        ActionError::Refused(m) => CommandError::Usage(format!("source \"{source}\": {m}")),
-        other => CommandError::Usage(format!("--source: source \"{source}\" {other}")),
-    }
-}
-
-/// A run id no other run has: the time in milliseconds and 32 random bits.
-fn run_id() -> String {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis())
-        .unwrap_or(0);
-    let mut random = [0u8; 4];
-    let _ = getrandom::fill(&mut random);
-    format!("{ms:x}-{}", u32::from_be_bytes(random))
-}
 
 /// The command that applies this dry run.
 fn apply_command(
@@ -49,24 +32,8 @@ fn apply_command(
     s: &TopicSelection,
     rate: u32,
 ) -> String {
-    let mut words: Vec<String> = [
-        "inboxwatch",
-        "dead-letters",
-        "replay",
-        "--config",
-        &config_path.to_string_lossy(),
-        "--source",
-        source,
-        "--operator",
-        &request.operator,
-        "--reason",
-        &request.reason,
-        "--topic",
-        &s.topic,
-    ]
-    .iter()
-    .map(|w| shell_word(w))
-    .collect();
+    let mut words = command_words(config_path, source, request);
+    words.extend(["--topic".to_string(), shell_word(&s.topic)]);
     let mut flag = |name: &str, value: Option<String>| {
         if let Some(v) = value {
             words.push(name.to_string());
@@ -117,7 +84,7 @@ pub async fn topic_replay(
     let records = replay
         .select(selection)
         .await
-        .map_err(|e| command_error(source, e))?;
+        .map_err(|e| action_error(source, e))?;
     if records.len() > selection.max {
         return Err(CommandError::Usage(format!(
             "more than {} records picked: a run sends at most that many; narrow it with \
@@ -152,21 +119,21 @@ pub async fn topic_replay(
         return Ok((out, true));
     }
     let run = ReplayRun {
-        run_id: run_id(),
+        run_id: new_run_id(),
         operator: request.operator.clone(),
         reason: request.reason.clone(),
     };
     let mut sender = replay
         .open(&run)
         .await
-        .map_err(|e| command_error(source, e))?;
+        .map_err(|e| action_error(source, e))?;
     let progress = std::io::stderr().is_terminal() && std::io::stdout().is_terminal();
     let step = usize::try_from(rate).unwrap_or(1).max(1);
     let mut sent = 0;
     for chunk in records.chunks(step) {
         let started = tokio::time::Instant::now();
         let outcomes = sender.send(chunk).await.map_err(|e| {
-            let e = command_error(source, e);
+            let e = action_error(source, e);
             let after = format!(
                 " (after {sent} of {} records; run id {})",
                 records.len(),
