@@ -178,13 +178,7 @@ fn act(action: Action, args: ActionArgs) -> Result<ExitCode, ExitCode> {
         let rate = args.rate;
         let request = args.request(action);
         let resume = actions::resume(&cfg, &config_path, &source, &request, &run_id, rate);
-        let (text, all) = answered(block_on(resume))?;
-        print!("{text}");
-        return Ok(if all {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        });
+        return all_done(answered(block_on(resume))?);
     }
     if selection.is_some() != args.event_ids.is_empty() {
         return Err(usage(
@@ -195,26 +189,14 @@ fn act(action: Action, args: ActionArgs) -> Result<ExitCode, ExitCode> {
     let request = args.request(action);
     if let Some(selection) = selection {
         let bulk = actions::bulk(&cfg, &config_path, &source, &request, &selection);
-        let (text, all) = answered(block_on(bulk))?;
-        print!("{text}");
-        return Ok(if all {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        });
+        return all_done(answered(block_on(bulk))?);
     }
     if !request.apply {
         eprintln!(
             "dry run: nothing is written; add --yes before the event ids (and their --) to apply"
         );
     }
-    let (text, all) = answered(block_on(actions::run(&cfg, &source, &request)))?;
-    print!("{text}");
-    Ok(if all {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    all_done(answered(block_on(actions::run(&cfg, &source, &request)))?)
 }
 
 /// `dead-letters replay --topic`: records of a Kafka dead-letter topic
@@ -245,7 +227,12 @@ fn topic_replay(action: Action, args: ActionArgs, cfg: &Config) -> Result<ExitCo
     );
     let request = args.request(action);
     let run = actions::topic_replay(cfg, &config_path, &source, &request, &selection, rate);
-    let (text, all) = answered(block_on(run))?;
+    all_done(answered(block_on(run))?)
+}
+
+/// A dead-letter action's output on stdout: exit 0 when every event (or
+/// record) was done, or, without `--yes`, would be; else 1.
+fn all_done((text, all): (String, bool)) -> Result<ExitCode, ExitCode> {
     print!("{text}");
     Ok(if all {
         ExitCode::SUCCESS

@@ -39,8 +39,8 @@ use crate::tracing_link::Linker;
 use crate::validation::{Parts, Unknown, Validator};
 
 pub use actions::{
-    Action, ActionError, ActionOutcome, ActionRequest, AuditEntry, DeadLetterActions, Run,
-    RunCounts, Selection, parse_rate,
+    Action, ActionError, ActionOutcome, ActionRequest, AuditEntry, DEFAULT_AUDIT_TABLE,
+    DeadLetterActions, Run, RunCounts, Selection, parse_rate,
 };
 pub use lookups::{DeadLetter, Lookups};
 pub use replay::{ReplayRecord, ReplayRun, ReplaySender, TopicReplay, TopicSelection};

@@ -311,10 +311,6 @@ pub struct RawKafkaActions {
     pub audit_table: Option<String>,
 }
 
-/// The default `audit_table` (the table kind's too: one audit table may
-/// hold both).
-pub const AUDIT_TABLE: &str = "inboxwatch_dead_letter_actions";
-
 /// One `[[sources.owners]]` entry of a Kafka source.
 #[derive(Debug, Default, Deserialize)]
 pub struct RawOwner {
@@ -451,7 +447,7 @@ fn actions(v: &mut Validator<'_>, at: &str, raw: &RawKafkaActions) -> Option<Kaf
         },
     };
     let audit_table = match raw.audit_table.as_deref() {
-        None => AUDIT_TABLE.to_string(),
+        None => crate::sources::kind::DEFAULT_AUDIT_TABLE.to_string(),
         Some(t) if is_table_name(t) => t.to_string(),
         Some(t) => {
             v.problem(

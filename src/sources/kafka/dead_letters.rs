@@ -30,6 +30,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use bytes::Bytes;
+use kafka_protocol::messages::fetch_response::PartitionData;
 use kafka_protocol::messages::{
     FetchRequest, ListOffsetsRequest, MetadataRequest, fetch_request::FetchPartition,
 };
@@ -299,12 +300,7 @@ async fn read_leader(
                     .push(problem(t, p, &error_name(answer.error_code)));
                 continue;
             }
-            let aborted: Vec<(i64, i64)> = answer
-                .aborted_transactions
-                .unwrap_or_default()
-                .iter()
-                .map(|a| (a.producer_id.0, a.first_offset))
-                .collect();
+            let aborted = aborted_transactions(&answer);
             let data = answer.records.unwrap_or_default();
             let d = decode_partition(t, p, &data, span.next, span.end, &aborted);
             out.records.extend(d.records);
@@ -460,6 +456,18 @@ fn dead_record(topic: &str, partition: i32, r: Record, timestamp: i64) -> DeadRe
         value_prefix,
         value_len,
     }
+}
+
+/// The aborted transactions a partition's Fetch answer lists: (producer
+/// id, first offset), as [`decode_records`] takes them.
+pub fn aborted_transactions(answer: &PartitionData) -> Vec<(i64, i64)> {
+    answer
+        .aborted_transactions
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|a| (a.producer_id.0, a.first_offset))
+        .collect()
 }
 
 /// [`decode_partition`], each data record made into an `R` by `make` from

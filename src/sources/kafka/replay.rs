@@ -40,7 +40,8 @@ use super::audit::Audit;
 use super::client::{Connection, Connector, KafkaError, error_name};
 use super::config::{KafkaActions, KafkaSpec};
 use super::dead_letters::{
-    EXCEPTION_MESSAGE_HEADERS, ORIGINAL_TOPIC_HEADERS, decode_records, first_header,
+    EXCEPTION_MESSAGE_HEADERS, ORIGINAL_TOPIC_HEADERS, aborted_transactions, decode_records,
+    first_header,
 };
 use crate::sources::kind::{
     ActionError, ActionOutcome, Answer, ReplayRecord, ReplayRun, ReplaySender, TopicSelection,
@@ -366,12 +367,7 @@ async fn read_range(
                 error_name(answer.error_code)
             )));
         }
-        let aborted: Vec<(i64, i64)> = answer
-            .aborted_transactions
-            .unwrap_or_default()
-            .iter()
-            .map(|a| (a.producer_id.0, a.first_offset))
-            .collect();
+        let aborted = aborted_transactions(&answer);
         let data: Bytes = answer.records.unwrap_or_default();
         let d = decode_records(&data, next, end, &aborted, |r, timestamp| {
             replay_record(topic, p, r, timestamp)

@@ -82,6 +82,10 @@ pub struct RunCounts {
     pub failed: u64,
 }
 
+/// The default `audit_table` of `[sources.dead_letter_actions]`, of every
+/// kind (one audit table may hold the actions of several sources).
+pub const DEFAULT_AUDIT_TABLE: &str = "inboxwatch_dead_letter_actions";
+
 /// What `dead-letters replay` / `ignore` do to a dead-lettered event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {

@@ -567,7 +567,7 @@ pub(crate) async fn begin_run(spec: &InboxSpec, run: &Run) -> Result<(), ActionE
         .bind(run.reason.clone())
         .bind(run.selection.clone())
         .bind(i64::from(run.rate))
-        .bind(i64::try_from(run.event_ids.len()).unwrap_or(i64::MAX))
+        .bind(count(run.event_ids.len() as u64))
         .bind(count(run.counts.done))
         .bind(count(run.counts.skipped))
         .bind(count(run.counts.failed))

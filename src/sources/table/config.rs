@@ -344,9 +344,6 @@ pub const DEFAULT_ORDERING_KEYS: usize = 100_000;
 /// The largest `ordering_keys_limit`: about 2 GB of key state at ~200 bytes a key.
 const MAX_ORDERING_KEYS: usize = 10_000_000;
 
-/// The default `audit_table`.
-pub const AUDIT_TABLE: &str = "inboxwatch_dead_letter_actions";
-
 /// The runs table of an audit table: one row per bulk run, beside it (in
 /// its schema, when it names one).
 pub fn runs_table(audit_table: &str) -> String {
@@ -1012,7 +1009,7 @@ fn dead_letter_actions(
         w.to_string()
     });
     let audit_table = match raw.audit_table.as_deref() {
-        None => AUDIT_TABLE.to_string(),
+        None => crate::sources::kind::DEFAULT_AUDIT_TABLE.to_string(),
         Some(t) if is_table_name(t) => t.to_string(),
         Some(t) => {
             v.problem(
