@@ -746,7 +746,29 @@ async fn full_reads_take_their_own_time_limit(db: Db) {
     // (without `xmin` the tail and both late-commit slices read each of them),
     // longer to read than `timeout`. A poll cut short by its limit is retried
     // with twice the time, up to `full_read_timeout`; before, each retry read
-    // the same rows and was cut again, and the burst was never counted.
+    // the same rows and was cut again, and the burst was never counted. On an
+    // agent that checks its backlog hourly: a poll that counts the backlog
+    // (every 2 s above) may take `full_read_timeout`, and would read the burst
+    // whole without being cut short.
+    agent.kill();
+    let agent =
+        Agent::start(&config.replace("reconcile_every = \"2s\"", "reconcile_every = \"1h\""));
+    agent.wait_ready(Duration::from_secs(330)).await;
+    let up = wait_until(Duration::from_secs(90), || async {
+        let m = agent.try_scrape().await?;
+        let got = (m.sum("inboxwatch_source_up", &[s]), gauges(&m));
+        if got == (1.0, [pending, 0.0, 0.0]) {
+            Ok(())
+        } else {
+            Err(format!(
+                "up and the backlog: {got:?}, want (1, [{pending}, 0, 0])"
+            ))
+        }
+    })
+    .await;
+    if let Err(e) = up {
+        panic!("the second agent's first poll: {e}\n{}", agent.stderr());
+    }
     insert_batch(&db, &t, 1, BURST, now).await;
     let pending = pending + f64::from(BURST);
     let counted = wait_until(Duration::from_secs(180), || async {

@@ -37,6 +37,7 @@ pub mod sql;
 
 pub use config::{InboxSpec, OutboxSpec, Status, StatusMap, TableSpec};
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -270,6 +271,14 @@ pub struct TableSource<K: TableKind> {
     last_reconcile: Option<Instant>,
     /// Reconciles since the last full one (see [`FULL_RECONCILE_EVERY`]).
     cheap_reconciles: u32,
+    /// This poll checks the backlog kept against the table (a count of the
+    /// unfinished rows, or their aggregate, every `reconcile_every`): decided
+    /// by [`Source::timeout`] as the poll begins, which gives it
+    /// `full_read_timeout`, as the count grows with the backlog.
+    check_due: Cell<bool>,
+    /// The time limit [`Source::timeout`] gave the poll about to begin: the
+    /// poll loop asks before the poll, the poll again, and both must agree.
+    decided: Cell<Option<Duration>>,
     /// The next poll is a full reconcile ([`TableSource::kept_gauges`]).
     full_due: bool,
     /// Polls begun since the last one that finished: between polls, those
@@ -438,6 +447,8 @@ impl<K: TableKind> TableSource<K> {
             late: (0..cursors).map(|_| LateReads::default()).collect(),
             last_reconcile: None,
             cheap_reconciles: 0,
+            check_due: Cell::new(false),
+            decided: Cell::new(None),
             full_due: false,
             begun: 0,
             limit: Duration::ZERO,
@@ -1166,9 +1177,12 @@ impl<K: TableKind> TableSource<K> {
         full: bool,
     ) -> Result<(GaugeMap, u64), SourceError> {
         let stuck_before = self.kind.stuck_before(db_now);
-        let due = self
-            .last_reconcile
-            .is_none_or(|t| t.elapsed() >= self.spec.reconcile_every);
+        // Decided as the poll began; not due after all when this poll's
+        // baseline read has just reconciled.
+        let due = self.check_due.replace(false)
+            && self
+                .last_reconcile
+                .is_none_or(|t| t.elapsed() >= self.spec.reconcile_every);
         let complete = self.backlog.is_complete();
         if complete && !full {
             let kept = self.backlog.gauges(stuck_before);
@@ -1622,25 +1636,42 @@ impl<K: TableKind> Source for TableSource<K> {
         self.spec.poll_interval
     }
 
-    /// `full_read_timeout` for a poll that reads every unfinished row: the
-    /// first, and a full reconcile; `timeout` for the others, doubled for
+    /// `full_read_timeout` for a poll that reads every unfinished row (the
+    /// first, a full reconcile) or counts them (the reconcile's check, every
+    /// `reconcile_every`); `timeout` for the others, doubled for
     /// each poll in a row that was cut short, up to `full_read_timeout`.
     /// What a poll must read after a burst (a bulk insert's rows, three
     /// times without `xmin`) can take longer than `timeout` on a loaded
     /// database; a retry with the same limit would read the same rows and be
     /// cut again, for good.
     fn timeout(&self) -> Duration {
-        if !self.started || self.full_due {
-            return self.spec.full_read_timeout;
+        if let Some(limit) = self.decided.get() {
+            return limit;
         }
-        self.spec
-            .timeout
-            .saturating_mul(1u32 << self.begun.min(16))
-            .min(self.spec.full_read_timeout)
+        // A source that re-reads its unfinished rows every poll keeps no
+        // backlog to check.
+        if !self.rereads_every_poll()
+            && self
+                .last_reconcile
+                .is_none_or(|t| t.elapsed() >= self.spec.reconcile_every)
+        {
+            self.check_due.set(true);
+        }
+        let limit = if !self.started || self.full_due || self.check_due.get() {
+            self.spec.full_read_timeout
+        } else {
+            self.spec
+                .timeout
+                .saturating_mul(1u32 << self.begun.min(16))
+                .min(self.spec.full_read_timeout)
+        };
+        self.decided.set(Some(limit));
+        limit
     }
 
     async fn poll(&mut self) -> Result<PollStats, SourceError> {
         let limit = self.timeout();
+        self.decided.set(None);
         if self.begun > 0 && limit > self.spec.timeout {
             info!(
                 source = %self.spec.name,
@@ -1850,6 +1881,50 @@ mod tests {
             Some(Reject::NullTime),
             "20 rows, 17 rejected"
         );
+    }
+
+    /// Guards the time limits a poll is given: `full_read_timeout` for the
+    /// first poll and for one that counts the backlog (every
+    /// `reconcile_every`), decided as the poll begins and the same when the
+    /// poll asks again; `timeout` between. A cold CI pass counted 300,000
+    /// unfinished MariaDB rows in more than the 1 s `timeout`, so every check
+    /// failed its poll.
+    #[test]
+    fn a_poll_that_counts_the_backlog_may_take_full_read_timeout() {
+        let text = "[[sources]]\nname = \"orders\"\nkind = \"inbox\"\n\
+                    dsn = \"postgres://u@db/orders\"\ntable = \"inbox\"\n\
+                    timeout = \"1s\"\nfull_read_timeout = \"1m\"\nreconcile_every = \"1h\"\n\
+                    columns = { event_id = \"id\", status = \"status\", received_at = \"received_at\", \
+                    started_at = \"started_at\", finished_at = \"finished_at\" }\n";
+        let cfg = crate::config::parse_str(text).expect("valid");
+        let crate::sources::SourceSpec::Inbox(s) = &cfg.sources[0] else {
+            panic!("expected an inbox source")
+        };
+        let mut source = TableSource::new(s.table.clone(), inbox::Inbox::new(s.clone()));
+        assert!(!source.rereads_every_poll(), "the shape keeps its backlog");
+        let (short, full) = (Duration::from_secs(1), Duration::from_secs(60));
+        let begin = |source: &TableSource<inbox::Inbox>| {
+            let limit = source.timeout();
+            source.decided.set(None);
+            limit
+        };
+        assert_eq!(begin(&source), full, "the first poll");
+        source.started = true;
+        source.last_reconcile = Some(Instant::now());
+        source.check_due.set(false);
+        assert_eq!(begin(&source), short, "between checks");
+        let hour = Duration::from_secs(3600);
+        source.last_reconcile = Instant::now().checked_sub(hour);
+        // The poll loop asks, then the poll: a check decided stays decided.
+        assert_eq!(source.timeout(), full, "a check is due");
+        source.last_reconcile = Some(Instant::now());
+        assert_eq!(source.timeout(), full, "asked again by the poll");
+        assert!(source.check_due.get());
+        // Cut short before its check: the next poll checks, with the limit.
+        source.decided.set(None);
+        assert_eq!(begin(&source), full);
+        source.check_due.set(false);
+        assert_eq!(begin(&source), short);
     }
 
     #[test]
