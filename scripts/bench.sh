@@ -39,6 +39,9 @@
 # rows added, 100000), SOAK_WINDOW (samples per plateau, 60). AGENT_BIN: the
 # agent binary to measure, in both modes (default the release build of this
 # tree), e.g. another commit's for a comparison in the same conditions.
+# MY_SLOW_LOG: a path where MariaDB's log of every statement is kept (slow
+# query log at 0 s: it slows every statement a little, the exporter's too);
+# `scripts/slowlog-statements.py PATH` sums the agent's time per statement.
 #
 # Every database is the benchmark's own: a PostgreSQL 15 cluster (initdb,
 # pg_stat_statements preloaded) and a mariadbd instance (performance_schema
@@ -90,6 +93,7 @@ PG_PID= ; MY_PID=
 cleanup() {
   if [ -n "$PG_PID" ]; then runuser -u postgres -- "$PGBIN/pg_ctl" -D "$WORK/pg" -m fast -w stop >/dev/null 2>&1 || true; fi
   if [ -n "$MY_PID" ]; then kill "$MY_PID" 2>/dev/null || true; wait "$MY_PID" 2>/dev/null || true; fi
+  if [ -n "${MY_SLOW_LOG:-}" ] && [ -f "$WORK/my/slow.log" ]; then cp "$WORK/my/slow.log" "$MY_SLOW_LOG"; fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -127,10 +131,16 @@ start_mariadb() {
   mariadb-install-db --no-defaults --user=mysql --datadir="$WORK/my" \
     --auth-root-authentication-method=normal --skip-test-db >/dev/null
   local mem=1G; [ $CI = 1 ] && mem=256M
+  # MY_SLOW_LOG: every statement into the slow query log (kept at that path),
+  # for scripts/slowlog-statements.py: MariaDB's performance_schema counts
+  # no executions of prepared statements, so the agent's time per statement
+  # is read from there.
+  local slow=()
+  [ -n "${MY_SLOW_LOG:-}" ] && slow=(--slow-query-log=1 --long-query-time=0 --slow-query-log-file="$WORK/my/slow.log")
   mariadbd --no-defaults --user=mysql --datadir="$WORK/my" --port="$MY_PORT" --bind-address=127.0.0.1 \
     --socket="$WORK/my/mysqld.sock" --pid-file="$WORK/my/mysqld.pid" --performance-schema=ON \
     --innodb-buffer-pool-size=$mem --innodb-log-file-size=1G --innodb-flush-log-at-trx-commit=1 \
-    --log-error="$WORK/my/error.log" &
+    --log-error="$WORK/my/error.log" "${slow[@]}" &
   MY_PID=$!
   for _ in $(seq 1 60); do
     mariadb-admin -h 127.0.0.1 -P "$MY_PORT" -u root ping >/dev/null 2>&1 && return 0

@@ -296,6 +296,11 @@ pub struct TableSource<K: TableKind> {
     /// Without a change cursor: the reads that replace the re-read of every
     /// unfinished row, when the shape allows them.
     incremental: Option<Incremental>,
+    /// MariaDB / MySQL: per tailed column, what the look-back and the
+    /// late-commit slices need not read in full again ([`ReadPairs`]).
+    pairs: Option<Vec<ReadPairs>>,
+    /// The database's time at the start of the poll under way (µs).
+    db_now: i64,
 }
 
 /// The scan for rows with a NULL change cursor, a page per sweep: each such
@@ -336,6 +341,50 @@ struct Seen {
     id: Box<str>,
     pass: u64,
     last: Unfinished,
+}
+
+/// MariaDB / MySQL, which have no `xmin` to tell a row version already
+/// read: the (event, value) pairs of one tailed column that a poll read in
+/// full, by any read, within the look-back and the late-commit slices'
+/// reach. Those reads first take only the event id and the value from the
+/// column's index (an InnoDB secondary index holds the primary key: with
+/// the event id as the key, no row is visited), then read in full only the
+/// pairs not read before: a late commit, or a row whose value changed. A
+/// pair read before is the row as it was with that value; what changed in it
+/// since without moving a time column is for the reads that look rows up
+/// (in flight) and the reconcile, as for every row older than the window.
+#[derive(Debug, Default)]
+struct ReadPairs {
+    /// The column's place in the select list.
+    at: usize,
+    set: HashSet<(u64, i64)>,
+    /// (database time when read, event key, value), oldest first.
+    order: VecDeque<(i64, u64, i64)>,
+}
+
+impl ReadPairs {
+    fn insert(&mut self, now: i64, key: u64, value: i64) {
+        if self.set.insert((key, value)) {
+            self.order.push_back((now, key, value));
+        }
+    }
+
+    fn contains(&self, key: u64, value: i64) -> bool {
+        self.set.contains(&(key, value))
+    }
+
+    /// Forgets the pairs read before `before`: their values are older than
+    /// any read of the window (a pair forgotten too early is only read in
+    /// full again).
+    fn prune(&mut self, before: i64) {
+        while let Some(&(at, key, value)) = self.order.front() {
+            if at >= before {
+                break;
+            }
+            self.order.pop_front();
+            self.set.remove(&(key, value));
+        }
+    }
 }
 
 /// The re-reads that catch a transaction committing later than
@@ -424,6 +473,15 @@ impl<K: TableKind> TableSource<K> {
             dialect: spec.dsn.dialect(),
         };
         let cursors = kind.cursors().len();
+        let pairs = (sql.dialect == Dialect::MySql).then(|| {
+            kind.cursors()
+                .into_iter()
+                .map(|(_, at)| ReadPairs {
+                    at,
+                    ..ReadPairs::default()
+                })
+                .collect()
+        });
         let incremental = kind.incremental().filter(|_| spec.rereads_unfinished());
         let events = spec.events.clone().map(|spec| events::EventsTail {
             spec,
@@ -456,6 +514,8 @@ impl<K: TableKind> TableSource<K> {
             unfinished: Reread::default(),
             events,
             incremental,
+            pairs,
+            db_now: 0,
         }
     }
 
@@ -742,6 +802,13 @@ impl<K: TableKind> TableSource<K> {
         .map_err(query_error)?;
         let db_now: i64 = now_row.try_get(0).map_err(query_error)?;
         let snapshot_xmin: i64 = now_row.try_get(1).map_err(query_error)?;
+        self.db_now = db_now;
+        let reach = self.pairs_reach();
+        if let Some(pairs) = &mut self.pairs {
+            for p in pairs.iter_mut() {
+                p.prune(db_now.saturating_sub(reach));
+            }
+        }
         self.kind.begin(db_now);
         // Every poll looks back COMMIT_LAG, which catches ordinary commit
         // latency at once; the rare transaction that commits later still is
@@ -781,9 +848,12 @@ impl<K: TableKind> TableSource<K> {
             snapshot_xmin,
             baseline,
         };
+        if self.pairs.is_some() && !baseline {
+            rows_read += self.read_windows(&mut tx, &window).await?;
+        }
         for (i, (column, at)) in self.kind.cursors().into_iter().enumerate() {
             rows_read += self.tail(&mut tx, i, &column, at, &window).await?;
-            if !baseline {
+            if !baseline && self.pairs.is_none() {
                 rows_read += self.reread_late(&mut tx, i, &column, &window).await?;
             }
         }
@@ -907,6 +977,10 @@ impl<K: TableKind> TableSource<K> {
         late.tails.push_back((low, w.snapshot_xmin));
         let mut max_seen = high;
         let mut rows_read = 0u64;
+        if self.pairs.is_some() && !w.baseline {
+            // The look-back was read before, as pairs ([`Self::read_windows`]).
+            low = high;
+        }
         loop {
             let mut query = bind(
                 sqlx::query(sqlx::AssertSqlSafe(tail.clone())),
@@ -1042,6 +1116,173 @@ impl<K: TableKind> TableSource<K> {
             self.sql.after(&col, 1),
             self.sql.after(&col, 2),
         )
+    }
+
+    /// How far back (µs) from a poll's start a read may still cover: the
+    /// late-commit slices' reach, a poll or two behind, and the look-back.
+    fn pairs_reach(&self) -> i64 {
+        let reach = self.spec.overlap + 2 * self.spec.poll_interval + COMMIT_LAG;
+        i64::try_from(reach.as_micros()).unwrap_or(i64::MAX)
+    }
+
+    /// MariaDB / MySQL: the (tailed column's place, event id, value) of
+    /// every row in three ranges of each tailed column, (`?`, `?`] each,
+    /// from the columns' indexes: one statement for the look-backs and the
+    /// late-commit slices of a poll.
+    fn windows_query(&self) -> String {
+        let list = self.kind.select_list(&self.sql);
+        let parts: Vec<String> = self
+            .kind
+            .cursors()
+            .into_iter()
+            .enumerate()
+            .map(|(i, (column, at))| {
+                let col = self.sql.ident(&column);
+                let range = format!(
+                    "({} AND NOT {})",
+                    self.sql.after(&col, 1),
+                    self.sql.after(&col, 2)
+                );
+                format!(
+                    "SELECT {}, {}, {} FROM {} WHERE {range} OR {range} OR {range}",
+                    self.sql.int(&i.to_string()),
+                    list[0].1,
+                    list[at].1,
+                    self.sql.table(&self.spec.table),
+                )
+            })
+            .collect();
+        parts.join(" UNION ALL ")
+    }
+
+    /// MariaDB / MySQL, which have no `xmin`: reads each tailed column's
+    /// look-back (what the tail re-read every poll) and its late-commit
+    /// slices ([`LateReads`]) as (event id, value) pairs, in one statement,
+    /// and reads in full, by id, only the rows whose pair no read took
+    /// before ([`ReadPairs`]). A row without an event id cannot be read by
+    /// id: then the ranges are read in full, as elsewhere. Returns the rows
+    /// read (of both reads).
+    async fn read_windows(
+        &mut self,
+        tx: &mut AnyConnection,
+        w: &Window,
+    ) -> Result<u64, SourceError> {
+        let overlap = i64::try_from(self.spec.overlap.as_micros()).unwrap_or(i64::MAX);
+        let cursors = self.kind.cursors();
+        // Per column: the look-back and the two slices; (0, 0) is empty.
+        let mut ranges: Vec<(usize, i64, i64)> = Vec::new();
+        let mut binds: Vec<(i64, i64)> = Vec::new();
+        let mut slices_done: Vec<(usize, usize, i64)> = Vec::new();
+        for i in 0..cursors.len() {
+            let high = self.highs[i].unwrap_or(w.db_now);
+            let mut three = [(high.saturating_sub(w.lookback), high), (0, 0), (0, 0)];
+            if let Some(high) = self.highs[i].filter(|_| overlap > w.lookback) {
+                let top = high.saturating_sub(w.lookback);
+                for (j, lag) in LateReads::lags(overlap, w.lookback).into_iter().enumerate() {
+                    let Some(from) = self.late[i].done[j] else {
+                        continue;
+                    };
+                    let to = w.db_now.saturating_sub(lag).min(top);
+                    if to > from {
+                        three[j + 1] = (from, to);
+                        slices_done.push((i, j, to));
+                    }
+                }
+            }
+            for (from, to) in three {
+                binds.push((from, to));
+                if to > from {
+                    ranges.push((i, from, to));
+                }
+            }
+        }
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(self.windows_query()));
+        for (from, to) in binds {
+            q = bind(bind(q, self.sql.cursor(from)), self.sql.cursor(to));
+        }
+        let rows = q.fetch_all(&mut *tx).await.map_err(query_error)?;
+        let mut rows_read = rows.len() as u64;
+        let mut unseen: Vec<String> = Vec::new();
+        let mut whole = false;
+        let pairs = self.pairs.as_ref().expect("MariaDB / MySQL keep pairs");
+        for row in &rows {
+            let i: i64 = row.try_get(0).map_err(query_error)?;
+            let id: Option<String> = get(row, 1, "event_id").map_err(SourceError::Schema)?;
+            let Some(id) = id else {
+                whole = true;
+                break;
+            };
+            let value = get_time(row, 2, "").ok().flatten();
+            let known = usize::try_from(i)
+                .ok()
+                .and_then(|i| pairs.get(i))
+                .zip(value)
+                .is_some_and(|(p, v)| p.contains(key_of(&id), v));
+            if !known {
+                unseen.push(id);
+            }
+        }
+        drop(rows);
+        if whole {
+            for (i, from, to) in ranges {
+                let query = self.slice_query(&cursors[i].0);
+                let rows = bind(
+                    bind(
+                        sqlx::query(sqlx::AssertSqlSafe(query)),
+                        self.sql.cursor(from),
+                    ),
+                    self.sql.cursor(to),
+                )
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(query_error)?;
+                rows_read += rows.len() as u64;
+                for row in &rows {
+                    self.take(row, false)?;
+                }
+            }
+        } else {
+            unseen.sort_unstable();
+            unseen.dedup();
+            rows_read += self.read_by_id(tx, &unseen).await?;
+        }
+        for (i, j, to) in slices_done {
+            self.late[i].done[j] = Some(to);
+        }
+        for late in &mut self.late {
+            late.prune();
+        }
+        Ok(rows_read)
+    }
+
+    /// Reads the rows of `ids` in full and takes each found (one gone since
+    /// is for the look-ups and the reconcile). Returns the rows read.
+    async fn read_by_id(
+        &mut self,
+        tx: &mut AnyConnection,
+        ids: &[String],
+    ) -> Result<u64, SourceError> {
+        let mut rows_read = 0u64;
+        for chunk in ids.chunks(LOOKUP_CHUNK) {
+            let mut ids: Vec<&str> = chunk.iter().map(|id| &**id).collect();
+            let bound = self.id_bind != IdBind::Literals;
+            if bound {
+                let last = ids[ids.len() - 1];
+                ids.resize(lookup_size(ids.len()), last);
+            }
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(self.lookup_query(&ids)));
+            if bound {
+                for id in &ids {
+                    q = q.bind(*id);
+                }
+            }
+            let rows = q.fetch_all(&mut *tx).await.map_err(query_error)?;
+            rows_read += rows.len() as u64;
+            for row in &rows {
+                self.take(row, false)?;
+            }
+        }
+        Ok(rows_read)
     }
 
     /// A page of the rows whose change cursor is NULL.
@@ -1265,6 +1506,19 @@ impl<K: TableKind> TableSource<K> {
             .map_err(SourceError::Schema)?;
         let (key, unfinished) = self.kind.unfinished(row).map_err(SourceError::Schema)?;
         self.backlog.update(key, unfinished);
+        let since = self.db_now.saturating_sub(self.pairs_reach());
+        if let Some(pairs) = &mut self.pairs {
+            for p in pairs.iter_mut() {
+                // Only values a window may still cover (a stuck row's
+                // `received_at` is not); an unusable value is not kept:
+                // its row is read again.
+                if let Ok(Some(value)) = get_time(row, p.at, "")
+                    && value >= since
+                {
+                    p.insert(self.db_now, key, value);
+                }
+            }
+        }
         if self.spec.rereads_unfinished() {
             self.unfinished.tailed.insert(key);
             if self.incremental.is_some() && self.events.is_none() {
@@ -1925,6 +2179,26 @@ mod tests {
         assert_eq!(begin(&source), full);
         source.check_due.set(false);
         assert_eq!(begin(&source), short);
+    }
+
+    /// Guards what MariaDB's look-back and slices skip: a pair read before,
+    /// not the same event with another value, and nothing once forgotten.
+    #[test]
+    fn read_pairs_know_an_event_by_its_value_until_forgotten() {
+        let mut p = ReadPairs::default();
+        p.insert(10 * S, 1, 5 * S);
+        p.insert(12 * S, 1, 11 * S);
+        p.insert(12 * S, 2, 11 * S);
+        // Read again later: still forgotten with its first reading.
+        p.insert(20 * S, 1, 5 * S);
+        assert!(p.contains(1, 5 * S));
+        assert!(!p.contains(1, 6 * S), "a new value is a new version");
+        assert!(!p.contains(3, 11 * S));
+        p.prune(11 * S);
+        assert!(!p.contains(1, 5 * S));
+        assert!(p.contains(1, 11 * S) && p.contains(2, 11 * S));
+        p.prune(13 * S);
+        assert!(p.set.is_empty() && p.order.is_empty());
     }
 
     #[test]
