@@ -585,6 +585,31 @@ async fn half_a_full_read(db: &Db, t: &str) -> f64 {
         .unwrap_or(TIMEOUTS[0])
 }
 
+/// Waits until the source is up with `pending` rows pending and none in
+/// flight; panics with `what` and the agent's output otherwise.
+async fn up_with_backlog(agent: &Agent, pending: f64, what: &str) {
+    let s = ("source", SOURCE);
+    let up = wait_until(Duration::from_secs(90), || async {
+        let m = agent.try_scrape().await?;
+        let got = (
+            m.sum("inboxwatch_source_up", &[s]),
+            ["pending", "processing", "failed"]
+                .map(|status| m.sum("inbox_backlog_messages", &[s, ("status", status)])),
+        );
+        if got == (1.0, [pending, 0.0, 0.0]) {
+            Ok(())
+        } else {
+            Err(format!(
+                "up and the backlog: {got:?}, want (1, [{pending}, 0, 0])"
+            ))
+        }
+    })
+    .await;
+    if let Err(e) = up {
+        panic!("{what}: {e}\n{}", agent.stderr());
+    }
+}
+
 /// A backlog that takes longer than `timeout` to read: the first poll, which
 /// takes it as it is, and a full reconcile, which re-reads and counts it, may
 /// take `full_read_timeout`; the polls between stay within `timeout`. Before,
@@ -621,24 +646,7 @@ async fn full_reads_take_their_own_time_limit(db: Db) {
             .map(|status| m.sum("inbox_backlog_messages", &[s, ("status", status)]))
     };
     let pending = f64::from(LARGE);
-    let up = wait_until(Duration::from_secs(90), || async {
-        let m = agent.try_scrape().await?;
-        let got = (m.sum("inboxwatch_source_up", &[s]), gauges(&m));
-        if got == (1.0, [pending, 0.0, 0.0]) {
-            Ok(())
-        } else {
-            Err(format!(
-                "up and the backlog: {got:?}, want (1, [{pending}, 0, 0])"
-            ))
-        }
-    })
-    .await;
-    if let Err(e) = up {
-        panic!(
-            "the first poll did not take the backlog: {e}\n{}",
-            agent.stderr()
-        );
-    }
+    up_with_backlog(&agent, pending, "the first poll did not take the backlog").await;
     // Ten rows started and dead-lettered, read by the tails; once older than
     // the overlap window, seen only by a full reconcile: the ten re-driven to
     // pending (each showed its attempt as the one that finished it, now as
@@ -742,33 +750,30 @@ async fn full_reads_take_their_own_time_limit(db: Db) {
         agent.stderr()
     );
 
-    // A burst the next poll must read whole: 50,000 rows arriving at once
-    // (without `xmin` the tail and both late-commit slices read each of them),
+    // A burst the next poll must read whole: 50,000 rows arriving at once,
     // longer to read than `timeout`. A poll cut short by its limit is retried
     // with twice the time, up to `full_read_timeout`; before, each retry read
     // the same rows and was cut again, and the burst was never counted. On an
-    // agent that checks its backlog hourly: a poll that counts the backlog
-    // (every 2 s above) may take `full_read_timeout`, and would read the burst
-    // whole without being cut short.
+    // agent that checks its backlog hourly (a poll that counts the backlog,
+    // every 2 s above, may take `full_read_timeout` and would read the burst
+    // whole) with a `timeout` of 100 ms, which its idle polls (a few empty
+    // reads) keep and the burst's read does not: the agent's read of 50,000
+    // rows took about 1 s here, several beside other suites.
     agent.kill();
-    let agent =
-        Agent::start(&config.replace("reconcile_every = \"2s\"", "reconcile_every = \"1h\""));
+    let burst_timeout = 0.1;
+    let hourly = config
+        .replace("reconcile_every = \"2s\"", "reconcile_every = \"1h\"")
+        .replace(
+            &format!("timeout = \"{}ms\"", timeout * 1000.0),
+            &format!("timeout = \"{}ms\"", burst_timeout * 1000.0),
+        );
+    assert!(
+        hourly.contains("\"1h\"") && hourly.contains("timeout = \"100ms\""),
+        "{hourly}"
+    );
+    let agent = Agent::start(&hourly);
     agent.wait_ready(Duration::from_secs(330)).await;
-    let up = wait_until(Duration::from_secs(90), || async {
-        let m = agent.try_scrape().await?;
-        let got = (m.sum("inboxwatch_source_up", &[s]), gauges(&m));
-        if got == (1.0, [pending, 0.0, 0.0]) {
-            Ok(())
-        } else {
-            Err(format!(
-                "up and the backlog: {got:?}, want (1, [{pending}, 0, 0])"
-            ))
-        }
-    })
-    .await;
-    if let Err(e) = up {
-        panic!("the second agent's first poll: {e}\n{}", agent.stderr());
-    }
+    up_with_backlog(&agent, pending, "the second agent's first poll").await;
     insert_batch(&db, &t, 1, BURST, now).await;
     let pending = pending + f64::from(BURST);
     let counted = wait_until(Duration::from_secs(180), || async {
@@ -797,7 +802,7 @@ async fn full_reads_take_their_own_time_limit(db: Db) {
     // The evidence that this tried what it is about: a poll was cut short.
     assert!(
         m.sum("inboxwatch_poll_errors_total", &[s, ("kind", "timeout")]) >= 1.0,
-        "no poll was cut short by the {timeout} s timeout: the burst of {BURST} rows was \
+        "no poll was cut short by the {burst_timeout} s timeout: the burst of {BURST} rows was \
          read faster, and this part shows nothing\n{}",
         agent.stderr()
     );

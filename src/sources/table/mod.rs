@@ -1264,25 +1264,38 @@ impl<K: TableKind> TableSource<K> {
     ) -> Result<u64, SourceError> {
         let mut rows_read = 0u64;
         for chunk in ids.chunks(LOOKUP_CHUNK) {
-            let mut ids: Vec<&str> = chunk.iter().map(|id| &**id).collect();
-            let bound = self.id_bind != IdBind::Literals;
-            if bound {
-                let last = ids[ids.len() - 1];
-                ids.resize(lookup_size(ids.len()), last);
-            }
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(self.lookup_query(&ids)));
-            if bound {
-                for id in &ids {
-                    q = q.bind(*id);
-                }
-            }
-            let rows = q.fetch_all(&mut *tx).await.map_err(query_error)?;
+            let ids: Vec<&str> = chunk.iter().map(|id| &**id).collect();
+            let rows = self.fetch_by_ids(tx, ids).await?;
             rows_read += rows.len() as u64;
             for row in &rows {
                 self.take(row, false)?;
             }
         }
         Ok(rows_read)
+    }
+
+    /// The rows of at most [`LOOKUP_CHUNK`] event ids, by the id column's
+    /// index ([`Self::lookup_query`]). `&mut self`: a poll's future must be
+    /// `Send`, and the source is not `Sync` (its `Cell`s).
+    async fn fetch_by_ids(
+        &mut self,
+        tx: &mut AnyConnection,
+        mut ids: Vec<&str>,
+    ) -> Result<Vec<AnyRow>, SourceError> {
+        let bound = self.id_bind != IdBind::Literals;
+        if bound && !ids.is_empty() {
+            // The last id repeated up to the list's size: the same few
+            // statements serve every look-up.
+            let last = ids[ids.len() - 1];
+            ids.resize(lookup_size(ids.len()), last);
+        }
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(self.lookup_query(&ids)));
+        if bound {
+            for id in &ids {
+                q = q.bind(*id);
+            }
+        }
+        q.fetch_all(&mut *tx).await.map_err(query_error)
     }
 
     /// A page of the rows whose change cursor is NULL.
@@ -1357,21 +1370,8 @@ impl<K: TableKind> TableSource<K> {
     ) -> Result<u64, SourceError> {
         let mut rows_read = 0u64;
         for chunk in rows.chunks(LOOKUP_CHUNK) {
-            let mut ids: Vec<&str> = chunk.iter().map(|(_, id, _)| &**id).collect();
-            let bound = self.id_bind != IdBind::Literals;
-            if bound {
-                // The last id repeated up to the list's size: the same few
-                // statements serve every look-up.
-                let last = ids[ids.len() - 1];
-                ids.resize(lookup_size(ids.len()), last);
-            }
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(self.lookup_query(&ids)));
-            if bound {
-                for id in &ids {
-                    q = q.bind(*id);
-                }
-            }
-            let found_rows = q.fetch_all(&mut *tx).await.map_err(query_error)?;
+            let ids: Vec<&str> = chunk.iter().map(|(_, id, _)| &**id).collect();
+            let found_rows = self.fetch_by_ids(tx, ids).await?;
             rows_read += found_rows.len() as u64;
             let mut found = HashSet::new();
             for row in &found_rows {
