@@ -343,8 +343,10 @@ struct Seen {
     last: Unfinished,
 }
 
-/// MariaDB / MySQL, which have no `xmin` to tell a row version already
-/// read: the (event, value) pairs of one tailed column that a poll read in
+/// MariaDB / MySQL without a change cursor (`cursor = "none"`), which have
+/// no `xmin` to tell a row version already read: the (event, value) pairs
+/// of one tailed column (`received_at`, `started_at`, `finished_at`) that a
+/// poll read in
 /// full, by any read, within the look-back and the late-commit slices'
 /// reach. Those reads first take only the event id and the value from the
 /// column's index (an InnoDB secondary index holds the primary key: with
@@ -473,7 +475,10 @@ impl<K: TableKind> TableSource<K> {
             dialect: spec.dsn.dialect(),
         };
         let cursors = kind.cursors().len();
-        let pairs = (sql.dialect == Dialect::MySql).then(|| {
+        // Without a change cursor only: a change cursor written at a coarse
+        // resolution (DATETIME's seconds) keeps one value over several
+        // versions of a row, which the look-back re-reads.
+        let pairs = (sql.dialect == Dialect::MySql && spec.cursor == Cursor::None).then(|| {
             kind.cursors()
                 .into_iter()
                 .map(|(_, at)| ReadPairs {
