@@ -808,7 +808,7 @@ impl<K: TableKind> TableSource<K> {
         let db_now: i64 = now_row.try_get(0).map_err(query_error)?;
         let snapshot_xmin: i64 = now_row.try_get(1).map_err(query_error)?;
         self.db_now = db_now;
-        let reach = self.pairs_reach();
+        let reach = pairs_reach(&self.spec);
         if let Some(pairs) = &mut self.pairs {
             for p in pairs.iter_mut() {
                 p.prune(db_now.saturating_sub(reach));
@@ -1057,45 +1057,69 @@ impl<K: TableKind> TableSource<K> {
         column: &str,
         w: &Window,
     ) -> Result<u64, SourceError> {
-        let overlap = i64::try_from(self.spec.overlap.as_micros()).unwrap_or(i64::MAX);
-        let Some(high) = self.highs[i] else {
-            return Ok(0);
-        };
-        // The tail re-reads from here on every poll.
-        let top = high.saturating_sub(w.lookback);
-        if overlap <= w.lookback {
-            return Ok(0);
-        }
-        let query = self.slice_query(column);
         let mut rows_read = 0u64;
-        for (j, lag) in LateReads::lags(overlap, w.lookback).into_iter().enumerate() {
-            let late = &self.late[i];
-            let Some(from) = late.done[j] else { continue };
-            let to = w.db_now.saturating_sub(lag).min(top);
-            if to <= from {
-                continue;
-            }
-            let seen_before = late.seen_before(from);
-            let mut q = bind(
-                bind(
-                    sqlx::query(sqlx::AssertSqlSafe(query.clone())),
-                    self.sql.cursor(from),
-                ),
-                self.sql.cursor(to),
-            );
-            if self.xmin {
-                q = q.bind(seen_before);
-            }
-            let mut rows = q.fetch(&mut *tx);
-            while let Some(row) = rows.try_next().await.map_err(query_error)? {
-                tokio::task::consume_budget().await;
-                rows_read += 1;
-                self.take(&row, false)?;
-            }
-            drop(rows);
+        for (j, from, to) in self.due_slices(i, w) {
+            let seen_before = self.late[i].seen_before(from);
+            rows_read += self.read_slice(tx, column, from, to, seen_before).await?;
             self.late[i].done[j] = Some(to);
         }
         self.late[i].prune();
+        Ok(rows_read)
+    }
+
+    /// The late-commit slices of the tailed column `i` due this poll, for
+    /// each lag of [`LateReads`] (its place, from, to): what became that old
+    /// since the last poll, up to where the tail reads anyway.
+    fn due_slices(&self, i: usize, w: &Window) -> Vec<(usize, i64, i64)> {
+        let overlap = i64::try_from(self.spec.overlap.as_micros()).unwrap_or(i64::MAX);
+        let Some(high) = self.highs[i] else {
+            return Vec::new();
+        };
+        if overlap <= w.lookback {
+            return Vec::new();
+        }
+        // The tail re-reads from here on every poll.
+        let top = high.saturating_sub(w.lookback);
+        LateReads::lags(overlap, w.lookback)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(j, lag)| {
+                let from = self.late[i].done[j]?;
+                let to = w.db_now.saturating_sub(lag).min(top);
+                (to > from).then_some((j, from, to))
+            })
+            .collect()
+    }
+
+    /// Reads in full, streamed, the rows of `column` in (`from`, `to`]
+    /// ([`Self::slice_query`]; PostgreSQL: those of transactions not older
+    /// than `seen_before`). Returns the rows read.
+    async fn read_slice(
+        &mut self,
+        tx: &mut AnyConnection,
+        column: &str,
+        from: i64,
+        to: i64,
+        seen_before: i64,
+    ) -> Result<u64, SourceError> {
+        let query = self.slice_query(column);
+        let mut q = bind(
+            bind(
+                sqlx::query(sqlx::AssertSqlSafe(query)),
+                self.sql.cursor(from),
+            ),
+            self.sql.cursor(to),
+        );
+        if self.xmin {
+            q = q.bind(seen_before);
+        }
+        let mut rows_read = 0u64;
+        let mut rows = q.fetch(&mut *tx);
+        while let Some(row) = rows.try_next().await.map_err(query_error)? {
+            tokio::task::consume_budget().await;
+            rows_read += 1;
+            self.take(&row, false)?;
+        }
         Ok(rows_read)
     }
 
@@ -1121,13 +1145,6 @@ impl<K: TableKind> TableSource<K> {
             self.sql.after(&col, 1),
             self.sql.after(&col, 2),
         )
-    }
-
-    /// How far back (µs) from a poll's start a read may still cover: the
-    /// late-commit slices' reach, a poll or two behind, and the look-back.
-    fn pairs_reach(&self) -> i64 {
-        let reach = self.spec.overlap + 2 * self.spec.poll_interval + COMMIT_LAG;
-        i64::try_from(reach.as_micros()).unwrap_or(i64::MAX)
     }
 
     /// MariaDB / MySQL: the (tailed column's place, event id, value) of
@@ -1172,7 +1189,6 @@ impl<K: TableKind> TableSource<K> {
         tx: &mut AnyConnection,
         w: &Window,
     ) -> Result<u64, SourceError> {
-        let overlap = i64::try_from(self.spec.overlap.as_micros()).unwrap_or(i64::MAX);
         let cursors = self.kind.cursors();
         // Per column: the look-back and the two slices; (0, 0) is empty.
         let mut ranges: Vec<(usize, i64, i64)> = Vec::new();
@@ -1181,18 +1197,9 @@ impl<K: TableKind> TableSource<K> {
         for i in 0..cursors.len() {
             let high = self.highs[i].unwrap_or(w.db_now);
             let mut three = [(high.saturating_sub(w.lookback), high), (0, 0), (0, 0)];
-            if let Some(high) = self.highs[i].filter(|_| overlap > w.lookback) {
-                let top = high.saturating_sub(w.lookback);
-                for (j, lag) in LateReads::lags(overlap, w.lookback).into_iter().enumerate() {
-                    let Some(from) = self.late[i].done[j] else {
-                        continue;
-                    };
-                    let to = w.db_now.saturating_sub(lag).min(top);
-                    if to > from {
-                        three[j + 1] = (from, to);
-                        slices_done.push((i, j, to));
-                    }
-                }
+            for (j, from, to) in self.due_slices(i, w) {
+                three[j + 1] = (from, to);
+                slices_done.push((i, j, to));
             }
             for (from, to) in three {
                 binds.push((from, to));
@@ -1230,21 +1237,7 @@ impl<K: TableKind> TableSource<K> {
         drop(rows);
         if whole {
             for (i, from, to) in ranges {
-                let query = self.slice_query(&cursors[i].0);
-                let rows = bind(
-                    bind(
-                        sqlx::query(sqlx::AssertSqlSafe(query)),
-                        self.sql.cursor(from),
-                    ),
-                    self.sql.cursor(to),
-                )
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(query_error)?;
-                rows_read += rows.len() as u64;
-                for row in &rows {
-                    self.take(row, false)?;
-                }
+                rows_read += self.read_slice(tx, &cursors[i].0, from, to, 0).await?;
             }
         } else {
             unseen.sort_unstable();
@@ -1511,8 +1504,8 @@ impl<K: TableKind> TableSource<K> {
             .map_err(SourceError::Schema)?;
         let (key, unfinished) = self.kind.unfinished(row).map_err(SourceError::Schema)?;
         self.backlog.update(key, unfinished);
-        let since = self.db_now.saturating_sub(self.pairs_reach());
         if let Some(pairs) = &mut self.pairs {
+            let since = self.db_now.saturating_sub(pairs_reach(&self.spec));
             for p in pairs.iter_mut() {
                 // Only values a window may still cover (a stuck row's
                 // `received_at` is not); an unusable value is not kept:
@@ -1650,6 +1643,14 @@ fn in_flight_rounds(overlap: Duration, poll_interval: Duration, stuck: usize) ->
     let per_overlap = u64::try_from(overlap.as_micros().div_ceil(interval)).unwrap_or(u64::MAX);
     let per_cap = u64::try_from(stuck.div_ceil(STUCK_PER_POLL)).unwrap_or(u64::MAX);
     per_overlap.max(per_cap).max(1)
+}
+
+/// How far back (µs) from a poll's start a read of MariaDB's pairs may still
+/// cover ([`ReadPairs`]): the late-commit slices' reach, a poll or two
+/// behind, and the look-back.
+fn pairs_reach(spec: &TableSpec) -> i64 {
+    let reach = spec.overlap + 2 * spec.poll_interval + COMMIT_LAG;
+    i64::try_from(reach.as_micros()).unwrap_or(i64::MAX)
 }
 
 fn query_error(e: sqlx::Error) -> SourceError {
