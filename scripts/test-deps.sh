@@ -45,7 +45,8 @@ lane_system() {
     npm ci --prefix tests/libraries --no-audit --no-fund
   fi
 
-  # procrastinate and pgqueuer (PyPI) for tests/preset_python.rs: a venv at the exact
+  # procrastinate and pgqueuer (PyPI) for tests/preset_python.rs, rstream for
+  # tests/rabbitmq.rs: a venv at the exact
   # versions of tests/libraries/python/requirements.txt (again when that file changes).
   local req=tests/libraries/python/requirements.txt venv=tests/libraries/python/.venv
   if ! cmp -s "$req" "$venv/requirements.installed"; then

@@ -52,10 +52,13 @@ if ! rabbitmqctl -q status >/dev/null 2>&1; then
 fi
 wait_for RabbitMQ 120 rabbitmqctl -q await_startup
 # Its management API (the rabbitmq kind polls it), Prometheus endpoint (the peer
-# of the scale bench) and stream protocol (stream queues' consumer offsets); the
-# machine has them installed but off. Idempotent, and online on a running node.
-rabbitmq-plugins -q enable rabbitmq_management rabbitmq_prometheus rabbitmq_stream >/dev/null
+# of the scale bench), stream protocol (stream queues' consumer offsets) and the
+# stream management plugin (the subscriptions attached to a stream); the machine
+# has them installed but off. Idempotent, and online on a running node.
+rabbitmq-plugins -q enable rabbitmq_management rabbitmq_prometheus rabbitmq_stream \
+  rabbitmq_stream_management >/dev/null
 wait_for "RabbitMQ management API" 60 bash -c 'exec 3<>/dev/tcp/127.0.0.1/15672'
+wait_for "RabbitMQ stream protocol" 60 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5552'
 
 # cargo-nextest: the machine's own if it is 0.9.91 or newer (.config/nextest.toml's
 # test priorities need it), else the prebuilt binary PyPI ships, else built.

@@ -436,14 +436,15 @@ async fn stop_stall_and_ok() {
 }
 
 /// The management API closed (the plugin disabled), a URL that is not the
-/// API (404) and a wrong password: each source is down with an error that
-/// names the URL; the password is printed nowhere; a good source beside
+/// API (404), a wrong password and a closed stream port: each source is
+/// down with an error that names the URL; the password is printed nowhere; a good source beside
 /// them goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unreachable_api_wrong_path_and_wrong_password() {
     let vh = Vhost::create("faults");
     let mon = Monitor::create(&vh);
     declare_queue(&vh, "orders", "{}");
+    declare_queue(&vh, "log", r#"{"x-queue-type":"stream"}"#);
     let closed = common::free_port();
     let secret = "wrong-Secret-4f1c9e";
     let entry = |name: &str, url: &str, pw_env: &str| {
@@ -454,10 +455,19 @@ async fn unreachable_api_wrong_path_and_wrong_password() {
         )
     };
     let config = format!(
-        "{}{}{}{}",
+        "{}{}{}{}{}",
         entry("closed", &format!("http://127.0.0.1:{closed}"), "GOOD_PW"),
         entry("notapi", "http://127.0.0.1:15672/nothing-here", "GOOD_PW"),
         entry("badpw", "http://127.0.0.1:15672", "BAD_PW"),
+        source_toml(
+            "nostream",
+            &vh.name,
+            &mon.name,
+            "GOOD_PW",
+            &format!(
+                "poll_interval = \"1s\"\nstreams_url = \"rabbitmq-stream://127.0.0.1:{closed}\"\n"
+            ),
+        ),
         source_toml(
             "good",
             &vh.name,
@@ -478,6 +488,7 @@ async fn unreachable_api_wrong_path_and_wrong_password() {
             "http://127.0.0.1:15672/nothing-here/api/vhosts".to_string(),
         ),
         ("badpw", "http://127.0.0.1:15672/api/vhosts".to_string()),
+        ("nostream", format!("rabbitmq-stream://127.0.0.1:{closed}")),
     ];
     let m = wait_until(Duration::from_secs(60), || async {
         let m = agent.try_scrape().await?;
@@ -631,27 +642,43 @@ async fn doctor_says_what_each_queue_can_and_cannot_say() {
 
 /// The broker's application stopped and started under the agent (`rabbitmqctl
 /// stop_app; start_app`, the nextest group `rabbitmq-restart` runs it alone):
-/// the source goes down naming the URL, comes back by itself, and its
-/// counters neither jump nor go back.
+/// the source goes down naming the URL, comes back by itself (its stream
+/// protocol connection too), and its counters neither jump nor go back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn restart_broker_under_the_agent() {
     let vh = Vhost::create("restart");
     let mon = Monitor::create(&vh);
     dead_letter_pair(&vh, "dlx", "dead");
     declare_queue(&vh, "orders", r#"{"x-dead-letter-exchange":"dlx"}"#);
-    let orders = q(&vh, "orders");
+    // A stream beside it, read over the stream protocol: its kept
+    // connection dies with the broker and is opened again.
+    declare_queue(&vh, "log", r#"{"x-queue-type":"stream"}"#);
+    mgmt_ok(
+        "PUT",
+        &format!("/api/permissions/{}/{}", enc(&vh.name), enc(&mon.name)),
+        Some(r#"{"configure":"","write":"","read":"^log$"}"#),
+    );
+    let (orders, log) = (q(&vh, "orders"), q(&vh, "log"));
     let config = source_toml(
         "rr",
         &vh.name,
         &mon.name,
         "RR_PASSWORD",
-        "poll_interval = \"1s\"\n",
+        "poll_interval = \"1s\"\nstreams_url = \"rabbitmq-stream://127.0.0.1:5552\"\n",
     );
     let agent = Agent::start_with_env(&config, &[("RR_PASSWORD", &mon.password)]);
     agent.wait_ready(READY_TIMEOUT).await;
     wait_until(Duration::from_secs(60), || async {
         let m = agent.try_scrape().await?;
-        diff(&m, "rr", &[(PUBLISHED, &orders, 0.0), (DEAD, &orders, 0.0)])
+        diff(
+            &m,
+            "rr",
+            &[
+                (PUBLISHED, &orders, 0.0),
+                (DEAD, &orders, 0.0),
+                (PUBLISHED, &log, 0.0),
+            ],
+        )
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
@@ -662,12 +689,14 @@ async fn restart_broker_under_the_agent() {
             .expect("confirms");
         publish(&ch, "orders", 12, |_| None).await;
         get_each(&ch, "orders", 4, Then::Reject).await;
+        publish(&ch, "log", 5, |_| None).await;
         conn.close(200, "bye".into()).await.ok();
     }
     let before = [
         (MESSAGES, orders.as_str(), 8.0),
         (PUBLISHED, &orders, 12.0),
         (DEAD, &orders, 4.0),
+        (PUBLISHED, &log, 5.0),
     ];
     wait_until(Duration::from_secs(60), || async {
         diff(&agent.try_scrape().await?, "rr", &before)
@@ -713,6 +742,7 @@ async fn restart_broker_under_the_agent() {
             .expect("confirms");
         publish(&ch, "orders", 3, |_| None).await;
         get_each(&ch, "orders", 2, Then::Reject).await;
+        publish(&ch, "log", 3, |_| None).await;
         conn.close(200, "bye".into()).await.ok();
     }
     wait_until(Duration::from_secs(60), || async {
@@ -723,6 +753,7 @@ async fn restart_broker_under_the_agent() {
                 (MESSAGES, &orders, 9.0),
                 (PUBLISHED, &orders, 15.0),
                 (DEAD, &orders, 6.0),
+                (PUBLISHED, &log, 8.0),
             ],
         )
     })
@@ -818,4 +849,189 @@ async fn one_agent_owns_the_source_and_another_takes_over() {
             "the lock's password printed"
         );
     }
+}
+
+/// `python tests/libraries/python/rstream_workload.py --vhost … --stream …
+/// --phase <phase>` (rstream, the stream protocol's Python client) to
+/// completion: its report.
+async fn stream_workload(vh: &Vhost, stream: &str, phase: &str) -> serde_json::Value {
+    let mut cmd = stream_workload_cmd(vh, stream, phase);
+    common::library::report(
+        &common::library::run_workload(&format!("rstream_workload.py --phase {phase}"), &mut cmd)
+            .await,
+    )
+}
+
+fn stream_workload_cmd(vh: &Vhost, stream: &str, phase: &str) -> std::process::Command {
+    let python = common::repo_path("tests/libraries/python/.venv/bin/python");
+    assert!(
+        python.is_file(),
+        "{} is missing: scripts/test.sh creates the venv from tests/libraries/python/requirements.txt",
+        python.display()
+    );
+    let dir = common::repo_path("tests/libraries/python");
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg(dir.join("rstream_workload.py"))
+        .args(["--vhost", &vh.name, "--stream", stream, "--phase", phase])
+        .current_dir(&dir);
+    cmd
+}
+
+/// A stream queue read over the stream protocol, against rstream's own
+/// ground truth: three batches of 100 messages 3 s apart; consumer
+/// "billing" stores offset 149, "audit" 39. Lag in messages = the last
+/// offset (299) less the stored one; lag seconds within a second of the
+/// publishing of the batch holding the first offset not stored (batch 2
+/// for billing, batch 1 for audit); the published counter grows by the
+/// 300; a name that stored nothing has no row. With no subscription the
+/// consumers read `stop` once the window passes; with billing attached and
+/// storing nothing, `stall`. The monitoring user may read the stream only
+/// (reading it takes nothing from it), and `doctor` says what it read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stream_consumers_lag_in_offsets_and_chunk_time() {
+    let vh = Vhost::create("stream");
+    let mon = Monitor::create(&vh);
+    mgmt_ok(
+        "PUT",
+        &format!("/api/permissions/{}/{}", enc(&vh.name), enc(&mon.name)),
+        Some(r#"{"configure":"","write":"","read":"^orders\\.log$"}"#),
+    );
+    stream_workload(&vh, "orders.log", "create").await;
+    let log = q(&vh, "orders.log");
+    let config = source_toml(
+        "rsm",
+        &vh.name,
+        &mon.name,
+        "RSM_PASSWORD",
+        "queues = \"orders\\\\.log\"\npoll_interval = \"1s\"\nstatus_window = \"6s\"\n\
+         streams_url = \"rabbitmq-stream://127.0.0.1:5552\"\n\
+         stream_consumers = [\"billing\", \"audit\", \"nobody\"]\n",
+    );
+    let agent = Agent::start_with_env(&config, &[("RSM_PASSWORD", &mon.password)]);
+    agent.wait_ready(READY_TIMEOUT).await;
+    // The empty stream's baseline, before anything is published.
+    wait_until(Duration::from_secs(60), || async {
+        let m = agent.try_scrape().await?;
+        diff(&m, "rsm", &[(PUBLISHED, &log, 0.0)])
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+
+    let truth = stream_workload(&vh, "orders.log", "run").await;
+    let batches = truth["batches"].as_array().expect("batches");
+    assert_eq!(truth["stored"]["billing"], 149, "{truth}");
+    assert_eq!(truth["stored"]["audit"], 39, "{truth}");
+    let consumer = |m: &Metrics, name: &str, c: &str| {
+        m.get(
+            name,
+            &[
+                ("source", "rsm"),
+                ("broker", "rabbitmq"),
+                ("queue", log.as_str()),
+                ("consumer", c),
+            ],
+        )
+    };
+    // Where a scrape's lag seconds put the chunk's time: the value was
+    // worked out at the last poll, at most 1.5 s before the scrape.
+    let within = |v: Option<f64>, batch: usize, scraped: f64| -> Result<(), String> {
+        let v = v.ok_or("no lag seconds")?;
+        let b = &batches[batch];
+        let (start, end) = (b["start"].as_f64().unwrap(), b["end"].as_f64().unwrap());
+        let written = scraped - v;
+        if written >= start - 0.2 && written <= end + 1.5 {
+            Ok(())
+        } else {
+            Err(format!(
+                "lag seconds {v:.3} put the chunk at {written:.3}, batch {batch} was published in [{start:.3}, {end:.3}]"
+            ))
+        }
+    };
+    wait_until(Duration::from_secs(60), || async {
+        let m = agent.try_scrape().await?;
+        let scraped = now_s();
+        diff(&m, "rsm", &[(PUBLISHED, &log, 300.0)])?;
+        let got = [
+            consumer(&m, LAG, "billing"),
+            consumer(&m, LAG, "audit"),
+            consumer(&m, LAG, "nobody"),
+        ];
+        if got != [Some(150.0), Some(260.0), None] {
+            return Err(format!("lag billing, audit, nobody: {got:?}"));
+        }
+        within(consumer(&m, LAG_S, "billing"), 1, scraped)?;
+        within(consumer(&m, LAG_S, "audit"), 0, scraped)?;
+        let status = |c: &str| {
+            m.series(
+                STATUS,
+                &[("source", "rsm"), ("queue", log.as_str()), ("consumer", c)],
+            )
+            .find(|s| s.value == 1.0)
+            .map(|s| s.labels["status"].clone())
+        };
+        // Nothing attached, nothing stored for longer than the window.
+        let got = (
+            status("billing"),
+            consumer(&m, CONSUMERS, "billing"),
+            status("audit"),
+        );
+        if got == (Some("stop".into()), Some(0.0), Some("stop".into())) {
+            Ok(())
+        } else {
+            Err(format!("status, consumers: {got:?}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+
+    // billing attached again, reading on and storing nothing: stalled.
+    let dir = tempfile::tempdir().unwrap();
+    let hold = common::process::Proc::spawn(
+        "rstream_workload.py --phase hold",
+        &mut stream_workload_cmd(&vh, "orders.log", "hold"),
+        dir.path(),
+        "hold",
+    );
+    wait_until(Duration::from_secs(60), || async {
+        if let Some(s) = hold.exited() {
+            panic!("the hold phase exited: {s}\n{}", hold.output_tail());
+        }
+        let m = agent.try_scrape().await?;
+        let got = consumer(&m, CONSUMERS, "billing");
+        let status = m
+            .series(
+                STATUS,
+                &[
+                    ("source", "rsm"),
+                    ("queue", log.as_str()),
+                    ("consumer", "billing"),
+                ],
+            )
+            .find(|s| s.value == 1.0)
+            .map(|s| s.labels["status"].clone());
+        if got == Some(1.0) && status.as_deref() == Some("stall") {
+            Ok(())
+        } else {
+            Err::<(), String>(format!("consumers {got:?}, status {status:?}"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
+    drop(hold);
+
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, &config).unwrap();
+    let out = Cmd::new(["doctor", "--config"])
+        .arg(&path)
+        .env("RSM_PASSWORD", &mon.password)
+        .output();
+    let text = common::strip_ansi(&format!("{}{}", out.stdout, out.stderr));
+    for want in [
+        format!("queue \"{log}\" (stream): last message at offset 299"),
+        "consumers \"billing\" stored 149 (lag 150), \"audit\" stored 39 (lag 260)".to_string(),
+        "no offset stored by \"nobody\"".to_string(),
+    ] {
+        assert!(text.contains(&want), "doctor lacks {want:?}:\n{text}");
+    }
+    assert!(!text.contains(&mon.password), "{text}");
 }

@@ -37,6 +37,25 @@ pub struct RabbitSpec {
     /// `[sources.election]`: the AMQP connection whose exclusive queue
     /// decides which agent owns the source; none: owned outright.
     pub election: Option<ElectionUrl>,
+    /// `streams_url`: the stream protocol's host and port, where stream
+    /// queues' last offsets, chunk times and stored offsets are read.
+    pub streams: Option<StreamsUrl>,
+    /// `stream_consumers`: the names stream consumers store their offsets
+    /// under (RabbitMQ 3.10 lists no such names: they are given).
+    pub stream_consumers: Vec<String>,
+}
+
+/// Where the stream protocol is read (plain TCP).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamsUrl {
+    pub host: String,
+    pub port: u16,
+}
+
+impl fmt::Display for StreamsUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rabbitmq-stream://{}:{}", self.host, self.port)
+    }
 }
 
 /// Where and as whom the election's lock is taken.
@@ -96,6 +115,11 @@ pub struct RawRabbit {
     /// One owner per source across agents: an AMQP user that may declare
     /// the lock queue.
     pub election: Option<RawElection>,
+    /// `rabbitmq-stream://host:5552`: stream consumers' offsets and chunk
+    /// times, over the stream protocol, as `username`.
+    pub streams_url: Option<String>,
+    /// The names stream consumers store offsets under.
+    pub stream_consumers: Option<Vec<String>>,
 }
 
 /// `[sources.election]`.
@@ -146,6 +170,25 @@ pub(crate) fn validate(
         &format!("{key}.queues"),
         s.queues.as_deref().unwrap_or(".*"),
     );
+    let streams = s
+        .streams_url
+        .as_deref()
+        .map(|u| streams_url(v, &format!("{key}.streams_url"), u));
+    let stream_consumers = s.stream_consumers.unwrap_or_default();
+    for (i, c) in stream_consumers.iter().enumerate() {
+        if c.is_empty() || c.len() > 255 {
+            v.problem(
+                &format!("{key}.stream_consumers[{i}]"),
+                "a name of 1 to 255 bytes (the stream protocol's limit)".into(),
+            );
+        }
+    }
+    if !stream_consumers.is_empty() && streams.is_none() {
+        v.problem(
+            &format!("{key}.stream_consumers"),
+            "needs streams_url (rabbitmq-stream://host:5552): stored offsets are read over the stream protocol".into(),
+        );
+    }
     let common = common::check(common, key, name, &COMMON, v);
     let status_window =
         queue::status_window(v, key, s.status_window.as_deref(), common.poll_interval);
@@ -180,7 +223,51 @@ pub(crate) fn validate(
             Some(e) => Some(e?),
             None => None,
         },
+        streams: match streams {
+            Some(u) => Some(u?),
+            None => None,
+        },
+        stream_consumers,
     })
+}
+
+/// `streams_url`: `rabbitmq-stream://host[:5552]`, no credentials (the
+/// source's `username` and `password` are used), no vhost (each watched
+/// vhost is opened in turn).
+fn streams_url(v: &mut Validator<'_>, at: &str, written: &str) -> Option<StreamsUrl> {
+    let text = v.expand(at, written)?;
+    let problem = |v: &mut Validator<'_>, m: String| {
+        v.problem(at, m);
+        None
+    };
+    match url::Url::parse(&text) {
+        Err(e) => problem(v, format!("not a URL: {e}")),
+        Ok(u) if u.scheme() != "rabbitmq-stream" => problem(
+            v,
+            format!(
+                "scheme \"{}\": expected rabbitmq-stream (rabbitmq-stream+tls is not supported)",
+                u.scheme()
+            ),
+        ),
+        Ok(u) if !u.username().is_empty() || u.password().is_some() => problem(
+            v,
+            "must not hold credentials: the source's username and password are used".into(),
+        ),
+        Ok(u) if !matches!(u.path(), "" | "/") => problem(
+            v,
+            "must not name a vhost: every watched vhost is read".into(),
+        ),
+        Ok(u) => match u.host_str().filter(|h| !h.is_empty()) {
+            None => problem(v, "needs a host".into()),
+            Some(host) => Some(StreamsUrl {
+                host: host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_string(),
+                port: u.port().unwrap_or(5552),
+            }),
+        },
+    }
 }
 
 /// `[sources.election]`: `url` (amqp://host:port/vhost), `username`, and
@@ -414,6 +501,22 @@ mod tests {
             (
                 "management_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\n[sources.election]\nurl = \"amqp://h:5672/%2F\"\nusername = \"e\"\n",
                 "sources[0].election.password",
+            ),
+            (
+                "management_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\nstreams_url = \"amqp://h:5552\"\n",
+                "sources[0].streams_url",
+            ),
+            (
+                "management_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\nstreams_url = \"rabbitmq-stream://u:secret@h:5552\"\n",
+                "sources[0].streams_url",
+            ),
+            (
+                "management_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\nstream_consumers = [\"billing\"]\n",
+                "sources[0].stream_consumers",
+            ),
+            (
+                "management_url = \"http://h:15672\"\nusername = \"m\"\npassword = \"p\"\nstreams_url = \"rabbitmq-stream://h\"\nstream_consumers = [\"\"]\n",
+                "sources[0].stream_consumers[0]",
             ),
         ] {
             let got = problems(entry);

@@ -117,7 +117,7 @@ pub(crate) async fn check(spec: &RabbitSpec) -> Vec<Finding> {
             return out;
         }
     }
-    let read = match fetch::fetch(&api, spec).await {
+    let read = match fetch::fetch(&api, spec, &mut fetch::StreamConns::default()).await {
         Ok(r) => r,
         Err(e) => {
             out.push(Finding::Error(e.to_string()));
@@ -126,6 +126,30 @@ pub(crate) async fn check(spec: &RabbitSpec) -> Vec<Finding> {
     };
     for vhost in &read.refused {
         out.push(Finding::Warn(super::refused_note(vhost, &spec.username)));
+    }
+    for note in &read.stream_notes {
+        out.push(Finding::Warn(note.clone()));
+    }
+    let has_streams = read
+        .vhosts
+        .iter()
+        .flat_map(|vh| vh.rows.values())
+        .any(|r| r.kind == "stream" && spec.queues.is_match(&r.name));
+    if has_streams && spec.streams.is_some() {
+        if spec.stream_consumers.is_empty() {
+            out.push(Finding::Warn(
+                "no stream_consumers: streams get no consumer rows (RabbitMQ lists no names offsets are stored under: name them)".into(),
+            ));
+        }
+        if read
+            .vhosts
+            .iter()
+            .any(|vh| vh.subscribers.is_none() && !vh.streams.is_empty())
+        {
+            out.push(Finding::Warn(
+                "the stream management plugin does not answer (/api/stream/consumers): stream consumers count 0 attached, so a stalled one reads as stopped (rabbitmq-plugins enable rabbitmq_stream_management)".into(),
+            ));
+        }
     }
     let mut listed = 0;
     let mut rest = 0;
@@ -136,7 +160,11 @@ pub(crate) async fn check(spec: &RabbitSpec) -> Vec<Finding> {
                 continue;
             }
             listed += 1;
-            out.extend(queue_findings(vh, row));
+            if row.kind == "stream" {
+                out.extend(stream_findings(spec, vh, row));
+            } else {
+                out.extend(queue_findings(vh, row));
+            }
         }
     }
     if listed == 0 {
@@ -150,16 +178,78 @@ pub(crate) async fn check(spec: &RabbitSpec) -> Vec<Finding> {
     out
 }
 
+/// What `doctor` says of one watched stream: what the stream protocol read
+/// of it, or why nothing.
+fn stream_findings(
+    spec: &RabbitSpec,
+    vh: &fetch::VhostRead,
+    row: &fetch::QueueRow,
+) -> Vec<Finding> {
+    let name = label(&vh.vhost, &row.name);
+    if spec.streams.is_none() {
+        return vec![Finding::Warn(format!(
+            "queue \"{name}\" (stream): its message count only; set streams_url (rabbitmq-stream://host:5552) and stream_consumers to read its consumers' offsets"
+        ))];
+    }
+    let Some(read) = vh.streams.get(&row.name) else {
+        return vec![Finding::Warn(format!(
+            "queue \"{name}\" (stream): not read over the stream protocol this time (see above)"
+        ))];
+    };
+    let Some(last) = read.last else {
+        return vec![Finding::Ok(format!(
+            "queue \"{name}\" (stream): holds no message yet"
+        ))];
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    let mut line = format!(
+        "queue \"{name}\" (stream): last message at offset {}, written {:.1} s ago",
+        last.last_offset(),
+        (now - last.timestamp_ms as f64 / 1000.0).max(0.0)
+    );
+    let tracked: Vec<String> = read
+        .consumers
+        .iter()
+        .map(|(c, stored, _)| {
+            format!(
+                "\"{c}\" stored {stored} (lag {})",
+                last.last_offset().saturating_sub(*stored)
+            )
+        })
+        .collect();
+    let untracked: Vec<String> = spec
+        .stream_consumers
+        .iter()
+        .filter(|c| !read.consumers.iter().any(|(n, _, _)| n == *c))
+        .map(|c| format!("\"{c}\""))
+        .collect();
+    if !tracked.is_empty() {
+        line.push_str(&format!("; consumers {}", tracked.join(", ")));
+    }
+    if !untracked.is_empty() {
+        line.push_str(&format!("; no offset stored by {}", untracked.join(", ")));
+    }
+    if let Some(n) = vh
+        .subscribers
+        .as_ref()
+        .map(|s| s.get(&row.name).copied().unwrap_or(0))
+    {
+        line.push_str(&format!("; {n} subscriptions attached"));
+    }
+    vec![if tracked.is_empty() {
+        Finding::Warn(line)
+    } else {
+        Finding::Ok(line)
+    }]
+}
+
 /// What `doctor` says of one watched queue.
 fn queue_findings(vh: &fetch::VhostRead, row: &fetch::QueueRow) -> Vec<Finding> {
     let name = label(&vh.vhost, &row.name);
     let mut out = Vec::new();
-    if row.kind == "stream" {
-        out.push(Finding::Warn(format!(
-            "queue \"{name}\" (stream): its message count only; its consumers' offsets need the stream protocol, which this kind does not read"
-        )));
-        return out;
-    }
     let ready = row.messages_ready.unwrap_or(0);
     let seconds = if row.head_timestamp().is_some() {
         "lag seconds from its head message's timestamp".to_string()

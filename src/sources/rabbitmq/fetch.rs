@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::client::{Api, ApiError, segment};
 use super::config::RabbitSpec;
+use super::streams::{self, Chunk, Conn, Start, StreamError};
 use crate::sources::queue::{Consumer, DeadLetters, Observation, Queue};
 
 /// The columns asked of every queue.
@@ -105,6 +106,24 @@ pub struct VhostRead {
     /// Per dead-letter exchange and routing key the watched queues name,
     /// the queues it delivers to; `None` when the exchange does not exist.
     pub targets: BTreeMap<(String, Option<String>), Option<Vec<String>>>,
+    /// Per watched stream, what the stream protocol read (with
+    /// `streams_url`).
+    pub streams: BTreeMap<String, StreamRead>,
+    /// Per stream, the subscriptions attached to it (the stream management
+    /// plugin's list, less the agent's own user); `None` when that plugin
+    /// does not answer.
+    pub subscribers: Option<HashMap<String, u64>>,
+}
+
+/// One stream as the stream protocol reads it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StreamRead {
+    /// Its last chunk of messages; `None`: it holds none (or none came in
+    /// time: then no consumer is read either).
+    pub last: Option<Chunk>,
+    /// Each named consumer that stored an offset on it: the name, the
+    /// offset, and the chunk holding the next offset when messages follow it.
+    pub consumers: Vec<(String, u64, Option<Chunk>)>,
 }
 
 /// One read of the broker.
@@ -114,6 +133,38 @@ pub struct Read {
     /// Vhosts the pattern matches that the user may not read (it needs a
     /// permission entry there, empty patterns suffice): skipped.
     pub refused: Vec<String>,
+    /// What the stream protocol refused, stream by stream (no read
+    /// permission, a stream not available): those streams' consumers are
+    /// not exported this poll.
+    pub stream_notes: Vec<String>,
+}
+
+/// The stream protocol's connections, one per vhost, kept between polls.
+#[derive(Default)]
+pub struct StreamConns {
+    open: HashMap<String, Conn>,
+}
+
+/// Why a poll failed: the management API or the stream protocol.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("{0}")]
+    Api(ApiError),
+    #[error("{0}")]
+    Streams(StreamError),
+}
+
+impl From<ApiError> for FetchError {
+    fn from(e: ApiError) -> FetchError {
+        FetchError::Api(e)
+    }
+}
+
+#[derive(Deserialize)]
+struct StreamConsumer {
+    queue: Named,
+    #[serde(default)]
+    connection_details: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -135,8 +186,13 @@ struct Binding {
     routing_key: String,
 }
 
-/// Reads every watched vhost's queues and their dead-letter targets.
-pub async fn fetch(api: &Api, spec: &RabbitSpec) -> Result<Read, ApiError> {
+/// Reads every watched vhost's queues and their dead-letter targets, and
+/// with `streams_url` its streams' offsets.
+pub async fn fetch(
+    api: &Api,
+    spec: &RabbitSpec,
+    conns: &mut StreamConns,
+) -> Result<Read, FetchError> {
     let vhosts: Vec<Named> = api.get("/api/vhosts?columns=name").await?;
     let mut out = Read::default();
     for vhost in vhosts.into_iter().map(|v| v.name) {
@@ -164,7 +220,7 @@ pub async fn fetch(api: &Api, spec: &RabbitSpec) -> Result<Read, ApiError> {
                 out.refused.push(vhost.clone());
                 continue;
             }
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         };
         for row in rows {
             read.rows.insert(row.name.clone(), row);
@@ -179,9 +235,147 @@ pub async fn fetch(api: &Api, spec: &RabbitSpec) -> Result<Read, ApiError> {
             let targets = targets(api, &vhost, &exchange, key.as_deref()).await?;
             read.targets.insert((exchange, key), targets);
         }
+        if spec.streams.is_some() {
+            let watched: Vec<(String, u64)> = read
+                .rows
+                .values()
+                .filter(|r| r.kind == "stream" && spec.queues.is_match(&r.name))
+                .map(|r| (r.name.clone(), r.messages.unwrap_or(0)))
+                .collect();
+            if !watched.is_empty() {
+                // Before the agent subscribes: its own subscriptions are not
+                // in the list it reads.
+                read.subscribers = subscribers(api, spec, &vhost).await?;
+                read_streams(
+                    conns,
+                    spec,
+                    &vhost,
+                    &watched,
+                    &mut read,
+                    &mut out.stream_notes,
+                )
+                .await
+                .map_err(FetchError::Streams)?;
+            }
+        }
         out.vhosts.push(read);
     }
     Ok(out)
+}
+
+/// Per stream of `vhost`, the subscriptions attached to it by users other
+/// than the agent's (the stream management plugin's list); `None` when the
+/// plugin does not answer (404).
+async fn subscribers(
+    api: &Api,
+    spec: &RabbitSpec,
+    vhost: &str,
+) -> Result<Option<HashMap<String, u64>>, ApiError> {
+    let path = format!(
+        "/api/stream/consumers/{}?columns=queue.name,connection_details",
+        segment(vhost)
+    );
+    let list: Vec<StreamConsumer> = match api.get(&path).await {
+        Ok(l) => l,
+        Err(e) if e.is_not_found() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut out = HashMap::new();
+    for c in list {
+        let user = c
+            .connection_details
+            .as_ref()
+            .and_then(|d| d.get("user"))
+            .and_then(Value::as_str);
+        if user == Some(spec.username.as_str()) {
+            continue;
+        }
+        *out.entry(c.queue.name).or_insert(0) += 1;
+    }
+    Ok(Some(out))
+}
+
+/// Reads each watched stream of `vhost` over the stream protocol: its last
+/// chunk of messages, each named consumer's stored offset, and the chunk
+/// holding the first offset that consumer has not stored. The vhost's
+/// connection is kept; one that fails is dropped and opened again once.
+async fn read_streams(
+    conns: &mut StreamConns,
+    spec: &RabbitSpec,
+    vhost: &str,
+    watched: &[(String, u64)],
+    read: &mut VhostRead,
+    notes: &mut Vec<String>,
+) -> Result<(), StreamError> {
+    let Some(url) = &spec.streams else {
+        return Ok(());
+    };
+    let mut retried = false;
+    'again: loop {
+        let conn = match conns.open.entry(vhost.to_string()) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(Conn::open(url, spec, vhost, spec.timeout).await?)
+            }
+        };
+        for (stream, messages) in watched {
+            match read_stream(conn, spec, stream, *messages).await {
+                Ok(Some(s)) => {
+                    read.streams.insert(stream.clone(), s);
+                }
+                Ok(None) => {}
+                Err(StreamError::Refused { message, .. }) => notes.push(message),
+                Err(e) => {
+                    conns.open.remove(vhost);
+                    if retried {
+                        return Err(e);
+                    }
+                    // A kept connection the broker closed while idle.
+                    retried = true;
+                    read.streams.clear();
+                    continue 'again;
+                }
+            }
+        }
+        return Ok(());
+    }
+}
+
+/// One stream; `None` when it is gone or its last chunk did not come.
+async fn read_stream(
+    conn: &mut Conn,
+    spec: &RabbitSpec,
+    stream: &str,
+    messages: u64,
+) -> Result<Option<StreamRead>, StreamError> {
+    // The management API counts a stream's offsets; a stream that holds
+    // none has no chunk to wait for.
+    if messages == 0 {
+        return Ok(Some(StreamRead::default()));
+    }
+    let last = match conn.chunk(stream, Start::Last, spec.timeout).await {
+        Ok(Some(c)) => c,
+        Ok(None) => return Ok(None),
+        Err(e) if streams::is_gone(&e) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let mut out = StreamRead {
+        last: Some(last),
+        consumers: Vec::new(),
+    };
+    for name in &spec.stream_consumers {
+        let Some(stored) = conn.query_offset(name, stream).await? else {
+            continue;
+        };
+        let next = if stored < last.last_offset() {
+            conn.chunk(stream, Start::Offset(stored + 1), spec.timeout)
+                .await?
+        } else {
+            None
+        };
+        out.consumers.push((name.clone(), stored, next));
+    }
+    Ok(Some(out))
 }
 
 /// The queues a dead-letter exchange delivers to with `key`: the queue of
@@ -312,24 +506,16 @@ pub fn observe(
             };
             let queue = label(&vh.vhost, &row.name);
             let stats = row.message_stats.unwrap_or_default();
-            let streamed = !row.has_consumer_row();
+            if !row.has_consumer_row() {
+                observe_stream(vh, row, queue, messages, now, &mut out);
+                continue;
+            }
             out.queues.push(Queue {
                 queue: queue.clone(),
                 messages,
-                appended: if streamed {
-                    None
-                } else {
-                    Some(stats.publish.unwrap_or(0))
-                },
-                redelivered: if streamed {
-                    None
-                } else {
-                    Some(stats.redeliver.unwrap_or(0))
-                },
+                appended: Some(stats.publish.unwrap_or(0)),
+                redelivered: Some(stats.redeliver.unwrap_or(0)),
             });
-            if streamed {
-                continue;
-            }
             let ready = row.messages_ready.unwrap_or(0);
             let now = vh.broker_now.unwrap_or(now);
             out.consumers.push(Consumer {
@@ -380,6 +566,59 @@ pub fn observe(
     }
     dead.last.retain(|k, _| targets_seen.contains_key(k));
     out
+}
+
+/// A stream: its message count; with what the stream protocol read, its
+/// offsets' growth and one row per named consumer that stored an offset:
+/// lag = the last message's offset less the stored one, lag seconds = the
+/// age of the chunk holding the first offset not stored (on the agent's
+/// clock: the chunk's time is in milliseconds, the broker's `Date` in
+/// seconds), the status rules' position = the stored offset.
+fn observe_stream(
+    vh: &VhostRead,
+    row: &QueueRow,
+    queue: String,
+    messages: u64,
+    now: f64,
+    out: &mut Observation,
+) {
+    let read = vh.streams.get(&row.name);
+    out.queues.push(Queue {
+        queue: queue.clone(),
+        messages,
+        appended: read.map(|r| r.last.map_or(0, |c| c.last_offset() + 1)),
+        redelivered: None,
+    });
+    let Some(read) = read else {
+        return;
+    };
+    let Some(last) = read.last else {
+        return;
+    };
+    let attached = vh
+        .subscribers
+        .as_ref()
+        .and_then(|s| s.get(&row.name).copied())
+        .unwrap_or(0);
+    for (name, stored, next) in &read.consumers {
+        let lag = last.last_offset().saturating_sub(*stored);
+        out.consumers.push(Consumer {
+            queue: queue.clone(),
+            consumer: name.clone(),
+            lag_messages: lag,
+            lag_seconds: if lag == 0 {
+                Some(0.0)
+            } else {
+                next.map(|c| (now - c.timestamp_ms as f64 / 1000.0).max(0.0))
+            },
+            unacked: None,
+            oldest_unacked_age_seconds: None,
+            redelivered: None,
+            redelivered_scan_cut: false,
+            consumers: attached,
+            acknowledged: i64::try_from(*stored).unwrap_or(i64::MAX),
+        });
+    }
 }
 
 #[cfg(test)]
@@ -455,8 +694,9 @@ mod tests {
                 targets: [(("".to_string(), Some("orders.dlq".to_string())), Some(vec!["orders.dlq".to_string()]))]
                     .into_iter()
                     .collect(),
+                ..VhostRead::default()
             }],
-            refused: Vec::new(),
+            ..Read::default()
         }
         };
         let watched = regex::Regex::new("^(?:orders|raft|log|fresh)$").unwrap();
@@ -489,6 +729,79 @@ mod tests {
                 seen.dead_letters[0].count
             ),
             ("shop/orders", "dead_letter_queue", 4)
+        );
+    }
+
+    /// Guards the stream step: lag from the last message's offset, lag
+    /// seconds from the chunk after the stored offset on the agent's clock,
+    /// 0 for a consumer caught up, no row for a stream not read.
+    #[test]
+    fn a_stream_read_becomes_its_consumers_rows() {
+        let chunk = |first_offset, records, timestamp_ms| Chunk {
+            first_offset,
+            records,
+            timestamp_ms,
+        };
+        let vh = VhostRead {
+            vhost: "/".into(),
+            broker_now: Some(1_000.0),
+            rows: [
+                row(
+                    "log",
+                    "stream",
+                    serde_json::json!({"name": "", "messages": 302}),
+                ),
+                row(
+                    "unread",
+                    "stream",
+                    serde_json::json!({"name": "", "messages": 5}),
+                ),
+            ]
+            .into_iter()
+            .map(|r| (r.name.clone(), r))
+            .collect(),
+            streams: [(
+                "log".to_string(),
+                StreamRead {
+                    last: Some(chunk(290, 10, 1_999_000)),
+                    consumers: vec![
+                        ("billing".into(), 149, Some(chunk(100, 100, 1_990_500))),
+                        ("done".into(), 299, None),
+                    ],
+                },
+            )]
+            .into_iter()
+            .collect(),
+            subscribers: Some([("log".to_string(), 2)].into_iter().collect()),
+            ..VhostRead::default()
+        };
+        let read = Read {
+            vhosts: vec![vh],
+            ..Read::default()
+        };
+        let watched = regex::Regex::new(".*").unwrap();
+        let seen = observe(&read, &watched, &mut DeadLetterMemory::default(), 2_000.0);
+        assert_eq!(seen.queues[0].appended, Some(300));
+        assert_eq!(seen.queues[1].appended, None, "not read: no growth");
+        let rows: Vec<_> = seen
+            .consumers
+            .iter()
+            .map(|c| {
+                (
+                    c.consumer.as_str(),
+                    c.lag_messages,
+                    c.lag_seconds,
+                    c.consumers,
+                    c.acknowledged,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("billing", 150, Some(9.5), 2, 149),
+                ("done", 0, Some(0.0), 2, 299)
+            ]
         );
     }
 

@@ -51,10 +51,19 @@ impl Kind for RabbitSpec {
     }
 
     fn reads(&self) -> String {
+        let streams = match &self.streams {
+            Some(url) => format!(
+                "; over the stream protocol ({url}), each watched stream's last chunk and, per \
+                 name in stream_consumers ({}), its stored offset and the chunk after it, and \
+                 the subscriptions attached to the streams (/api/stream/consumers)",
+                self.stream_consumers.len()
+            ),
+            None => String::new(),
+        };
         format!(
             "each poll reads the management API: the vhosts, then each watched vhost's queues \
              in one request (columns {}), and the type and bindings of each dead-letter \
-             exchange its queues name",
+             exchange its queues name{streams}",
             super::fetch::COLUMNS
         )
     }

@@ -26,8 +26,14 @@
 //!   the target's enqueue count (`backing_queue_status.next_seq_id`, classic
 //!   targets) less that of its publishes.
 //!
-//! Streams are listed with their message count only: their consumers'
-//! offsets need the stream protocol, which this kind does not speak.
+//! Streams (with `streams_url`, over the stream protocol: `streams.rs`):
+//! `queue_messages_published_total` the growth of the last message's
+//! offset + 1; one row per consumer named in `stream_consumers` that
+//! stored an offset on the stream: lag = the last message's offset less
+//! the stored one, lag seconds = the age of the chunk holding the first
+//! offset it has not stored (exact to the chunk's millisecond), consumers =
+//! the subscriptions attached to the stream (the stream management
+//! plugin's list), the status rules' position = the stored offset.
 //!
 //! Which agent polls: with `[sources.election]`, the one whose AMQP
 //! connection holds the source's exclusive queue (`election.rs`); without,
@@ -39,6 +45,7 @@ mod doctor;
 pub mod election;
 pub mod fetch;
 mod kind;
+pub mod streams;
 
 pub use config::RabbitSpec;
 
@@ -46,7 +53,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use self::client::{Api, ApiError};
-use self::fetch::DeadLetterMemory;
+use self::fetch::{DeadLetterMemory, FetchError, StreamConns};
 use super::poll_loop::{PollStats, Source, SourceError};
 use crate::sources::queue::Memory;
 use crate::telemetry::snapshot;
@@ -56,6 +63,7 @@ pub struct RabbitSource {
     api: Api,
     memory: Memory,
     dead: DeadLetterMemory,
+    streams: StreamConns,
 }
 
 impl RabbitSource {
@@ -64,13 +72,14 @@ impl RabbitSource {
         RabbitSource {
             memory: Memory::new(spec.status_window),
             dead: DeadLetterMemory::default(),
+            streams: StreamConns::default(),
             api,
             spec: Arc::new(spec),
         }
     }
 
     async fn cycle(&mut self) -> Result<PollStats, SourceError> {
-        let read = fetch::fetch(&self.api, &self.spec)
+        let read = fetch::fetch(&self.api, &self.spec, &mut self.streams)
             .await
             .map_err(source_error)?;
         let now = Instant::now();
@@ -87,6 +96,7 @@ impl RabbitSource {
                 .refused
                 .iter()
                 .map(|v| refused_note(v, &self.spec.username))
+                .chain(read.stream_notes.iter().cloned())
                 .collect(),
         })
     }
@@ -102,7 +112,18 @@ pub(crate) fn refused_note(vhost: &str, user: &str) -> String {
 
 /// A failed request as the poll loop reports it: the URL asked and why,
 /// never the password.
-fn source_error(e: ApiError) -> SourceError {
+fn source_error(e: FetchError) -> SourceError {
+    let e = match e {
+        FetchError::Api(e) => e,
+        FetchError::Streams(e) => {
+            let text = e.to_string();
+            let (dsn, message) = text.split_once(": ").unwrap_or((&text, ""));
+            return SourceError::Connect {
+                dsn: dsn.to_string(),
+                message: message.to_string(),
+            };
+        }
+    };
     match e {
         ApiError::Unreachable { url, cause } => SourceError::Connect {
             dsn: url,
