@@ -584,14 +584,14 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Gauge,
         Some(Unit::Count),
         SBQ,
-        "Messages the broker holds in the stream or queue (NATS state.messages, Redis XLEN, RabbitMQ messages).",
+        "Messages the broker holds in the stream or queue (NATS state.messages, Redis XLEN, RabbitMQ messages: a stream's offsets held).",
     ),
     def(
         QUEUE_PUBLISHED,
         Kind::Counter,
         Some(Unit::Count),
         SBQ,
-        "Messages appended to the stream or queue since the agent began watching it, from the growth of the broker's own count (NATS last sequence, Redis entries-added, RabbitMQ message_stats.publish); a count that falls (a stream recreated, the broker's statistics reset) counts its new value as growth, and the total carries on.",
+        "Messages appended to the stream or queue since the agent began watching it, from the growth of the broker's own count (NATS last sequence, Redis entries-added, RabbitMQ message_stats.publish or a stream's last offset + 1); a count that falls (a stream recreated, the broker's statistics reset) counts its new value as growth, and the total carries on.",
     ),
     def(
         QUEUE_REDELIVERIES,
@@ -605,7 +605,7 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Gauge,
         Some(Unit::Count),
         SBQC,
-        "Messages the consumer has not been delivered yet (NATS num_pending, Redis the group's lag, RabbitMQ messages_ready).",
+        "Messages the consumer has not been delivered yet (NATS num_pending, Redis the group's lag, RabbitMQ messages_ready, or a stream's last offset less the consumer's stored offset).",
     ),
     def(
         QUEUE_LAG_SECONDS,
@@ -647,7 +647,7 @@ pub static CATALOGUE: &[MetricDef] = &[
         Kind::Gauge,
         Some(Unit::Count),
         SBQC,
-        "Consumers attached: NATS waiting pull requests or a bound push subscriber, the Redis group's consumers, RabbitMQ the queue's consumers.",
+        "Consumers attached: NATS waiting pull requests or a bound push subscriber, the Redis group's consumers, RabbitMQ the queue's consumers, or the subscriptions attached to a stream.",
     ),
     def(
         QUEUE_CONSUMER_STATUS,
