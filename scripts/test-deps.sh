@@ -46,8 +46,8 @@ lane_system() {
   fi
 
   # procrastinate and pgqueuer (PyPI) for tests/preset_python.rs, rstream for
-  # tests/rabbitmq.rs: a venv at the exact
-  # versions of tests/libraries/python/requirements.txt (again when that file changes).
+  # tests/rabbitmq.rs: a venv at the exact versions of
+  # tests/libraries/python/requirements.txt (again when that file changes).
   local req=tests/libraries/python/requirements.txt venv=tests/libraries/python/.venv
   if ! cmp -s "$req" "$venv/requirements.installed"; then
     echo "Installing the Python packages of tests/libraries/python (pip, into $venv)..."
