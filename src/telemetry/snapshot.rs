@@ -52,7 +52,10 @@ impl Builder {
                 if i > 0 {
                     out.push(',');
                 }
-                let _ = write!(out, "{k}=\"{}\"", escape(v));
+                out.push_str(k);
+                out.push_str("=\"");
+                escape_into(out, v);
+                out.push('"');
             }
             out.push('}');
         }
@@ -175,10 +178,21 @@ fn parse_line(line: &str) -> Option<(Vec<(String, String)>, f64)> {
     Some((labels, value))
 }
 
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// Appends a label value with `\\`, `"` and newlines escaped, as the text
+/// format wants; most values need none and are copied whole.
+fn escape_into(out: &mut String, v: &str) {
+    if !v.contains(['\\', '"', '\n']) {
+        out.push_str(v);
+        return;
+    }
+    for c in v.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
 }
 
 /// Whether a catalogue metric lives in snapshots rather than the recorder
