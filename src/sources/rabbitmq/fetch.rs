@@ -319,7 +319,7 @@ async fn read_streams(
             }
         };
         for (stream, messages) in watched {
-            match read_stream(conn, spec, stream, *messages).await {
+            match read_stream(conn, spec, stream, *messages, notes).await {
                 Ok(Some(s)) => {
                     read.streams.insert(stream.clone(), s);
                 }
@@ -341,21 +341,37 @@ async fn read_streams(
     }
 }
 
-/// One stream; `None` when it is gone or its last chunk did not come.
+/// How long a subscription waits for its chunk. A chunk that exists comes
+/// at once; none comes for a stream whose offsets are all offset-tracking
+/// entries (its messages gone by retention), which must not hold up the
+/// poll.
+fn chunk_wait(spec: &RabbitSpec) -> std::time::Duration {
+    (spec.timeout / 4).min(std::time::Duration::from_secs(2))
+}
+
+/// One stream; `None` when it is gone or its last chunk did not come (a
+/// note says so).
 async fn read_stream(
     conn: &mut Conn,
     spec: &RabbitSpec,
     stream: &str,
     messages: u64,
+    notes: &mut Vec<String>,
 ) -> Result<Option<StreamRead>, StreamError> {
     // The management API counts a stream's offsets; a stream that holds
     // none has no chunk to wait for.
     if messages == 0 {
         return Ok(Some(StreamRead::default()));
     }
-    let last = match conn.chunk(stream, Start::Last, spec.timeout).await {
+    let wait = chunk_wait(spec);
+    let last = match conn.chunk(stream, Start::Last, wait).await {
         Ok(Some(c)) => c,
-        Ok(None) => return Ok(None),
+        Ok(None) => {
+            notes.push(format!(
+                "stream \"{stream}\": no chunk of messages came within {wait:?} of subscribing to its last; its consumers are not read this poll"
+            ));
+            return Ok(None);
+        }
         Err(e) if streams::is_gone(&e) => return Ok(None),
         Err(e) => return Err(e),
     };
@@ -368,8 +384,7 @@ async fn read_stream(
             continue;
         };
         let next = if stored < last.last_offset() {
-            conn.chunk(stream, Start::Offset(stored + 1), spec.timeout)
-                .await?
+            conn.chunk(stream, Start::Offset(stored + 1), wait).await?
         } else {
             None
         };

@@ -218,8 +218,7 @@ impl Conn {
             },
         };
         let mut late = None;
-        self.request_keeping(UNSUBSCRIBE, &[ID], &mut late)
-            .await?;
+        self.request_keeping(UNSUBSCRIBE, &[ID], &mut late).await?;
         Ok(chunk.or(late))
     }
 
