@@ -879,11 +879,13 @@ fn stream_workload_cmd(vh: &Vhost, stream: &str, phase: &str) -> std::process::C
 
 /// A stream queue read over the stream protocol, against rstream's own
 /// ground truth: three batches of 100 messages 3 s apart; consumer
-/// "billing" stores offset 149, "audit" 39. Lag in messages = the last
-/// offset (299) less the stored one; lag seconds within a second of the
-/// publishing of the batch holding the first offset not stored (batch 2
-/// for billing, batch 1 for audit); the published counter grows by the
-/// 300; a name that stored nothing has no row. With no subscription the
+/// "billing" stores offset 199 (the last of the second batch), "audit" 39,
+/// "done" 299. Lag in messages = the last offset (299) less the stored one;
+/// lag seconds within a second of the publishing of the batch holding the
+/// first offset not stored (the third for billing: the chunk of the stored
+/// offset itself would be the second; the first for audit), 0 for done;
+/// the published counter grows by the 300; a name that stored nothing has
+/// no row. With no subscription the
 /// consumers read `stop` once the window passes; with billing attached and
 /// storing nothing, `stall`. The monitoring user may read the stream only
 /// (reading it takes nothing from it), and `doctor` says what it read.
@@ -905,7 +907,7 @@ async fn stream_consumers_lag_in_offsets_and_chunk_time() {
         "RSM_PASSWORD",
         "queues = \"orders\\\\.log\"\npoll_interval = \"1s\"\nstatus_window = \"6s\"\n\
          streams_url = \"rabbitmq-stream://127.0.0.1:5552\"\n\
-         stream_consumers = [\"billing\", \"audit\", \"nobody\"]\n",
+         stream_consumers = [\"billing\", \"audit\", \"done\", \"nobody\"]\n",
     );
     let agent = Agent::start_with_env(&config, &[("RSM_PASSWORD", &mon.password)]);
     agent.wait_ready(READY_TIMEOUT).await;
@@ -919,8 +921,9 @@ async fn stream_consumers_lag_in_offsets_and_chunk_time() {
 
     let truth = stream_workload(&vh, "orders.log", "run").await;
     let batches = truth["batches"].as_array().expect("batches");
-    assert_eq!(truth["stored"]["billing"], 149, "{truth}");
+    assert_eq!(truth["stored"]["billing"], 199, "{truth}");
     assert_eq!(truth["stored"]["audit"], 39, "{truth}");
+    assert_eq!(truth["stored"]["done"], 299, "{truth}");
     let consumer = |m: &Metrics, name: &str, c: &str| {
         m.get(
             name,
@@ -954,12 +957,16 @@ async fn stream_consumers_lag_in_offsets_and_chunk_time() {
         let got = [
             consumer(&m, LAG, "billing"),
             consumer(&m, LAG, "audit"),
+            consumer(&m, LAG, "done"),
+            consumer(&m, LAG_S, "done"),
             consumer(&m, LAG, "nobody"),
         ];
-        if got != [Some(150.0), Some(260.0), None] {
-            return Err(format!("lag billing, audit, nobody: {got:?}"));
+        if got != [Some(100.0), Some(260.0), Some(0.0), Some(0.0), None] {
+            return Err(format!(
+                "lag billing, audit, done, done's seconds, nobody: {got:?}"
+            ));
         }
-        within(consumer(&m, LAG_S, "billing"), 1, scraped)?;
+        within(consumer(&m, LAG_S, "billing"), 2, scraped)?;
         within(consumer(&m, LAG_S, "audit"), 0, scraped)?;
         let status = |c: &str| {
             m.series(
@@ -1028,7 +1035,7 @@ async fn stream_consumers_lag_in_offsets_and_chunk_time() {
     let text = common::strip_ansi(&format!("{}{}", out.stdout, out.stderr));
     for want in [
         format!("queue \"{log}\" (stream): last message at offset 299"),
-        "consumers \"billing\" stored 149 (lag 150), \"audit\" stored 39 (lag 260)".to_string(),
+        "consumers \"billing\" stored 199 (lag 100), \"audit\" stored 39 (lag 260), \"done\" stored 299 (lag 0)".to_string(),
         "no offset stored by \"nobody\"".to_string(),
     ] {
         assert!(text.contains(&want), "doctor lacks {want:?}:\n{text}");

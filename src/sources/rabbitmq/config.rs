@@ -54,7 +54,11 @@ pub struct StreamsUrl {
 
 impl fmt::Display for StreamsUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "rabbitmq-stream://{}:{}", self.host, self.port)
+        if self.host.contains(':') {
+            write!(f, "rabbitmq-stream://[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "rabbitmq-stream://{}:{}", self.host, self.port)
+        }
     }
 }
 
@@ -236,38 +240,58 @@ pub(crate) fn validate(
 /// vhost is opened in turn).
 fn streams_url(v: &mut Validator<'_>, at: &str, written: &str) -> Option<StreamsUrl> {
     let text = v.expand(at, written)?;
-    let problem = |v: &mut Validator<'_>, m: String| {
-        v.problem(at, m);
-        None
-    };
-    match url::Url::parse(&text) {
-        Err(e) => problem(v, format!("not a URL: {e}")),
-        Ok(u) if u.scheme() != "rabbitmq-stream" => problem(
-            v,
-            format!(
-                "scheme \"{}\": expected rabbitmq-stream (rabbitmq-stream+tls is not supported)",
-                u.scheme()
-            ),
-        ),
-        Ok(u) if !u.username().is_empty() || u.password().is_some() => problem(
-            v,
-            "must not hold credentials: the source's username and password are used".into(),
-        ),
-        Ok(u) if !matches!(u.path(), "" | "/") => problem(
-            v,
+    let (u, host) = broker_url(
+        v,
+        at,
+        &text,
+        ("rabbitmq-stream", "rabbitmq-stream+tls"),
+        "the source's username and password are used",
+    )?;
+    if !matches!(u.path(), "" | "/") {
+        v.problem(
+            at,
             "must not name a vhost: every watched vhost is read".into(),
+        );
+        return None;
+    }
+    Some(StreamsUrl {
+        host,
+        port: u.port().unwrap_or(5552),
+    })
+}
+
+/// A broker's URL of `scheme` (`.0`; `.1`, its TLS form, is named as not
+/// supported) with a host and no credentials (`credentials` says whose are
+/// used): the URL and its host (without an IPv6 address's brackets).
+fn broker_url(
+    v: &mut Validator<'_>,
+    at: &str,
+    text: &str,
+    (scheme, tls): (&str, &str),
+    credentials: &str,
+) -> Option<(url::Url, String)> {
+    let problem = match url::Url::parse(text) {
+        Err(e) => format!("not a URL: {e}"),
+        Ok(u) if u.scheme() != scheme => format!(
+            "scheme \"{}\": expected {scheme} ({tls} is not supported)",
+            u.scheme()
         ),
+        Ok(u) if !u.username().is_empty() || u.password().is_some() => {
+            format!("must not hold credentials: {credentials}")
+        }
         Ok(u) => match u.host_str().filter(|h| !h.is_empty()) {
-            None => problem(v, "needs a host".into()),
-            Some(host) => Some(StreamsUrl {
-                host: host
+            None => "needs a host".into(),
+            Some(host) => {
+                let host = host
                     .trim_start_matches('[')
                     .trim_end_matches(']')
-                    .to_string(),
-                port: u.port().unwrap_or(5552),
-            }),
+                    .to_string();
+                return Some((u, host));
+            }
         },
-    }
+    };
+    v.problem(at, problem);
+    None
 }
 
 /// `[sources.election]`: `url` (amqp://host:port/vhost), `username`, and
@@ -280,38 +304,22 @@ fn election(v: &mut Validator<'_>, key: &str, e: &RawElection) -> Option<Electio
             None
         }
         Some(text) => v.expand(&at, text).and_then(|text| {
-            let problem = |v: &mut Validator<'_>, m: String| {
-                v.problem(&at, m);
-                None
+            let (u, host) = broker_url(
+                v,
+                &at,
+                &text,
+                ("amqp", "amqps"),
+                "give username and password",
+            )?;
+            let path = u.path().trim_start_matches('/');
+            let vhost = if path.is_empty() {
+                "/".to_string()
+            } else {
+                percent_encoding::percent_decode_str(path)
+                    .decode_utf8_lossy()
+                    .into_owned()
             };
-            match url::Url::parse(&text) {
-                Err(e) => problem(v, format!("not a URL: {e}")),
-                Ok(u) if u.scheme() != "amqp" => problem(
-                    v,
-                    format!(
-                        "scheme \"{}\": expected amqp (amqps is not supported)",
-                        u.scheme()
-                    ),
-                ),
-                Ok(u) if !u.username().is_empty() || u.password().is_some() => problem(
-                    v,
-                    "must not hold credentials: give username and password".into(),
-                ),
-                Ok(u) => match u.host_str().filter(|h| !h.is_empty()) {
-                    None => problem(v, "needs a host".into()),
-                    Some(host) => {
-                        let path = u.path().trim_start_matches('/');
-                        let vhost = if path.is_empty() {
-                            "/".to_string()
-                        } else {
-                            percent_encoding::percent_decode_str(path)
-                                .decode_utf8_lossy()
-                                .into_owned()
-                        };
-                        Some((host.to_string(), u.port().unwrap_or(5672), vhost))
-                    }
-                },
-            }
+            Some((host, u.port().unwrap_or(5672), vhost))
         }),
     };
     let username = username(v, key, e.username.as_deref());

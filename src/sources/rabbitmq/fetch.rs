@@ -124,6 +124,8 @@ pub struct StreamRead {
     /// Each named consumer that stored an offset on it: the name, the
     /// offset, and the chunk holding the next offset when messages follow it.
     pub consumers: Vec<(String, u64, Option<Chunk>)>,
+    /// Consumers whose next chunk did not come in time: no lag seconds.
+    pub late: Vec<String>,
 }
 
 /// One read of the broker.
@@ -163,8 +165,6 @@ impl From<ApiError> for FetchError {
 #[derive(Deserialize)]
 struct StreamConsumer {
     queue: Named,
-    #[serde(default)]
-    connection_details: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -245,7 +245,7 @@ pub async fn fetch(
             if !watched.is_empty() {
                 // Before the agent subscribes: its own subscriptions are not
                 // in the list it reads.
-                read.subscribers = subscribers(api, spec, &vhost).await?;
+                read.subscribers = subscribers(api, &vhost).await?;
                 read_streams(
                     conns,
                     spec,
@@ -263,16 +263,13 @@ pub async fn fetch(
     Ok(out)
 }
 
-/// Per stream of `vhost`, the subscriptions attached to it by users other
-/// than the agent's (the stream management plugin's list); `None` when the
-/// plugin does not answer (404).
-async fn subscribers(
-    api: &Api,
-    spec: &RabbitSpec,
-    vhost: &str,
-) -> Result<Option<HashMap<String, u64>>, ApiError> {
+/// Per stream of `vhost`, the subscriptions attached to it (the stream
+/// management plugin's list, read before the agent subscribes: its own
+/// subscriptions, one at a time and ended within the poll, are not in it);
+/// `None` when the plugin does not answer (404).
+async fn subscribers(api: &Api, vhost: &str) -> Result<Option<HashMap<String, u64>>, ApiError> {
     let path = format!(
-        "/api/stream/consumers/{}?columns=queue.name,connection_details",
+        "/api/stream/consumers/{}?columns=queue.name",
         segment(vhost)
     );
     let list: Vec<StreamConsumer> = match api.get(&path).await {
@@ -282,14 +279,6 @@ async fn subscribers(
     };
     let mut out = HashMap::new();
     for c in list {
-        let user = c
-            .connection_details
-            .as_ref()
-            .and_then(|d| d.get("user"))
-            .and_then(Value::as_str);
-        if user == Some(spec.username.as_str()) {
-            continue;
-        }
         *out.entry(c.queue.name).or_insert(0) += 1;
     }
     Ok(Some(out))
@@ -298,7 +287,9 @@ async fn subscribers(
 /// Reads each watched stream of `vhost` over the stream protocol: its last
 /// chunk of messages, each named consumer's stored offset, and the chunk
 /// holding the first offset that consumer has not stored. The vhost's
-/// connection is kept; one that fails is dropped and opened again once.
+/// connection is kept between polls, but taken out while in use: a poll cut
+/// short by its timeout drops it rather than leave a subscription open on
+/// it. One that fails is opened again once.
 async fn read_streams(
     conns: &mut StreamConns,
     spec: &RabbitSpec,
@@ -310,34 +301,52 @@ async fn read_streams(
     let Some(url) = &spec.streams else {
         return Ok(());
     };
+    // Each step well within the poll's own timeout, so that a broker that
+    // stops answering is an error of this read, not a poll cut short.
+    let patience = spec.timeout / 4;
     let mut retried = false;
-    'again: loop {
-        let conn = match conns.open.entry(vhost.to_string()) {
-            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(Conn::open(url, spec, vhost, spec.timeout).await?)
-            }
+    loop {
+        let mut conn = match conns.open.remove(vhost) {
+            Some(c) if !c.stale() => c,
+            _ => Conn::open(url, spec, vhost, patience).await?,
         };
+        let mut got = BTreeMap::new();
+        let mut said = Vec::new();
+        let mut failed = None;
         for (stream, messages) in watched {
-            match read_stream(conn, spec, stream, *messages, notes).await {
-                Ok(Some(s)) => {
-                    read.streams.insert(stream.clone(), s);
-                }
-                Ok(None) => {}
-                Err(StreamError::Refused { message, .. }) => notes.push(message),
-                Err(e) => {
-                    conns.open.remove(vhost);
-                    if retried {
-                        return Err(e);
+            let name = label(vhost, stream);
+            match read_stream(&mut conn, spec, stream, *messages).await {
+                Ok(Ok(s)) => {
+                    for c in &s.late {
+                        said.push(format!(
+                            "stream \"{name}\": consumer \"{c}\": the chunk after its stored offset did not come within {:?}; no lag seconds this poll",
+                            chunk_wait(spec)
+                        ));
                     }
-                    // A kept connection the broker closed while idle.
-                    retried = true;
-                    read.streams.clear();
-                    continue 'again;
+                    got.insert(stream.clone(), s);
+                }
+                Ok(Err(note)) => said.push(format!("stream \"{name}\": {note}")),
+                Err(StreamError::Refused { message, .. }) => {
+                    said.push(format!("stream \"{name}\": {message}"));
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
                 }
             }
         }
-        return Ok(());
+        match failed {
+            None => {
+                conns.open.insert(vhost.to_string(), conn);
+                read.streams = got;
+                notes.extend(said);
+                return Ok(());
+            }
+            // A kept connection the broker closed while idle is opened
+            // again once.
+            Some(_) if !retried => retried = true,
+            Some(e) => return Err(e),
+        }
     }
 }
 
@@ -349,48 +358,51 @@ fn chunk_wait(spec: &RabbitSpec) -> std::time::Duration {
     (spec.timeout / 4).min(std::time::Duration::from_secs(2))
 }
 
-/// One stream; `None` when it is gone or its last chunk did not come (a
-/// note says so).
+/// One stream, or what to say of why it was not read (gone, or a chunk that
+/// did not come).
 async fn read_stream(
     conn: &mut Conn,
     spec: &RabbitSpec,
     stream: &str,
     messages: u64,
-    notes: &mut Vec<String>,
-) -> Result<Option<StreamRead>, StreamError> {
+) -> Result<Result<StreamRead, String>, StreamError> {
     // The management API counts a stream's offsets; a stream that holds
     // none has no chunk to wait for.
     if messages == 0 {
-        return Ok(Some(StreamRead::default()));
+        return Ok(Ok(StreamRead::default()));
     }
     let wait = chunk_wait(spec);
     let last = match conn.chunk(stream, Start::Last, wait).await {
         Ok(Some(c)) => c,
         Ok(None) => {
-            notes.push(format!(
-                "stream \"{stream}\": no chunk of messages came within {wait:?} of subscribing to its last; its consumers are not read this poll"
-            ));
-            return Ok(None);
+            return Ok(Err(format!(
+                "no chunk of messages came within {wait:?} of subscribing to its last; its consumers are not read this poll"
+            )));
         }
-        Err(e) if streams::is_gone(&e) => return Ok(None),
+        Err(e) if streams::is_gone(&e) => return Ok(Err("deleted while it was read".into())),
         Err(e) => return Err(e),
     };
     let mut out = StreamRead {
         last: Some(last),
         consumers: Vec::new(),
+        late: Vec::new(),
     };
     for name in &spec.stream_consumers {
         let Some(stored) = conn.query_offset(name, stream).await? else {
             continue;
         };
         let next = if stored < last.last_offset() {
-            conn.chunk(stream, Start::Offset(stored + 1), wait).await?
+            let next = conn.chunk(stream, Start::Offset(stored + 1), wait).await?;
+            if next.is_none() {
+                out.late.push(name.clone());
+            }
+            next
         } else {
             None
         };
         out.consumers.push((name.clone(), stored, next));
     }
-    Ok(Some(out))
+    Ok(Ok(out))
 }
 
 /// The queues a dead-letter exchange delivers to with `key`: the queue of
@@ -783,6 +795,7 @@ mod tests {
                         ("billing".into(), 149, Some(chunk(100, 100, 1_990_500))),
                         ("done".into(), 299, None),
                     ],
+                    late: Vec::new(),
                 },
             )]
             .into_iter()

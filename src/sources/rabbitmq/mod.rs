@@ -28,7 +28,8 @@
 //!
 //! Streams (with `streams_url`, over the stream protocol: `streams.rs`):
 //! `queue_messages_published_total` the growth of the last message's
-//! offset + 1; one row per consumer named in `stream_consumers` that
+//! offset + 1 (offset-tracking entries between messages count: offsets,
+//! not messages); one row per consumer named in `stream_consumers` that
 //! stored an offset on the stream: lag = the last message's offset less
 //! the stored one, lag seconds = the age of the chunk holding the first
 //! offset it has not stored (exact to the chunk's millisecond), consumers =

@@ -32,13 +32,18 @@ const RESPONSE: u16 = 0x8000;
 
 const OK: u16 = 0x01;
 const STREAM_DOES_NOT_EXIST: u16 = 0x02;
+const SUBSCRIPTION_ID_EXISTS: u16 = 0x03;
+const SUBSCRIPTION_ID_DOES_NOT_EXIST: u16 = 0x04;
 const AUTHENTICATION_FAILURE: u16 = 0x08;
 const VHOST_ACCESS_FAILURE: u16 = 0x0c;
 const ACCESS_REFUSED: u16 = 0x10;
 const NO_OFFSET: u16 = 0x13;
 
-/// The largest frame read: a chunk is delivered whole in one frame.
-const MAX_FRAME: usize = 64 * 1024 * 1024;
+/// The largest frame read whole (a delivered chunk is not: its header is
+/// read, its messages skipped).
+const MAX_FRAME: usize = 1024 * 1024;
+/// What a `Deliver` is read of: the subscription id and the chunk's header.
+const DELIVER_HEAD: usize = 1 + 32;
 
 /// Where a subscription starts.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -83,6 +88,10 @@ pub struct Conn {
     at: String,
     next_id: u32,
     patience: Duration,
+    /// The heartbeat agreed: a connection idle longer is closed by the
+    /// broker, so it is not used again.
+    heartbeat: Duration,
+    last_used: std::time::Instant,
 }
 
 /// A frame read: its key and what follows the key and version.
@@ -116,6 +125,8 @@ impl Conn {
             at: at.clone(),
             next_id: 1,
             patience,
+            heartbeat: Duration::ZERO,
+            last_used: std::time::Instant::now(),
         };
         let mut props = Vec::new();
         props.extend(2i32.to_be_bytes());
@@ -146,6 +157,7 @@ impl Conn {
         // The server proposes the frame size and heartbeat; the agent
         // agrees to them (it answers heartbeats while it reads).
         let tune = conn.frame_keyed(TUNE).await?;
+        conn.heartbeat = Duration::from_secs(u64::from(u32_at(&tune.body, 4).unwrap_or(0)));
         let mut reply = Vec::with_capacity(16);
         reply.extend(TUNE.to_be_bytes());
         reply.extend(1u16.to_be_bytes());
@@ -164,6 +176,12 @@ impl Conn {
             e => e,
         })?;
         Ok(conn)
+    }
+
+    /// Whether the broker may have closed it for idleness (no frame for a
+    /// heartbeat interval; it closes after two).
+    pub fn stale(&self) -> bool {
+        !self.heartbeat.is_zero() && self.last_used.elapsed() >= self.heartbeat
     }
 
     /// The offset `reference` stored on `stream`; `None` when it stored none.
@@ -212,13 +230,18 @@ impl Conn {
             .await?;
         let chunk = match delivered {
             Some(c) => Some(c),
-            None => match tokio::time::timeout(wait, self.frame_keyed(DELIVER)).await {
-                Ok(frame) => Some(self.chunk_of(&frame?.body)?),
-                Err(_) => None,
-            },
+            None => self.deliver_within(wait).await?,
         };
         let mut late = None;
-        self.request_keeping(UNSUBSCRIBE, &[ID], &mut late).await?;
+        match self.request_keeping(UNSUBSCRIBE, &[ID], &mut late).await {
+            // The stream was deleted meanwhile, and the subscription with it.
+            Err(StreamError::Refused {
+                code: SUBSCRIPTION_ID_DOES_NOT_EXIST,
+                ..
+            }) => {}
+            Err(e) => return Err(e),
+            Ok(_) => {}
+        }
         Ok(chunk.or(late))
     }
 
@@ -252,6 +275,7 @@ impl Conn {
         frame.extend(id.to_be_bytes());
         frame.extend(body);
         self.send(&frame).await?;
+        self.last_used = std::time::Instant::now();
         loop {
             let f = self.frame().await?;
             if f.key == DELIVER {
@@ -266,6 +290,14 @@ impl Conn {
                 .get(4..6)
                 .map(|b| u16::from_be_bytes([b[0], b[1]]))
                 .ok_or_else(|| self.garbled())?;
+            if code == SUBSCRIPTION_ID_EXISTS {
+                // A subscription left behind: the connection is out of step.
+                return Err(StreamError::Connection(format!(
+                    "{}: {} answered code {code} (subscription id already exists)",
+                    self.at,
+                    name_of(key)
+                )));
+            }
             if code != OK {
                 return Err(StreamError::Refused {
                     code,
@@ -278,6 +310,32 @@ impl Conn {
                 });
             }
             return Ok(f.body[6..].to_vec());
+        }
+    }
+
+    /// The chunk of the next `Deliver`, if one begins to arrive within
+    /// `wait`. Only the wait for its first byte is cut short (a peek, which
+    /// reads nothing): a frame once begun is read whole, within the
+    /// connection's patience, so the connection never stops inside a frame.
+    async fn deliver_within(&mut self, wait: Duration) -> Result<Option<Chunk>, StreamError> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let mut first = [0u8; 1];
+            match tokio::time::timeout_at(deadline, self.io.peek(&mut first)).await {
+                Err(_) => return Ok(None),
+                Ok(Ok(0)) => {
+                    return Err(StreamError::Connection(format!(
+                        "{}: the broker closed the connection",
+                        self.at
+                    )));
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(StreamError::Connection(format!("{}: {e}", self.at))),
+            }
+            let f = self.frame().await?;
+            if f.key == DELIVER {
+                return self.chunk_of(&f.body).map(Some);
+            }
         }
     }
 
@@ -299,11 +357,33 @@ impl Conn {
             let patience = self.patience;
             let read = async {
                 let size = self.io.read_u32().await? as usize;
-                if !(4..=MAX_FRAME).contains(&size) {
+                if size < 4 {
                     return Err(std::io::Error::other(format!("a frame of {size} bytes")));
                 }
-                let mut buf = vec![0; size];
-                self.io.read_exact(&mut buf).await?;
+                let mut head = [0u8; 4];
+                self.io.read_exact(&mut head).await?;
+                let key = u16::from_be_bytes([head[0], head[1]]);
+                // A chunk is delivered whole; only its header is read, the
+                // messages are skipped as they arrive.
+                let keep = if key == DELIVER {
+                    (size - 4).min(DELIVER_HEAD)
+                } else if size <= MAX_FRAME {
+                    size - 4
+                } else {
+                    return Err(std::io::Error::other(format!("a frame of {size} bytes")));
+                };
+                let mut buf = head.to_vec();
+                buf.resize(4 + keep, 0);
+                self.io.read_exact(&mut buf[4..]).await?;
+                let rest = (size - 4 - keep) as u64;
+                if rest > 0 {
+                    let skipped =
+                        tokio::io::copy(&mut (&mut self.io).take(rest), &mut tokio::io::sink())
+                            .await?;
+                    if skipped < rest {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
                 Ok(buf)
             };
             let buf = tokio::time::timeout(patience, read)
@@ -352,6 +432,11 @@ impl Conn {
 /// i8, NumEntries u16, NumRecords u32, Timestamp i64, Epoch u64,
 /// ChunkFirstOffset u64, …
 fn parse_chunk(body: &[u8]) -> Option<Chunk> {
+    // Magic 5, version 0; chunk type 0 (messages): anything else is a
+    // stream out of step, not numbers.
+    if *body.get(1)? >> 4 != 5 || *body.get(2)? != 0 {
+        return None;
+    }
     Some(Chunk {
         records: u32_at(body, 5)?,
         timestamp_ms: u64_at(body, 9)? as i64,
@@ -394,7 +479,10 @@ fn name_of(key: u16) -> &'static str {
 fn meaning(code: u16) -> &'static str {
     match code {
         STREAM_DOES_NOT_EXIST => " (stream does not exist)",
-        0x06 => " (stream not available)",
+        SUBSCRIPTION_ID_DOES_NOT_EXIST => " (subscription id does not exist)",
+        0x06 => " (stream not available on the node connected to)",
+        0x07 => " (SASL mechanism not supported)",
+        0x0b => " (authentication failure loopback: the user may log in from localhost only)",
         AUTHENTICATION_FAILURE => " (authentication failure)",
         VHOST_ACCESS_FAILURE => " (vhost access failure)",
         ACCESS_REFUSED => " (access refused: the user needs read permission on the stream)",
@@ -439,6 +527,12 @@ mod tests {
         );
         assert_eq!(c.last_offset(), 48);
         assert_eq!(parse_chunk(&body[..30]), None);
+        // A tracking chunk, or bytes out of step, are no chunk of messages.
+        body[2] = 1;
+        assert_eq!(parse_chunk(&body), None);
+        body[2] = 0;
+        body[1] = 0x17;
+        assert_eq!(parse_chunk(&body), None);
     }
 
     #[test]

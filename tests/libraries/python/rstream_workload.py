@@ -5,7 +5,8 @@ stream consumer does; it prints its own ground truth as JSON.
   --phase create   declare the stream (empty)
   --phase run      three batches of 100 messages, 3 s apart (each batch's start
                    and confirmed end time); then consumer "billing" processes
-                   150 messages and stores the offset of the last, "audit" 40
+                   200 messages and stores the offset of the last (the end of
+                   the second batch), "audit" 40, "done" all 300
   --phase hold     consumer "billing" attached, reading on from its stored
                    offset and storing nothing, until killed
 """
@@ -28,7 +29,7 @@ from rstream.exceptions import OffsetNotFound
 
 BATCHES = 3
 PER_BATCH = 100
-CONSUMERS = (("billing", 150), ("audit", 40))
+CONSUMERS = (("billing", 200), ("audit", 40), ("done", 300))
 
 
 def connect(cls, a):
