@@ -260,6 +260,15 @@ pub async fn fetch(
         }
         out.vhosts.push(read);
     }
+    // A vhost with no watched stream left keeps no connection.
+    conns.open.retain(|v, _| {
+        out.vhosts.iter().any(|r| {
+            &r.vhost == v
+                && r.rows
+                    .values()
+                    .any(|q| q.kind == "stream" && spec.queues.is_match(&q.name))
+        })
+    });
     Ok(out)
 }
 
