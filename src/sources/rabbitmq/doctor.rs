@@ -133,8 +133,7 @@ pub(crate) async fn check(spec: &RabbitSpec) -> Vec<Finding> {
     let has_streams = read
         .vhosts
         .iter()
-        .flat_map(|vh| vh.rows.values())
-        .any(|r| r.kind == "stream" && spec.queues.is_match(&r.name));
+        .any(|vh| vh.watched_streams(&spec.queues).next().is_some());
     if has_streams && spec.streams.is_some() {
         if spec.stream_consumers.is_empty() {
             out.push(Finding::Warn(
@@ -201,10 +200,7 @@ fn stream_findings(
             "queue \"{name}\" (stream): holds no message yet"
         ))];
     };
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0);
+    let now = super::wall_now();
     let mut line = format!(
         "queue \"{name}\" (stream): last message at offset {}, written {:.1} s ago",
         last.last_offset(),

@@ -6,13 +6,13 @@
 //! is bound to (`/api/exchanges/<vhost>/<x>` and `…/bindings/source`): the
 //! dead-letter target queues.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::client::{Api, ApiError, segment};
-use super::config::RabbitSpec;
+use super::config::{RabbitSpec, StreamsUrl};
 use super::streams::{self, Chunk, Conn, Start, StreamError};
 use crate::sources::queue::{Consumer, DeadLetters, Observation, Queue};
 
@@ -94,6 +94,18 @@ impl QueueRow {
     }
 }
 
+impl VhostRead {
+    /// The streams among the queues `queues` selects.
+    pub fn watched_streams<'a>(
+        &'a self,
+        queues: &'a regex::Regex,
+    ) -> impl Iterator<Item = &'a QueueRow> + 'a {
+        self.rows
+            .values()
+            .filter(|r| !r.has_consumer_row() && queues.is_match(&r.name))
+    }
+}
+
 /// The queues of one vhost, and where its queues' dead letters go.
 #[derive(Debug, Clone, Default)]
 pub struct VhostRead {
@@ -110,8 +122,7 @@ pub struct VhostRead {
     /// `streams_url`).
     pub streams: BTreeMap<String, StreamRead>,
     /// Per stream, the subscriptions attached to it (the stream management
-    /// plugin's list, less the agent's own user); `None` when that plugin
-    /// does not answer.
+    /// plugin's list); `None` when that plugin does not answer.
     pub subscribers: Option<HashMap<String, u64>>,
 }
 
@@ -135,9 +146,9 @@ pub struct Read {
     /// Vhosts the pattern matches that the user may not read (it needs a
     /// permission entry there, empty patterns suffice): skipped.
     pub refused: Vec<String>,
-    /// What the stream protocol refused, stream by stream (no read
-    /// permission, a stream not available): those streams' consumers are
-    /// not exported this poll.
+    /// What the stream protocol could not read, stream by stream (refused,
+    /// gone, a chunk that did not come): those streams' consumers, or
+    /// consumers' lag seconds, are not exported this poll.
     pub stream_notes: Vec<String>,
 }
 
@@ -195,6 +206,7 @@ pub async fn fetch(
 ) -> Result<Read, FetchError> {
     let vhosts: Vec<Named> = api.get("/api/vhosts?columns=name").await?;
     let mut out = Read::default();
+    let mut streamed = HashSet::new();
     for vhost in vhosts.into_iter().map(|v| v.name) {
         if !spec.vhosts.is_match(&vhost) {
             continue;
@@ -235,11 +247,9 @@ pub async fn fetch(
             let targets = targets(api, &vhost, &exchange, key.as_deref()).await?;
             read.targets.insert((exchange, key), targets);
         }
-        if spec.streams.is_some() {
+        if let Some(url) = &spec.streams {
             let watched: Vec<(String, u64)> = read
-                .rows
-                .values()
-                .filter(|r| r.kind == "stream" && spec.queues.is_match(&r.name))
+                .watched_streams(&spec.queues)
                 .map(|r| (r.name.clone(), r.messages.unwrap_or(0)))
                 .collect();
             if !watched.is_empty() {
@@ -248,7 +258,7 @@ pub async fn fetch(
                 read.subscribers = subscribers(api, &vhost).await?;
                 read_streams(
                     conns,
-                    spec,
+                    (url, spec),
                     &vhost,
                     &watched,
                     &mut read,
@@ -256,19 +266,13 @@ pub async fn fetch(
                 )
                 .await
                 .map_err(FetchError::Streams)?;
+                streamed.insert(vhost.clone());
             }
         }
         out.vhosts.push(read);
     }
     // A vhost with no watched stream left keeps no connection.
-    conns.open.retain(|v, _| {
-        out.vhosts.iter().any(|r| {
-            &r.vhost == v
-                && r.rows
-                    .values()
-                    .any(|q| q.kind == "stream" && spec.queues.is_match(&q.name))
-        })
-    });
+    conns.open.retain(|v, _| streamed.contains(v));
     Ok(out)
 }
 
@@ -301,15 +305,12 @@ async fn subscribers(api: &Api, vhost: &str) -> Result<Option<HashMap<String, u6
 /// it. One that fails is opened again once.
 async fn read_streams(
     conns: &mut StreamConns,
-    spec: &RabbitSpec,
+    (url, spec): (&StreamsUrl, &RabbitSpec),
     vhost: &str,
     watched: &[(String, u64)],
     read: &mut VhostRead,
     notes: &mut Vec<String>,
 ) -> Result<(), StreamError> {
-    let Some(url) = &spec.streams else {
-        return Ok(());
-    };
     // Each step well within the poll's own timeout, so that a broker that
     // stops answering is an error of this read, not a poll cut short.
     let patience = spec.timeout / 4;
@@ -335,8 +336,8 @@ async fn read_streams(
                     got.insert(stream.clone(), s);
                 }
                 Ok(Err(note)) => said.push(format!("stream \"{name}\": {note}")),
-                Err(StreamError::Refused { message, .. }) => {
-                    said.push(format!("stream \"{name}\": {message}"));
+                Err(e @ StreamError::Refused { .. }) => {
+                    said.push(format!("stream \"{name}\": {e}"));
                 }
                 Err(e) => {
                     failed = Some(e);

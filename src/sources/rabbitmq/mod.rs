@@ -55,6 +55,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use self::client::{Api, ApiError};
 use self::fetch::{DeadLetterMemory, FetchError, StreamConns};
+use self::streams::StreamError;
 use super::poll_loop::{PollStats, Source, SourceError};
 use crate::sources::queue::Memory;
 use crate::telemetry::snapshot;
@@ -84,10 +85,7 @@ impl RabbitSource {
             .await
             .map_err(source_error)?;
         let now = Instant::now();
-        let wall = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
+        let wall = wall_now();
         let seen = fetch::observe(&read, &self.spec.queues, &mut self.dead, wall);
         let owner = self.spec.owner.clone().unwrap_or_default();
         self.memory.publish(&self.spec.name, &owner, &seen, now);
@@ -103,6 +101,14 @@ impl RabbitSource {
     }
 }
 
+/// The agent's clock, in seconds since the epoch.
+pub(crate) fn wall_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 /// What the card says of a vhost the user may not read.
 pub(crate) fn refused_note(vhost: &str, user: &str) -> String {
     format!(
@@ -116,13 +122,10 @@ pub(crate) fn refused_note(vhost: &str, user: &str) -> String {
 fn source_error(e: FetchError) -> SourceError {
     let e = match e {
         FetchError::Api(e) => e,
-        FetchError::Streams(e) => {
-            let text = e.to_string();
-            let (dsn, message) = text.split_once(": ").unwrap_or((&text, ""));
-            return SourceError::Connect {
-                dsn: dsn.to_string(),
-                message: message.to_string(),
-            };
+        FetchError::Streams(
+            StreamError::Connection { at, message } | StreamError::Refused { at, message, .. },
+        ) => {
+            return SourceError::Connect { dsn: at, message };
         }
     };
     match e {

@@ -73,13 +73,17 @@ impl Chunk {
 /// What went wrong; never holds the password.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StreamError {
-    /// The connection failed or was closed: it is dropped.
-    #[error("{0}")]
-    Connection(String),
-    /// The broker refused this request with `code`; the connection stays
-    /// usable.
-    #[error("{message}")]
-    Refused { code: u16, message: String },
+    /// The connection to `at` failed or was closed: it is dropped.
+    #[error("{at}: {message}")]
+    Connection { at: String, message: String },
+    /// The broker at `at` refused this request with `code`; the
+    /// connection stays usable.
+    #[error("{at}: {message}")]
+    Refused {
+        at: String,
+        code: u16,
+        message: String,
+    },
 }
 
 /// One connection, opened on one vhost.
@@ -110,7 +114,7 @@ impl Conn {
         patience: Duration,
     ) -> Result<Conn, StreamError> {
         let at = url.to_string();
-        let lost = |m: String| StreamError::Connection(format!("{at}: {m}"));
+        let lost = |m: String| lost(&at, m);
         let io = tokio::time::timeout(patience, TcpStream::connect((url.host.as_str(), url.port)))
             .await
             .map_err(|_| lost(format!("no connection within {patience:?}")))?
@@ -250,7 +254,7 @@ impl Conn {
     }
 
     fn garbled(&self) -> StreamError {
-        StreamError::Connection(format!("{}: an answer too short to read", self.at))
+        lost(&self.at, "an answer too short to read")
     }
 
     /// Sends a request and reads frames up to its response: what follows
@@ -292,21 +296,19 @@ impl Conn {
                 .ok_or_else(|| self.garbled())?;
             if code == SUBSCRIPTION_ID_EXISTS {
                 // A subscription left behind: the connection is out of step.
-                return Err(StreamError::Connection(format!(
-                    "{}: {} answered code {code} (subscription id already exists)",
-                    self.at,
-                    name_of(key)
-                )));
+                return Err(lost(
+                    &self.at,
+                    format!(
+                        "{} answered code {code} (subscription id already exists)",
+                        name_of(key)
+                    ),
+                ));
             }
             if code != OK {
                 return Err(StreamError::Refused {
+                    at: self.at.clone(),
                     code,
-                    message: format!(
-                        "{}: {} answered code {code}{}",
-                        self.at,
-                        name_of(key),
-                        meaning(code)
-                    ),
+                    message: format!("{} answered code {code}{}", name_of(key), meaning(code)),
                 });
             }
             return Ok(f.body[6..].to_vec());
@@ -324,13 +326,10 @@ impl Conn {
             match tokio::time::timeout_at(deadline, self.io.peek(&mut first)).await {
                 Err(_) => return Ok(None),
                 Ok(Ok(0)) => {
-                    return Err(StreamError::Connection(format!(
-                        "{}: the broker closed the connection",
-                        self.at
-                    )));
+                    return Err(lost(&self.at, "the broker closed the connection"));
                 }
                 Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(StreamError::Connection(format!("{}: {e}", self.at))),
+                Ok(Err(e)) => return Err(lost(&self.at, e.to_string())),
             }
             let f = self.frame().await?;
             if f.key == DELIVER {
@@ -388,10 +387,8 @@ impl Conn {
             };
             let buf = tokio::time::timeout(patience, read)
                 .await
-                .map_err(|_| {
-                    StreamError::Connection(format!("{at}: no answer within {patience:?}"))
-                })?
-                .map_err(|e| StreamError::Connection(format!("{at}: {e}")))?;
+                .map_err(|_| lost(&at, format!("no answer within {patience:?}")))?
+                .map_err(|e| lost(&at, e.to_string()))?;
             let key = u16::from_be_bytes([buf[0], buf[1]]);
             let body = buf[4..].to_vec();
             match key {
@@ -403,9 +400,10 @@ impl Conn {
                 }
                 CLOSE => {
                     let reason = body.get(6..).and_then(read_string).unwrap_or_default();
-                    return Err(StreamError::Connection(format!(
-                        "{at}: the broker closed the connection: {reason}"
-                    )));
+                    return Err(lost(
+                        &at,
+                        format!("the broker closed the connection: {reason}"),
+                    ));
                 }
                 _ => return Ok(Frame { key, body }),
             }
@@ -419,12 +417,20 @@ impl Conn {
         tokio::time::timeout(self.patience, self.io.write_all(&out))
             .await
             .map_err(|_| {
-                StreamError::Connection(format!(
-                    "{}: could not send within {:?}",
-                    self.at, self.patience
-                ))
+                lost(
+                    &self.at,
+                    format!("could not send within {:?}", self.patience),
+                )
             })?
-            .map_err(|e| StreamError::Connection(format!("{}: {e}", self.at)))
+            .map_err(|e| lost(&self.at, e.to_string()))
+    }
+}
+
+/// The connection to `at` is lost: `message` says why.
+fn lost(at: &str, message: impl Into<String>) -> StreamError {
+    StreamError::Connection {
+        at: at.to_string(),
+        message: message.into(),
     }
 }
 
