@@ -5,6 +5,7 @@
 
 use crate::config::Config;
 use crate::sources::kind::Finding;
+use crate::text::terminal_text;
 
 /// Runs every check; `Ok(true)` when nothing needs attention.
 pub async fn run(config: &Config) -> anyhow::Result<bool> {
@@ -26,11 +27,38 @@ pub async fn run(config: &Config) -> anyhow::Result<bool> {
 }
 
 fn print_findings(findings: Vec<Finding>) {
-    for f in findings {
-        match f {
-            Finding::Ok(m) => println!("  ok:      {m}"),
-            Finding::Warn(m) => println!("  warning: {m}"),
-            Finding::Error(m) => println!("  error:   {m}"),
-        }
+    for f in &findings {
+        println!("{}", finding_line(f));
+    }
+}
+
+/// One finding as printed. Its text may hold what a database or a broker
+/// named (a table, a queue, a stream, an error it sent): control characters
+/// are escaped for the terminal.
+fn finding_line(f: &Finding) -> String {
+    let (tag, m) = match f {
+        Finding::Ok(m) => ("ok:     ", m),
+        Finding::Warn(m) => ("warning:", m),
+        Finding::Error(m) => ("error:  ", m),
+    };
+    format!("  {tag} {}", terminal_text(m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_finding_is_printed_with_control_characters_escaped() {
+        let f = Finding::Warn("queue \"a\u{1b}[2Jb\" (stream): no offset".into());
+        assert_eq!(
+            finding_line(&f),
+            "  warning: queue \"a\\x1b[2Jb\" (stream): no offset"
+        );
+        assert_eq!(finding_line(&Finding::Ok("fine".into())), "  ok:      fine");
+        assert_eq!(
+            finding_line(&Finding::Error("bad".into())),
+            "  error:   bad"
+        );
     }
 }
