@@ -256,6 +256,11 @@ pub async fn fetch(
                 // Before the agent subscribes: its own subscriptions are not
                 // in the list it reads.
                 read.subscribers = subscribers(api, &vhost).await?;
+                if read.subscribers.is_none() {
+                    out.stream_notes.push(format!(
+                        "vhost \"{vhost}\": the stream management plugin does not answer (/api/stream/consumers): its streams' consumers count 0 attached, so a stalled one reads as stopped (rabbitmq-plugins enable rabbitmq_stream_management)"
+                    ));
+                }
                 read_streams(
                     conns,
                     (url, spec),
