@@ -34,6 +34,7 @@ mod kafka_dead_letters;
 mod kafka_fake;
 mod kafka_groups;
 mod kafka_replay;
+mod kafka_shards;
 mod layers;
 mod libraries;
 mod listener;

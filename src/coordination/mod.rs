@@ -268,6 +268,13 @@ pub trait Lock: Send + 'static {
     fn renew(&mut self) -> impl Future<Output = Result<bool, String>> + Send;
     /// Gives the lock up.
     fn release(&mut self) -> impl Future<Output = ()> + Send;
+    /// Whether the lock, having just said another agent owns the source
+    /// (`renew` gave `Ok(false)`), must be tried again at once: a group whose
+    /// members stop exporting and rejoin within a deadline (a Kafka source
+    /// split into shards, rebalancing).
+    fn rejoin_now(&self) -> bool {
+        false
+    }
     /// Drops what a failed operation left behind, before trying again.
     fn abandon(&mut self) -> impl Future<Output = ()> + Send {
         self.release()
@@ -360,6 +367,11 @@ pub async fn elect<L: Lock>(
                     health.saw_other_owner(&source);
                     leadership.set(&source, false);
                     let _ = leader.send(Some(false));
+                    if lock.rejoin_now() {
+                        info!(source = %source, "The source's shards are being given anew (an agent came or went); exporting stopped until this agent has its new ones.");
+                        delay = Duration::ZERO;
+                        continue;
+                    }
                     info!(source = %source, "Another agent owns the source now; standing by.");
                 }
                 outcome => {
@@ -381,6 +393,7 @@ pub async fn elect<L: Lock>(
             // source), then contests the source: a source nobody else takes
             // is still owned.
             let wait = match tokio::time::timeout(patience, lock.share()).await {
+                _ if lock.rejoin_now() => Duration::ZERO,
                 Ok(Some(share)) if share.head_start() => heartbeat.mul_f64(HEAD_START),
                 Ok(Some(_)) => Duration::ZERO,
                 _ => SPREAD * leadership.led_count() as u32,

@@ -121,6 +121,7 @@ names! {
     KAFKA_FUTURE_TIMESTAMPS = "inboxwatch_kafka_future_timestamps_total";
     KAFKA_PARTITIONS_UNAVAILABLE = "inboxwatch_kafka_partitions_unavailable";
     KAFKA_CYCLE_RETRIES = "inboxwatch_kafka_retries_total";
+    KAFKA_SHARDS = "inboxwatch_kafka_shards";
     QUEUE_MESSAGES = "queue_messages";
     QUEUE_PUBLISHED = "queue_messages_published_total";
     QUEUE_REDELIVERIES = "queue_redeliveries_total";
@@ -494,6 +495,13 @@ pub static CATALOGUE: &[MetricDef] = &[
         Some(Unit::Count),
         S,
         "Watched partitions without a high watermark in the last cycle: no leader, or the leader did not answer even after fresh metadata. Their lag series are left out until they are back.",
+    ),
+    def(
+        KAFKA_SHARDS,
+        Kind::Gauge,
+        Some(Unit::Count),
+        S,
+        "Shards of a Kafka source split over the agents (`shards`) that this agent exports: the consumer groups whose id hashes into them (FNV-1a mod the shard count), and, with shard 0, the topic series. Absent where the source is not split; summed over the agents it is the shard count.",
     ),
     def(
         KAFKA_CYCLE_RETRIES,

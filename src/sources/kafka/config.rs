@@ -11,6 +11,7 @@ use regex::Regex;
 
 use serde::Deserialize;
 
+use super::shards::{MAX_SHARDS, Shards};
 use crate::dsn::{Dialect, Dsn};
 use crate::sources::common::{self, Common, Defaults, RawCommon};
 use crate::sources::common::{RawTls, tls_config};
@@ -52,6 +53,8 @@ pub struct KafkaSpec {
     /// `[sources.dead_letter_actions]`: what `dead-letters replay --topic`
     /// produces with and audits to; never used by `run`.
     pub actions: Option<Box<KafkaActions>>,
+    /// `shards`: the consumer groups split over the agents present.
+    pub shards: Shards,
 }
 
 /// A validated `[sources.dead_letter_actions]` of a Kafka source.
@@ -289,6 +292,17 @@ pub struct RawKafka {
     /// What `inboxwatch dead-letters replay --topic` produces with and
     /// audits to.
     pub dead_letter_actions: Option<RawKafkaActions>,
+    /// The consumer groups split into this many shards over the agents
+    /// (`"auto"`: one per agent present).
+    pub shards: Option<RawShards>,
+}
+
+/// `shards` as written: a number or a word.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum RawShards {
+    Count(i64),
+    Word(String),
 }
 
 /// `[sources.dead_letter_actions]` of a Kafka source: the write credentials
@@ -391,6 +405,7 @@ pub(crate) fn validate(
     let client_id = s.client_id.clone().unwrap_or_else(|| "inboxwatch".into());
     let security = security(v, key, &s);
     let owners = owners(v, key, s.owners.as_deref().unwrap_or_default());
+    let shards = shards(v, key, s.shards.as_ref());
     let before = v.count();
     let actions = s
         .dead_letter_actions
@@ -418,7 +433,30 @@ pub(crate) fn validate(
         security,
         owners,
         actions: actions.flatten().map(Box::new),
+        shards,
     })
+}
+
+/// `shards`: 1 (the default), 2 to [`MAX_SHARDS`], or `"auto"`.
+fn shards(v: &mut Validator<'_>, key: &str, raw: Option<&RawShards>) -> Shards {
+    match raw {
+        None | Some(RawShards::Count(1)) => Shards::One,
+        Some(RawShards::Count(n)) if (2..=i64::from(MAX_SHARDS)).contains(n) => {
+            Shards::Fixed(*n as u32)
+        }
+        Some(RawShards::Word(w)) if w == "auto" => Shards::Auto,
+        Some(other) => {
+            let got = match other {
+                RawShards::Count(n) => n.to_string(),
+                RawShards::Word(w) => format!("\"{w}\""),
+            };
+            v.problem(
+                &format!("{key}.shards"),
+                format!("must be a number of shards from 1 to {MAX_SHARDS}, or \"auto\" (one per agent present), got {got}"),
+            );
+            Shards::One
+        }
+    }
 }
 
 /// Checks `[sources.dead_letter_actions]` at key `at`.

@@ -6,6 +6,7 @@ use super::KafkaSource;
 use super::client;
 use super::config::KafkaSpec;
 use super::fetch::Protocol;
+use super::shards::{Shards, shard_of};
 use crate::sources::kind::Finding;
 use crate::sources::poll_loop::Source as _;
 
@@ -75,7 +76,7 @@ pub(crate) async fn check(spec: &KafkaSpec) -> Vec<Finding> {
             sasl.mechanism.as_str()
         )));
     }
-    let mut source = KafkaSource::new(spec.clone());
+    let mut source = KafkaSource::new(spec.clone(), None);
     let started = std::time::Instant::now();
     out.push(
         match tokio::time::timeout(spec.timeout, source.poll()).await {
@@ -95,7 +96,33 @@ pub(crate) async fn check(spec: &KafkaSpec) -> Vec<Finding> {
         },
     );
     out.extend(groups(&source).into_iter().map(Finding::Ok));
+    if let Some(line) = shards_line(spec, source.groups.keys()) {
+        out.push(Finding::Ok(line));
+    }
     out
+}
+
+/// How a split source's groups fall into its shards: one line, from the
+/// groups this cycle read (all of them: doctor reads every shard).
+fn shards_line<'a>(spec: &KafkaSpec, groups: impl Iterator<Item = &'a String>) -> Option<String> {
+    let of = match spec.shards {
+        Shards::One => return None,
+        Shards::Fixed(n) => n,
+        Shards::Auto => {
+            return Some(
+                "shards = \"auto\": the groups are split into one shard per agent present, by a hash of the group id; the cycle above read every group".into(),
+            );
+        }
+    };
+    let mut per = vec![0usize; of as usize];
+    for g in groups {
+        per[shard_of(g, of) as usize] += 1;
+    }
+    let per: Vec<String> = per.iter().map(usize::to_string).collect();
+    Some(format!(
+        "shards = {of}: groups per shard {}; each agent present exports some shards (shard 0 also the topic series); the cycle above read every group",
+        per.join(", ")
+    ))
 }
 
 /// Groups listed one per line up to this many, then counted.

@@ -7,8 +7,14 @@
 //! (SIGTERM) at once, which starts a rebalance in which another agent is
 //! named leader. An owner whose heartbeat fails stops exporting at once,
 //! well before the coordinator's session timeout lets another agent lead.
+//!
+//! A source split into shards (`shards`, `shards.rs`) uses the same group
+//! the way Kafka's consumers use theirs: the leader gives every member its
+//! shards in the SyncGroup round, and a member owns the source while it holds
+//! at least one. When the group rebalances (an agent came or went), every
+//! member stops exporting before it rejoins, so no shard has two exporters.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::{
     FindCoordinatorRequest, GroupId, HeartbeatRequest, JoinGroupRequest, LeaveGroupRequest,
@@ -20,6 +26,7 @@ use tracing::debug;
 
 use super::client::{Connection, Connector, error_name};
 use super::config::KafkaSpec;
+use super::shards::{Assignment, Shards, Slot, assign};
 use crate::coordination::Lock;
 
 /// How long the coordinator keeps a member that stopped heartbeating.
@@ -31,6 +38,15 @@ const HEARTBEAT: Duration = Duration::from_secs(2);
 /// Longest wait for a heartbeat.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a split source's member holds new shards before it exports
+/// them: longer than the members' heartbeat and its timeout, so that a member
+/// still exporting an earlier generation's shards has heard of the rebalance
+/// and stopped, whether or not the coordinator waited for it to rejoin
+/// (Kafka's does; tansu 0.6.0's answers a join at once).
+const SETTLE: Duration = Duration::from_secs(4);
+
+const ILLEGAL_GENERATION: i16 = 22;
+const UNKNOWN_MEMBER_ID: i16 = 25;
 const REBALANCE_IN_PROGRESS: i16 = 27;
 const MEMBER_ID_REQUIRED: i16 = 79;
 
@@ -49,7 +65,16 @@ pub struct KafkaElection {
     conn: Option<Connection>,
     member_id: String,
     generation: i32,
+    /// Whether this agent exports the source: the group's leader, or, split
+    /// into shards, the holder of at least one.
     leader: bool,
+    shards: Shards,
+    /// This generation's shards (split sources only).
+    slot: Slot,
+    /// When this generation's shards may be exported ([`SETTLE`]).
+    settled_at: Option<Instant>,
+    /// A rebalance took this member's shards: it rejoins at once.
+    rejoin: bool,
 }
 
 impl KafkaElection {
@@ -69,7 +94,38 @@ impl KafkaElection {
             member_id: String::new(),
             generation: -1,
             leader: false,
+            shards: spec.shards,
+            slot: Slot::default(),
+            settled_at: None,
+            rejoin: false,
         }
+    }
+
+    /// Where this election puts the shards it holds, for the source to read.
+    pub fn slot(&self) -> Slot {
+        self.slot.clone()
+    }
+
+    /// A split source's member told of a rebalance: it stopped exporting and
+    /// must rejoin now, within the rebalance timeout.
+    fn revoked(&self) -> bool {
+        self.shards.is_split() && self.rejoin
+    }
+
+    /// Whether this agent exports the source now: it leads (or holds shards)
+    /// and, split, has held them for [`SETTLE`].
+    fn exporting(&self) -> bool {
+        self.leader
+            && (!self.shards.is_split() || self.settled_at.is_some_and(|t| Instant::now() >= t))
+    }
+
+    /// Drops a split source's shards; it must rejoin before it has any.
+    fn drop_shards(&mut self) {
+        self.generation = -1;
+        self.leader = false;
+        self.slot.set(None);
+        self.settled_at = None;
+        self.rejoin = true;
     }
 
     fn group_id(&self) -> GroupId {
@@ -139,6 +195,9 @@ impl KafkaElection {
         self.member_id.clear();
         self.generation = -1;
         self.leader = false;
+        self.slot.set(None);
+        self.settled_at = None;
+        self.rejoin = false;
     }
 
     /// Joins (or rejoins) the group and completes the round; true when this
@@ -150,6 +209,10 @@ impl KafkaElection {
     async fn join(&mut self) -> Result<bool, String> {
         self.generation = -1;
         self.leader = false;
+        self.slot.set(None);
+        self.settled_at = None;
+        self.rejoin = false;
+        let protocol = self.shards.protocol();
         // The join waits for the rebalance: its own, longer, timeout.
         let addr = self.coordinator().await?.addr().to_string();
         let mut conn = self
@@ -166,7 +229,7 @@ impl KafkaElection {
                 .with_protocol_type(StrBytes::from_static_str(ELECTION_PROTOCOL))
                 .with_protocols(vec![
                     JoinGroupRequestProtocol::default()
-                        .with_name(StrBytes::from_static_str("leader")),
+                        .with_name(StrBytes::from_string(protocol.clone())),
                 ]);
             let resp = conn.send(&req).await.map_err(|e| e.to_string())?;
             match resp.error_code {
@@ -183,11 +246,20 @@ impl KafkaElection {
                         "Joined the election group."
                     );
                     let assignments = if leader {
+                        let ids: Vec<&str> =
+                            resp.members.iter().map(|m| m.member_id.as_str()).collect();
+                        let shares = assign(&ids, self.shards);
                         resp.members
                             .iter()
-                            .map(|m| {
-                                SyncGroupRequestAssignment::default()
-                                    .with_member_id(m.member_id.clone())
+                            .zip(shares)
+                            .map(|(m, share)| {
+                                let a = SyncGroupRequestAssignment::default()
+                                    .with_member_id(m.member_id.clone());
+                                if self.shards.is_split() {
+                                    a.with_assignment(share.encode().into())
+                                } else {
+                                    a
+                                }
                             })
                             .collect()
                     } else {
@@ -198,18 +270,34 @@ impl KafkaElection {
                         .with_generation_id(generation)
                         .with_member_id(StrBytes::from_string(self.member_id.clone()))
                         .with_protocol_type(Some(StrBytes::from_static_str(ELECTION_PROTOCOL)))
-                        .with_protocol_name(Some(StrBytes::from_static_str("leader")))
+                        .with_protocol_name(Some(StrBytes::from_string(protocol.clone())))
                         .with_assignments(assignments);
                     let sync = sync_request(&conn, sync);
-                    // Only the error code matters (the assignment is this
-                    // module's own word); some coordinators send a null
-                    // assignment, which a strict decoder refuses.
+                    // Read by hand: some coordinators send a null assignment
+                    // (an unsplit source's), which a strict decoder refuses.
                     let body = conn.send_raw(&sync).await.map_err(|e| e.to_string())?;
-                    let code =
-                        sync_error_code(&body, conn.version::<SyncGroupRequest>().unwrap_or(0))
-                            .ok_or("SyncGroup: a response too short to read")?;
+                    let version = conn.version::<SyncGroupRequest>().unwrap_or(0);
+                    let code = sync_error_code(&body, version)
+                        .ok_or("SyncGroup: a response too short to read")?;
                     if code == REBALANCE_IN_PROGRESS {
                         continue;
+                    }
+                    if self.shards.is_split() {
+                        if code != 0 {
+                            // A member without its shards holds none: it
+                            // rejoins at its next try.
+                            return Err(format!("SyncGroup: {}", error_name(code)));
+                        }
+                        let share = sync_assignment(&body, version)
+                            .and_then(|bytes| Assignment::decode(&bytes))
+                            .ok_or("SyncGroup: no shards in the assignment (another version of inboxwatch leads the election group?)")?;
+                        debug!(group = %self.group, generation, shards = %share.describe(), "Shards assigned.");
+                        let holds = !share.mine.is_empty();
+                        self.slot.set(Some(share));
+                        self.generation = generation;
+                        self.leader = holds;
+                        self.settled_at = Some(Instant::now() + SETTLE);
+                        return Ok(self.exporting());
                     }
                     if code != 0 && leader {
                         return Err(format!("SyncGroup: {}", error_name(code)));
@@ -266,7 +354,24 @@ impl KafkaElection {
         debug!(group = %self.group, code = resp.error_code, "Heartbeat.");
         match resp.error_code {
             0 => Ok(true),
-            REBALANCE_IN_PROGRESS => Ok(false),
+            REBALANCE_IN_PROGRESS => {
+                if self.shards.is_split() {
+                    // Shards are held for one generation: stop exporting
+                    // them before rejoining (the caller rejoins at once).
+                    self.drop_shards();
+                }
+                Ok(false)
+            }
+            // A split source's member left behind by a generation that went
+            // on without it (a coordinator that did not wait for its rejoin,
+            // or a session that ended): its shards are someone else's now.
+            ILLEGAL_GENERATION | UNKNOWN_MEMBER_ID if self.shards.is_split() => {
+                if resp.error_code == UNKNOWN_MEMBER_ID {
+                    self.member_id.clear();
+                }
+                self.drop_shards();
+                Ok(false)
+            }
             code => {
                 let e = format!("Heartbeat: {}", error_name(code));
                 self.forget();
@@ -282,6 +387,42 @@ fn sync_error_code(body: &bytes::Bytes, version: i16) -> Option<i16> {
     let at = if version >= 1 { 4 } else { 0 };
     let b = body.get(at..at + 2)?;
     Some(i16::from_be_bytes([b[0], b[1]]))
+}
+
+/// The assignment of a SyncGroup response (v0: after the error code; v1–v3:
+/// after the throttle time too; v4: compact bytes; v5: after the compact
+/// protocol type and name); `None` when null or unreadable.
+fn sync_assignment(body: &bytes::Bytes, version: i16) -> Option<Vec<u8>> {
+    fn uvarint(b: &[u8], at: &mut usize) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *b.get(*at)?;
+            *at += 1;
+            v |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    let b = body.as_ref();
+    let mut at = if version >= 1 { 6 } else { 2 };
+    if version < 4 {
+        let len = i32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?);
+        at += 4;
+        let len = usize::try_from(len).ok()?;
+        return b.get(at..at + len).map(<[u8]>::to_vec);
+    }
+    if version >= 5 {
+        for _ in 0..2 {
+            // Compact nullable strings: length + 1, 0 for null.
+            let n = uvarint(b, &mut at)? as usize;
+            at += n.saturating_sub(1);
+        }
+    }
+    let n = uvarint(b, &mut at)? as usize;
+    let len = n.checked_sub(1)?;
+    b.get(at..at + len).map(<[u8]>::to_vec)
 }
 
 /// SyncGroup before v5 has no protocol type and name: clear them there.
@@ -310,7 +451,7 @@ impl Lock for KafkaElection {
             return self.join().await;
         }
         match self.heartbeat().await {
-            Ok(true) => Ok(self.leader),
+            Ok(true) => Ok(self.exporting()),
             Ok(false) => self.join().await,
             Err(_) => self.join().await,
         }
@@ -319,11 +460,18 @@ impl Lock for KafkaElection {
     async fn renew(&mut self) -> Result<bool, String> {
         match self.heartbeat().await? {
             true => Ok(self.leader),
+            // Shards are given anew each generation: the heartbeat dropped
+            // this one's; the caller stops exporting, then rejoins at once.
+            false if self.shards.is_split() => Ok(false),
             // A member joined or left: rejoin; the coordinator keeps a
             // leader that rejoins, and names the new one at the same moment
             // it tells the old one.
             false => self.join().await,
         }
+    }
+
+    fn rejoin_now(&self) -> bool {
+        self.revoked()
     }
 
     async fn abandon(&mut self) {
@@ -367,5 +515,38 @@ impl Lock for KafkaElection {
             }
         }
         self.forget();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::SyncGroupResponse;
+    use kafka_protocol::protocol::Encodable;
+
+    /// The assignment is read out of SyncGroup responses of every version
+    /// as kafka-protocol encodes them (v5 with its protocol type and name
+    /// before it), and a null one is none.
+    #[test]
+    fn the_assignment_is_read_from_every_sync_group_version() {
+        let bytes = vec![0u8, 0, 0, 0, 0, 4, 0, 0, 0, 1, 0, 0, 0, 3];
+        for version in 0..=5i16 {
+            let resp = SyncGroupResponse::default()
+                .with_throttle_time_ms(7)
+                .with_protocol_type(Some(StrBytes::from_static_str(ELECTION_PROTOCOL)))
+                .with_protocol_name(Some(StrBytes::from_static_str("shards-4")))
+                .with_assignment(bytes.clone().into());
+            let mut buf = bytes::BytesMut::new();
+            resp.encode(&mut buf, version).expect("encodes");
+            let body = buf.freeze();
+            assert_eq!(sync_error_code(&body, version), Some(0), "v{version}");
+            let got = sync_assignment(&body, version);
+            assert_eq!(got.as_deref(), Some(bytes.as_slice()), "v{version}");
+            let share = Assignment::decode(&got.unwrap()).expect("decodes");
+            assert_eq!(share.describe(), "shards 1, 3 of 4");
+        }
+        // v4 with a null assignment (compact length 0).
+        let null = bytes::Bytes::from_static(&[0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(sync_assignment(&null, 4), None);
     }
 }

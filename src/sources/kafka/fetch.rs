@@ -39,6 +39,7 @@ use tracing::{debug, warn};
 use super::client::{Connection, Connector, KafkaError, error_name};
 use super::config::KafkaSpec;
 use super::records::{self, Found};
+use super::shards::Assignment;
 use crate::sources::poll_loop::SourceError;
 
 pub use groups::Protocol;
@@ -199,10 +200,12 @@ pub struct Fetcher {
     retry_until: Instant,
     /// What this cycle asked again.
     retries: Retries,
+    /// The shards whose groups this agent reads (`None`: every group).
+    share: Option<Assignment>,
 }
 
 impl Fetcher {
-    pub fn new(spec: Arc<KafkaSpec>, connector: Connector) -> Fetcher {
+    pub fn new(spec: Arc<KafkaSpec>, connector: Connector, share: Option<Assignment>) -> Fetcher {
         Fetcher {
             spec,
             connector,
@@ -216,7 +219,13 @@ impl Fetcher {
             down: HashSet::new(),
             retry_until: Instant::now(),
             retries: Retries::default(),
+            share,
         }
+    }
+
+    /// Whether group `name` is in this agent's shards.
+    fn in_share(&self, name: &str) -> bool {
+        self.share.as_ref().is_none_or(|s| s.owns_group(name))
     }
 
     /// Drops every connection and the coordinators they told; the next cycle

@@ -9,6 +9,7 @@ use tracing::{info, warn};
 
 use super::config::{KafkaSpec, RawKafka, validate};
 use super::election::KafkaElection;
+use super::shards::Assignment;
 use super::{KafkaSource, card, doctor};
 use crate::card::{Card, Past};
 use crate::dsn::Dialect;
@@ -44,9 +45,25 @@ impl Kind for KafkaSpec {
                 "SASL without [sources.tls] (SASL_PLAINTEXT): the credentials cross the network readable; use it only on a network you trust."
             );
         }
-        let leader = rt.elect(KafkaElection::for_source(&self));
+        let election = KafkaElection::for_source(&self);
+        // A split source reads its shards when each ownership term starts:
+        // they change only through a rebalance, which ends the term.
+        let slot = self.shards.is_split().then(|| election.slot());
+        let leader = rt.elect(election);
         let name = self.name.clone();
-        rt.spawn_loop(&name, move || KafkaSource::new(self.clone()), leader);
+        rt.spawn_loop(
+            &name,
+            move || {
+                let share = slot.as_ref().map(|s| {
+                    s.get().unwrap_or(Assignment {
+                        mine: Vec::new(),
+                        of: 1,
+                    })
+                });
+                KafkaSource::new(self.clone(), share)
+            },
+            leader,
+        );
         Ok(())
     }
 

@@ -38,6 +38,7 @@ pub mod records;
 pub mod replay;
 pub mod scram;
 pub mod series;
+pub mod shards;
 
 pub use config::KafkaSpec;
 
@@ -48,9 +49,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use self::client::Connector;
 use self::fetch::{Fetcher, Protocol, Retry};
 use self::series::{Memory, Settings};
+use self::shards::Assignment;
 use super::poll_loop::{PollStats, Source, SourceError};
 use crate::telemetry::catalogue as metric;
-use crate::telemetry::snapshot;
+use crate::telemetry::snapshot::{self, Sample};
+use tracing::info;
 
 pub struct KafkaSource {
     spec: Arc<KafkaSpec>,
@@ -60,10 +63,13 @@ pub struct KafkaSource {
     /// The last cycle's groups: protocol, members and group epoch (for
     /// `doctor`).
     groups: BTreeMap<String, (Protocol, Option<usize>, Option<i32>)>,
+    /// The shards this agent exports this term (`None`: not split, all).
+    share: Option<Assignment>,
 }
 
 impl KafkaSource {
-    pub fn new(spec: KafkaSpec) -> KafkaSource {
+    /// A source that reads the groups of `share` (`None`: every group).
+    pub fn new(spec: KafkaSpec, share: Option<Assignment>) -> KafkaSource {
         // A broker that does not answer a new connection costs at most a
         // quarter of the cycle, so the rest of the cycle still completes.
         let connector = Connector::new(
@@ -73,11 +79,17 @@ impl KafkaSource {
         )
         .with_connect_timeout((spec.timeout / 4).min(Duration::from_secs(5)));
         let spec = Arc::new(spec);
+        let mut settings = Settings::new(&spec);
+        settings.topic_series = share.as_ref().is_none_or(Assignment::owns_topics);
+        if let Some(share) = &share {
+            info!(source = %spec.name, shards = %share.describe(), topic_series = settings.topic_series, "Exporting this agent's shards of the consumer groups.");
+        }
         KafkaSource {
-            fetcher: Fetcher::new(spec.clone(), connector),
-            settings: Settings::new(&spec),
+            fetcher: Fetcher::new(spec.clone(), connector, share.clone()),
+            settings,
             memory: Memory::default(),
             groups: BTreeMap::new(),
+            share,
             spec,
         }
     }
@@ -122,11 +134,29 @@ impl KafkaSource {
                 groups.add(&s);
                 out.push(s);
             });
+        let mut notes = Vec::new();
+        if let Some(share) = &self.share {
+            out.push(Sample {
+                name: metric::KAFKA_SHARDS,
+                labels: vec![("source", self.spec.name.clone())],
+                value: share.mine.len() as f64,
+            });
+            notes.push(format!(
+                "split into shards by consumer group: this agent exports {} ({} groups){}",
+                share.describe(),
+                self.groups.len(),
+                if self.settings.topic_series {
+                    ", and the topic series"
+                } else {
+                    "; the topic series are shard 0's"
+                }
+            ));
+        }
         out.keep(groups);
         snapshot::publish(&self.spec.name, out);
         Ok(PollStats {
             rows_read: reads,
-            ..PollStats::default()
+            notes,
         })
     }
 }

@@ -29,6 +29,10 @@ pub struct Settings {
     pub owner: String,
     /// `[[sources.owners]]`: group patterns and their owner.
     pub owners: Vec<(Regex, String)>,
+    /// Whether this agent exports the series of topics (high watermarks,
+    /// unavailable partitions, dead-letter and retry counts): false for a
+    /// split source's agent that does not hold shard 0.
+    pub topic_series: bool,
 }
 
 impl Settings {
@@ -41,6 +45,7 @@ impl Settings {
             retry_topics: spec.retry_topics.clone(),
             owner: spec.owner.clone().unwrap_or_default(),
             owners: spec.owners.clone(),
+            topic_series: true,
         }
     }
 
@@ -140,16 +145,19 @@ impl Memory {
         wall_ms: i64,
         out: &mut impl FnMut(Sample),
     ) {
+        for (name, group) in &said.groups {
+            self.group(settings, said, name, group, now, wall_ms, out);
+        }
+        self.history.retain(|g, _| said.groups.contains_key(g));
+        if !settings.topic_series {
+            return;
+        }
         high_watermarks(settings, &said.high_watermarks, out);
         out(Sample {
             name: metric::KAFKA_PARTITIONS_UNAVAILABLE,
             labels: vec![("source", settings.cluster.clone())],
             value: said.unavailable.len() as f64,
         });
-        for (name, group) in &said.groups {
-            self.group(settings, said, name, group, now, wall_ms, out);
-        }
-        self.history.retain(|g, _| said.groups.contains_key(g));
         self.count_appends(settings, &said.high_watermarks, &said.unavailable);
         for (topic, n) in &self.dead_letters {
             out(Sample {
@@ -502,6 +510,7 @@ mod tests {
                 Regex::new("^(?:billing.*)$").unwrap(),
                 "team-payments".into(),
             )],
+            topic_series: true,
         }
     }
 
@@ -1078,5 +1087,44 @@ mod tests {
         let samples = run(&mut memory, &settings, &third, now);
         assert_eq!(value(&samples, dead, &[("topic", "orders.DLQ")]), Some(8.0));
         assert_eq!(count(&samples, retries), 0, "deleted retry topics leave");
+    }
+
+    /// A split source's agent without shard 0 exports its groups' series
+    /// only; the holder of shard 0 the topics' too, its dead-letter counts
+    /// from its own first cycle.
+    #[test]
+    fn without_shard_0_the_topic_series_are_left_to_its_holder() {
+        let now = Instant::now();
+        let offsets = [("orders", 0, 4)];
+        let cycle = |dlq: i64| {
+            said(
+                &[("orders", &[10]), ("orders.DLQ", &[dlq])],
+                vec![("billing", group(Some(1), &offsets))],
+            )
+        };
+        let mut other = settings(false);
+        other.topic_series = false;
+        let mut memory = Memory::default();
+        run(&mut memory, &other, &cycle(3), now);
+        let samples = run(&mut memory, &other, &cycle(5), now);
+        let names: BTreeSet<&str> = samples.iter().map(|s| s.name).collect();
+        assert_eq!(
+            lag(&samples, metric::KAFKA_LAG_MESSAGES, "orders", "0"),
+            Some(6.0)
+        );
+        for topic_level in [
+            metric::KAFKA_HIGH_WATERMARK,
+            metric::KAFKA_PARTITIONS_UNAVAILABLE,
+            metric::KAFKA_DEAD_LETTERS,
+        ] {
+            assert!(!names.contains(topic_level), "{topic_level} in {names:?}");
+        }
+        let holder = settings(false);
+        let mut memory = Memory::default();
+        run(&mut memory, &holder, &cycle(3), now);
+        let samples = run(&mut memory, &holder, &cycle(5), now);
+        let dlq = [("topic", "orders.DLQ")];
+        assert_eq!(value(&samples, metric::KAFKA_DEAD_LETTERS, &dlq), Some(2.0));
+        assert_eq!(count(&samples, metric::KAFKA_HIGH_WATERMARK), 2);
     }
 }

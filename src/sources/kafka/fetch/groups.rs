@@ -225,7 +225,7 @@ impl Fetcher {
                     g.protocol_type.as_str() == ELECTION_PROTOCOL || name.starts_with(GROUP_PREFIX);
                 // Share groups (KIP-932) have no committed offsets.
                 let share = g.protocol_type.as_str() == "share";
-                if own || share || !self.spec.groups.matches(name) {
+                if own || share || !self.spec.groups.matches(name) || !self.in_share(name) {
                     continue;
                 }
                 let protocol = if version >= 5 {
@@ -247,7 +247,11 @@ impl Fetcher {
                 ));
             }
             let protocol = |g: &String| self.known_groups.get(g).copied().unwrap_or_default();
-            return Ok(named.iter().map(|g| (g.clone(), protocol(g))).collect());
+            return Ok(named
+                .iter()
+                .filter(|g| self.in_share(g))
+                .map(|g| (g.clone(), protocol(g)))
+                .collect());
         }
         if missed > 0 {
             for (g, p) in &self.known_groups {
