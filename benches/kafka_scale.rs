@@ -13,10 +13,17 @@
 //!
 //! Run: `cargo bench --bench kafka_scale [-- 100x10 1000x100 ... [--topic]]`
 //! (`--topic`: the source uses `granularity = "topic"`).
+//!
+//! `-- 10000x3000 --spread 3`: the same cluster read by 3 agents with
+//! `shards = "auto"` (docs/kafka.md, "A cluster split over agents"): the time
+//! until every group is exported exactly once (checked over the agents'
+//! scrapes), each agent's steady cycle, CPU and RSS, then the time until the
+//! two left export every group again after SIGTERM of one agent, and after
+//! kill -9 of another (up to 90 s each).
 //! (needs tansu, as the tests do; runs the optimized binary `cargo bench` builds).
 
 use std::io::Write as _;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::offset_commit_request::{
@@ -42,7 +49,7 @@ use kafka_support::{Broker, now_ms};
 
 #[path = "common/proc.rs"]
 mod proc;
-use proc::{bin, cpu_ms, rss};
+use proc::{bin, cpu_ms, first_value, rss, run_agent, scrape};
 
 struct Point {
     partitions: usize,
@@ -87,6 +94,18 @@ async fn main() {
     })
     .collect();
     let per_topic = std::env::args().any(|a| a == "--topic");
+    let all: Vec<String> = std::env::args().collect();
+    if let Some(n) = all
+        .iter()
+        .position(|a| a == "--spread")
+        .and_then(|i| all.get(i + 1))
+    {
+        let agents: usize = n.parse().expect("--spread AGENTS");
+        for p in &points {
+            spread(p, agents).await;
+        }
+        return;
+    }
     let mut rows = Vec::new();
     for p in &points {
         let row = run_point(p, per_topic).await;
@@ -120,8 +139,8 @@ async fn main() {
     );
 }
 
-async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
-    let t0 = Instant::now();
+/// A tansu broker with `p`'s topics, records and commits; the commits made.
+async fn cluster(p: &Point) -> (Broker, usize) {
     let broker = Broker::start().await;
     let per_topic = p.partitions.min(100);
     let topics = p.partitions.div_ceil(per_topic);
@@ -181,6 +200,12 @@ async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
             }
         }
     }
+    (broker, committed)
+}
+
+async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
+    let t0 = Instant::now();
+    let (broker, committed) = cluster(p).await;
     let setup = t0.elapsed();
 
     let dir = tempfile::tempdir().unwrap();
@@ -222,40 +247,18 @@ async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
 
     // Steady state: the agent polling every 5 s.
     let port = common::free_port();
-    let mut agent = Command::new(bin())
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("inboxwatch run");
+    let mut agent = run_agent(&cfg, port);
     let pid = agent.id();
-    let metric = |text: &str, name: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    };
-    let scrape = || async {
-        let url = format!("127.0.0.1:{port}");
-        let mut s = tokio::net::TcpStream::connect(&url).await.ok()?;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-            .await
-            .ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).await.ok()?;
-        Some(body)
-    };
+    let metric = first_value;
     // Skip the first (cold) poll, then average over the next ones.
     let mut base = None;
     let started = Instant::now();
     let (mut sum, mut count) = (0.0, 0.0);
     while started.elapsed() < Duration::from_secs(90) {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let Some(m) = scrape().await else { continue };
+        let Some(m) = scrape(port).await else {
+            continue;
+        };
         let c = metric(
             &m,
             "inboxwatch_poll_duration_seconds_count{source=\"bench\"}",
@@ -296,4 +299,167 @@ async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
         cpu_per_cycle_ms,
         series,
     }
+}
+
+/// The groups an agent exports (its `kafka_consumer_group_info` series).
+fn groups_of(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.starts_with("kafka_consumer_group_info{"))
+        .filter_map(|l| {
+            l.split("group=\"")
+                .nth(1)?
+                .split('"')
+                .next()
+                .map(String::from)
+        })
+        .collect()
+}
+
+/// Scrapes the live agents until every one of `groups` groups is exported by
+/// exactly one of them (up to `within`); the groups per agent, or why not.
+async fn exactly_once(
+    ports: &[Option<u16>],
+    groups: usize,
+    within: Duration,
+) -> Result<Vec<usize>, String> {
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < within {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut per = Vec::new();
+        let mut seen = std::collections::HashMap::<String, usize>::new();
+        let mut ok = true;
+        for port in ports {
+            let Some(port) = port else {
+                per.push(0);
+                continue;
+            };
+            let Some(text) = scrape(*port).await else {
+                ok = false;
+                break;
+            };
+            let mine = groups_of(&text);
+            per.push(mine.len());
+            for g in mine {
+                *seen.entry(g).or_default() += 1;
+            }
+        }
+        if !ok {
+            continue;
+        }
+        let doubled = seen.values().filter(|&&n| n > 1).count();
+        if seen.len() == groups && doubled == 0 {
+            return Ok(per);
+        }
+        last = format!(
+            "{} of {groups} groups exported, {doubled} by two agents, per agent {per:?}",
+            seen.len()
+        );
+    }
+    Err(last)
+}
+
+/// `agents` agents with `shards = "auto"` on one cluster of `p`.
+async fn spread(p: &Point, agents: usize) {
+    let (broker, committed) = cluster(p).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("kafka.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[[sources]]\nname = \"bench\"\nkind = \"kafka\"\nbrokers = [\"{}\"]\npoll_interval = \"5s\"\ntimeout = \"60s\"\nstatus_window = \"1m\"\nshards = \"auto\"\n",
+            broker.bootstrap()
+        ),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let mut procs = Vec::new();
+    let mut ports = Vec::new();
+    for _ in 0..agents {
+        let port = common::free_port();
+        let child = run_agent(&cfg, port);
+        procs.push(child);
+        ports.push(Some(port));
+    }
+    let per = exactly_once(&ports, p.groups, Duration::from_secs(300))
+        .await
+        .unwrap_or_else(|e| panic!("not spread within 300 s: {e}"));
+    let spread_after = started.elapsed();
+    // Steady state: each agent's next 4 polls.
+    let poll = "inboxwatch_poll_duration_seconds";
+    let mut base = Vec::new();
+    for (a, port) in ports.iter().enumerate() {
+        let text = scrape(port.unwrap()).await.unwrap_or_default();
+        base.push((
+            first_value(&text, &format!("{poll}_sum{{source=\"bench\"}}")),
+            first_value(&text, &format!("{poll}_count{{source=\"bench\"}}")),
+            cpu_ms(procs[a].id()),
+        ));
+    }
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    let mut out = String::from(
+        "| agent | groups | steady cycle (mean) | agent CPU per cycle | RSS | peak RSS |\n|---|---|---|---|---|---|\n",
+    );
+    for (a, port) in ports.iter().enumerate() {
+        let text = scrape(port.unwrap()).await.unwrap_or_default();
+        let (s0, c0, cpu0) = base[a];
+        let sum = first_value(&text, &format!("{poll}_sum{{source=\"bench\"}}")) - s0;
+        let count = first_value(&text, &format!("{poll}_count{{source=\"bench\"}}")) - c0;
+        let (rss_mb, hwm_mb) = rss(procs[a].id());
+        out.push_str(&format!(
+            "| {a} | {} | {:.1} ms (over {count:.0} polls) | {:.1} ms | {rss_mb:.1} MB | {hwm_mb:.1} MB |\n",
+            per[a],
+            sum / count.max(1.0) * 1000.0,
+            (cpu_ms(procs[a].id()) - cpu0) / count.max(1.0),
+        ));
+    }
+    // The agent holding shard 0 (it exports the high watermarks) goes first.
+    let mut holder = 0;
+    for (a, port) in ports.iter().enumerate() {
+        let text = scrape(port.unwrap()).await.unwrap_or_default();
+        if text.contains("\nkafka_topic_partition_high_watermark{") {
+            holder = a;
+        }
+    }
+    let termed = Instant::now();
+    let _ = Command::new("kill")
+        .args(["-TERM", &procs[holder].id().to_string()])
+        .status();
+    ports[holder] = None;
+    let after_term = exactly_once(&ports, p.groups, Duration::from_secs(90)).await;
+    let term_took = termed.elapsed();
+    let _ = procs[holder].wait();
+    let mut kill_line = String::from("not tried (fewer than 3 agents)");
+    if agents >= 3 {
+        let victim = (0..agents).find(|&a| ports[a].is_some()).expect("an agent");
+        let killed = Instant::now();
+        let _ = procs[victim].kill();
+        let _ = procs[victim].wait();
+        ports[victim] = None;
+        let after_kill = exactly_once(&ports, p.groups, Duration::from_secs(90)).await;
+        kill_line = match after_kill {
+            Ok(per) => format!(
+                "{:.1} s (groups per agent {per:?})",
+                killed.elapsed().as_secs_f64()
+            ),
+            Err(e) => format!("not within 90 s: {e}"),
+        };
+    }
+    for mut c in procs {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    println!(
+        "{} partitions x {} groups ({committed} committed partitions), {agents} agents, shards = \"auto\"\n\nevery group exported exactly once {:.1} s after the agents started (groups per agent {per:?})\n\n{out}\nafter SIGTERM of agent {holder} (shard 0): {}\n\nafter kill -9 of another: {kill_line}\n",
+        p.partitions,
+        p.groups,
+        spread_after.as_secs_f64(),
+        match after_term {
+            Ok(per) => format!(
+                "{:.1} s (groups per agent {per:?})",
+                term_took.as_secs_f64()
+            ),
+            Err(e) => format!("not within 90 s: {e}"),
+        }
+    );
 }

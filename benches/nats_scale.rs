@@ -26,7 +26,7 @@ use serde_json::json;
 
 #[path = "common/proc.rs"]
 mod proc;
-use proc::{bin, cpu_ms, rss};
+use proc::{bin, cpu_ms, rss, run_agent, scrape};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -175,27 +175,7 @@ async fn run_point(p: &Point) -> String {
         .unwrap_or_else(|| panic!("no poll time in doctor's output: {text}"));
 
     let listen = free_port();
-    let mut agent = Command::new(bin())
-        .args(["run", "--config"])
-        .arg(&config)
-        .args(["--listen", &format!("127.0.0.1:{listen}")])
-        .env("INBOXWATCH_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the agent");
-    let scrape = || async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", listen))
-            .await
-            .ok()?;
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-            .await
-            .ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).await.ok()?;
-        Some(body)
-    };
+    let mut agent = run_agent(&config, listen);
     let value = |text: &str, name: &str| -> f64 {
         text.lines()
             .filter(|l| l.starts_with(name))
@@ -208,7 +188,9 @@ async fn run_point(p: &Point) -> String {
     let (sum, count, series, text) = loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert!(Instant::now() < deadline, "the agent did not poll");
-        let Some(text) = scrape().await else { continue };
+        let Some(text) = scrape(listen).await else {
+            continue;
+        };
         let count = value(
             &text,
             "inboxwatch_poll_duration_seconds_count{source=\"scale\"",

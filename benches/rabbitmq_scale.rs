@@ -21,7 +21,7 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
@@ -30,7 +30,7 @@ use lapin::{BasicProperties, Connection, ConnectionProperties};
 
 #[path = "common/proc.rs"]
 mod proc;
-use proc::{bin, cpu_ms, rss};
+use proc::{bin, cpu_ms, first_value, rss, run_agent};
 
 const POLL: Duration = Duration::from_secs(15);
 
@@ -195,22 +195,9 @@ async fn main() {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .unwrap();
-    let mut agent = Command::new(bin())
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("inboxwatch run");
+    let mut agent = run_agent(&cfg, port);
     let pid = agent.id();
-    let metric = |text: &str, name: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    };
+    let metric = first_value;
     let mut base = None;
     let started = Instant::now();
     let (mut sum, mut count, mut series) = (0.0, 0.0, 0);

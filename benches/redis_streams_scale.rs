@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 #[path = "common/proc.rs"]
 mod proc;
-use proc::{bin, cpu_ms, rss};
+use proc::{bin, cpu_ms, first_value, rss, run_agent, scrape};
 
 /// A TCP port nothing listens on right now.
 fn free_port() -> u16 {
@@ -256,22 +256,9 @@ async fn run_point(streams: usize, groups: usize) -> Row {
         });
 
     let port = free_port();
-    let mut agent = Command::new(bin())
-        .args(["run", "--config"])
-        .arg(&cfg)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("inboxwatch run");
+    let mut agent = run_agent(&cfg, port);
     let pid = agent.id();
-    let metric = |text: &str, name: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0.0)
-    };
+    let metric = first_value;
     let mut base = None;
     let started = Instant::now();
     let (mut sum, mut count) = (0.0, 0.0);
@@ -368,18 +355,4 @@ async fn exporter(redis_port: u16) -> Option<Exporter> {
         rss_mb,
         series,
     })
-}
-
-/// GET /metrics on 127.0.0.1:`port`.
-async fn scrape(port: u16) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
-        .await
-        .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.ok()?;
-    Some(body)
 }

@@ -35,3 +35,44 @@ pub fn cpu_ms(pid: u32) -> f64 {
     // 100 ticks a second.
     (ticks(11) + ticks(12)) * 1000.0 / 100.0
 }
+
+/// `inboxwatch run --config <config> --listen 127.0.0.1:<port>`, its output
+/// dropped.
+pub fn run_agent(config: &std::path::Path, port: u16) -> std::process::Child {
+    std::process::Command::new(bin())
+        .args(["run", "--config"])
+        .arg(config)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("INBOXWATCH_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("inboxwatch run")
+}
+
+/// GET /metrics of the agent on 127.0.0.1:`port`; `None` while it does not
+/// answer. (Not in rabbitmq_scale, which is synchronous.)
+#[allow(dead_code)]
+pub async fn scrape(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.ok()?;
+    Some(body)
+}
+
+/// The value of the first sample whose line starts with `prefix` (0 if none).
+/// (Not in nats_scale, which sums a family's samples.)
+#[allow(dead_code)]
+pub fn first_value(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
