@@ -1038,6 +1038,7 @@ const KAFKA_SERIES: &[(&str, &str)] = &[
         r#"inboxwatch_kafka_partitions_unavailable{source="prod"}"#,
         "2x10",
     ),
+    (r#"inboxwatch_kafka_shards{source="prod"}"#, "2x10"),
     (
         r#"inboxwatch_kafka_retries_total{source="prod",reason="coordinator"}"#,
         "0+1x10",

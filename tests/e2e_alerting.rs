@@ -660,7 +660,9 @@ fn agent_toml(dsn: &str, tables: &common::Tables, bootstrap: &str, queue: (&str,
         toml_str(dsn),
         toml_str(AUDIT_TABLE),
         common::scenarios::outbox_source_toml(OUTBOX_SOURCE, dsn, &tables.outbox),
-        kafka_support::kafka_source_toml(KAFKA_SOURCE, bootstrap, ""),
+        // Split into two shards, both held by this one agent: the split
+        // path under a real Prometheus (`inboxwatch_kafka_shards` has data).
+        kafka_support::kafka_source_toml(KAFKA_SOURCE, bootstrap, "shards = 2"),
     ) + &format!(
         "\n[[sources]]\nname = {}\nkind = \"redis_streams\"\nurl = \"redis://127.0.0.1:6379/0\"\n\
          poll_interval = \"1s\"\nowner = \"team-queues\"\nstreams = [{}]\n\
