@@ -183,6 +183,8 @@ pub struct Fetcher {
     conns: HashMap<i32, Connection>,
     /// Spare connections used for record reads, by broker id.
     read_conns: HashMap<i32, Vec<Connection>>,
+    /// Spare connections used for the groups' reads, by coordinator id.
+    group_conns: HashMap<i32, Vec<Connection>>,
     /// Which broker coordinates each watched group (`FindCoordinator`),
     /// kept until a request to it fails.
     coordinators: HashMap<String, i32>,
@@ -212,6 +214,7 @@ impl Fetcher {
             brokers: HashMap::new(),
             conns: HashMap::new(),
             read_conns: HashMap::new(),
+            group_conns: HashMap::new(),
             coordinators: HashMap::new(),
             known_groups: BTreeMap::new(),
             named_groups: false,
@@ -233,6 +236,7 @@ impl Fetcher {
     pub fn disconnect(&mut self) {
         self.conns.clear();
         self.read_conns.clear();
+        self.group_conns.clear();
         self.coordinators.clear();
     }
 
@@ -340,6 +344,7 @@ impl Fetcher {
             Err(e) => {
                 self.conns.remove(&id);
                 self.read_conns.remove(&id);
+                self.group_conns.remove(&id);
                 if id >= 0 && e.is_connect() {
                     self.down.insert(id);
                 }

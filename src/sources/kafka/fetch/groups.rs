@@ -21,13 +21,15 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tracing::{debug, warn};
 
-use super::super::client::{KafkaError, error_name};
+use super::super::client::{Connection, Connector, KafkaError, error_name};
 use super::super::election::{ELECTION_PROTOCOL, GROUP_PREFIX};
 use super::{Committed, Fetcher, Group, Retry, Topics, assigned_topics, committed};
 use crate::sources::poll_loop::SourceError;
 
 /// Groups per OffsetFetch / DescribeGroups / FindCoordinator request.
 const GROUP_CHUNK: usize = 100;
+/// Connections per coordinator on which chunks of groups are read at once.
+const GROUP_CONNECTIONS: usize = 4;
 
 const REQUEST_TIMED_OUT: i16 = 7;
 const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
@@ -151,10 +153,8 @@ impl Fetcher {
                 }
             }
             for (coord, groups) in by_coord {
-                for chunk in groups.chunks(GROUP_CHUNK) {
-                    self.read_group_chunk(coord, chunk, &watched, topics, &mut out, &mut failed)
-                        .await;
-                }
+                self.read_coordinated(coord, &groups, &watched, topics, &mut out, &mut failed)
+                    .await;
             }
             pending.clear();
             for (g, failure) in failed {
@@ -366,9 +366,12 @@ impl Fetcher {
         failed
     }
 
-    /// Reads one chunk of the groups `coord` coordinates into `out`; those
-    /// that fail go to `failed`.
-    async fn read_group_chunk(
+    /// Reads the groups `coord` coordinates into `out` (those that fail go to
+    /// `failed`), in chunks of [`GROUP_CHUNK`] on up to
+    /// [`GROUP_CONNECTIONS`] connections at once: the coordinator works on
+    /// each chunk's groups apart, and its answers, not the requests, are
+    /// most of a cycle at a thousand groups.
+    async fn read_coordinated(
         &mut self,
         coord: i32,
         groups: &[String],
@@ -377,263 +380,393 @@ impl Fetcher {
         out: &mut BTreeMap<String, Group>,
         failed: &mut Vec<(String, Failure)>,
     ) {
-        let (consumer, classic): (Vec<String>, Vec<String>) = groups
-            .iter()
-            .cloned()
-            .partition(|g| watched[g] == Protocol::Consumer);
-        let mut described = HashMap::new();
-        let mut describe_failed = HashMap::new();
-        if !classic.is_empty() {
-            self.describe_classic(
-                coord,
-                &classic,
-                topics,
-                &mut described,
-                &mut describe_failed,
-            )
-            .await;
+        let Some(addr) = self.brokers.get(&coord).cloned() else {
+            let e = KafkaError::Connect {
+                addr: format!("broker {coord}"),
+                message: "it is not in the metadata".into(),
+            };
+            let failure = Failure::of_error(&e);
+            failed.extend(groups.iter().map(|g| (g.clone(), failure.clone())));
+            return;
+        };
+        let chunks: Vec<&[String]> = groups.chunks(GROUP_CHUNK).collect();
+        let workers = chunks.len().clamp(1, GROUP_CONNECTIONS);
+        let down = self.down.contains(&coord);
+        let links: Vec<Link> = (0..workers)
+            .map(|w| Link {
+                conn: if w == 0 {
+                    self.conns.remove(&coord)
+                } else {
+                    self.group_conns.get_mut(&coord).and_then(Vec::pop)
+                },
+                addr: addr.clone(),
+                connector: self.connector.clone(),
+                down,
+                failed: false,
+            })
+            .collect();
+        let named = self.named_groups;
+        let chunks = &chunks;
+        let reads = links
+            .into_iter()
+            .enumerate()
+            .map(|(w, mut link)| async move {
+                let mut read = Vec::new();
+                for chunk in chunks.iter().skip(w).step_by(workers) {
+                    read.push(read_chunk(&mut link, chunk, watched, topics, named).await);
+                }
+                (link, read)
+            });
+        for (w, (link, read)) in futures_util::future::join_all(reads)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            if link.down {
+                self.down.insert(coord);
+            }
+            if link.failed {
+                self.read_conns.remove(&coord);
+            }
+            if let Some(c) = link.conn {
+                if w == 0 {
+                    self.conns.insert(coord, c);
+                } else {
+                    self.group_conns.entry(coord).or_default().push(c);
+                }
+            }
+            for (groups, failures) in read {
+                out.extend(groups);
+                failed.extend(failures);
+            }
         }
-        if !consumer.is_empty() {
-            self.describe_consumer(
-                coord,
-                &consumer,
-                topics,
-                &mut described,
-                &mut describe_failed,
-            )
-            .await;
+    }
+}
+
+/// One connection to a group coordinator, for one worker of
+/// [`Fetcher::read_coordinated`]: a kept one that turns out closed is opened
+/// again and the request sent once more, as [`Fetcher::send`] does.
+struct Link {
+    conn: Option<Connection>,
+    addr: String,
+    connector: Connector,
+    /// The broker did not answer a new connection (this cycle, or earlier
+    /// in it): it is not asked again in it.
+    down: bool,
+    /// A request failed on it (the other connections to the broker are dropped).
+    failed: bool,
+}
+
+impl Link {
+    /// The connection, opened if there is none.
+    async fn conn(&mut self) -> Result<&mut Connection, KafkaError> {
+        if self.down {
+            return Err(KafkaError::Connect {
+                addr: self.addr.clone(),
+                message: "it did not answer earlier in this cycle".into(),
+            });
         }
-        let mut offsets = self.offset_fetch(coord, groups, topics).await;
-        for name in groups {
-            if let Some(failure) = describe_failed.remove(name) {
+        if self.conn.is_none() {
+            match self.connector.connect(&self.addr).await {
+                Ok(c) => self.conn = Some(c),
+                Err(e) => {
+                    self.down = true;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(self.conn.as_mut().expect("set"))
+    }
+
+    async fn send<R: kafka_protocol::protocol::Request>(
+        &mut self,
+        req: &R,
+    ) -> Result<R::Response, KafkaError> {
+        let reused = self.conn.is_some();
+        match self.send_once(req).await {
+            Err(e) if reused && e.is_broken_connection() => {
+                debug!(broker = %self.addr, error = %e, "Connection closed; connecting again.");
+                self.send_once(req).await
+            }
+            r => r,
+        }
+    }
+
+    async fn send_once<R: kafka_protocol::protocol::Request>(
+        &mut self,
+        req: &R,
+    ) -> Result<R::Response, KafkaError> {
+        match self.conn().await?.send(req).await {
+            Ok(r) => Ok(r),
+            Err(e @ KafkaError::Unsupported { .. }) => Err(e),
+            Err(e) => {
+                self.conn = None;
+                self.failed = true;
+                if e.is_connect() {
+                    self.down = true;
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// One chunk's groups read on `link`: those read, and those that failed.
+async fn read_chunk(
+    link: &mut Link,
+    groups: &[String],
+    watched: &BTreeMap<String, Protocol>,
+    topics: &Topics,
+    named: bool,
+) -> (Vec<(String, Group)>, Vec<(String, Failure)>) {
+    let (consumer, classic): (Vec<String>, Vec<String>) = groups
+        .iter()
+        .cloned()
+        .partition(|g| watched[g] == Protocol::Consumer);
+    let mut described = HashMap::new();
+    let mut describe_failed = HashMap::new();
+    if !classic.is_empty() {
+        describe_classic(link, &classic, topics, &mut described, &mut describe_failed).await;
+    }
+    if !consumer.is_empty() {
+        describe_consumer(
+            link,
+            &consumer,
+            topics,
+            &mut described,
+            &mut describe_failed,
+        )
+        .await;
+    }
+    let mut offsets = offset_fetch(link, groups, topics, named).await;
+    let (mut out, mut failed) = (Vec::new(), Vec::new());
+    for name in groups {
+        if let Some(failure) = describe_failed.remove(name) {
+            failed.push((name.clone(), failure));
+            continue;
+        }
+        let offsets = match offsets.remove(name) {
+            Some(Ok(v)) => v,
+            Some(Err(failure)) => {
                 failed.push((name.clone(), failure));
                 continue;
             }
-            let offsets = match offsets.remove(name) {
-                Some(Ok(v)) => v,
-                Some(Err(failure)) => {
-                    failed.push((name.clone(), failure));
-                    continue;
-                }
-                None => {
-                    let failure = Failure {
-                        retry: Some(Retry::Coordinator),
-                        message: "OffsetFetch did not answer for the group".into(),
-                    };
-                    failed.push((name.clone(), failure));
-                    continue;
-                }
-            };
-            let d: Option<Described> = described.remove(name);
-            out.insert(
-                name.clone(),
-                Group {
-                    offsets: Some(offsets),
-                    members: d.as_ref().map(|d| d.members),
-                    epoch: d.as_ref().and_then(|d| d.epoch),
-                    assigned: d.map(|d| d.assigned).unwrap_or_default(),
-                    protocol: watched[name],
-                },
-            );
-        }
-    }
-
-    /// Members and assigned watched topics of classic groups.
-    async fn describe_classic(
-        &mut self,
-        coord: i32,
-        groups: &[String],
-        topics: &Topics,
-        described: &mut HashMap<String, Described>,
-        failed: &mut HashMap<String, Failure>,
-    ) {
-        let req = DescribeGroupsRequest::default().with_groups(
-            groups
-                .iter()
-                .map(|g| GroupId(StrBytes::from_string(g.clone())))
-                .collect(),
-        );
-        let resp = match self.send(coord, &req).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                describe_error(&e, groups, failed);
-                return;
-            }
-        };
-        for g in resp.groups {
-            let name = g.group_id.0.to_string();
-            if g.error_code != 0 {
-                if coordinator_error(g.error_code) {
-                    failed.insert(name, Failure::of_code(g.error_code));
-                }
+            None => {
+                let failure = Failure {
+                    retry: Some(Retry::Coordinator),
+                    message: "OffsetFetch did not answer for the group".into(),
+                };
+                failed.push((name.clone(), failure));
                 continue;
             }
-            let mut assigned = HashSet::new();
-            for member in &g.members {
-                for t in assigned_topics(&member.member_assignment) {
-                    if let Some((k, _)) = topics.get_key_value(t.as_str()) {
-                        assigned.insert(k.clone());
-                    }
+        };
+        let d: Option<Described> = described.remove(name);
+        out.push((
+            name.clone(),
+            Group {
+                offsets: Some(offsets),
+                members: d.as_ref().map(|d| d.members),
+                epoch: d.as_ref().and_then(|d| d.epoch),
+                assigned: d.map(|d| d.assigned).unwrap_or_default(),
+                protocol: watched[name],
+            },
+        ));
+    }
+    (out, failed)
+}
+
+/// Members and assigned watched topics of classic groups.
+async fn describe_classic(
+    link: &mut Link,
+    groups: &[String],
+    topics: &Topics,
+    described: &mut HashMap<String, Described>,
+    failed: &mut HashMap<String, Failure>,
+) {
+    let req = DescribeGroupsRequest::default().with_groups(
+        groups
+            .iter()
+            .map(|g| GroupId(StrBytes::from_string(g.clone())))
+            .collect(),
+    );
+    let resp = match link.send(&req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            describe_error(&e, groups, failed);
+            return;
+        }
+    };
+    for g in resp.groups {
+        let name = g.group_id.0.to_string();
+        if g.error_code != 0 {
+            if coordinator_error(g.error_code) {
+                failed.insert(name, Failure::of_code(g.error_code));
+            }
+            continue;
+        }
+        let mut assigned = HashSet::new();
+        for member in &g.members {
+            for t in assigned_topics(&member.member_assignment) {
+                if let Some((k, _)) = topics.get_key_value(t.as_str()) {
+                    assigned.insert(k.clone());
                 }
             }
-            let d = Described {
-                members: g.members.len(),
-                assigned,
-                epoch: None,
-            };
-            described.insert(name, d);
         }
+        let d = Described {
+            members: g.members.len(),
+            assigned,
+            epoch: None,
+        };
+        described.insert(name, d);
     }
+}
 
-    /// Members, assigned watched topics and group epoch of KIP-848 consumer
-    /// groups.
-    async fn describe_consumer(
-        &mut self,
-        coord: i32,
-        groups: &[String],
-        topics: &Topics,
-        described: &mut HashMap<String, Described>,
-        failed: &mut HashMap<String, Failure>,
-    ) {
-        let req = ConsumerGroupDescribeRequest::default().with_group_ids(
+/// Members, assigned watched topics and group epoch of KIP-848 consumer
+/// groups.
+async fn describe_consumer(
+    link: &mut Link,
+    groups: &[String],
+    topics: &Topics,
+    described: &mut HashMap<String, Described>,
+    failed: &mut HashMap<String, Failure>,
+) {
+    let req = ConsumerGroupDescribeRequest::default().with_group_ids(
+        groups
+            .iter()
+            .map(|g| GroupId(StrBytes::from_string(g.clone())))
+            .collect(),
+    );
+    let resp = match link.send(&req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            describe_error(&e, groups, failed);
+            return;
+        }
+    };
+    for g in resp.groups {
+        let name = g.group_id.0.to_string();
+        if g.error_code != 0 {
+            if coordinator_error(g.error_code) {
+                failed.insert(name, Failure::of_code(g.error_code));
+            }
+            continue;
+        }
+        let mut assigned = HashSet::new();
+        for member in &g.members {
+            for tp in &member.assignment.topic_partitions {
+                if let Some((k, _)) = topics.get_key_value(tp.topic_name.0.as_str()) {
+                    assigned.insert(k.clone());
+                }
+            }
+        }
+        let d = Described {
+            members: g.members.len(),
+            assigned,
+            epoch: Some(g.group_epoch),
+        };
+        described.insert(name, d);
+    }
+}
+
+/// Committed offsets: every group of the chunk in one request where the
+/// broker speaks OffsetFetch v8, else one request per group. All of a
+/// group's offsets are asked for (topics null), or, for groups named in
+/// the configuration, the watched topics' partitions.
+async fn offset_fetch(
+    link: &mut Link,
+    groups: &[String],
+    topics: &Topics,
+    named: bool,
+) -> HashMap<String, Result<Vec<Committed>, Failure>> {
+    let batched = match link.conn().await {
+        Ok(c) => c.version::<OffsetFetchRequest>().is_ok_and(|v| v >= 8),
+        Err(e) => {
+            let failure = Failure::of_error(&e);
+            return groups
+                .iter()
+                .map(|g| (g.clone(), Err(failure.clone())))
+                .collect();
+        }
+    };
+    let mut offsets = HashMap::new();
+    if batched {
+        let req = OffsetFetchRequest::default().with_groups(
             groups
                 .iter()
-                .map(|g| GroupId(StrBytes::from_string(g.clone())))
-                .collect(),
-        );
-        let resp = match self.send(coord, &req).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                describe_error(&e, groups, failed);
-                return;
-            }
-        };
-        for g in resp.groups {
-            let name = g.group_id.0.to_string();
-            if g.error_code != 0 {
-                if coordinator_error(g.error_code) {
-                    failed.insert(name, Failure::of_code(g.error_code));
-                }
-                continue;
-            }
-            let mut assigned = HashSet::new();
-            for member in &g.members {
-                for tp in &member.assignment.topic_partitions {
-                    if let Some((k, _)) = topics.get_key_value(tp.topic_name.0.as_str()) {
-                        assigned.insert(k.clone());
-                    }
-                }
-            }
-            let d = Described {
-                members: g.members.len(),
-                assigned,
-                epoch: Some(g.group_epoch),
-            };
-            described.insert(name, d);
-        }
-    }
-
-    /// Committed offsets: every group of the chunk in one request where the
-    /// broker speaks OffsetFetch v8, else one request per group. All of a
-    /// group's offsets are asked for (topics null), or, for groups named in
-    /// the configuration, the watched topics' partitions.
-    async fn offset_fetch(
-        &mut self,
-        coord: i32,
-        groups: &[String],
-        topics: &Topics,
-    ) -> HashMap<String, Result<Vec<Committed>, Failure>> {
-        let batched = match self.conn(coord).await {
-            Ok(c) => c.version::<OffsetFetchRequest>().is_ok_and(|v| v >= 8),
-            Err(e) => {
-                let failure = Failure::of_error(&e);
-                return groups
-                    .iter()
-                    .map(|g| (g.clone(), Err(failure.clone())))
-                    .collect();
-            }
-        };
-        let named = self.named_groups;
-        let mut offsets = HashMap::new();
-        if batched {
-            let req = OffsetFetchRequest::default().with_groups(
-                groups
-                    .iter()
-                    .map(|g| {
-                        OffsetFetchRequestGroup::default()
-                            .with_group_id(GroupId(StrBytes::from_string(g.clone())))
-                            .with_topics(named.then(|| {
-                                topics
-                                    .iter()
-                                    .map(|(t, ps)| {
-                                        OffsetFetchRequestTopics::default()
-                                            .with_name(topic_name(t))
-                                            .with_partition_indexes(ps.keys().copied().collect())
-                                    })
-                                    .collect()
-                            }))
-                    })
-                    .collect(),
-            );
-            match self.send(coord, &req).await {
-                Ok(resp) => {
-                    for g in resp.groups {
-                        let name = g.group_id.0.to_string();
-                        if g.error_code != 0 {
-                            offsets.insert(name, Err(Failure::of_code(g.error_code)));
-                            continue;
-                        }
-                        let v = committed(
-                            topics,
-                            g.topics.iter().flat_map(|t| {
-                                t.partitions.iter().map(|p| {
-                                    let o = (p.partition_index, p.committed_offset, p.error_code);
-                                    (t.name.0.as_str(), o)
+                .map(|g| {
+                    OffsetFetchRequestGroup::default()
+                        .with_group_id(GroupId(StrBytes::from_string(g.clone())))
+                        .with_topics(named.then(|| {
+                            topics
+                                .iter()
+                                .map(|(t, ps)| {
+                                    OffsetFetchRequestTopics::default()
+                                        .with_name(topic_name(t))
+                                        .with_partition_indexes(ps.keys().copied().collect())
                                 })
-                            }),
-                        );
-                        offsets.insert(name, Ok(v));
+                                .collect()
+                        }))
+                })
+                .collect(),
+        );
+        match link.send(&req).await {
+            Ok(resp) => {
+                for g in resp.groups {
+                    let name = g.group_id.0.to_string();
+                    if g.error_code != 0 {
+                        offsets.insert(name, Err(Failure::of_code(g.error_code)));
+                        continue;
                     }
-                }
-                Err(e) => {
-                    let failure = Failure::of_error(&e);
-                    for g in groups {
-                        offsets.insert(g.clone(), Err(failure.clone()));
-                    }
-                }
-            }
-        } else {
-            for g in groups {
-                let req = OffsetFetchRequest::default()
-                    .with_group_id(GroupId(StrBytes::from_string(g.clone())))
-                    .with_topics(named.then(|| {
-                        topics
-                            .iter()
-                            .map(|(t, ps)| {
-                                OffsetFetchRequestTopic::default()
-                                    .with_name(topic_name(t))
-                                    .with_partition_indexes(ps.keys().copied().collect())
-                            })
-                            .collect()
-                    }));
-                let r = match self.send(coord, &req).await {
-                    Ok(resp) if resp.error_code != 0 => Err(Failure::of_code(resp.error_code)),
-                    Ok(resp) => Ok(committed(
+                    let v = committed(
                         topics,
-                        resp.topics.iter().flat_map(|t| {
+                        g.topics.iter().flat_map(|t| {
                             t.partitions.iter().map(|p| {
                                 let o = (p.partition_index, p.committed_offset, p.error_code);
                                 (t.name.0.as_str(), o)
                             })
                         }),
-                    )),
-                    Err(e) => Err(Failure::of_error(&e)),
-                };
-                offsets.insert(g.clone(), r);
+                    );
+                    offsets.insert(name, Ok(v));
+                }
+            }
+            Err(e) => {
+                let failure = Failure::of_error(&e);
+                for g in groups {
+                    offsets.insert(g.clone(), Err(failure.clone()));
+                }
             }
         }
-        offsets
+    } else {
+        for g in groups {
+            let req = OffsetFetchRequest::default()
+                .with_group_id(GroupId(StrBytes::from_string(g.clone())))
+                .with_topics(named.then(|| {
+                    topics
+                        .iter()
+                        .map(|(t, ps)| {
+                            OffsetFetchRequestTopic::default()
+                                .with_name(topic_name(t))
+                                .with_partition_indexes(ps.keys().copied().collect())
+                        })
+                        .collect()
+                }));
+            let r = match link.send(&req).await {
+                Ok(resp) if resp.error_code != 0 => Err(Failure::of_code(resp.error_code)),
+                Ok(resp) => Ok(committed(
+                    topics,
+                    resp.topics.iter().flat_map(|t| {
+                        t.partitions.iter().map(|p| {
+                            let o = (p.partition_index, p.committed_offset, p.error_code);
+                            (t.name.0.as_str(), o)
+                        })
+                    }),
+                )),
+                Err(e) => Err(Failure::of_error(&e)),
+            };
+            offsets.insert(g.clone(), r);
+        }
     }
+    offsets
 }
 
 /// A group whose offsets could not be read.
