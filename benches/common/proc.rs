@@ -7,8 +7,13 @@
 /// build --release` would rebuild its dependencies with other features (the
 /// benches' dev-dependencies unify some), and the next `cargo bench` would
 /// rebuild them back: minutes per run.
+///
+/// `INBOXWATCH_BENCH_BIN=<path>` runs another build instead (a before/after
+/// pair in one session).
 pub fn bin() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_BIN_EXE_inboxwatch"))
+    std::env::var_os("INBOXWATCH_BENCH_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_BIN_EXE_inboxwatch")))
 }
 
 /// (VmRSS, VmHWM) in MB.
