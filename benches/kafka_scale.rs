@@ -70,6 +70,8 @@ struct Row {
     rss_mb: f64,
     hwm_mb: f64,
     cpu_per_cycle_ms: f64,
+    /// tansu's CPU time per cycle over the same polls (on the same cores).
+    broker_cpu_per_cycle_ms: f64,
     series: usize,
 }
 
@@ -119,10 +121,10 @@ async fn main() {
         rows.push(row);
     }
     let mut out = String::new();
-    out.push_str("| partitions | groups | committed partitions | cold cycle (all record reads) | steady cycle (mean) | agent CPU per cycle | scrape of /metrics (mean) | RSS | peak RSS | series | set-up |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    out.push_str("| partitions | groups | committed partitions | cold cycle (all record reads) | steady cycle (mean) | agent CPU per cycle | broker CPU per cycle | scrape of /metrics (mean) | RSS | peak RSS | series | set-up |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for r in &rows {
         out.push_str(&format!(
-            "| {} | {} | {} | {:.0} ms | {:.1} ms (over {:.0} polls) | {:.1} ms | {:.0} ms (every {} ms) | {:.1} MB | {:.1} MB | {} | {:.0} s |\n",
+            "| {} | {} | {} | {:.0} ms | {:.1} ms (over {:.0} polls) | {:.1} ms | {:.0} ms | {:.0} ms (every {} ms) | {:.1} MB | {:.1} MB | {} | {:.0} s |\n",
             r.partitions,
             r.groups,
             r.committed,
@@ -130,6 +132,7 @@ async fn main() {
             r.steady_ms,
             r.polls,
             r.cpu_per_cycle_ms,
+            r.broker_cpu_per_cycle_ms,
             r.scrape_ms,
             r.scrape_every_ms,
             r.rss_mb,
@@ -258,6 +261,7 @@ async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
     let port = common::free_port();
     let mut agent = run_agent(&cfg, port);
     let pid = agent.id();
+    let broker_pid = broker.pid().expect("tansu runs");
     let metric = first_value;
     // Skip the first (cold) poll, then average over the next ones.
     let mut base = None;
@@ -279,8 +283,8 @@ async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
         );
         let s = metric(&m, "inboxwatch_poll_duration_seconds_sum{source=\"bench\"}");
         match base {
-            None if c >= 1.0 => base = Some((s, c, cpu_ms(pid))),
-            Some((s0, c0, _)) => {
+            None if c >= 1.0 => base = Some((s, c, cpu_ms(pid), cpu_ms(broker_pid))),
+            Some((s0, c0, _, _)) => {
                 sum = s - s0;
                 count = c - c0;
                 if count >= 4.0 {
@@ -291,7 +295,10 @@ async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
         }
     }
     let cpu_per_cycle_ms = base
-        .map(|(_, _, cpu0)| (cpu_ms(pid) - cpu0) / count.max(1.0))
+        .map(|(_, _, cpu0, _)| (cpu_ms(pid) - cpu0) / count.max(1.0))
+        .unwrap_or(0.0);
+    let broker_cpu_per_cycle_ms = base
+        .map(|(_, _, _, cpu0)| (cpu_ms(broker_pid) - cpu0) / count.max(1.0))
         .unwrap_or(0.0);
     let (rss_mb, hwm_mb) = rss(pid);
     let _ = agent.kill();
@@ -313,6 +320,7 @@ async fn run_point(p: &Point, per_topic_granularity: bool) -> Row {
         rss_mb,
         hwm_mb,
         cpu_per_cycle_ms,
+        broker_cpu_per_cycle_ms,
         series,
     }
 }

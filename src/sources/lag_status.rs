@@ -109,6 +109,11 @@ impl History {
         }
     }
 
+    /// When the latest sample was taken.
+    pub fn last_at(&self) -> Option<Instant> {
+        self.samples.back().map(|s| s.at)
+    }
+
     /// The partition's status now.
     pub fn status(&self, now: Instant, window: Duration, has_members: bool) -> Status {
         let s = &self.samples;

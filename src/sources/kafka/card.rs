@@ -2,12 +2,14 @@
 //! and status, summed from the very samples each cycle publishes (kept
 //! beside the snapshot), and the cluster's total lag.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use serde::Serialize;
 
 use crate::card::{Card, Part, Past, Row, Table, TableRow, Trend, text, value};
 use crate::telemetry::catalogue as metric;
+use crate::telemetry::snapshot::Labels;
+#[cfg(test)]
 use crate::telemetry::snapshot::Sample;
 use crate::telemetry::values::Reading;
 
@@ -34,32 +36,58 @@ pub struct Group {
 /// the snapshot ([`crate::telemetry::snapshot::Builder::keep`]).
 #[derive(Debug, Clone, Default)]
 pub struct Groups {
-    by_name: BTreeMap<String, Group>,
+    /// In the order first seen (a group's samples come together).
+    list: Vec<Group>,
+    at: HashMap<String, usize>,
 }
 
 impl Groups {
+    /// [`Groups::add_labels`] of an owned sample.
+    #[cfg(test)]
+    pub fn add(&mut self, s: &Sample) {
+        let labels: Vec<(&'static str, &str)> =
+            s.labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.add_labels(s.name, &labels, s.value);
+    }
+
     /// Takes one published sample into account: every sample of a group
     /// names it; its lag and status are summed, maximised and noted.
-    pub fn add(&mut self, s: &Sample) {
-        let Some((_, name)) = s.labels.iter().find(|(k, _)| *k == "group") else {
+    pub fn add_labels(&mut self, name: &str, labels: &Labels<'_>, value: f64) {
+        let Some((_, group)) = labels.iter().find(|(k, _)| *k == "group") else {
             return;
         };
-        let g = self.by_name.entry(name.clone()).or_insert_with(|| Group {
-            group: name.clone(),
-            ..Group::default()
-        });
-        match s.name {
-            metric::KAFKA_LAG_MESSAGES => g.lag_messages += s.value,
-            metric::KAFKA_LAG_SECONDS => g.lag_seconds = g.lag_seconds.max(s.value),
-            metric::KAFKA_GROUP_STATUS if s.value == 1.0 => {
-                g.status = s
-                    .labels
+        let g = match self.list.last_mut() {
+            Some(last) if last.group == *group => last,
+            _ => match self.at.get(*group) {
+                Some(&i) => &mut self.list[i],
+                None => {
+                    self.at.insert(group.to_string(), self.list.len());
+                    self.list.push(Group {
+                        group: group.to_string(),
+                        ..Group::default()
+                    });
+                    self.list.last_mut().expect("pushed")
+                }
+            },
+        };
+        match name {
+            metric::KAFKA_LAG_MESSAGES => g.lag_messages += value,
+            metric::KAFKA_LAG_SECONDS => g.lag_seconds = g.lag_seconds.max(value),
+            metric::KAFKA_GROUP_STATUS if value == 1.0 => {
+                g.status = labels
                     .iter()
                     .find(|(k, _)| *k == "status")
-                    .map(|(_, v)| v.clone());
+                    .map(|(_, v)| v.to_string());
             }
             _ => {}
         }
+    }
+
+    /// The groups by name.
+    fn sorted(&self) -> Vec<Group> {
+        let mut groups = self.list.clone();
+        groups.sort_by(|a, b| a.group.cmp(&b.group));
+        groups
     }
 }
 
@@ -67,7 +95,7 @@ impl Groups {
 pub fn card(values: &Reading<'_>, _past: &dyn Past) -> Card {
     let groups: Vec<Group> = values
         .kept::<Groups>()
-        .map(|g| g.by_name.values().cloned().collect())
+        .map(|g| g.sorted())
         .unwrap_or_default();
     let total: f64 = groups.iter().map(|g| g.lag_messages).sum();
     let table = Table {

@@ -129,11 +129,16 @@ impl KafkaSource {
             .collect();
         let mut out = snapshot::Builder::default();
         let mut groups = card::Groups::default();
-        self.memory
-            .samples(&self.settings, &said, now, wall_ms, &mut |s| {
-                groups.add(&s);
-                out.push(s);
-            });
+        self.memory.samples(
+            &self.settings,
+            &said,
+            now,
+            wall_ms,
+            &mut |name, labels, value| {
+                groups.add_labels(name, labels, value);
+                out.push_labels(name, labels, value);
+            },
+        );
         let mut notes = Vec::new();
         if let Some(share) = &self.share {
             out.push(Sample {

@@ -13,6 +13,8 @@ use super::config::{KafkaSpec, owner_of};
 use super::fetch::{Committed, Fetched, Group, Partition};
 use crate::sources::lag_status::{History, Status};
 use crate::telemetry::catalogue as metric;
+use crate::telemetry::snapshot::Labels;
+#[cfg(test)]
 use crate::telemetry::snapshot::Sample;
 
 /// What the series depend on in a source's configuration.
@@ -47,27 +49,6 @@ impl Settings {
             owners: spec.owners.clone(),
             topic_series: true,
         }
-    }
-
-    /// Labels of a series of `partition` (with `group` for a group's): no
-    /// `partition` label per topic.
-    fn labels(&self, group: Option<&str>, partition: &Partition) -> Vec<(&'static str, String)> {
-        let mut labels = vec![("cluster", self.cluster.clone())];
-        if let Some(g) = group {
-            labels.push(("group", g.to_string()));
-        }
-        labels.push(("topic", partition.topic.to_string()));
-        if !self.per_topic {
-            labels.push(("partition", partition.index.to_string()));
-        }
-        labels
-    }
-
-    fn group_labels(&self, group: &str) -> Vec<(&'static str, String)> {
-        vec![
-            ("cluster", self.cluster.clone()),
-            ("group", group.to_string()),
-        ]
     }
 
     /// The series a partition's numbers go to: itself, or its topic (index
@@ -143,7 +124,7 @@ impl Memory {
         said: &Fetched,
         now: Instant,
         wall_ms: i64,
-        out: &mut impl FnMut(Sample),
+        out: &mut impl FnMut(&'static str, &Labels<'_>, f64),
     ) {
         for (name, group) in &said.groups {
             self.group(settings, said, name, group, now, wall_ms, out);
@@ -153,32 +134,29 @@ impl Memory {
             return;
         }
         high_watermarks(settings, &said.high_watermarks, out);
-        out(Sample {
-            name: metric::KAFKA_PARTITIONS_UNAVAILABLE,
-            labels: vec![("source", settings.cluster.clone())],
-            value: said.unavailable.len() as f64,
-        });
+        out(
+            metric::KAFKA_PARTITIONS_UNAVAILABLE,
+            &[("source", &settings.cluster)],
+            said.unavailable.len() as f64,
+        );
         self.count_appends(settings, &said.high_watermarks, &said.unavailable);
         for (topic, n) in &self.dead_letters {
-            out(Sample {
-                name: metric::KAFKA_DEAD_LETTERS,
-                labels: vec![
-                    ("cluster", settings.cluster.clone()),
-                    ("topic", topic.to_string()),
-                ],
-                value: *n as f64,
-            });
+            out(
+                metric::KAFKA_DEAD_LETTERS,
+                &[("cluster", &settings.cluster), ("topic", topic)],
+                *n as f64,
+            );
         }
         for ((topic, tier), n) in &self.retries {
-            out(Sample {
-                name: metric::KAFKA_RETRIES,
-                labels: vec![
-                    ("cluster", settings.cluster.clone()),
-                    ("topic", topic.to_string()),
-                    ("tier", tier.clone()),
+            out(
+                metric::KAFKA_RETRIES,
+                &[
+                    ("cluster", &settings.cluster),
+                    ("topic", topic),
+                    ("tier", tier),
                 ],
-                value: *n as f64,
-            });
+                *n as f64,
+            );
         }
         self.counted_once = true;
     }
@@ -209,30 +187,30 @@ impl Memory {
         group: &Group,
         now: Instant,
         wall_ms: i64,
-        out: &mut impl FnMut(Sample),
+        out: &mut impl FnMut(&'static str, &Labels<'_>, f64),
     ) {
-        let mut info = settings.group_labels(name);
-        info.push((
-            "owner",
-            owner_of(&settings.owners, &settings.owner, name).to_string(),
-        ));
-        info.push(("protocol", group.protocol.as_str().to_string()));
-        out(Sample {
-            name: metric::KAFKA_GROUP_INFO,
-            labels: info,
-            value: 1.0,
-        });
+        let cluster = settings.cluster.as_str();
+        let named: &Labels<'_> = &[("cluster", cluster), ("group", name)];
+        out(
+            metric::KAFKA_GROUP_INFO,
+            &[
+                ("cluster", cluster),
+                ("group", name),
+                ("owner", owner_of(&settings.owners, &settings.owner, name)),
+                ("protocol", group.protocol.as_str()),
+            ],
+            1.0,
+        );
         if let Some(n) = group.members {
-            out(Sample {
-                name: metric::KAFKA_GROUP_MEMBERS,
-                labels: settings.group_labels(name),
-                value: n as f64,
-            });
+            out(metric::KAFKA_GROUP_MEMBERS, named, n as f64);
         }
         let status = match &group.offsets {
             None => Status::Error,
             Some(offsets) => {
-                let history = self.history.entry(name.to_string()).or_default();
+                let history = match self.history.get_mut(name) {
+                    Some(h) => h,
+                    None => self.history.entry(name.to_string()).or_default(),
+                };
                 let lags = Lags {
                     settings,
                     said,
@@ -244,23 +222,25 @@ impl Memory {
                 let status = lags.partitions(history, offsets, out);
                 uncommitted(settings, said, name, group, offsets, out);
                 if let Some(last) = history.values().map(|h| h.last_moved).max() {
-                    out(Sample {
-                        name: metric::KAFKA_LAST_COMMIT_AGE,
-                        labels: settings.group_labels(name),
-                        value: now.duration_since(last).as_secs_f64(),
-                    });
+                    out(
+                        metric::KAFKA_LAST_COMMIT_AGE,
+                        named,
+                        now.duration_since(last).as_secs_f64(),
+                    );
                 }
                 status
             }
         };
         for s in Status::ALL {
-            let mut labels = settings.group_labels(name);
-            labels.push(("status", s.as_str().to_string()));
-            out(Sample {
-                name: metric::KAFKA_GROUP_STATUS,
-                labels,
-                value: if s == status { 1.0 } else { 0.0 },
-            });
+            out(
+                metric::KAFKA_GROUP_STATUS,
+                &[
+                    ("cluster", cluster),
+                    ("group", name),
+                    ("status", s.as_str()),
+                ],
+                if s == status { 1.0 } else { 0.0 },
+            );
         }
     }
 
@@ -335,26 +315,32 @@ impl Memory {
 fn high_watermarks(
     settings: &Settings,
     high_watermarks: &HashMap<Partition, i64>,
-    out: &mut impl FnMut(Sample),
+    out: &mut impl FnMut(&'static str, &Labels<'_>, f64),
 ) {
     let mut by_topic: BTreeMap<Arc<str>, f64> = BTreeMap::new();
+    let cluster = settings.cluster.as_str();
+    let mut index = itoa::Buffer::new();
     for (partition, hwm) in high_watermarks {
         if settings.per_topic {
             *by_topic.entry(partition.topic.clone()).or_default() += *hwm as f64;
         } else {
-            out(Sample {
-                name: metric::KAFKA_HIGH_WATERMARK,
-                labels: settings.labels(None, partition),
-                value: *hwm as f64,
-            });
+            out(
+                metric::KAFKA_HIGH_WATERMARK,
+                &[
+                    ("cluster", cluster),
+                    ("topic", &partition.topic),
+                    ("partition", index.format(partition.index)),
+                ],
+                *hwm as f64,
+            );
         }
     }
     for (topic, value) in by_topic {
-        out(Sample {
-            name: metric::KAFKA_HIGH_WATERMARK,
-            labels: settings.labels(None, &Partition { topic, index: 0 }),
+        out(
+            metric::KAFKA_HIGH_WATERMARK,
+            &[("cluster", cluster), ("topic", &topic)],
             value,
-        });
+        );
     }
 }
 
@@ -376,18 +362,21 @@ impl Lags<'_> {
         &self,
         history: &mut HashMap<Partition, History>,
         offsets: &[Committed],
-        out: &mut impl FnMut(Sample),
+        out: &mut impl FnMut(&'static str, &Labels<'_>, f64),
     ) -> Status {
         let window = self.settings.status_window;
         let mut worst = Status::Ok;
-        let mut series: BTreeMap<Partition, Lag> = BTreeMap::new();
-        let mut present = HashSet::new();
+        // Per partition, as the offsets came; per topic, summed.
+        let mut series: Vec<(Partition, Lag)> = Vec::with_capacity(offsets.len());
+        let mut by_topic: BTreeMap<Partition, Lag> = BTreeMap::new();
+        // Partitions whose leader is away: no sample, but their history stays.
+        let mut away = Vec::new();
         for at in offsets {
             let Some(&hwm) = self.said.high_watermarks.get(&at.partition) else {
                 // Its leader is away this cycle: no lag series (a last value
                 // would be stale), but its history stays for when it is back.
                 if self.said.unavailable.contains(&at.partition) {
-                    present.insert(at.partition.clone());
+                    away.push(&at.partition);
                 }
                 continue;
             };
@@ -400,42 +389,52 @@ impl Lags<'_> {
                     .get(at)
                     .map(|ts| ((self.wall_ms - ts).max(0) as f64) / 1000.0)
             };
-            present.insert(at.partition.clone());
-            match history.get_mut(&at.partition) {
-                Some(h) => h.push(self.now, at.offset, lag, window),
-                None => {
-                    let h = History::new(self.now, at.offset, lag);
-                    history.insert(at.partition.clone(), h);
+            let h = match history.get_mut(&at.partition) {
+                Some(h) => {
+                    h.push(self.now, at.offset, lag, window);
+                    h
                 }
+                None => history
+                    .entry(at.partition.clone())
+                    .or_insert_with(|| History::new(self.now, at.offset, lag)),
+            };
+            worst = worst.max(h.status(self.now, window, self.has_members));
+            if self.settings.per_topic {
+                let key = self.settings.series_of(&at.partition);
+                by_topic
+                    .entry(key)
+                    .or_default()
+                    .add(lag, lag_seconds, at.offset);
+            } else {
+                let mut one = Lag::default();
+                one.add(lag, lag_seconds, at.offset);
+                series.push((at.partition.clone(), one));
             }
-            let status = history[&at.partition].status(self.now, window, self.has_members);
-            worst = worst.max(status);
-            series
-                .entry(self.settings.series_of(&at.partition))
-                .or_default()
-                .add(lag, lag_seconds, at.offset);
         }
-        history.retain(|p, _| present.contains(p));
-        for (key, lag) in series {
-            let labels = self.settings.labels(Some(self.name), &key);
-            out(Sample {
-                name: metric::KAFKA_LAG_MESSAGES,
-                labels: labels.clone(),
-                value: lag.messages,
-            });
+        // Pushed this cycle (its last sample is now's), or its leader is away.
+        history.retain(|p, h| h.last_at() == Some(self.now) || away.contains(&p));
+        series.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        series.extend(by_topic);
+        let cluster = self.settings.cluster.as_str();
+        let mut index = itoa::Buffer::new();
+        for (key, lag) in &series {
+            let all: [(&'static str, &str); 4] = [
+                ("cluster", cluster),
+                ("group", self.name),
+                ("topic", &key.topic),
+                ("partition", index.format(key.index)),
+            ];
+            let labels = if self.settings.per_topic {
+                &all[..3]
+            } else {
+                &all[..]
+            };
+            out(metric::KAFKA_LAG_MESSAGES, labels, lag.messages);
             // An unreadable record leaves its age unknown: no sample.
             if let Some(seconds) = lag.seconds {
-                out(Sample {
-                    name: metric::KAFKA_LAG_SECONDS,
-                    labels: labels.clone(),
-                    value: seconds,
-                });
+                out(metric::KAFKA_LAG_SECONDS, labels, seconds);
             }
-            out(Sample {
-                name: metric::KAFKA_COMMITTED_OFFSET,
-                labels,
-                value: lag.committed,
-            });
+            out(metric::KAFKA_COMMITTED_OFFSET, labels, lag.committed);
         }
         worst
     }
@@ -449,7 +448,7 @@ fn uncommitted(
     name: &str,
     group: &Group,
     offsets: &[Committed],
-    out: &mut impl FnMut(Sample),
+    out: &mut impl FnMut(&'static str, &Labels<'_>, f64),
 ) {
     let mut committed: BTreeMap<&Arc<str>, HashSet<i32>> = BTreeMap::new();
     for at in offsets {
@@ -477,15 +476,15 @@ fn uncommitted(
             .keys()
             .filter(|p| !done.is_some_and(|c| c.contains(p)))
             .count();
-        out(Sample {
-            name: metric::KAFKA_UNCOMMITTED_PARTITIONS,
-            labels: vec![
-                ("cluster", settings.cluster.clone()),
-                ("group", name.to_string()),
-                ("topic", topic.to_string()),
+        out(
+            metric::KAFKA_UNCOMMITTED_PARTITIONS,
+            &[
+                ("cluster", &settings.cluster),
+                ("group", name),
+                ("topic", topic),
             ],
-            value: missing as f64,
-        });
+            missing as f64,
+        );
     }
 }
 
@@ -569,7 +568,13 @@ mod tests {
 
     fn run(memory: &mut Memory, settings: &Settings, said: &Fetched, now: Instant) -> Vec<Sample> {
         let mut out = Vec::new();
-        memory.samples(settings, said, now, WALL_MS, &mut |s| out.push(s));
+        memory.samples(settings, said, now, WALL_MS, &mut |name, labels, value| {
+            out.push(Sample {
+                name,
+                labels: labels.iter().map(|(k, v)| (*k, v.to_string())).collect(),
+                value,
+            })
+        });
         out
     }
 
