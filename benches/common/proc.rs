@@ -48,9 +48,19 @@ pub fn run_agent(config: &std::path::Path, port: u16) -> std::process::Child {
         .args(["run", "--config"])
         .arg(config)
         .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("INBOXWATCH_LOG", "warn")
+        // `INBOXWATCH_BENCH_LOG=<filter>`: the agent logs that to the bench's
+        // stderr (`inboxwatch::sources::kafka::fetch=debug`: a Kafka cycle's
+        // steps, timed).
+        .env(
+            "INBOXWATCH_LOG",
+            std::env::var("INBOXWATCH_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
+        .stderr(if std::env::var_os("INBOXWATCH_BENCH_LOG").is_some() {
+            std::process::Stdio::inherit()
+        } else {
+            std::process::Stdio::null()
+        })
         .spawn()
         .expect("inboxwatch run")
 }

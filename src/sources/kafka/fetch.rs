@@ -248,12 +248,26 @@ impl Fetcher {
         self.down.clear();
         self.retries = Retries::default();
         self.retry_until = Instant::now() + self.spec.timeout / 2;
+        let started = Instant::now();
         let mut topics = self.metadata().await?;
+        let metadata = started.elapsed();
         let (high_watermarks, unavailable) = self.high_watermarks(&mut topics).await;
+        let watermarks = started.elapsed();
         let groups = self.read_groups(&topics).await?;
+        let group_reads = started.elapsed();
         let record_reads = self
             .read_lagging_records(&topics, &high_watermarks, &groups)
             .await;
+        debug!(
+            source = %self.spec.name,
+            metadata_ms = metadata.as_millis() as u64,
+            high_watermarks_ms = (watermarks - metadata).as_millis() as u64,
+            groups_ms = (group_reads - watermarks).as_millis() as u64,
+            records_ms = (started.elapsed() - group_reads).as_millis() as u64,
+            groups = groups.len(),
+            record_reads,
+            "A cycle's requests, step by step."
+        );
         Ok(Fetched {
             topics,
             high_watermarks,

@@ -124,7 +124,9 @@ impl Fetcher {
         &mut self,
         topics: &Topics,
     ) -> Result<BTreeMap<String, Group>, SourceError> {
+        let listed = std::time::Instant::now();
         let watched = self.watched_groups().await?;
+        debug!(source = %self.spec.name, ms = listed.elapsed().as_millis() as u64, groups = watched.len(), "Groups listed.");
         self.coordinators.retain(|g, _| watched.contains_key(g));
         let mut out = BTreeMap::new();
         let mut pending: Vec<String> = watched.keys().cloned().collect();
