@@ -348,24 +348,25 @@ impl KafkaElection {
             .with_group_id(self.group_id())
             .with_generation_id(self.generation)
             .with_member_id(StrBytes::from_string(self.member_id.clone()));
-        // A connection kept from an earlier heartbeat may have been closed by
-        // the broker since (an idle timeout, a restart, a proxy): one retry on
-        // a new connection before the source is given up. The membership
-        // stays valid until the group's session timeout. A broker that did
-        // not answer in time is not asked again: the owner stops exporting
-        // now, not a second timeout later.
-        let mut retry = self.conn.is_some();
+        // A connection may have been closed by the broker (an idle timeout, a
+        // restart, a proxy; a kept one since the last heartbeat, or a new one
+        // in the moment it was opened): up to two retries on a new connection
+        // before the source is given up. The membership stays valid until the
+        // group's session timeout. A broker that did not answer in time is
+        // not asked again: the owner stops exporting now, not a second
+        // timeout later.
+        let mut retries = 2;
         let resp = loop {
             let conn = self.coordinator().await?;
             match conn.send(&req).await {
                 Ok(r) => break r,
                 Err(e) => {
                     self.conn = None;
-                    if !retry || !e.is_broken_connection() {
+                    if retries == 0 || !e.is_broken_connection() {
                         return Err(e.to_string());
                     }
-                    retry = false;
-                    debug!(group = %self.group, error = %e, "Heartbeat failed on a kept connection; retrying on a new one.");
+                    retries -= 1;
+                    debug!(group = %self.group, error = %e, "Heartbeat's connection was closed; retrying on a new one.");
                 }
             }
         };
