@@ -101,13 +101,13 @@ impl Broker {
         format!("127.0.0.1:{}", self.port)
     }
 
-    /// Kills the broker (its in-memory data goes with it).
     /// The broker process's id (the Kafka bench reads its CPU time).
     #[allow(dead_code)]
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
     }
 
+    /// Kills the broker (its in-memory data goes with it).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
