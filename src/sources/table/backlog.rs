@@ -11,7 +11,9 @@
 //! A backlog larger than the map's cap is not kept: the aggregate then runs
 //! on every poll until the backlog fits again.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use super::keymap::KeyMap;
 
 /// The gauge-relevant part of one unfinished row, kept small (24 bytes):
 /// a backlog of 100 000 rows is held in full.
@@ -106,7 +108,7 @@ enum Fill {
 /// Unfinished rows by event key, bounded by a cap.
 #[derive(Debug)]
 pub struct Backlog {
-    rows: HashMap<u64, Unfinished>,
+    rows: KeyMap<Unfinished>,
     cap: usize,
     fill: Fill,
 }
@@ -115,7 +117,7 @@ impl Backlog {
     /// An empty map, not yet kept, holding at most `cap` rows.
     pub fn new(cap: usize) -> Self {
         Backlog {
-            rows: HashMap::new(),
+            rows: KeyMap::new(),
             cap,
             fill: Fill::Off,
         }
@@ -148,7 +150,7 @@ impl Backlog {
     }
 
     fn drop_all(&mut self) {
-        self.rows = HashMap::new();
+        self.rows = KeyMap::new();
         self.fill = Fill::Off;
     }
 

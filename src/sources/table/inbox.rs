@@ -122,15 +122,14 @@ struct Shown {
     now: Instant,
 }
 
-/// [`State`] as the map stores it, every value kept: 48 bytes instead of 64
-/// (the optional versions as a time and a presence bit, the booleans in one
-/// byte), so a bucket is 56 bytes with its key.
+/// [`State`] as the map stores it: 32 bytes instead of 64 (the booleans in
+/// one byte; the two versions few events ever have kept apart, in [`Rare`],
+/// with a bit each saying whether there is one), so a bucket is 40 bytes with
+/// its key.
 #[derive(Debug, Clone, Copy)]
 struct Remembered {
     updated: i64,
     received: i64,
-    rejected_at: i64,
-    long_error_at: i64,
     deliveries: u32,
     failures: u32,
     spanned: u32,
@@ -146,43 +145,61 @@ const REJECTED: u8 = 2;
 const LONG_ERROR: u8 = 3;
 const ENDED_FAILED: u8 = 4;
 
-impl From<State> for Remembered {
-    fn from(s: State) -> Self {
-        let mut flags = Flags::default();
-        flags.set(COMPLETED, s.completed);
-        flags.set(VALID, s.valid);
-        flags.set(ENDED_FAILED, s.ended_failed);
-        Remembered {
-            updated: s.updated,
-            received: s.received,
-            rejected_at: flags.put_time(REJECTED, s.rejected_at),
-            long_error_at: flags.put_time(LONG_ERROR, s.long_error_at),
-            deliveries: s.deliveries,
-            failures: s.failures,
-            spanned: s.spanned,
-            status: s.status,
-            flags,
-            class: s.class,
-        }
-    }
+/// The versions of [`State`] that [`Remembered`] leaves out: a rejected
+/// version, a version with a `last_error` too long to read. Kept by key for
+/// the few events that have one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rare {
+    rejected_at: Option<i64>,
+    long_error_at: Option<i64>,
 }
 
-impl From<Remembered> for State {
-    fn from(r: Remembered) -> Self {
-        State {
-            updated: r.updated,
-            received: r.received,
-            deliveries: r.deliveries,
-            failures: r.failures,
-            status: r.status,
-            completed: r.flags.get(COMPLETED),
-            rejected_at: r.flags.time(REJECTED, r.rejected_at),
-            long_error_at: r.flags.time(LONG_ERROR, r.long_error_at),
-            valid: r.flags.get(VALID),
-            spanned: r.spanned,
-            class: r.class,
-            ended_failed: r.flags.get(ENDED_FAILED),
-        }
+/// `s` as the map stores it, and its rare versions if it has any.
+fn split(s: State) -> (Remembered, Option<Rare>) {
+    let mut flags = Flags::default();
+    flags.set(COMPLETED, s.completed);
+    flags.set(VALID, s.valid);
+    flags.set(ENDED_FAILED, s.ended_failed);
+    flags.set(REJECTED, s.rejected_at.is_some());
+    flags.set(LONG_ERROR, s.long_error_at.is_some());
+    let rare = (s.rejected_at.is_some() || s.long_error_at.is_some()).then_some(Rare {
+        rejected_at: s.rejected_at,
+        long_error_at: s.long_error_at,
+    });
+    let r = Remembered {
+        updated: s.updated,
+        received: s.received,
+        deliveries: s.deliveries,
+        failures: s.failures,
+        spanned: s.spanned,
+        status: s.status,
+        flags,
+        class: s.class,
+    };
+    (r, rare)
+}
+
+/// The [`State`] that [`split`] stored: `rare` is looked up only when a
+/// flag of `r` says there is one.
+fn join(r: Remembered, rare: impl FnOnce() -> Option<Rare>) -> State {
+    let rare = if r.flags.get(REJECTED) || r.flags.get(LONG_ERROR) {
+        rare()
+    } else {
+        None
+    };
+    State {
+        updated: r.updated,
+        received: r.received,
+        deliveries: r.deliveries,
+        failures: r.failures,
+        status: r.status,
+        completed: r.flags.get(COMPLETED),
+        rejected_at: rare.and_then(|x| x.rejected_at),
+        long_error_at: rare.and_then(|x| x.long_error_at),
+        valid: r.flags.get(VALID),
+        spanned: r.spanned,
+        class: r.class,
+        ended_failed: r.flags.get(ENDED_FAILED),
     }
 }
 
@@ -263,6 +280,8 @@ struct ClassCounts {
 pub struct Inbox {
     spec: InboxSpec,
     states: Tracked<Remembered>,
+    /// The rare versions of the events in `states` that have one.
+    rare: HashMap<u64, Rare>,
     labels: LabelCap,
     start: i64,
     counts: HashMap<usize, Counts>,
@@ -340,6 +359,7 @@ impl Inbox {
             replays,
             spec,
             states,
+            rare: HashMap::new(),
             labels,
             start: i64::MIN,
             counts: HashMap::new(),
@@ -532,14 +552,14 @@ impl Inbox {
     /// completion again, like one the agent sees after the pending row.
     fn reopen(&mut self, event_id: &str, at: i64) {
         let key = key_of(event_id);
-        let Some(prev) = self.states.get(key).copied().map(State::from) else {
+        let Some(prev) = self.load(key) else {
             return;
         };
         if !prev.valid || !prev.completed || prev.updated >= at {
             return;
         }
         let reset = self.spec.actions.as_ref().is_some_and(|a| a.reset_attempts);
-        self.states.insert(
+        self.store(
             key,
             State {
                 status: Status::Pending,
@@ -621,7 +641,7 @@ impl Inbox {
         self.rejections.read();
         let key = key_of(&row.event_id);
         let label = self.labels.resolve(row.event_type.as_deref());
-        let existing = self.states.get(key).copied().map(State::from);
+        let existing = self.load(key);
         let long_error_at = self.long_error(&row, existing, baseline);
         let status = if row.meaning {
             Status::from_name(&row.status)
@@ -666,7 +686,28 @@ impl Inbox {
                 }
             }
         };
-        self.states.insert(key, state);
+        self.store(key, state);
+    }
+
+    /// What the agent remembers of an event, if anything.
+    fn load(&self, key: u64) -> Option<State> {
+        let r = *self.states.get(key)?;
+        Some(join(r, || self.rare.get(&key).copied()))
+    }
+
+    /// Remembers `state` for an event.
+    fn store(&mut self, key: u64, state: State) {
+        let (r, rare) = split(state);
+        self.states.insert(key, r);
+        match rare {
+            Some(x) => {
+                self.rare.insert(key, x);
+            }
+            None if !self.rare.is_empty() => {
+                self.rare.remove(&key);
+            }
+            None => {}
+        }
     }
 
     /// The version of the event last seen with a `last_error` longer than is
@@ -1345,14 +1386,14 @@ impl TableKind for Inbox {
         Ok(())
     }
 
-    fn gone(&mut self, key: u64, last: &Unfinished, noticed: i64, deleted: bool) {
-        let Some(prev) = self.states.get(key).copied().map(State::from) else {
+    fn gone(&mut self, key: u64, deleted: Option<&Unfinished>, noticed: i64) {
+        let Some(prev) = self.load(key) else {
             return;
         };
         if !prev.valid || prev.completed {
             return;
         }
-        if deleted {
+        if let Some(last) = deleted {
             // The attempt that finished it follows the failed ones seen; its
             // end is this poll at the latest (an upper bound, if observed).
             let attempts = f64::from(prev.failures.saturating_add(1));
@@ -1371,12 +1412,12 @@ impl TableKind for Inbox {
             );
         }
         // Gone either way: no longer unfinished, forgotten after the retention.
-        self.states.insert(
+        self.store(
             key,
             State {
                 updated: noticed.max(prev.updated),
                 completed: true,
-                status: if deleted {
+                status: if deleted.is_some() {
                     self.spec.deleted_as
                 } else {
                     prev.status
@@ -1557,6 +1598,10 @@ impl TableKind for Inbox {
         self.record_source(db_now);
         self.record_gauges(gauges, db_now, now);
         self.states.tidy(&self.spec.table, db_now, now);
+        if !self.rare.is_empty() {
+            let states = &self.states;
+            self.rare.retain(|k, _| states.get(*k).is_some());
+        }
     }
 }
 
@@ -1708,11 +1753,12 @@ mod tests {
         }
     }
 
-    /// Guards the map's memory figures (docs/performance.md, "Memory").
+    /// Guards the map's memory figures (docs/performance.md, "Memory at
+    /// 10 M rows: the maps").
     #[test]
-    fn a_remembered_event_is_48_bytes_and_its_bucket_56() {
-        assert_eq!(size_of::<Remembered>(), 48);
-        assert_eq!(size_of::<(u64, Remembered)>(), 56);
+    fn a_remembered_event_is_32_bytes_and_its_bucket_40() {
+        assert_eq!(size_of::<Remembered>(), 32);
+        assert_eq!(size_of::<(u64, Remembered)>(), 40);
     }
 
     /// Every value the counting rules read comes back from the stored form,
@@ -1741,8 +1787,16 @@ mod tests {
                             class: 9,
                             ended_failed,
                         };
-                        let r = Remembered::from(s);
-                        assert_eq!(State::from(r), s);
+                        let (r, rare) = split(s);
+                        assert_eq!(
+                            rare.is_some(),
+                            rejected_at.is_some() || long_error_at.is_some()
+                        );
+                        assert_eq!(join(r, || rare), s);
+                        // The rare part is asked for only when there is one.
+                        if rare.is_none() {
+                            assert_eq!(join(r, || panic!("looked up")), s);
+                        }
                         assert_eq!(r.updated_at(), s.updated);
                         assert_eq!(r.born_at(), s.received);
                         assert_eq!(r.finished(), completed || !valid);
@@ -1758,14 +1812,12 @@ mod tests {
     #[test]
     fn a_rejection_at_the_smallest_version_is_remembered() {
         let mut t: Tracked<Remembered> = Tracked::new(10);
-        t.insert(
-            1,
-            State {
-                rejected_at: Some(i64::MIN),
-                ..State::new(i64::MIN, i64::MIN, 0, false)
-            },
-        );
-        let back = t.get(1).copied().map(State::from).expect("remembered");
+        let (r, rare) = split(State {
+            rejected_at: Some(i64::MIN),
+            ..State::new(i64::MIN, i64::MIN, 0, false)
+        });
+        t.insert(1, r);
+        let back = join(*t.get(1).expect("remembered"), || rare);
         assert_eq!(back.rejected_at, Some(i64::MIN));
         assert_eq!(back.long_error_at, None);
     }

@@ -237,14 +237,14 @@ impl TableKind for Outbox {
         Err("cursor = \"events\" applies to inbox sources only".into())
     }
 
-    fn gone(&mut self, key: u64, last: &Unfinished, noticed: i64, deleted: bool) {
+    fn gone(&mut self, key: u64, deleted: Option<&Unfinished>, noticed: i64) {
         let Some(prev) = self.states.get(key).copied().map(State::from) else {
             return;
         };
         if !prev.valid || prev.published {
             return;
         }
-        if deleted {
+        if let Some(last) = deleted {
             // Deleted once sent: published by this poll at the latest.
             let counts = self.counts.entry(last.label()).or_default();
             counts.published += 1;

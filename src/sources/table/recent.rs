@@ -3,15 +3,16 @@
 //! An entry is kept for every unfinished event and for every event finished
 //! within `state_retention`, up to `max_tracked_events`: this map is most of
 //! a busy source's memory. Its values are stored compactly (no `Option<i64>`,
-//! flags in one byte; see [`Flags`]): the inbox's is 48 bytes, so a bucket of
-//! the map (8-byte key and value) is 56 bytes plus one control byte, and
-//! hashbrown keeps between 7/16 and 7/8 of its buckets full
-//! (docs/performance.md, "Memory").
+//! flags in one byte; see [`Flags`]): the inbox's is 32 bytes, so a bucket of
+//! the map (8-byte key and value) is 40 bytes plus one control byte, and
+//! hashbrown keeps between 7/16 and 7/8 of its buckets full; the map is
+//! split in parts ([`KeyMap`]) so that growing it moves one part at a time
+//! (docs/performance.md, "Memory at 10 M rows: the maps").
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::config::TableSpec;
+use super::keymap::KeyMap;
 
 /// Up to eight booleans in one byte, among them the presence of optional
 /// times: an `Option<i64>` costs 16 bytes, a time and a bit 8.
@@ -62,7 +63,7 @@ pub trait Entry: Copy {
 /// Recently seen events by key, bounded in size and age.
 #[derive(Debug)]
 pub struct Tracked<V> {
-    map: HashMap<u64, V>,
+    map: KeyMap<V>,
     /// First-seen rows born before this are older than the agent's memory and
     /// are taken as a baseline rather than counted as new.
     floor: i64,
@@ -77,7 +78,7 @@ impl<V: Entry> Tracked<V> {
     /// An empty map holding at most `cap` events.
     pub fn new(cap: usize) -> Self {
         Tracked {
-            map: HashMap::new(),
+            map: KeyMap::new(),
             floor: i64::MIN,
             forgotten_until: i64::MIN,
             cap,
