@@ -11,7 +11,7 @@
 //!
 //! Cost: the context sits at a fixed path outside the repository (so no
 //! `.cargo/config.toml` of the checkout leaks in) with the sources' modification
-//! times, and the check runs in the dev profile (`--release` dropped: which files
+//! times, and the check runs in the dev profile (`--release` or `--profile dist` dropped: which files
 //! cargo reads does not depend on the profile) in the tests' target directory, so
 //! it reuses what clippy checked there and is incremental after the first run.
 
@@ -278,7 +278,11 @@ fn the_build_stage_builds_from_what_the_dockerfile_copies() {
     // profile, the check shares the dependencies clippy and the tests already
     // checked in this target directory instead of a cold release-profile check of
     // every crate (and of sqlite's C code at -O3).
-    args.retain(|a| a != "--release" && a != "-r");
+    // The image's build names its own profile (`--profile dist`): dropped too.
+    if let Some(i) = args.iter().position(|a| a == "--profile") {
+        args.drain(i..(i + 2).min(args.len()));
+    }
+    args.retain(|a| a != "--release" && a != "-r" && !a.starts_with("--profile="));
     let target_dir: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
         .expect("the target directory")
@@ -326,6 +330,34 @@ fn the_build_stage_builds_from_what_the_dockerfile_copies() {
         args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// The final stage copies the binary from where the build stage's profile
+/// puts it: `target/release` for `--release`, `target/NAME` for `--profile
+/// NAME` (the image builds the dist profile; a stale `target/release` path
+/// would fail only in `docker build`).
+#[test]
+fn the_final_stage_copies_the_binary_the_build_made() {
+    let dockerfile =
+        std::fs::read_to_string(Path::new(ROOT).join("Dockerfile")).expect("read the Dockerfile");
+    let stage = build_stage(&dockerfile);
+    let profile = match stage.build.iter().position(|a| a == "--profile") {
+        Some(i) => stage.build[i + 1].clone(),
+        None if stage.build.iter().any(|a| a == "--release" || a == "-r") => "release".into(),
+        None => "debug".into(),
+    };
+    let from = instructions(&dockerfile)
+        .into_iter()
+        .find_map(|i| {
+            let rest = i.strip_prefix("COPY --from=")?.to_string();
+            Some(rest.split_whitespace().nth(1)?.to_string())
+        })
+        .expect("COPY --from=STAGE SOURCE DEST");
+    let want = format!(
+        "{}/target/{profile}/inboxwatch",
+        stage.workdir.trim_end_matches('/')
+    );
+    assert_eq!(from, want, "the image copies another build's binary");
 }
 
 #[test]
