@@ -296,10 +296,11 @@ if [ $CI = 1 ]; then
 fi
 
 # The agent users run: the dist profile (Cargo.toml), which the image builds.
+# AGENT_BIN stays unset for it, so the results' header names an agent only
+# when one was given.
 if [ -z "${AGENT_BIN:-}" ]; then
   cargo build --quiet --profile dist --bin inboxwatch
-  AGENT_BIN="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/dist/inboxwatch"
-  bench_args+=(--agent "$AGENT_BIN")
+  bench_args+=(--agent "$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/dist/inboxwatch")
 fi
 
 start_pg

@@ -334,15 +334,25 @@ fn the_build_stage_builds_from_what_the_dockerfile_copies() {
 
 /// The final stage copies the binary from where the build stage's profile
 /// puts it: `target/release` for `--release`, `target/NAME` for `--profile
-/// NAME` (the image builds the dist profile; a stale `target/release` path
+/// NAME` or `--profile=NAME` (`target/debug` for dev and test; the image builds the dist profile; a stale `target/release` path
 /// would fail only in `docker build`).
 #[test]
 fn the_final_stage_copies_the_binary_the_build_made() {
     let dockerfile =
         std::fs::read_to_string(Path::new(ROOT).join("Dockerfile")).expect("read the Dockerfile");
     let stage = build_stage(&dockerfile);
-    let profile = match stage.build.iter().position(|a| a == "--profile") {
-        Some(i) => stage.build[i + 1].clone(),
+    let named = stage
+        .build
+        .iter()
+        .enumerate()
+        .find_map(|(i, a)| match a.as_str() {
+            "--profile" => stage.build.get(i + 1).cloned(),
+            _ => a.strip_prefix("--profile=").map(str::to_string),
+        });
+    // Cargo puts the dev and test profiles' builds in `target/debug`.
+    let profile = match named.as_deref() {
+        Some("dev" | "test") => "debug".to_string(),
+        Some(name) => name.to_string(),
         None if stage.build.iter().any(|a| a == "--release" || a == "-r") => "release".into(),
         None => "debug".into(),
     };

@@ -710,6 +710,19 @@ impl Inbox {
         }
     }
 
+    /// Forgets old events ([`Tracked::tidy`]), and their rare versions.
+    fn tidy(&mut self, db_now: i64, now: Instant) {
+        if self.states.tidy(&self.spec.table, db_now, now) && !self.rare.is_empty() {
+            // Only an eviction forgets events; the rare versions go with them.
+            let states = &self.states;
+            self.rare.retain(|k, _| states.get(*k).is_some());
+            if self.rare.capacity() > 4 * self.rare.len().max(16) {
+                // A burst of rejected rows leaves no large map behind.
+                self.rare.shrink_to_fit();
+            }
+        }
+    }
+
     /// The version of the event last seen with a `last_error` longer than is
     /// kept: counted as rejected once per version, though the row is used.
     fn long_error(&mut self, row: &Row, existing: Option<State>, baseline: bool) -> Option<i64> {
@@ -1597,11 +1610,7 @@ impl TableKind for Inbox {
         self.record();
         self.record_source(db_now);
         self.record_gauges(gauges, db_now, now);
-        self.states.tidy(&self.spec.table, db_now, now);
-        if !self.rare.is_empty() {
-            let states = &self.states;
-            self.rare.retain(|k, _| states.get(*k).is_some());
-        }
+        self.tidy(db_now, now);
     }
 }
 
@@ -1805,6 +1814,59 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The rare versions live beside the remembered state and leave with it:
+    /// a later version without one removes it, and an evicted event takes
+    /// its own along.
+    #[test]
+    fn rare_versions_come_back_and_go_with_their_event() {
+        let text = "[[sources]]\nname = \"orders\"\nkind = \"inbox\"\n\
+                    dsn = \"postgres://u@db/orders\"\ntable = \"inbox\"\n\
+                    state_retention = \"1m\"\n\
+                    columns = { event_id = \"id\", status = \"status\", received_at = \"received_at\", \
+                    started_at = \"started_at\", finished_at = \"finished_at\" }\n";
+        let cfg = crate::config::parse_str(text).expect("valid");
+        let crate::sources::SourceSpec::Inbox(spec) = &cfg.sources[0] else {
+            panic!("expected an inbox source")
+        };
+        let mut inbox = Inbox::new(spec.clone());
+        let minute = 60_000_000;
+        let done = |updated: i64| State {
+            completed: true,
+            status: Status::Succeeded,
+            ..State::new(updated, updated, 0, true)
+        };
+        let rejected = |updated: i64| State {
+            rejected_at: Some(updated),
+            ..State::new(updated, updated, 0, true)
+        };
+        // 1: rejected, then a usable version; 2: rejected and kept;
+        // 3: a long error, finished long ago; 4: plain.
+        inbox.store(1, rejected(10 * minute));
+        assert_eq!(inbox.load(1).and_then(|s| s.rejected_at), Some(10 * minute));
+        inbox.store(1, State::new(11 * minute, 10 * minute, 0, true));
+        assert_eq!(inbox.load(1).and_then(|s| s.rejected_at), None);
+        assert!(
+            !inbox.rare.contains_key(&1),
+            "a version without one drops it"
+        );
+        inbox.store(2, rejected(10 * minute));
+        let long = State {
+            long_error_at: Some(minute),
+            ..done(minute)
+        };
+        inbox.store(3, long);
+        inbox.store(4, done(10 * minute));
+        assert_eq!(inbox.load(3), Some(long));
+        assert_eq!(inbox.rare.len(), 2);
+        // Eleven minutes in with a retention of one: 3 is forgotten, and
+        // its rare version with it; 2 is unfinished and stays.
+        inbox.tidy(11 * minute, Instant::now());
+        assert_eq!(inbox.load(3), None);
+        assert_eq!(inbox.load(4).map(|s| s.updated), Some(10 * minute));
+        assert_eq!(inbox.load(2).and_then(|s| s.rejected_at), Some(10 * minute));
+        assert_eq!(inbox.rare.keys().copied().collect::<Vec<_>>(), [2]);
     }
 
     /// A row version rejected at a NULL cursor (read as `i64::MIN`) is still

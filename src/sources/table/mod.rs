@@ -346,7 +346,8 @@ struct Reread {
     rounds: u64,
 }
 
-/// 16 bytes; the id itself is in [`Reread::ids`].
+/// 12 bytes, 24 with its key in the map; the id itself is in
+/// [`Reread::ids`].
 #[derive(Debug)]
 struct Seen {
     id: IdRef,
@@ -2370,6 +2371,12 @@ mod tests {
         assert_eq!(lookup_size(LOOKUP_CHUNK), LOOKUP_CHUNK);
         let sizes: HashSet<usize> = (1..=LOOKUP_CHUNK).map(lookup_size).collect();
         assert_eq!(sizes.len(), 10);
+    }
+
+    #[test]
+    fn a_reread_row_is_12_bytes_and_its_bucket_24() {
+        assert_eq!(size_of::<Seen>(), 12);
+        assert_eq!(size_of::<(u64, Seen)>(), 24);
     }
 
     /// Ids kept end to end stay right through forgetting, re-reads and the

@@ -121,16 +121,18 @@ impl<V: Entry> Tracked<V> {
 
     /// Runs [`Tracked::evict`] with the source's `state_retention`, at most
     /// once per poll interval (and no more than every 10 s): it walks the map.
-    pub fn tidy(&mut self, spec: &TableSpec, db_now: i64, now: Instant) {
+    /// Returns whether it ran.
+    pub fn tidy(&mut self, spec: &TableSpec, db_now: i64, now: Instant) -> bool {
         let every = spec.poll_interval.max(Duration::from_secs(10));
-        if self
+        let due = self
             .last_eviction
-            .is_none_or(|t| now.duration_since(t) >= every)
-        {
+            .is_none_or(|t| now.duration_since(t) >= every);
+        if due {
             let retention = i64::try_from(spec.state_retention.as_micros()).unwrap_or(i64::MAX);
             self.evict(db_now.saturating_sub(retention));
             self.last_eviction = Some(now);
         }
+        due
     }
 
     /// Forgets finished events last changed before `horizon`, then, over the
