@@ -279,10 +279,7 @@ fn the_build_stage_builds_from_what_the_dockerfile_copies() {
     // checked in this target directory instead of a cold release-profile check of
     // every crate (and of sqlite's C code at -O3).
     // The image's build names its own profile (`--profile dist`): dropped too.
-    if let Some(i) = args.iter().position(|a| a == "--profile") {
-        args.drain(i..(i + 2).min(args.len()));
-    }
-    args.retain(|a| a != "--release" && a != "-r" && !a.starts_with("--profile="));
+    take_profile(&mut args);
     let target_dir: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
         .expect("the target directory")
@@ -332,29 +329,41 @@ fn the_build_stage_builds_from_what_the_dockerfile_copies() {
     );
 }
 
+/// Removes the arguments of a cargo command line that choose its profile
+/// (`--release`, `-r`, `--profile NAME`, `--profile=NAME`); returns the
+/// profile they named, the last one if several.
+fn take_profile(args: &mut Vec<String>) -> Option<String> {
+    let mut named = None;
+    let mut kept = Vec::with_capacity(args.len());
+    let mut rest = std::mem::take(args).into_iter();
+    while let Some(a) = rest.next() {
+        match a.as_str() {
+            "--release" | "-r" => named = Some("release".to_string()),
+            "--profile" => named = rest.next(),
+            _ => match a.strip_prefix("--profile=") {
+                Some(name) => named = Some(name.to_string()),
+                None => kept.push(a),
+            },
+        }
+    }
+    *args = kept;
+    named
+}
+
 /// The final stage copies the binary from where the build stage's profile
 /// puts it: `target/release` for `--release`, `target/NAME` for `--profile
-/// NAME` or `--profile=NAME` (`target/debug` for dev and test; the image builds the dist profile; a stale `target/release` path
-/// would fail only in `docker build`).
+/// NAME` or `--profile=NAME`, `target/debug` for dev and test (the image
+/// builds the dist profile; a stale `target/release` path would fail only in
+/// `docker build`).
 #[test]
 fn the_final_stage_copies_the_binary_the_build_made() {
     let dockerfile =
         std::fs::read_to_string(Path::new(ROOT).join("Dockerfile")).expect("read the Dockerfile");
     let stage = build_stage(&dockerfile);
-    let named = stage
-        .build
-        .iter()
-        .enumerate()
-        .find_map(|(i, a)| match a.as_str() {
-            "--profile" => stage.build.get(i + 1).cloned(),
-            _ => a.strip_prefix("--profile=").map(str::to_string),
-        });
     // Cargo puts the dev and test profiles' builds in `target/debug`.
-    let profile = match named.as_deref() {
-        Some("dev" | "test") => "debug".to_string(),
-        Some(name) => name.to_string(),
-        None if stage.build.iter().any(|a| a == "--release" || a == "-r") => "release".into(),
-        None => "debug".into(),
+    let profile = match take_profile(&mut stage.build.clone()) {
+        Some(name) if name != "dev" && name != "test" => name,
+        _ => "debug".to_string(),
     };
     let from = instructions(&dockerfile)
         .into_iter()
