@@ -266,6 +266,10 @@ pub struct TableSource<K: TableKind> {
     last_sweep: Option<Instant>,
     /// PostgreSQL: the snapshot xmin of the last poll (see [`Sql::unseen`]).
     poll_xmin: Option<i64>,
+    /// The tailed columns are read one by one, page by page, instead of
+    /// together ([`TableSource::tail_together`]): the last poll's changes
+    /// filled a page.
+    apart: bool,
     /// Per tailed column: the re-reads for late commits.
     late: Vec<LateReads>,
     /// The unfinished rows, for the gauges.
@@ -534,16 +538,19 @@ impl ReadPairs {
 struct LateReads {
     /// Per lag: the cursor value (microseconds) up to which the slices have
     /// read; set by the baseline poll, which reads the whole window.
-    done: [Option<i64>; 2],
+    done: [Option<i64>; LATE_LAGS],
     /// PostgreSQL: `(low, snapshot xmin)` of the recent polls' tails, oldest
     /// first. After such a tail, every row of a transaction older than the
     /// xmin with a cursor above the low has been read.
     tails: VecDeque<(i64, i64)>,
 }
 
+/// The lags of the late-commit slices ([`LateReads::lags`]).
+const LATE_LAGS: usize = 2;
+
 impl LateReads {
     /// The lags of the slices (microseconds), for an overlap and a look-back.
-    fn lags(overlap: i64, lookback: i64) -> [i64; 2] {
+    fn lags(overlap: i64, lookback: i64) -> [i64; LATE_LAGS] {
         [(overlap / 3).max(lookback), overlap]
     }
 
@@ -637,6 +644,7 @@ impl<K: TableKind> TableSource<K> {
             highs: vec![None; cursors],
             last_sweep: None,
             poll_xmin: None,
+            apart: false,
             late: (0..cursors).map(|_| LateReads::default()).collect(),
             last_reconcile: None,
             cheap_reconciles: 0,
@@ -701,6 +709,43 @@ impl<K: TableKind> TableSource<K> {
             self.sql.after(&col, 1),
             self.sql.limit(self.spec.batch_size),
         )
+    }
+
+    /// The tails of every watermarked column in one statement: each
+    /// column's rows after its value (`$1`…`$n`, in [`TableKind::cursors`]'s
+    /// order; PostgreSQL: only those after its high-water mark `$n+1`… or of
+    /// a transaction not older than the xmin `$2n+1`), a page of each in
+    /// the column's index order as [`Self::tail_query`] reads it, joined by
+    /// `UNION`: a row that moved several columns since the last poll
+    /// (arrived, started and finished within it) is sent once instead of
+    /// once per column, and the poll makes one round trip instead of one per
+    /// column. Each part keeps its own index range scan, which is also the
+    /// generic plan every statement of the agent's PostgreSQL sessions runs
+    /// ([`Sql::optional_setup`]); a `WHERE` of the columns' ranges joined by
+    /// `OR` is planned generically as a scan of the whole table.
+    fn together_query(&self) -> String {
+        let cursors = self.kind.cursors();
+        let n = cursors.len();
+        let parts: Vec<String> = cursors
+            .iter()
+            .enumerate()
+            .map(|(i, (column, _))| {
+                let col = self.sql.ident(column);
+                let unseen = self
+                    .sql
+                    .unseen(&col, n + i + 1, 2 * n + 1)
+                    .filter(|_| self.xmin)
+                    .map_or(String::new(), |u| format!(" AND {u}"));
+                format!(
+                    "SELECT * FROM (SELECT {} FROM {} WHERE {}{unseen} ORDER BY {col} {}) AS tail{i}",
+                    self.select_list(),
+                    self.sql.table(&self.spec.table),
+                    self.sql.after(&col, i + 1),
+                    self.sql.limit(self.spec.batch_size),
+                )
+            })
+            .collect();
+        parts.join(" UNION ")
     }
 
     /// Every row whose watermarked column lies in (`$1`, `$2`]: one value,
@@ -986,16 +1031,31 @@ impl<K: TableKind> TableSource<K> {
         if self.pairs.is_some() && !baseline {
             rows_read += self.read_windows(&mut tx, &window).await?;
         }
-        for (i, (column, at)) in self.kind.cursors().into_iter().enumerate() {
-            rows_read += self.tail(&mut tx, i, &column, at, &window).await?;
-            if !baseline && self.pairs.is_none() {
-                rows_read += self.reread_late(&mut tx, i, &column, &window).await?;
+        let cursors = self.kind.cursors();
+        // After the first poll, without MariaDB's pairs (which read the
+        // look-backs apart), several tailed columns are read together.
+        let mut together = false;
+        if !baseline && self.pairs.is_none() && cursors.len() > 1 && !self.apart {
+            let (n, done) = self.tail_together(&mut tx, &cursors, &window).await?;
+            rows_read += n;
+            together = done;
+        }
+        let mut apart = 0u64;
+        for (i, (column, at)) in cursors.into_iter().enumerate() {
+            if !together {
+                apart += self.tail(&mut tx, i, &column, at, &window).await?;
             }
+        }
+        if !baseline && self.pairs.is_none() {
+            rows_read += self.reread_late(&mut tx, &window).await?;
         }
         let events_window = Window {
             lookback: micros(if sweep { self.spec.overlap } else { lookback }),
             ..window
         };
+        rows_read += apart;
+        // Apart until a poll's changes fit a page again.
+        self.apart = !together && apart >= self.spec.batch_size as u64;
         rows_read += self.tail_events(&mut tx, &events_window).await?;
         self.started = true;
         self.poll_xmin = Some(snapshot_xmin);
@@ -1102,13 +1162,7 @@ impl<K: TableKind> TableSource<K> {
     ) -> Result<u64, SourceError> {
         let tail = self.tail_query(column);
         let ties = self.ties_query(column);
-        let high = self.highs[i].unwrap_or(w.db_now);
-        let mut low = high.saturating_sub(w.lookback);
-        let late = &mut self.late[i];
-        if w.baseline {
-            late.done = [Some(low); 2];
-        }
-        late.tails.push_back((low, w.snapshot_xmin));
+        let (mut low, high) = self.tail_from(i, w);
         let mut max_seen = high;
         let mut rows_read = 0u64;
         if self.pairs.is_some() && !w.baseline {
@@ -1162,6 +1216,26 @@ impl<K: TableKind> TableSource<K> {
             drop(tied);
             low = last;
         }
+        self.tail_to(i, max_seen, w);
+        Ok(rows_read)
+    }
+
+    /// Where the tail of column `i` reads from this poll, and its high-water
+    /// mark: (the mark less the window's look-back, the mark).
+    fn tail_from(&mut self, i: usize, w: &Window) -> (i64, i64) {
+        let high = self.highs[i].unwrap_or(w.db_now);
+        let low = high.saturating_sub(w.lookback);
+        let late = &mut self.late[i];
+        if w.baseline {
+            late.done = [Some(low); 2];
+        }
+        late.tails.push_back((low, w.snapshot_xmin));
+        (low, high)
+    }
+
+    /// Moves the high-water mark of column `i` to the highest value its
+    /// tail read.
+    fn tail_to(&mut self, i: usize, max_seen: i64, w: &Window) {
         // A clock ahead of the database must not push the mark into the
         // future; quiet after a burst, the mark follows the database's clock
         // to `overlap` behind it, so that the look-back stops re-reading the
@@ -1172,28 +1246,136 @@ impl<K: TableKind> TableSource<K> {
         let overlap = i64::try_from(self.spec.overlap.as_micros()).unwrap_or(i64::MAX);
         let floor = w.db_now.saturating_sub(overlap);
         self.highs[i] = Some(max_seen.max(floor).min(w.db_now));
-        Ok(rows_read)
     }
 
-    /// Re-reads, for each lag of [`LateReads`], the slice of the tailed
-    /// column `i` that became that old since the last poll, up to where the
-    /// tail reads anyway. Streamed whole: a slice holds about one poll
-    /// interval of changes.
+    /// The tails of every watermarked column in one statement
+    /// ([`Self::together_query`]), as [`Self::tail`] reads each: returns the
+    /// rows read, and whether that was all of them. A full page (a burst) is
+    /// not taken: the tails then read apart, page by page, the rows it held
+    /// included.
+    async fn tail_together(
+        &mut self,
+        tx: &mut AnyConnection,
+        cursors: &[(String, usize)],
+        w: &Window,
+    ) -> Result<(u64, bool), SourceError> {
+        let marks: Vec<(i64, i64)> = (0..cursors.len())
+            .map(|i| {
+                let high = self.highs[i].unwrap_or(w.db_now);
+                (high.saturating_sub(w.lookback), high)
+            })
+            .collect();
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(self.together_query()));
+        for (low, _) in &marks {
+            query = bind(query, self.sql.cursor(*low));
+        }
+        if self.xmin {
+            for (_, high) in &marks {
+                query = bind(query, self.sql.cursor(*high));
+            }
+            query = query.bind(w.seen_before);
+        }
+        let rows = query.fetch_all(&mut *tx).await.map_err(query_error)?;
+        let n = rows.len() as u64;
+        if rows.len() >= self.spec.batch_size {
+            return Ok((n, false));
+        }
+        let mut max_seen: Vec<i64> = Vec::with_capacity(marks.len());
+        for i in 0..marks.len() {
+            let (_, high) = self.tail_from(i, w);
+            max_seen.push(high);
+        }
+        for row in &rows {
+            tokio::task::consume_budget().await;
+            self.take(row, false)?;
+            for (i, (column, at)) in cursors.iter().enumerate() {
+                let value = get_time(row, *at, column).map_err(SourceError::Schema)?;
+                if let Some(u) = value.filter(|u| *u != sql::OUT_OF_RANGE) {
+                    max_seen[i] = max_seen[i].max(u);
+                }
+            }
+        }
+        for (i, max) in max_seen.into_iter().enumerate() {
+            self.tail_to(i, max, w);
+        }
+        Ok((n, true))
+    }
+
+    /// Re-reads, for each tailed column and each lag of [`LateReads`], the
+    /// slice that became that old since the last poll, up to where the tail
+    /// reads anyway: every slice in one statement ([`Self::slices_query`]),
+    /// streamed whole (a slice holds about one poll interval of changes).
     async fn reread_late(
         &mut self,
         tx: &mut AnyConnection,
-        i: usize,
-        column: &str,
         w: &Window,
     ) -> Result<u64, SourceError> {
+        let columns = self.late.len();
+        // Per column and lag: (from, to, xmin); an empty range where no
+        // slice is due, so that the statement stays one: after now, where
+        // an index holds next to nothing (SQLite's ranges end at an index's
+        // end, not at `NOT c > to`).
+        let mut binds = vec![(w.db_now, w.db_now, 0); columns * LATE_LAGS];
+        let mut done: Vec<(usize, usize, i64)> = Vec::new();
+        for i in 0..columns {
+            for (j, from, to) in self.due_slices(i, w) {
+                binds[i * LATE_LAGS + j] = (from, to, self.late[i].seen_before(from));
+                done.push((i, j, to));
+            }
+        }
         let mut rows_read = 0u64;
-        for (j, from, to) in self.due_slices(i, w) {
-            let seen_before = self.late[i].seen_before(from);
-            rows_read += self.read_slice(tx, column, from, to, seen_before).await?;
+        if !done.is_empty() {
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(self.slices_query()));
+            for (from, to, xmin) in binds {
+                q = bind(bind(q, self.sql.cursor(from)), self.sql.cursor(to));
+                if self.xmin {
+                    q = q.bind(xmin);
+                }
+            }
+            let mut rows = q.fetch(&mut *tx);
+            while let Some(row) = rows.try_next().await.map_err(query_error)? {
+                tokio::task::consume_budget().await;
+                rows_read += 1;
+                self.take(&row, false)?;
+            }
+        }
+        for (i, j, to) in done {
             self.late[i].done[j] = Some(to);
         }
-        self.late[i].prune();
+        for late in &mut self.late {
+            late.prune();
+        }
         Ok(rows_read)
+    }
+
+    /// The late-commit slices of every tailed column, each lag's (`from`,
+    /// `to`] (PostgreSQL: only rows of transactions not older than its
+    /// xmin), bound in that order per column and lag: one statement, in no
+    /// order, each slice a part of a `UNION` that keeps its own index range
+    /// scan (as [`Self::together_query`]'s parts), so that a row in several
+    /// slices is sent once.
+    fn slices_query(&self) -> String {
+        let per = if self.xmin { 3 } else { 2 };
+        let mut parts = Vec::new();
+        for (i, (column, _)) in self.kind.cursors().into_iter().enumerate() {
+            let col = self.sql.ident(&column);
+            for j in 0..LATE_LAGS {
+                let first = (i * LATE_LAGS + j) * per + 1;
+                let written = self
+                    .sql
+                    .written_since(first + 2)
+                    .filter(|_| self.xmin)
+                    .map_or(String::new(), |x| format!(" AND {x}"));
+                parts.push(format!(
+                    "SELECT {} FROM {} WHERE {} AND NOT {}{written}",
+                    self.select_list(),
+                    self.sql.table(&self.spec.table),
+                    self.sql.after(&col, first),
+                    self.sql.after(&col, first + 1),
+                ));
+            }
+        }
+        parts.join(" UNION ")
     }
 
     /// The late-commit slices of the tailed column `i` due this poll, for
@@ -2443,5 +2625,119 @@ mod tests {
             lo.is_some_and(|l| *l > 850) && hi.is_some_and(|h| *h < 1150),
             "{per_turn:?}"
         );
+    }
+
+    /// An SQLite table with the three time columns indexed, its file and a
+    /// writer; and an inbox source of it, mapped without a change cursor,
+    /// with these settings.
+    async fn sqlite_inbox(
+        settings: &str,
+    ) -> (tempfile::TempDir, AnyConnection, TableSource<inbox::Inbox>) {
+        sqlx::any::install_default_drivers();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("inbox.db");
+        let dsn = format!("sqlite://{}?mode=rwc", path.display());
+        let mut writer = AnyConnection::connect(&dsn).await.expect("open SQLite");
+        for stmt in [
+            "CREATE TABLE inbox (id TEXT PRIMARY KEY, status TEXT NOT NULL, received_at TEXT NOT NULL, \
+             started_at TEXT, finished_at TEXT)",
+            "CREATE INDEX inbox_received ON inbox (received_at)",
+            "CREATE INDEX inbox_started ON inbox (started_at)",
+            "CREATE INDEX inbox_finished ON inbox (finished_at)",
+        ] {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
+                .execute(&mut writer)
+                .await
+                .expect("schema");
+        }
+        let text = format!(
+            "[[sources]]\nname = \"orders\"\nkind = \"inbox\"\ndsn = \"sqlite://{}\"\n\
+             table = \"inbox\"\n{settings}\n\
+             columns = {{ event_id = \"id\", status = \"status\", received_at = \"received_at\", \
+             started_at = \"started_at\", finished_at = \"finished_at\" }}\n",
+            path.display()
+        );
+        let cfg = crate::config::parse_str(&text).expect("valid");
+        let crate::sources::SourceSpec::Inbox(s) = &cfg.sources[0] else {
+            panic!("expected an inbox source")
+        };
+        let source = TableSource::new(s.table.clone(), inbox::Inbox::new(s.clone()));
+        assert_eq!(source.kind.cursors().len(), 3);
+        (dir, writer, source)
+    }
+
+    /// Guards the late-commit slices read together: a row committed after
+    /// the look-back passed its times (all three, two seconds before the
+    /// commit) is read once by the slices of the three columns, not once
+    /// per column; wherever the poll's timing puts it (the slice one
+    /// second back, the one `overlap` back, or the tail), once.
+    #[tokio::test]
+    async fn a_late_commit_in_several_slices_is_read_once() {
+        let (_dir, mut writer, mut source) =
+            sqlite_inbox("overlap = \"3s\"\nreconcile_every = \"1h\"").await;
+        assert_eq!(source.poll().await.expect("poll").rows_read, 0);
+        let then = "strftime('%Y-%m-%d %H:%M:%f', 'now', '-2 seconds')";
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO inbox VALUES ('late', 'succeeded', {then}, {then}, {then})"
+        )))
+        .execute(&mut writer)
+        .await
+        .expect("insert");
+        assert_eq!(source.poll().await.expect("poll").rows_read, 1);
+    }
+
+    /// Guards the tails read together: rows that arrived, started and
+    /// finished between two polls are read once, not once per time column;
+    /// a page filled by a burst is read apart, page by page, that poll and
+    /// the next, and together again once a poll's changes fit a page.
+    /// SQLite, polled by hand: each count below is exact (no `xmin`, so a
+    /// look-back re-reads what it covers; every sleep outlasts the 1 s
+    /// look-back and the 1 s `overlap`, which only longer sleeps could
+    /// change).
+    #[tokio::test]
+    async fn rows_that_moved_several_columns_are_read_once() {
+        let settings = "overlap = \"1s\"\nreconcile_every = \"1h\"\nbatch_size = 100";
+        let (_dir, mut writer, mut source) = sqlite_inbox(settings).await;
+        let mut next = 0;
+        // `n` rows that arrived, started and finished in one statement: each
+        // of the three columns holds the statement's time.
+        let mut finish = async |n: usize| {
+            let ids: Vec<String> = (next..next + n).map(|i| format!("('e{i}')")).collect();
+            next += n;
+            let now = "strftime('%Y-%m-%d %H:%M:%f', 'now')";
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "WITH ids(id) AS (VALUES {}) INSERT INTO inbox \
+                 SELECT id, 'succeeded', {now}, {now}, {now} FROM ids",
+                ids.join(", ")
+            )))
+            .execute(&mut writer)
+            .await
+            .expect("insert");
+        };
+        let mut poll = async || source.poll().await.expect("poll").rows_read;
+        let quiet = Duration::from_millis(2500);
+
+        assert_eq!(poll().await, 0, "the first poll, of an empty table");
+        finish(50).await;
+        assert_eq!(poll().await, 50, "read together: once each, not 150");
+        tokio::time::sleep(quiet).await;
+        poll().await;
+        assert_eq!(poll().await, 0, "quiet, past the look-back");
+
+        // 120 rows with one time: the pages of 100 read together are full
+        // (the same 100 rows in each column's page: SQLite's index orders
+        // ties by rowid), so the tails read apart: per column a page of
+        // 100, the rest of its value (the 120), and an empty page after it.
+        finish(120).await;
+        assert_eq!(
+            poll().await,
+            100 + 3 * (100 + 120),
+            "a full page, then apart"
+        );
+        tokio::time::sleep(quiet).await;
+        poll().await;
+        assert_eq!(poll().await, 0, "quiet again");
+        finish(10).await;
+        assert_eq!(poll().await, 10, "together again: once each, not 30");
     }
 }

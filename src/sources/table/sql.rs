@@ -298,10 +298,19 @@ impl Sql {
     /// `xmin` at or after that snapshot's xmin, parameter `xmin`; 0 returns
     /// every row). Such a version is a late commit; every other one was read.
     pub fn unseen(&self, column: &str, high: usize, xmin: usize) -> Option<String> {
+        Some(format!(
+            "({} OR {})",
+            self.after(column, high),
+            self.written_since(xmin)?
+        ))
+    }
+
+    /// PostgreSQL: a row version written by a transaction not older than the
+    /// snapshot xmin bound as parameter `xmin` (0: every row).
+    pub fn written_since(&self, xmin: usize) -> Option<String> {
         match self.dialect {
             Dialect::Postgres => Some(format!(
-                "({} OR age(xmin) <= age(CAST(CAST(CAST({} AS TEXT) AS xid8) AS xid)))",
-                self.after(column, high),
+                "age(xmin) <= age(CAST(CAST(CAST({} AS TEXT) AS xid8) AS xid))",
                 self.placeholder(xmin)
             )),
             Dialect::MySql | Dialect::Sqlite => None,
