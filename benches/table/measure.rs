@@ -343,7 +343,9 @@ impl Sampler {
 /// EXPLAIN (ANALYZE, BUFFERS) of inboxwatch's queries on PostgreSQL, over
 /// the writer's last `poll` seconds (it ended at `end` µs): the tail of a
 /// normal poll (its text as pg_stat_statements recorded it, cursor $1,
-/// high-water mark $2, snapshot xmin $3), the re-read slice of late commits
+/// high-water mark $2, snapshot xmin $3; without a change cursor the tails
+/// of the three time columns read together, cursors $1 to $3, marks $4 to
+/// $6, xmin $7), the re-read slice of late commits
 /// (from $1 to $2, xmin $3), and the reconciling count and aggregate
 /// (rebuilt here: pg_stat_statements keeps them without constants).
 pub async fn agent_plans(
@@ -352,25 +354,18 @@ pub async fn agent_plans(
     end: i64,
     no_cursor: bool,
 ) -> Vec<(String, Vec<String>)> {
-    let tail: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
-         WHERE r.rolname = '{AGENT_USER}' AND s.query LIKE '%ORDER BY%' AND s.query LIKE '%{}%' \
-         ORDER BY s.calls DESC LIMIT 1",
-        load::TABLE
-    )))
-    .fetch_optional(&mut *conn)
-    .await
-    .unwrap_or_default();
-    let slice: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
-         WHERE r.rolname = '{AGENT_USER}' AND s.query NOT LIKE '%ORDER BY%' \
-         AND s.query LIKE '%AND NOT%' AND s.query LIKE '%xmin%' AND s.query LIKE '%{}%' \
-         ORDER BY s.calls DESC LIMIT 1",
-        load::TABLE
-    )))
-    .fetch_optional(&mut *conn)
-    .await
-    .unwrap_or_default();
+    let tail = agent_statement(
+        conn,
+        "s.query LIKE '%ORDER BY%' AND s.query NOT LIKE '%UNION%'",
+    )
+    .await;
+    let together =
+        agent_statement(conn, "s.query LIKE '%UNION%' AND s.query LIKE '%ORDER BY%'").await;
+    let slice = agent_statement(
+        conn,
+        "s.query NOT LIKE '%ORDER BY%' AND s.query LIKE '%AND NOT%' AND s.query LIKE '%xmin%'",
+    )
+    .await;
     // Where the agent's database time went, statement by statement.
     let statements: Vec<(String, i64, f64, f64, f64)> =
         sqlx::query_as(sqlx::AssertSqlSafe(format!(
@@ -403,29 +398,69 @@ pub async fn agent_plans(
         "inboxwatch's statements by database time (pg_stat_statements over the run)".to_string(),
         statements,
     )];
+    let lag = inboxwatch::sources::table::COMMIT_LAG.as_secs_f64();
+    let apart = if together.is_some() {
+        "tail of one time column, read apart (the first poll, and one after a burst)"
+    } else {
+        "tail of a normal poll"
+    };
+    if let Some(t) = together {
+        // Every column's mark at the writer's end less a poll (the three
+        // differ by less in a run).
+        let low = high - us(lag);
+        // A page's size, should pg_stat_statements show it as a parameter.
+        let mut q = t;
+        for n in (8..=10).rev() {
+            q = q.replace(&format!("LIMIT ${n}"), "LIMIT 5000");
+        }
+        let mut q = q.replace("$7", &xmin.to_string());
+        for n in 4..=6 {
+            q = q.replace(&format!("${n}"), &high.to_string());
+        }
+        for n in 1..=3 {
+            q = q.replace(&format!("${n}"), &low.to_string());
+        }
+        runs.push((
+            format!(
+                "tails of a normal poll, read together ({poll} s of changes plus the {lag} s \
+                 look-back of each time column)"
+            ),
+            q,
+        ));
+    }
     if let Some(t) = tail {
         let at = |low: i64| {
             t.replace("$1", &low.to_string())
                 .replace("$2", &high.to_string())
                 .replace("$3", &xmin.to_string())
         };
-        let lag = inboxwatch::sources::table::COMMIT_LAG.as_secs_f64();
         runs.push((
-            format!("tail of a normal poll ({poll} s of changes plus the {lag} s look-back)"),
+            format!("{apart} ({poll} s of changes plus the {lag} s look-back)"),
             at(high - us(lag)),
         ));
     }
     if let Some(q) = slice {
-        // The slice of the changes that became `overlap` (30 s) old since the
-        // last poll; the one a third of it old costs the same.
-        let to = high - us(30.0);
+        // One statement holds every tailed column's two slices, each bound
+        // as (from, to, xmin): the changes that became a third of `overlap`
+        // (10 s) and all of it (30 s) old since the last poll.
+        let arms = (1..)
+            .take_while(|n| q.contains(&format!("${}", 3 * n)))
+            .count();
+        let mut q = q;
+        for arm in (0..arms).rev() {
+            let to = high - us(if arm % 2 == 0 { 10.0 } else { 30.0 });
+            let first = 3 * arm + 1;
+            q = q
+                .replace(&format!("${}", first + 2), &xmin.to_string())
+                .replace(&format!("${}", first + 1), &to.to_string())
+                .replace(&format!("${first}"), &(to - us(poll)).to_string());
+        }
         runs.push((
             format!(
-                "re-read of late commits: the {poll} s slice 30 s back (two such slices every poll)"
+                "re-read of late commits: the {poll} s slices 10 s and 30 s back of each tailed \
+                 column, in one statement"
             ),
-            q.replace("$1", &(to - us(poll)).to_string())
-                .replace("$2", &to.to_string())
-                .replace("$3", &xmin.to_string()),
+            q,
         ));
     }
     if no_cursor {
@@ -435,16 +470,12 @@ pub async fn agent_plans(
         // above); the unfinished rows are re-read only when the reconcile
         // below finds the kept backlog differs. A build that still re-reads
         // them on every poll (AGENT_BIN of an older commit) shows that query.
-        let reread: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
-             WHERE r.rolname = '{AGENT_USER}' AND s.query NOT LIKE '%ORDER BY%' \
-             AND s.query LIKE '%IN (%pending%) LIMIT%' AND s.query LIKE '%{}%' \
-             AND s.calls > 10 ORDER BY s.calls DESC LIMIT 1",
-            load::TABLE
-        )))
-        .fetch_optional(&mut *conn)
-        .await
-        .unwrap_or_default();
+        let reread = agent_statement(
+            conn,
+            "s.query NOT LIKE '%ORDER BY%' AND s.query LIKE '%IN (%pending%) LIMIT%' \
+             AND s.calls > 10",
+        )
+        .await;
         runs.extend(reread.map(|q| ("re-read of the unfinished rows (every poll)".to_string(), q)));
     }
     let stuck = end - us(600.0);
@@ -469,6 +500,20 @@ pub async fn agent_plans(
     ));
     out.extend(explain(conn, runs).await);
     out
+}
+
+/// The text of the agent's most called statement on the bench table that
+/// matches `condition` (over `pg_stat_statements s`), if any.
+async fn agent_statement(conn: &mut AnyConnection, condition: &str) -> Option<String> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
+         WHERE r.rolname = '{AGENT_USER}' AND {condition} AND s.query LIKE '%{}%' \
+         ORDER BY s.calls DESC LIMIT 1",
+        load::TABLE
+    )))
+    .fetch_optional(&mut *conn)
+    .await
+    .unwrap_or_default()
 }
 
 /// EXPLAIN (ANALYZE, BUFFERS) of each query.
