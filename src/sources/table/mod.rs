@@ -1058,6 +1058,16 @@ impl<K: TableKind> TableSource<K> {
                 apart += self.tail(&mut tx, i, &column, at, &window).await?;
             }
         }
+        rows_read += apart;
+        // Apart until a poll's changes fit a page again: the rows the tails
+        // read, each once (a row read by several columns' tails is one row
+        // of the statement together), before the slices add theirs.
+        let distinct = if self.spec.rereads_unfinished() {
+            self.unfinished.tailed.len() as u64
+        } else {
+            apart
+        };
+        self.apart = !together && distinct >= self.spec.batch_size as u64;
         if !baseline && self.pairs.is_none() {
             rows_read += self.reread_late(&mut tx, &window).await?;
         }
@@ -1065,16 +1075,6 @@ impl<K: TableKind> TableSource<K> {
             lookback: micros(if sweep { self.spec.overlap } else { lookback }),
             ..window
         };
-        rows_read += apart;
-        // Apart until a poll's changes fit a page again: the rows the tails
-        // read, each once (a row read by several columns' tails is one row
-        // of the statement together).
-        let distinct = if self.spec.rereads_unfinished() {
-            self.unfinished.tailed.len() as u64
-        } else {
-            apart
-        };
-        self.apart = !together && distinct >= self.spec.batch_size as u64;
         rows_read += self.tail_events(&mut tx, &events_window).await?;
         self.started = true;
         self.poll_xmin = Some(snapshot_xmin);
@@ -1242,14 +1242,20 @@ impl<K: TableKind> TableSource<K> {
     /// Where the tail of column `i` reads from this poll, and its high-water
     /// mark: (the mark less the window's look-back, the mark).
     fn tail_from(&mut self, i: usize, w: &Window) -> (i64, i64) {
-        let high = self.highs[i].unwrap_or(w.db_now);
-        let low = high.saturating_sub(w.lookback);
+        let (low, high) = self.tail_marks(i, w);
         let late = &mut self.late[i];
         if w.baseline {
-            late.done = [Some(low); 2];
+            late.done = [Some(low); LATE_LAGS];
         }
         late.tails.push_back((low, w.snapshot_xmin));
         (low, high)
+    }
+
+    /// The look-back's start and the high-water mark of column `i` this
+    /// poll, without taking note of a read ([`Self::tail_from`]).
+    fn tail_marks(&self, i: usize, w: &Window) -> (i64, i64) {
+        let high = self.highs[i].unwrap_or(w.db_now);
+        (high.saturating_sub(w.lookback), high)
     }
 
     /// Moves the high-water mark of column `i` to the highest value its
@@ -1278,12 +1284,7 @@ impl<K: TableKind> TableSource<K> {
         cursors: &[(String, usize)],
         w: &Window,
     ) -> Result<(u64, bool), SourceError> {
-        let marks: Vec<(i64, i64)> = (0..cursors.len())
-            .map(|i| {
-                let high = self.highs[i].unwrap_or(w.db_now);
-                (high.saturating_sub(w.lookback), high)
-            })
-            .collect();
+        let marks: Vec<(i64, i64)> = (0..cursors.len()).map(|i| self.tail_marks(i, w)).collect();
         let mut query = sqlx::query(sqlx::AssertSqlSafe(self.together_query()));
         for (low, _) in &marks {
             query = bind(query, self.sql.cursor(*low));
@@ -1424,28 +1425,25 @@ impl<K: TableKind> TableSource<K> {
             .collect()
     }
 
-    /// Reads in full, streamed, the rows of `column` in (`from`, `to`]
-    /// ([`Self::slice_query`]; PostgreSQL: those of transactions not older
-    /// than `seen_before`). Returns the rows read.
+    /// MariaDB / MySQL, when the pairs cannot tell what was read
+    /// ([`Self::read_windows`]): reads in full, streamed, the rows of
+    /// `column` in (`from`, `to`] ([`Self::slice_query`]). Returns the rows
+    /// read.
     async fn read_slice(
         &mut self,
         tx: &mut AnyConnection,
         column: &str,
         from: i64,
         to: i64,
-        seen_before: i64,
     ) -> Result<u64, SourceError> {
         let query = self.slice_query(column);
-        let mut q = bind(
+        let q = bind(
             bind(
                 sqlx::query(sqlx::AssertSqlSafe(query)),
                 self.sql.cursor(from),
             ),
             self.sql.cursor(to),
         );
-        if self.xmin {
-            q = q.bind(seen_before);
-        }
         let mut rows_read = 0u64;
         let mut rows = q.fetch(&mut *tx);
         while let Some(row) = rows.try_next().await.map_err(query_error)? {
@@ -1466,13 +1464,11 @@ impl<K: TableKind> TableSource<K> {
             .map_or(String::new(), |u| format!(" AND {u}"))
     }
 
-    /// The rows whose watermarked column lies in (`$1`, `$2`] (PostgreSQL:
-    /// only those of transactions not older than the xmin `$3`), in no order.
+    /// The rows whose watermarked column lies in (`?`, `?`], in no order.
     fn slice_query(&self, column: &str) -> String {
         let col = self.sql.ident(column);
-        let unseen = self.unseen(&col);
         format!(
-            "SELECT {} FROM {} WHERE {} AND NOT {}{unseen}",
+            "SELECT {} FROM {} WHERE {} AND NOT {}",
             self.select_list(),
             self.sql.table(&self.spec.table),
             self.sql.after(&col, 1),
@@ -1570,7 +1566,7 @@ impl<K: TableKind> TableSource<K> {
         drop(rows);
         if whole {
             for (i, from, to) in ranges {
-                rows_read += self.read_slice(tx, &cursors[i].0, from, to, 0).await?;
+                rows_read += self.read_slice(tx, &cursors[i].0, from, to).await?;
             }
         } else {
             unseen.sort_unstable();
