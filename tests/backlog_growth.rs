@@ -383,13 +383,22 @@ async fn exact(agent: &Agent, db: &Db, t: &str, truth: &Truth, when: &str) {
 }
 
 /// `run`'s start line, `/api/v1/status` (`reads`) and the status card say what
-/// each poll of a source reads.
-async fn says_what_each_poll_reads(agent: &Agent) {
+/// each poll of a source reads; on PostgreSQL and SQLite the rows in flight
+/// are read through the partial index `schema --config` printed, and the log
+/// says so.
+async fn says_what_each_poll_reads(agent: &Agent, dialect: Dialect) {
+    let in_flight = match dialect {
+        Dialect::Mysql => "looks up the rows in flight by id",
+        Dialect::Postgres | Dialect::Sqlite => {
+            "reads the rows in flight through the partial index on their start (by id where \
+             none serves them)"
+        }
+    };
     let reads = |every: &str| {
         format!(
             "cursor = \"none\": each poll reads the rows whose received_at, started_at or \
-             finished_at passed its watermark, and looks up the rows in flight by id; every \
-             unfinished row only when the reconcile every {every} finds the kept backlog differs"
+             finished_at passed its watermark, and {in_flight}; every unfinished row only when \
+             the reconcile every {every} finds the kept backlog differs"
         )
     };
     let (status, body) = agent
@@ -413,6 +422,27 @@ async fn says_what_each_poll_reads(agent: &Agent) {
             "run does not log what each poll of {name} reads:\n{}",
             agent.stderr()
         );
+    }
+    if dialect != Dialect::Mysql {
+        for name in [SOURCE, IN_FLIGHT] {
+            let found = wait_until(Duration::from_secs(30), || async {
+                let log = agent.stderr();
+                log.lines()
+                    .any(|l| {
+                        l.contains("The rows in flight are read through a partial index.")
+                            && l.contains("_in_flight")
+                            && l.contains(&format!("source={name}"))
+                    })
+                    .then_some(())
+                    .ok_or_else(|| "no line yet".to_string())
+            })
+            .await;
+            assert!(
+                found.is_ok(),
+                "{name} does not read the rows in flight through the partial index:\n{}",
+                agent.stderr()
+            );
+        }
     }
     let (_, page) = agent.get("/").await.expect("GET /");
     let shown = reads("2s").replace('"', "&quot;");
@@ -467,7 +497,7 @@ async fn grows_exact(db: Db, batch: u32) {
     create_indexes(&db, &config).await;
     let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;
-    says_what_each_poll_reads(&agent).await;
+    says_what_each_poll_reads(&agent, db.dialect).await;
     let mut truth = Truth::default();
     let mut dead_at = None;
     for k in 1..=PHASES {

@@ -8,12 +8,16 @@
 //! status must show within a few rounds, with `reconcile_every` an hour, so no
 //! reconcile can be what saw them. Before the stuck rows were taken in turn,
 //! nothing but a full reconcile (every tenth one) would ever have seen them.
+//!
+//! On PostgreSQL and SQLite, with the partial index over the rows in flight
+//! that `schema --config` prints, the same rows are read through it instead:
+//! the recent ones as one range, the stuck ones in slices of their starts.
 
 use crate::common;
 
 use std::time::Duration;
 
-use common::{Agent, Db, Metrics, READY_TIMEOUT, toml_str, wait_until};
+use common::{Agent, Cmd, Db, Metrics, READY_TIMEOUT, toml_str, wait_until};
 
 const SOURCE: &str = "stuck";
 /// The rows that get stuck and then fail.
@@ -42,9 +46,33 @@ fn id_sql(id_type: Option<&str>, i: u32) -> String {
     }
 }
 
+/// Creates the partial index over the rows in flight as `schema --config`
+/// prints it for `config`.
+async fn create_in_flight_index(db: &Db, config: &str) {
+    let dir = tempfile::tempdir().expect("a temp dir for the config");
+    let path = dir.path().join("indexes.toml");
+    std::fs::write(&path, config).expect("write the config");
+    let out = Cmd::new(["schema", "--config"]).arg(&path).output();
+    assert!(out.success(), "{}", out.describe());
+    let index: Vec<&str> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("CREATE INDEX") && l.contains("_in_flight ON"))
+        .collect();
+    assert_eq!(
+        index.len(),
+        1,
+        "schema --config prints no index of the rows in flight:\n{}",
+        out.describe()
+    );
+    db.exec(index[0].trim_end_matches(';'), &[]).await;
+}
+
 /// `id_type`: PostgreSQL only, the event id column made of that type (the
-/// look-ups bind the ids cast to it).
-async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>) {
+/// look-ups bind the ids cast to it). `index`: PostgreSQL and SQLite, the
+/// partial index over the rows in flight is created, and the agent must
+/// read them through it; without it, and on MariaDB, it looks them up by id.
+async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>, index: bool) {
     let t = db.fresh_tables("stuck").await.inbox;
     if let Some(ty) = id_type {
         db.exec(
@@ -66,6 +94,9 @@ async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>) {
         toml_str(&db.dsn),
         toml_str(&t),
     );
+    if index {
+        create_in_flight_index(&db, &config).await;
+    }
     let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;
     let now = db.dialect.clock_sql();
@@ -177,30 +208,53 @@ async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>) {
             agent.stderr()
         );
     }
+    let log = agent.stderr();
+    let through_index = log
+        .lines()
+        .any(|l| l.contains("The rows in flight are read through a partial index."));
+    let by_id = log
+        .lines()
+        .any(|l| l.contains("The rows in flight are looked up by id"));
+    let mariadb = db.dialect == common::Dialect::Mysql;
+    assert_eq!(
+        (through_index, by_id),
+        (index, !index && !mariadb),
+        "how the rows in flight were read (through the index, by id), index {index}:\n{log}"
+    );
     db.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_rows_that_fail_are_counted_without_a_reconcile_postgres() {
-    stuck_rows_that_fail_are_counted(Db::postgres().await, None).await;
+    stuck_rows_that_fail_are_counted(Db::postgres().await, None, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_rows_read_through_the_partial_index_postgres() {
+    stuck_rows_that_fail_are_counted(Db::postgres().await, None, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_rows_read_through_the_partial_index_sqlite() {
+    stuck_rows_that_fail_are_counted(Db::sqlite().await, None, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_rows_with_uuid_ids_are_looked_up_postgres() {
-    stuck_rows_that_fail_are_counted(Db::postgres().await, Some("uuid")).await;
+    stuck_rows_that_fail_are_counted(Db::postgres().await, Some("uuid"), false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_rows_with_bigint_ids_are_looked_up_postgres() {
-    stuck_rows_that_fail_are_counted(Db::postgres().await, Some("bigint")).await;
+    stuck_rows_that_fail_are_counted(Db::postgres().await, Some("bigint"), false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_rows_that_fail_are_counted_without_a_reconcile_mariadb() {
-    stuck_rows_that_fail_are_counted(Db::mysql().await, None).await;
+    stuck_rows_that_fail_are_counted(Db::mysql().await, None, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_rows_that_fail_are_counted_without_a_reconcile_sqlite() {
-    stuck_rows_that_fail_are_counted(Db::sqlite().await, None).await;
+    stuck_rows_that_fail_are_counted(Db::sqlite().await, None, false).await;
 }

@@ -465,7 +465,8 @@ pub async fn agent_plans(
     }
     if no_cursor {
         // Without a change cursor a poll tails received_at, started_at and
-        // finished_at and looks up the rows in flight by id (ids as literals,
+        // finished_at and reads the rows in flight through their partial
+        // index (an older build: looks them up by id, ids as literals,
         // which pg_stat_statements shows as parameters: see the statements
         // above); the unfinished rows are re-read only when the reconcile
         // below finds the kept backlog differs. A build that still re-reads
@@ -477,6 +478,40 @@ pub async fn agent_plans(
         )
         .await;
         runs.extend(reread.map(|q| ("re-read of the unfinished rows (every poll)".to_string(), q)));
+        // The rows in flight through the partial index over them: its two
+        // ranges bound as (slice from, slice to, recent from), the status
+        // words after them as pg_stat_statements numbers constants. Shown
+        // with an hour's slice of stuck starts 20 days back and every row in
+        // flight started within the horizon (`stuck_after`, 10 min).
+        let in_flight = agent_statement(
+            conn,
+            "s.query LIKE '%UNION ALL%' AND s.query NOT LIKE '%xmin%' \
+             AND s.query LIKE '%\"started_at\" <= %'",
+        )
+        .await;
+        if let Some(q) = in_flight {
+            let day = 86_400.0;
+            let mut q = q;
+            for (n, word) in [
+                (7, "failed"),
+                (6, "processing"),
+                (5, "failed"),
+                (4, "processing"),
+            ] {
+                q = q.replace(&format!("${n}"), &format!("'{word}'"));
+            }
+            let q = q
+                .replace("$3", &(end - us(600.0)).to_string())
+                .replace("$2", &(end - us(20.0 * day)).to_string())
+                .replace("$1", &(end - us(20.0 * day + 3600.0)).to_string());
+            runs.push((
+                "rows in flight through their partial index: a slice of the stuck ones' starts \
+                 (here an hour's, 20 days back) and every one started within the horizon \
+                 (10 min)"
+                    .to_string(),
+                q,
+            ));
+        }
     }
     let stuck = end - us(600.0);
     runs.push((

@@ -48,6 +48,25 @@ pub(crate) async fn check<K: TableKind>(
         out.extend(status_words(&mut conn, &sql, s).await);
     }
     for (what, query, binds_cursor) in source.queries() {
+        if what == IN_FLIGHT {
+            // Not a scan of the whole table without its index but a range of
+            // the start's own index, over every row started in it: what
+            // counts is whether the partial index serves it.
+            match source.in_flight_index(&mut conn).await {
+                Ok(Some(index)) => out.push(Finding::Ok(format!(
+                    "the rows in flight are read through the partial index {index}"
+                ))),
+                Ok(None) => out.push(Finding::Warn(format!(
+                    "the rows in flight are looked up by id, one index look-up each, as no \
+                     partial index over them serves their read; create: {}",
+                    index_for(&what, spec, &sql).trim_end()
+                ))),
+                Err(e) => out.push(Finding::Error(format!(
+                    "finding the index of the rows in flight failed: {e}"
+                ))),
+            }
+            continue;
+        }
         let query = if binds_cursor {
             inline(&sql, &query)
         } else {
@@ -66,6 +85,9 @@ pub(crate) async fn check<K: TableKind>(
     }
     out
 }
+
+/// What [`TableSource::queries`] calls the read of the rows in flight.
+pub(crate) const IN_FLIGHT: &str = "rows in flight";
 
 /// The indexes that serve every query a poll of `source` runs, each once.
 pub(crate) fn indexes<K: TableKind>(source: &TableSource<K>, spec: Shape<'_>) -> String {
@@ -148,6 +170,18 @@ fn index_for(what: &str, spec: Shape<'_>, sql: &Sql) -> String {
     let table = spec.table();
     let t = sql.table(&table.table);
     let base = table.table.replace('.', "_");
+    if what == IN_FLIGHT
+        && let Shape::Inbox(s) = spec
+        && let Some((filter, started)) = super::inbox::in_flight(s, sql)
+    {
+        return create_index(
+            sql.dialect,
+            &format!("{base}_in_flight"),
+            &t,
+            &sql.ident(&started),
+            Some(&filter),
+        );
+    }
     if let Some(column) = what.strip_prefix("tail on ") {
         return create_index(
             sql.dialect,

@@ -1232,6 +1232,27 @@ impl Inbox {
     }
 }
 
+/// The rows in flight of an inbox whose status is words only: the condition
+/// (its processing and failed words) and the start column's name, from which
+/// the agent's read of them ([`super::TableSource::in_flight_query`]) and the
+/// partial index that serves it (`schema --config`, `doctor`) are both
+/// written, so that the planner matches one with the other.
+pub(crate) fn in_flight(spec: &InboxSpec, sql: &Sql) -> Option<(String, String)> {
+    let status = spec.words_only()?;
+    let started = spec.columns.started_at.as_deref()?;
+    let words: Vec<&str> = [Status::Processing, Status::Failed]
+        .into_iter()
+        .flat_map(|s| spec.statuses.words_for(s))
+        .collect();
+    if words.is_empty() {
+        return None;
+    }
+    Some((
+        format!("{} IN {}", sql.ident(status), sql.in_list(&words)),
+        started.to_string(),
+    ))
+}
+
 impl TableKind for Inbox {
     fn columns(&self) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = self
@@ -1360,6 +1381,10 @@ impl TableKind for Inbox {
 
     fn unmapped_meanings(&self) -> Vec<&'static str> {
         Shape::Inbox(&self.spec).unmapped_meanings()
+    }
+
+    fn in_flight(&self, sql: &Sql) -> Option<(String, String)> {
+        in_flight(&self.spec, sql)
     }
 
     fn unfinished_filter(&self, sql: &Sql) -> String {

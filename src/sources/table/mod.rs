@@ -164,6 +164,13 @@ pub trait TableKind: Send + 'static {
     /// map at start (so their later changes count exactly) and, without a
     /// change cursor, are re-read on every poll.
     fn unfinished_filter(&self, sql: &Sql) -> String;
+    /// [`Incremental`]: the condition that selects the rows in flight
+    /// (processing or failed) and the start column's name, as the partial
+    /// index that serves their reads ([`TableSource::in_flight_query`]) is
+    /// written; `None` where no status word means either.
+    fn in_flight(&self, _sql: &Sql) -> Option<(String, String)> {
+        None
+    }
     /// Counts a rejected row the kind did not read itself.
     fn reject(&mut self, reason: Reject);
     /// Sets the agent's start on the database clock.
@@ -307,6 +314,13 @@ pub struct TableSource<K: TableKind> {
     /// MariaDB / MySQL: per tailed column, what the look-back and the
     /// late-commit slices need not read in full again ([`ReadPairs`]).
     pairs: Option<Vec<ReadPairs>>,
+    /// [`Incremental`]: whether a partial index over the rows in flight
+    /// serves [`TableSource::in_flight_query`], which then reads them instead
+    /// of their look-ups by id; `None` until a poll has found out.
+    in_flight_index: Option<bool>,
+    /// The next poll finds that out again: after each schema check, so that
+    /// an index created (or dropped) since is found.
+    in_flight_probe: bool,
     /// The database's time at the start of the poll under way (µs).
     db_now: i64,
 }
@@ -349,6 +363,10 @@ struct Reread {
     /// poll; `rounds` is set anew when a cycle ends ([`in_flight_rounds`]).
     turn: u64,
     rounds: u64,
+    /// [`Incremental`] through the partial index: the start up to which the
+    /// slices of the stuck rows have read in this round; `None`: from the
+    /// earliest ([`TableSource::stuck_slice`]).
+    stuck_after: Option<i64>,
 }
 
 /// 12 bytes, 24 with its key in the map; the id itself is in
@@ -659,6 +677,8 @@ impl<K: TableKind> TableSource<K> {
             events,
             incremental,
             pairs,
+            in_flight_index: None,
+            in_flight_probe: true,
             db_now: 0,
         }
     }
@@ -817,8 +837,145 @@ impl<K: TableKind> TableSource<K> {
         )
     }
 
+    /// [`Incremental`], on PostgreSQL and SQLite: the rows in flight whose
+    /// start lies in (`$1`, `$2`] (a slice of the stuck ones'), and those
+    /// started after `$3` (within the horizon), as two range scans of a
+    /// partial index on the start over the rows in flight, joined by `UNION
+    /// ALL` (the ranges do not meet). The condition is written as the index's
+    /// (`schema --config`), so that the planner, the generic plan included,
+    /// takes the index for it. `None` where the kind has no such condition,
+    /// and on MySQL, which has no partial indexes.
+    fn in_flight_query(&self) -> Option<String> {
+        if self.incremental.is_none() || self.sql.dialect == Dialect::MySql {
+            return None;
+        }
+        let (filter, started) = self.kind.in_flight(&self.sql)?;
+        let started = self.sql.ident(&started);
+        let part = |range: String| {
+            format!(
+                "SELECT {} FROM {} WHERE {filter} AND {range}",
+                self.select_list(),
+                self.sql.table(&self.spec.table),
+            )
+        };
+        Some(format!(
+            "{} UNION ALL {}",
+            part(format!(
+                "{} AND {}",
+                self.sql.after(&started, 1),
+                self.sql.at_most(&started, 2)
+            )),
+            part(self.sql.after(&started, 3)),
+        ))
+    }
+
+    /// The partial index through which [`Self::in_flight_query`] reads the
+    /// rows in flight, by the plan the agent's sessions run (PostgreSQL: the
+    /// generic plan of the prepared statement; SQLite: its query plan): each
+    /// scan of the table uses a partial index whose first column is the
+    /// start. `None` when no such index serves it (or there is no query):
+    /// the rows in flight are then looked up by id. `&mut self`, as
+    /// [`Self::fetch_by_ids`] says.
+    pub(crate) async fn in_flight_index(
+        &mut self,
+        conn: &mut AnyConnection,
+    ) -> Result<Option<String>, sqlx::Error> {
+        let Some(query) = self.in_flight_query() else {
+            return Ok(None);
+        };
+        let Some((_, started)) = self.kind.in_flight(&self.sql) else {
+            return Ok(None);
+        };
+        let table = self.sql.literal(&self.sql.table(&self.spec.table));
+        let (_, bare) = sql::split_table(&self.spec.table);
+        let (partial, plan): (Vec<String>, Vec<String>) = match self.sql.dialect {
+            Dialect::Postgres => {
+                let partial = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT CAST(c.relname AS TEXT) FROM pg_index i \
+                     JOIN pg_class c ON c.oid = i.indexrelid \
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+                     WHERE i.indrelid = to_regclass({table}) AND i.indpred IS NOT NULL \
+                     AND a.attname = {}",
+                    self.sql.literal(&started)
+                )))
+                .fetch_all(&mut *conn)
+                .await?;
+                const NAME: &str = "inboxwatch_in_flight_probe";
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE {NAME} AS {query}")))
+                    .execute(&mut *conn)
+                    .await?;
+                let plan = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "EXPLAIN EXECUTE {NAME}(0, 0, 0)"
+                )))
+                .fetch_all(&mut *conn)
+                .await;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DEALLOCATE {NAME}")))
+                    .execute(&mut *conn)
+                    .await?;
+                let plan = plan?
+                    .iter()
+                    .map(|r| r.try_get::<String, _>(0).unwrap_or_default())
+                    .collect();
+                (partial, plan)
+            }
+            Dialect::Sqlite => {
+                let partial = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT l.name FROM pragma_index_list({}) AS l, pragma_index_info(l.name) AS i \
+                     WHERE l.partial = 1 AND i.seqno = 0 AND i.name = {}",
+                    self.sql.literal(bare),
+                    self.sql.literal(&started)
+                )))
+                .fetch_all(&mut *conn)
+                .await?;
+                let zero = self.sql.cursor(0);
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {query}")));
+                for _ in 0..3 {
+                    q = bind(q, zero.clone());
+                }
+                let plan = q
+                    .fetch_all(&mut *conn)
+                    .await?
+                    .iter()
+                    .map(|r| r.try_get::<String, _>(3).unwrap_or_default())
+                    .collect();
+                (partial, plan)
+            }
+            Dialect::MySql => return Ok(None),
+        };
+        Ok(plan_uses(&plan, &partial, self.sql.dialect))
+    }
+
+    /// Finds out, once after each schema check, whether a partial index
+    /// serves the read of the rows in flight, and says so when that changes.
+    async fn probe_in_flight(&mut self, conn: &mut AnyConnection) {
+        self.in_flight_probe = false;
+        if self.in_flight_query().is_none() {
+            return;
+        }
+        let found = match self.in_flight_index(conn).await {
+            Ok(found) => found,
+            Err(e) => {
+                warn!(source = %self.spec.name, error = %e, "Finding the index of the rows in flight failed: they are looked up by id.");
+                None
+            }
+        };
+        let served = found.is_some();
+        if self.in_flight_index != Some(served) {
+            match found {
+                Some(index) => {
+                    info!(source = %self.spec.name, %index, "The rows in flight are read through a partial index.")
+                }
+                None => {
+                    info!(source = %self.spec.name, "The rows in flight are looked up by id, one index look-up each: no partial index on the start over them serves their read (inboxwatch schema --config prints it).")
+                }
+            }
+        }
+        self.in_flight_index = Some(served);
+    }
+
     /// Takes what [`Opener::open`] found of the table.
     pub fn set_checked(&mut self, checked: Checked) {
+        self.in_flight_probe = true;
         self.xmin = checked.xmin;
         self.id_bind = checked.id_bind;
         if checked.notes != self.notes {
@@ -860,6 +1017,9 @@ impl<K: TableKind> TableSource<K> {
         }
         if let Some(parked) = self.kind.parked_query(&self.sql) {
             out.push(("parked rows".into(), parked, false));
+        }
+        if let Some(in_flight) = self.in_flight_query() {
+            out.push((doctor::IN_FLIGHT.into(), in_flight, true));
         }
         out
     }
@@ -907,7 +1067,10 @@ impl<K: TableKind> TableSource<K> {
                 "{mode}: each poll reads the rows whose {tails} passed its watermark{}; every \
                  unfinished row only when the reconcile every {every} finds the kept backlog \
                  differs",
-                if i.started.is_some() {
+                if self.in_flight_query().is_some() {
+                    ", and reads the rows in flight through the partial index on their start \
+                     (by id where none serves them)"
+                } else if i.started.is_some() {
                     ", and looks up the rows in flight by id"
                 } else {
                     ""
@@ -982,6 +1145,9 @@ impl<K: TableKind> TableSource<K> {
             .await
             .map_err(|e| self.spec.dsn.scrub(&e.to_string()));
             self.kind.replays(read);
+        }
+        if self.in_flight_probe && self.incremental.is_some() {
+            self.probe_in_flight(conn).await;
         }
         let mut tx = conn.begin().await.map_err(query_error)?;
         let now_row = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -1918,6 +2084,11 @@ impl<K: TableKind> TableSource<K> {
         };
         let horizon = i64::try_from(plan.horizon.as_micros()).unwrap_or(i64::MAX);
         let since = db_now.saturating_sub(horizon);
+        if self.in_flight_index == Some(true)
+            && let Some(query) = self.in_flight_query()
+        {
+            return self.read_in_flight(tx, db_now, since, query).await;
+        }
         let r = &mut self.unfinished;
         r.turn += 1;
         if r.turn >= r.rounds {
@@ -1935,6 +2106,93 @@ impl<K: TableKind> TableSource<K> {
                 .map(|(k, _)| k),
         );
         self.look_up(tx, &due, db_now, false).await
+    }
+
+    /// [`Incremental`] through the partial index over the rows in flight
+    /// ([`Self::in_flight_query`]): every row in flight started at or after
+    /// `since` (within the horizon), and of those started earlier the next
+    /// slice of starts ([`Self::stuck_slice`]), so that the slices go
+    /// through every stuck row about once per `overlap`, as the look-ups by
+    /// id in turn do. A range returns the rows in flight it holds now, also
+    /// those not known to be in flight (a pending row failed by hand); a row
+    /// known in flight in a range read that is not returned left the rows in
+    /// flight without moving a time column (back to pending, finished by
+    /// hand, deleted), and is looked up by id. Rows the tails read this poll
+    /// are not taken again.
+    async fn read_in_flight(
+        &mut self,
+        tx: &mut AnyConnection,
+        db_now: i64,
+        since: i64,
+        query: String,
+    ) -> Result<u64, SourceError> {
+        let (lo, hi) = self.stuck_slice(since);
+        let recent = since.saturating_sub(1);
+        let rows = bind(
+            bind(
+                bind(sqlx::query(sqlx::AssertSqlSafe(query)), self.sql.cursor(lo)),
+                self.sql.cursor(hi),
+            ),
+            self.sql.cursor(recent),
+        )
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(query_error)?;
+        let mut returned = HashSet::with_capacity(rows.len());
+        for row in &rows {
+            let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
+            let key = key_of(id.as_deref().unwrap_or_default());
+            returned.insert(key);
+            if !self.unfinished.tailed.contains(&key) {
+                self.take(row, false)?;
+            }
+        }
+        let r = &self.unfinished;
+        let left = r.with_ids(
+            r.in_flight
+                .iter()
+                .filter(|(_, s)| **s > recent || (**s > lo && **s <= hi))
+                .filter(|(k, _)| !returned.contains(k) && !r.tailed.contains(k))
+                .map(|(k, _)| k),
+        );
+        let looked_up = self.look_up(tx, &left, db_now, false).await?;
+        Ok(rows.len() as u64 + looked_up)
+    }
+
+    /// The next slice (`lo`, `hi`] of the starts of the rows in flight started
+    /// before `since` (stuck, or failed and waiting long): about one round's
+    /// share of them ([`in_flight_rounds`]), every row of the last start
+    /// taken. The slices follow each other from the earliest start; the one
+    /// that reaches `since` ends the round. An empty range when none is
+    /// stuck.
+    fn stuck_slice(&mut self, since: i64) -> (i64, i64) {
+        let end = since.saturating_sub(1);
+        let r = &mut self.unfinished;
+        let stuck: Vec<i64> = r
+            .in_flight
+            .values()
+            .copied()
+            .filter(|s| *s < since)
+            .collect();
+        let Some(earliest) = stuck.iter().min().copied() else {
+            r.stuck_after = None;
+            return (end, end);
+        };
+        let rounds = in_flight_rounds(self.spec.overlap, self.spec.poll_interval, stuck.len());
+        let share = usize::try_from(rounds).map_or(1, |n| stuck.len().div_ceil(n).max(1));
+        let lo = r
+            .stuck_after
+            .filter(|p| *p < end)
+            .unwrap_or(earliest.saturating_sub(1));
+        let mut next: Vec<i64> = stuck.into_iter().filter(|s| *s > lo).collect();
+        if next.len() <= share {
+            r.stuck_after = None;
+            return (lo, end);
+        }
+        let (_, hi, _) = next.select_nth_unstable(share - 1);
+        let hi = *hi;
+        r.stuck_after = Some(hi);
+        (lo, hi)
     }
 
     /// Takes a row's current version into the backlog; returns its key.
@@ -1966,6 +2224,50 @@ fn in_flight_rounds(overlap: Duration, poll_interval: Duration, stuck: usize) ->
     let per_overlap = u64::try_from(overlap.as_micros().div_ceil(interval)).unwrap_or(u64::MAX);
     let per_cap = u64::try_from(stuck.div_ceil(STUCK_PER_POLL)).unwrap_or(u64::MAX);
     per_overlap.max(per_cap).max(1)
+}
+
+/// The index a plan reads its table through when every read of it is a range
+/// of one of `indexes` (PostgreSQL: index scans, no sequential scan; SQLite:
+/// `SEARCH … USING INDEX`, no `SCAN`); `None` otherwise.
+fn plan_uses(plan: &[String], indexes: &[String], dialect: Dialect) -> Option<String> {
+    let mut used: Option<String> = None;
+    for line in plan {
+        let line = line.trim_start().trim_start_matches("->").trim_start();
+        let name = match dialect {
+            Dialect::Postgres => {
+                if line.contains("Seq Scan") {
+                    return None;
+                }
+                let Some((_, rest)) = line
+                    .split_once("Index Scan using ")
+                    .or_else(|| line.split_once("Index Only Scan using "))
+                    .or_else(|| line.split_once("Bitmap Index Scan on "))
+                else {
+                    continue;
+                };
+                rest.split_whitespace().next().unwrap_or(rest)
+            }
+            Dialect::Sqlite => {
+                if line.starts_with("SCAN ") {
+                    return None;
+                }
+                if !line.starts_with("SEARCH ") {
+                    continue;
+                }
+                let (_, rest) = line
+                    .split_once(" USING INDEX ")
+                    .or_else(|| line.split_once(" USING COVERING INDEX "))?;
+                rest.split_whitespace().next().unwrap_or(rest)
+            }
+            Dialect::MySql => return None,
+        };
+        let name = name.trim().trim_matches('"');
+        if !indexes.iter().any(|i| i == name) {
+            return None;
+        }
+        used.get_or_insert_with(|| name.to_string());
+    }
+    used
 }
 
 /// How far back (µs) from a poll's start a read of MariaDB's pairs may still
@@ -2642,6 +2944,156 @@ mod tests {
         assert!(
             lo.is_some_and(|l| *l > 850) && hi.is_some_and(|h| *h < 1150),
             "{per_turn:?}"
+        );
+    }
+
+    /// The slices of the stuck rows' starts follow each other from the
+    /// earliest: in a round of [`in_flight_rounds`] polls each stuck row is
+    /// in exactly one slice (ties of a start in the same one), and a round
+    /// ends with the slice that reaches the horizon.
+    #[tokio::test]
+    async fn stuck_slices_take_every_stuck_row_once_a_round() {
+        let (_dir, _writer, mut source) =
+            sqlite_inbox("overlap = \"3s\"\nstuck_after = \"2s\"\npoll_interval = \"300ms\"").await;
+        let since = 1_000_000;
+        // 40 stuck rows, four of them with one start; 5 within the horizon.
+        let mut starts: Vec<i64> = (0..36).map(|i| 10_000 + i * 7).collect();
+        starts.extend([50_000; 4]);
+        for (k, s) in starts.iter().enumerate() {
+            source.unfinished.in_flight.insert(k as u64, *s);
+        }
+        for k in 0..5u64 {
+            source
+                .unfinished
+                .in_flight
+                .insert(100 + k, since + k as i64);
+        }
+        // 3 s over 300 ms: ten rounds, four rows a slice.
+        for round in 0..3 {
+            let mut seen = vec![0u32; starts.len()];
+            let mut last_hi = None;
+            for poll in 0..10 {
+                let (lo, hi) = source.stuck_slice(since);
+                if let Some(h) = last_hi {
+                    assert_eq!(lo, h, "round {round}, poll {poll}: slices meet");
+                }
+                last_hi = Some(hi);
+                for (i, s) in starts.iter().enumerate() {
+                    if *s > lo && *s <= hi {
+                        seen[i] += 1;
+                    }
+                }
+                if poll == 9 {
+                    assert_eq!(
+                        hi,
+                        since - 1,
+                        "round {round}: the last slice reaches the horizon"
+                    );
+                } else {
+                    assert!(hi < since - 1, "round {round}, poll {poll}: {hi}");
+                }
+            }
+            assert_eq!(seen, vec![1; starts.len()], "round {round}");
+        }
+        // Nothing stuck: an empty range.
+        source.unfinished.in_flight.retain(|k, _| *k >= 100);
+        let (lo, hi) = source.stuck_slice(since);
+        assert_eq!((lo, hi), (since - 1, since - 1));
+    }
+
+    /// The read of the rows in flight counts as served only where every read
+    /// of the table in its plan is a range of a partial index on the start.
+    #[test]
+    fn a_plan_serves_the_rows_in_flight_only_through_a_partial_index() {
+        let lines = |t: &[&str]| t.iter().map(|l| l.to_string()).collect::<Vec<_>>();
+        let partial = lines(&["inbox_in_flight"]);
+        let pg = lines(&[
+            "Append  (cost=0.29..19.54 rows=2 width=177)",
+            "  ->  Index Scan using inbox_in_flight on inbox  (cost=0.29..9.77 rows=1 width=177)",
+            "        Index Cond: ((started_at > x) AND (started_at <= y))",
+            "  ->  Bitmap Heap Scan on inbox inbox_1  (cost=4.3..9.7 rows=1 width=177)",
+            "        ->  Bitmap Index Scan on inbox_in_flight  (cost=0.00..4.3 rows=1 width=0)",
+        ]);
+        assert_eq!(
+            plan_uses(&pg, &partial, Dialect::Postgres).as_deref(),
+            Some("inbox_in_flight")
+        );
+        let full = lines(&[
+            "Append",
+            "  ->  Index Scan using inbox_in_flight on inbox",
+            "  ->  Index Scan using inbox_started on inbox inbox_1",
+        ]);
+        assert_eq!(plan_uses(&full, &partial, Dialect::Postgres), None);
+        let seq = lines(&[
+            "Append",
+            "  ->  Seq Scan on inbox",
+            "  ->  Seq Scan on inbox inbox_1",
+        ]);
+        assert_eq!(plan_uses(&seq, &partial, Dialect::Postgres), None);
+        assert_eq!(
+            plan_uses(&lines(&["Result"]), &partial, Dialect::Postgres),
+            None
+        );
+        let sqlite = lines(&[
+            "COMPOUND QUERY",
+            "LEFT-MOST SUBQUERY",
+            "SEARCH inbox USING INDEX inbox_in_flight (started_at>? AND started_at<?)",
+            "UNION ALL",
+            "SEARCH inbox USING INDEX inbox_in_flight (started_at>?)",
+        ]);
+        assert_eq!(
+            plan_uses(&sqlite, &partial, Dialect::Sqlite).as_deref(),
+            Some("inbox_in_flight")
+        );
+        let scan = lines(&[
+            "SEARCH inbox USING INDEX inbox_in_flight (started_at>?)",
+            "SCAN inbox",
+        ]);
+        assert_eq!(plan_uses(&scan, &partial, Dialect::Sqlite), None);
+        let other = lines(&["SEARCH inbox USING INDEX inbox_started (started_at>?)"]);
+        assert_eq!(plan_uses(&other, &partial, Dialect::Sqlite), None);
+    }
+
+    /// On SQLite the probe finds the partial index `schema --config` prints
+    /// once it exists, and only then.
+    #[tokio::test]
+    async fn the_rows_in_flight_use_the_partial_index_once_it_exists() {
+        let (dir, mut writer, mut source) = sqlite_inbox("").await;
+        let mut conn = source.opener().open().await.expect("open").0;
+        assert_eq!(
+            source.in_flight_index(&mut conn).await.expect("probe"),
+            None
+        );
+        let text = format!(
+            "[[sources]]\nname = \"orders\"\nkind = \"inbox\"\ndsn = \"sqlite://{}\"\n\
+             table = \"inbox\"\n\
+             columns = {{ event_id = \"id\", status = \"status\", received_at = \"received_at\", \
+             started_at = \"started_at\", finished_at = \"finished_at\" }}\n",
+            dir.path().join("inbox.db").display()
+        );
+        let cfg = crate::config::parse_str(&text).expect("valid");
+        let ddl = crate::schema::indexes(&cfg);
+        let index = ddl
+            .lines()
+            .find(|l| l.contains("inbox_in_flight"))
+            .unwrap_or_else(|| panic!("no index of the rows in flight in:\n{ddl}"));
+        assert_eq!(
+            index,
+            "CREATE INDEX IF NOT EXISTS inbox_in_flight ON \"inbox\" (\"started_at\") \
+             WHERE \"status\" IN ('processing', 'failed');"
+        );
+        sqlx::raw_sql(sqlx::AssertSqlSafe(index))
+            .execute(&mut writer)
+            .await
+            .expect("create the index");
+        let mut conn = source.opener().open().await.expect("open").0;
+        assert_eq!(
+            source
+                .in_flight_index(&mut conn)
+                .await
+                .expect("probe")
+                .as_deref(),
+            Some("inbox_in_flight")
         );
     }
 

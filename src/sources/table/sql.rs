@@ -268,15 +268,25 @@ impl Sql {
     /// `column > cursor`, written so that an index on the column is used: the
     /// cursor is converted to the column's type, never the column to a number.
     pub fn after(&self, column: &str, n: usize) -> String {
+        self.compare(column, ">", n)
+    }
+
+    /// `column <= cursor`, as [`Sql::after`] writes it: an upper bound of the
+    /// same index range (SQLite does not turn `NOT column > ?` into one).
+    pub fn at_most(&self, column: &str, n: usize) -> String {
+        self.compare(column, "<=", n)
+    }
+
+    fn compare(&self, column: &str, op: &str, n: usize) -> String {
         let p = self.placeholder(n);
         match self.dialect {
             Dialect::Postgres => format!(
-                "{column} > (TIMESTAMPTZ 'epoch' + CAST({p} AS BIGINT) * INTERVAL '1 microsecond')"
+                "{column} {op} (TIMESTAMPTZ 'epoch' + CAST({p} AS BIGINT) * INTERVAL '1 microsecond')"
             ),
             Dialect::MySql => {
-                format!("{column} > TIMESTAMPADD(MICROSECOND, {p}, '1970-01-01 00:00:00')")
+                format!("{column} {op} TIMESTAMPADD(MICROSECOND, {p}, '1970-01-01 00:00:00')")
             }
-            Dialect::Sqlite => format!("{column} > {p}"),
+            Dialect::Sqlite => format!("{column} {op} {p}"),
         }
     }
 
