@@ -34,7 +34,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{Agent, Cmd, Db, Dialect, Metrics, READY_TIMEOUT, toml_str, wait_until};
+use common::{Agent, Db, Dialect, Metrics, READY_TIMEOUT, schema_indexes, toml_str, wait_until};
 
 /// The source that reconciles every 2 s, and the one that reconciles every hour.
 const SOURCE: &str = "growth";
@@ -456,25 +456,16 @@ async fn says_what_each_poll_reads(agent: &Agent, dialect: Dialect) {
 /// them (the tails of received_at, started_at and finished_at), as a user would
 /// create them when `doctor` asks.
 async fn create_indexes(db: &Db, config: &str) {
-    let dir = tempfile::tempdir().expect("a temp dir for the config");
-    let path = dir.path().join("indexes.toml");
-    std::fs::write(&path, config).expect("write the config");
-    let out = Cmd::new(["schema", "--config"]).arg(&path).output();
-    assert!(out.success(), "{}", out.describe());
-    let indexes: Vec<&str> = out
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("CREATE INDEX"))
-        .collect();
+    let indexes = schema_indexes(config);
     for column in ["received_at", "started_at", "finished_at"] {
         assert!(
             indexes.iter().any(|l| l.contains(&format!("_{column} ON"))),
             "schema --config prints no index for the tail of {column}:\n{}",
-            out.describe()
+            indexes.join("\n")
         );
     }
-    for stmt in indexes {
-        db.exec(stmt.trim_end_matches(';'), &[]).await;
+    for stmt in &indexes {
+        db.exec(stmt, &[]).await;
     }
 }
 

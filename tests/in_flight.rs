@@ -17,7 +17,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use common::{Agent, Cmd, Db, Metrics, READY_TIMEOUT, toml_str, wait_until};
+use common::{Agent, Db, Metrics, READY_TIMEOUT, schema_indexes, toml_str, wait_until};
 
 const SOURCE: &str = "stuck";
 /// The rows that get stuck and then fail.
@@ -49,23 +49,18 @@ fn id_sql(id_type: Option<&str>, i: u32) -> String {
 /// Creates the partial index over the rows in flight as `schema --config`
 /// prints it for `config`.
 async fn create_in_flight_index(db: &Db, config: &str) {
-    let dir = tempfile::tempdir().expect("a temp dir for the config");
-    let path = dir.path().join("indexes.toml");
-    std::fs::write(&path, config).expect("write the config");
-    let out = Cmd::new(["schema", "--config"]).arg(&path).output();
-    assert!(out.success(), "{}", out.describe());
-    let index: Vec<&str> = out
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("CREATE INDEX") && l.contains("_in_flight ON"))
+    let indexes = schema_indexes(config);
+    let index: Vec<&String> = indexes
+        .iter()
+        .filter(|l| l.contains("_in_flight ON"))
         .collect();
     assert_eq!(
         index.len(),
         1,
         "schema --config prints no index of the rows in flight:\n{}",
-        out.describe()
+        indexes.join("\n")
     );
-    db.exec(index[0].trim_end_matches(';'), &[]).await;
+    db.exec(index[0], &[]).await;
 }
 
 /// `id_type`: PostgreSQL only, the event id column made of that type (the

@@ -480,9 +480,10 @@ pub async fn agent_plans(
         runs.extend(reread.map(|q| ("re-read of the unfinished rows (every poll)".to_string(), q)));
         // The rows in flight through the partial index over them: its two
         // ranges bound as (slice from, slice to, recent from), the status
-        // words after them as pg_stat_statements numbers constants. Shown
-        // with an hour's slice of stuck starts 20 days back and every row in
-        // flight started within the horizon (`stuck_after`, 10 min).
+        // words and the slice's page after them, as pg_stat_statements
+        // numbers constants. Shown with an hour's slice of stuck starts 20
+        // days back and every row in flight started within the horizon
+        // (`stuck_after`, 10 min).
         let in_flight = agent_statement(
             conn,
             "s.query LIKE '%UNION ALL%' AND s.query NOT LIKE '%xmin%' \
@@ -492,13 +493,22 @@ pub async fn agent_plans(
         if let Some(q) = in_flight {
             let day = 86_400.0;
             let mut q = q;
-            for (n, word) in [
-                (7, "failed"),
-                (6, "processing"),
-                (5, "failed"),
-                (4, "processing"),
-            ] {
-                q = q.replace(&format!("${n}"), &format!("'{word}'"));
+            // The constants after the binds, in their order: each part's two
+            // status words and the slice's page.
+            let mut words = ["processing", "failed"].into_iter().cycle();
+            for n in 4..=9 {
+                let p = format!("${n}");
+                let at = q
+                    .find(&p)
+                    .filter(|i| !q[i + p.len()..].starts_with(char::is_numeric));
+                if let Some(i) = at {
+                    let value = if q[..i].ends_with("LIMIT ") {
+                        "500".to_string()
+                    } else {
+                        format!("'{}'", words.next().unwrap_or_default())
+                    };
+                    q.replace_range(i..i + p.len(), &value);
+                }
             }
             let q = q
                 .replace("$3", &(end - us(600.0)).to_string())

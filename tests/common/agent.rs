@@ -576,3 +576,19 @@ pub async fn try_scrape(port: u16) -> Result<Metrics, String> {
     }
     Metrics::parse(&body)
 }
+
+/// The `CREATE INDEX` statements `inboxwatch schema --config` prints for
+/// `config` (each without its `;`), as a user would run them when `doctor`
+/// asks; fails the test if the command does.
+pub fn schema_indexes(config: &str) -> Vec<String> {
+    let dir = tempfile::tempdir().expect("a temp dir for the config");
+    let path = dir.path().join("indexes.toml");
+    std::fs::write(&path, config).expect("write the config");
+    let out = Cmd::new(["schema", "--config"]).arg(&path).output();
+    assert!(out.success(), "{}", out.describe());
+    out.stdout
+        .lines()
+        .filter(|l| l.starts_with("CREATE INDEX"))
+        .map(|l| l.trim_end_matches(';').to_string())
+        .collect()
+}

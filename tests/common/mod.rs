@@ -46,7 +46,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 #[allow(unused_imports)]
-pub use agent::{Agent, BIN, Cmd, Outcome, READY_TIMEOUT};
+pub use agent::{Agent, BIN, Cmd, Outcome, READY_TIMEOUT, schema_indexes};
 #[allow(unused_imports)]
 pub use db::*;
 #[allow(unused_imports)]

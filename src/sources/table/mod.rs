@@ -858,13 +858,18 @@ impl<K: TableKind> TableSource<K> {
                 self.sql.table(&self.spec.table),
             )
         };
+        // The slice at most a page, in the start's order: its bounds come
+        // from the rows the agent tracks, and over `max_tracked_events` many
+        // more rows in flight may lie between two tracked starts. A tracked
+        // row a full page cut off is looked up by id.
+        let slice = part(format!(
+            "{} AND {}",
+            self.sql.after(&started, 1),
+            self.sql.at_most(&started, 2)
+        ));
         Some(format!(
-            "{} UNION ALL {}",
-            part(format!(
-                "{} AND {}",
-                self.sql.after(&started, 1),
-                self.sql.at_most(&started, 2)
-            )),
+            "SELECT * FROM ({slice} ORDER BY {started} {}) AS stuck UNION ALL {}",
+            self.sql.limit(self.spec.batch_size),
             part(self.sql.after(&started, 3)),
         ))
     }
@@ -883,7 +888,7 @@ impl<K: TableKind> TableSource<K> {
         let Some(query) = self.in_flight_query() else {
             return Ok(None);
         };
-        let Some((_, started)) = self.kind.in_flight(&self.sql) else {
+        let Some((filter, started)) = self.kind.in_flight(&self.sql) else {
             return Ok(None);
         };
         let table = self.sql.literal(&self.sql.table(&self.spec.table));
@@ -900,18 +905,30 @@ impl<K: TableKind> TableSource<K> {
                 )))
                 .fetch_all(&mut *conn)
                 .await?;
-                const NAME: &str = "inboxwatch_in_flight_probe";
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE {NAME} AS {query}")))
-                    .execute(&mut *conn)
+                // One transaction, so that a pooler hands all three to one
+                // server connection; a name of its own, as a statement whose
+                // EXPLAIN failed stays prepared (PREPARE is not undone).
+                static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+                let name = format!(
+                    "inboxwatch_in_flight_{}_{}",
+                    std::process::id(),
+                    PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                );
+                let mut tx = conn.begin().await?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE {name} AS {query}")))
+                    .execute(&mut *tx)
                     .await?;
                 let plan = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                    "EXPLAIN EXECUTE {NAME}(0, 0, 0)"
+                    "EXPLAIN EXECUTE {name}(0, 0, 0)"
                 )))
-                .fetch_all(&mut *conn)
+                .fetch_all(&mut *tx)
                 .await;
-                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DEALLOCATE {NAME}")))
-                    .execute(&mut *conn)
-                    .await?;
+                if plan.is_ok() {
+                    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DEALLOCATE {name}")))
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
                 let plan = plan?
                     .iter()
                     .map(|r| r.try_get::<String, _>(0).unwrap_or_default())
@@ -919,11 +936,16 @@ impl<K: TableKind> TableSource<K> {
                 (partial, plan)
             }
             Dialect::Sqlite => {
+                // SQLite uses a partial index only where the query holds its
+                // condition word for word, and names no filter in its plan:
+                // only an index over the rows in flight themselves counts.
                 let partial = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT l.name FROM pragma_index_list({}) AS l, pragma_index_info(l.name) AS i \
-                     WHERE l.partial = 1 AND i.seqno = 0 AND i.name = {}",
+                    "SELECT l.name FROM pragma_index_list({}) AS l, pragma_index_info(l.name) AS i, \
+                     sqlite_master AS m WHERE l.partial = 1 AND i.seqno = 0 AND i.name = {} \
+                     AND m.type = 'index' AND m.name = l.name AND instr(m.sql, {}) > 0",
                     self.sql.literal(bare),
-                    self.sql.literal(&started)
+                    self.sql.literal(&started),
+                    self.sql.literal(&format!("WHERE {filter}")),
                 )))
                 .fetch_all(&mut *conn)
                 .await?;
@@ -942,7 +964,7 @@ impl<K: TableKind> TableSource<K> {
             }
             Dialect::MySql => return Ok(None),
         };
-        Ok(plan_uses(&plan, &partial, self.sql.dialect))
+        Ok(plan_uses(&plan, &partial, bare, self.sql.dialect))
     }
 
     /// Finds out, once after each schema check, whether a partial index
@@ -1930,6 +1952,9 @@ impl<K: TableKind> TableSource<K> {
                 return Ok((kept, 0));
             }
             self.last_reconcile = Some(Instant::now());
+            // The planner's choice can change with the table's statistics:
+            // the next poll finds again whether the index serves the read.
+            self.in_flight_probe = true;
             if self.cheap_reconciles + 1 < FULL_RECONCILE_EVERY {
                 // The cheap check: the number of unfinished rows, which an
                 // index over them answers without visiting each (an
@@ -2087,7 +2112,8 @@ impl<K: TableKind> TableSource<K> {
         if self.in_flight_index == Some(true)
             && let Some(query) = self.in_flight_query()
         {
-            return self.read_in_flight(tx, db_now, since, query).await;
+            let (read, looked_up) = self.read_in_flight(tx, db_now, since, query).await?;
+            return Ok(read + looked_up);
         }
         let r = &mut self.unfinished;
         r.turn += 1;
@@ -2118,14 +2144,15 @@ impl<K: TableKind> TableSource<K> {
     /// known in flight in a range read that is not returned left the rows in
     /// flight without moving a time column (back to pending, finished by
     /// hand, deleted), and is looked up by id. Rows the tails read this poll
-    /// are not taken again.
+    /// are not taken again. Returns the rows the ranges read and those
+    /// looked up by id.
     async fn read_in_flight(
         &mut self,
         tx: &mut AnyConnection,
         db_now: i64,
         since: i64,
         query: String,
-    ) -> Result<u64, SourceError> {
+    ) -> Result<(u64, u64), SourceError> {
         let (lo, hi) = self.stuck_slice(since);
         let recent = since.saturating_sub(1);
         let rows = bind(
@@ -2156,7 +2183,7 @@ impl<K: TableKind> TableSource<K> {
                 .map(|(k, _)| k),
         );
         let looked_up = self.look_up(tx, &left, db_now, false).await?;
-        Ok(rows.len() as u64 + looked_up)
+        Ok((rows.len() as u64, looked_up))
     }
 
     /// The next slice (`lo`, `hi`] of the starts of the rows in flight started
@@ -2227,15 +2254,17 @@ fn in_flight_rounds(overlap: Duration, poll_interval: Duration, stuck: usize) ->
 }
 
 /// The index a plan reads its table through when every read of it is a range
-/// of one of `indexes` (PostgreSQL: index scans, no sequential scan; SQLite:
+/// of one of `indexes` (PostgreSQL: index scans, no sequential scan, and no
+/// row filtered out after the index — a partial index over more than the
+/// rows in flight, `WHERE started_at IS NOT NULL`, would be one; SQLite:
 /// `SEARCH … USING INDEX`, no `SCAN`); `None` otherwise.
-fn plan_uses(plan: &[String], indexes: &[String], dialect: Dialect) -> Option<String> {
+fn plan_uses(plan: &[String], indexes: &[String], table: &str, dialect: Dialect) -> Option<String> {
     let mut used: Option<String> = None;
     for line in plan {
         let line = line.trim_start().trim_start_matches("->").trim_start();
         let name = match dialect {
             Dialect::Postgres => {
-                if line.contains("Seq Scan") {
+                if line.contains("Seq Scan") || line.starts_with("Filter:") {
                     return None;
                 }
                 let Some((_, rest)) = line
@@ -2248,10 +2277,17 @@ fn plan_uses(plan: &[String], indexes: &[String], dialect: Dialect) -> Option<St
                 rest.split_whitespace().next().unwrap_or(rest)
             }
             Dialect::Sqlite => {
-                if line.starts_with("SCAN ") {
+                // Only the table's own lines: `SCAN stuck` reads the
+                // slice's subquery.
+                let of_table = |verb: &str| {
+                    line.strip_prefix(verb)
+                        .and_then(|r| r.strip_prefix(table))
+                        .is_some_and(|r| r.is_empty() || r.starts_with(' '))
+                };
+                if of_table("SCAN ") {
                     return None;
                 }
-                if !line.starts_with("SEARCH ") {
+                if !of_table("SEARCH ") {
                     continue;
                 }
                 let (_, rest) = line
@@ -3015,7 +3051,7 @@ mod tests {
             "        ->  Bitmap Index Scan on inbox_in_flight  (cost=0.00..4.3 rows=1 width=0)",
         ]);
         assert_eq!(
-            plan_uses(&pg, &partial, Dialect::Postgres).as_deref(),
+            plan_uses(&pg, &partial, "inbox", Dialect::Postgres).as_deref(),
             Some("inbox_in_flight")
         );
         let full = lines(&[
@@ -3023,35 +3059,48 @@ mod tests {
             "  ->  Index Scan using inbox_in_flight on inbox",
             "  ->  Index Scan using inbox_started on inbox inbox_1",
         ]);
-        assert_eq!(plan_uses(&full, &partial, Dialect::Postgres), None);
+        assert_eq!(plan_uses(&full, &partial, "inbox", Dialect::Postgres), None);
         let seq = lines(&[
             "Append",
             "  ->  Seq Scan on inbox",
             "  ->  Seq Scan on inbox inbox_1",
         ]);
-        assert_eq!(plan_uses(&seq, &partial, Dialect::Postgres), None);
+        assert_eq!(plan_uses(&seq, &partial, "inbox", Dialect::Postgres), None);
+        // A partial index over more than the rows in flight: the status
+        // filtered after it.
+        let wider = lines(&[
+            "Append",
+            "  ->  Index Scan using inbox_in_flight on inbox",
+            "        Filter: ((status)::text = ANY ('{processing,failed}'::text[]))",
+        ]);
         assert_eq!(
-            plan_uses(&lines(&["Result"]), &partial, Dialect::Postgres),
+            plan_uses(&wider, &partial, "inbox", Dialect::Postgres),
+            None
+        );
+        assert_eq!(
+            plan_uses(&lines(&["Result"]), &partial, "inbox", Dialect::Postgres),
             None
         );
         let sqlite = lines(&[
             "COMPOUND QUERY",
             "LEFT-MOST SUBQUERY",
+            "CO-ROUTINE stuck",
             "SEARCH inbox USING INDEX inbox_in_flight (started_at>? AND started_at<?)",
+            "SCAN stuck",
             "UNION ALL",
             "SEARCH inbox USING INDEX inbox_in_flight (started_at>?)",
         ]);
         assert_eq!(
-            plan_uses(&sqlite, &partial, Dialect::Sqlite).as_deref(),
+            plan_uses(&sqlite, &partial, "inbox", Dialect::Sqlite).as_deref(),
             Some("inbox_in_flight")
         );
         let scan = lines(&[
             "SEARCH inbox USING INDEX inbox_in_flight (started_at>?)",
             "SCAN inbox",
         ]);
-        assert_eq!(plan_uses(&scan, &partial, Dialect::Sqlite), None);
+        assert_eq!(plan_uses(&scan, &partial, "inbox", Dialect::Sqlite), None);
         let other = lines(&["SEARCH inbox USING INDEX inbox_started (started_at>?)"]);
-        assert_eq!(plan_uses(&other, &partial, Dialect::Sqlite), None);
+        assert_eq!(plan_uses(&other, &partial, "inbox", Dialect::Sqlite), None);
     }
 
     /// On SQLite the probe finds the partial index `schema --config` prints
@@ -3095,6 +3144,78 @@ mod tests {
                 .as_deref(),
             Some("inbox_in_flight")
         );
+    }
+
+    /// Through the partial index the ranges return the rows in flight
+    /// themselves: in a round of slices every stuck row once and the recent
+    /// ones on every poll, none looked up by id; a stuck row moved back to
+    /// pending by hand (no time moving) is the one looked up, and is no
+    /// longer in flight.
+    #[tokio::test]
+    async fn the_rows_in_flight_are_read_by_their_ranges() {
+        let settings = "overlap = \"3s\"\nstuck_after = \"2s\"\npoll_interval = \"300ms\"\n\
+                        reconcile_every = \"1h\"";
+        let (_dir, mut writer, mut source) = sqlite_inbox(settings).await;
+        let ts = |secs: i64| format!("strftime('%Y-%m-%d %H:%M:%f', 'now', '{secs} seconds')");
+        let mut stmts = vec![
+            "CREATE INDEX inbox_in_flight ON \"inbox\" (\"started_at\") \
+             WHERE \"status\" IN ('processing', 'failed')"
+                .to_string(),
+        ];
+        // 20 stuck rows, a second apart an hour ago; 5 started just now.
+        for i in 0..20 {
+            stmts.push(format!(
+                "INSERT INTO inbox VALUES ('s{i}', 'processing', {}, {}, NULL)",
+                ts(-3700 + i),
+                ts(-3600 + i)
+            ));
+        }
+        for i in 0..5 {
+            stmts.push(format!(
+                "INSERT INTO inbox VALUES ('r{i}', 'processing', {}, {}, NULL)",
+                ts(0),
+                ts(0)
+            ));
+        }
+        for stmt in stmts {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(stmt))
+                .execute(&mut writer)
+                .await
+                .expect("write");
+        }
+        source.poll().await.expect("the first poll");
+        assert_eq!(source.in_flight_index, Some(true));
+        assert_eq!(source.unfinished.in_flight.len(), 25);
+        let query = source
+            .in_flight_query()
+            .expect("a read of the rows in flight");
+        let mut conn = source.opener().open().await.expect("open").0;
+        let since = source.db_now - 3_000_000;
+        // 3 s over 300 ms: ten slices of two.
+        let mut round = async |source: &mut TableSource<inbox::Inbox>| {
+            let (mut read, mut looked_up) = (0, 0);
+            for _ in 0..10 {
+                // As each poll ends.
+                source.unfinished.tailed.clear();
+                let (r, l) = source
+                    .read_in_flight(&mut conn, source.db_now, since, query.clone())
+                    .await
+                    .expect("read");
+                read += r;
+                looked_up += l;
+            }
+            (read, looked_up)
+        };
+        assert_eq!(round(&mut source).await, (20 + 10 * 5, 0));
+        sqlx::raw_sql(sqlx::AssertSqlSafe(
+            "UPDATE inbox SET status = 'pending' WHERE id = 's7'",
+        ))
+        .execute(&mut writer)
+        .await
+        .expect("back to pending");
+        assert_eq!(round(&mut source).await, (19 + 10 * 5, 1));
+        assert_eq!(source.unfinished.in_flight.len(), 24);
+        assert_eq!(round(&mut source).await, (19 + 10 * 5, 0));
     }
 
     /// An SQLite table with the three time columns indexed, its file and a
