@@ -1824,8 +1824,7 @@ impl<K: TableKind> TableSource<K> {
             .await
             .map_err(query_error)?;
         for row in &rows {
-            let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
-            let key = key_of(id.as_deref().unwrap_or_default());
+            let key = row_key(row)?;
             self.nulls.pass.insert(key);
             if self.nulls.counted.insert(key) {
                 self.kind.reject(Reject::NullCursor);
@@ -2167,8 +2166,7 @@ impl<K: TableKind> TableSource<K> {
         .map_err(query_error)?;
         let mut returned = HashSet::with_capacity(rows.len());
         for row in &rows {
-            let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
-            let key = key_of(id.as_deref().unwrap_or_default());
+            let key = row_key(row)?;
             returned.insert(key);
             if !self.unfinished.tailed.contains(&key) {
                 self.take(row, false)?;
@@ -2753,6 +2751,12 @@ pub(crate) fn get_time(row: &AnyRow, i: usize, meaning: &str) -> Result<Option<i
     }
     let bytes = <&[u8] as sqlx::Decode<sqlx::Any>>::decode(raw).map_err(|e| unusable(&e))?;
     Sql::read_time(bytes).map(Some).map_err(|e| unusable(&e))
+}
+
+/// The key of a row read with the source's select list (its event id first).
+fn row_key(row: &AnyRow) -> Result<u64, SourceError> {
+    let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
+    Ok(key_of(id.as_deref().unwrap_or_default()))
 }
 
 /// A stable 64-bit key of an event id (SipHash with fixed keys).
