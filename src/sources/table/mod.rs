@@ -985,6 +985,8 @@ impl<K: TableKind> TableSource<K> {
         if self.in_flight_index != Some(served) {
             match found {
                 Some(index) => {
+                    // The name is the database's: escaped for the terminal.
+                    let index = crate::text::printable(&index);
                     info!(source = %self.spec.name, %index, "The rows in flight are read through a partial index.")
                 }
                 None => {
