@@ -17,7 +17,7 @@ use super::keymap::KeyMap;
 
 /// The gauge-relevant part of one unfinished row, kept small (24 bytes):
 /// a backlog of 100 000 rows is held in full.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Unfinished {
     /// `received_at` / `created_at` (microseconds), [`NONE`] if NULL.
     born: i64,

@@ -122,57 +122,71 @@ struct Shown {
     now: Instant,
 }
 
-/// [`State`] as the map stores it: 32 bytes instead of 64 (the booleans in
-/// one byte; the two versions few events ever have kept apart, in [`Rare`],
-/// with a bit each saying whether there is one), so a bucket is 40 bytes with
-/// its key.
-#[derive(Debug, Clone, Copy)]
+/// [`State`] as the map stores it: 24 bytes instead of 64, so a bucket is
+/// 32 bytes with its key. The booleans and the status share one byte; the
+/// counts are 16 bits each; what few events ever have — a rejected version,
+/// a version with a `last_error` too long to read, a count past 65,535 — is
+/// kept apart, in [`Rare`], with one bit saying whether there is any.
+#[derive(Debug, Clone, Copy, Default)]
 struct Remembered {
     updated: i64,
     received: i64,
-    deliveries: u32,
-    failures: u32,
-    spanned: u32,
-    status: Status,
+    deliveries: u16,
+    failures: u16,
+    spanned: u16,
     flags: Flags,
     class: u8,
 }
 
-/// Bits of [`Remembered::flags`].
+/// Bits of [`Remembered::flags`]; the status is in the bits from
+/// [`STATUS_SHIFT`] on.
 const COMPLETED: u8 = 0;
 const VALID: u8 = 1;
-const REJECTED: u8 = 2;
-const LONG_ERROR: u8 = 3;
-const ENDED_FAILED: u8 = 4;
+const ENDED_FAILED: u8 = 2;
+/// The event has an entry in [`Inbox::rare`].
+const RARE: u8 = 3;
+/// Where the status's index in [`Status::ALL`] starts in the flags.
+const STATUS_SHIFT: u8 = 5;
 
-/// The versions of [`State`] that [`Remembered`] leaves out: a rejected
-/// version, a version with a `last_error` too long to read. Kept by key for
-/// the few events that have one.
+/// What [`Remembered`] leaves out of [`State`]: a rejected version, a
+/// version with a `last_error` too long to read, and the counts when one is
+/// past what 16 bits hold. Kept by key for the few events that have one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Rare {
     rejected_at: Option<i64>,
     long_error_at: Option<i64>,
+    /// Deliveries, failures and the attempts spanned, when one of them is
+    /// over `u16::MAX`.
+    counts: Option<[u32; 3]>,
 }
 
-/// `s` as the map stores it, and its rare versions if it has any.
+/// `s` as the map stores it, and its rare part if it has one.
 fn split(s: State) -> (Remembered, Option<Rare>) {
+    let counts = [s.deliveries, s.failures, s.spanned];
+    let small = counts.map(|c| u16::try_from(c).ok());
+    let big = small.iter().any(Option::is_none);
+    let rare = (s.rejected_at.is_some() || s.long_error_at.is_some() || big).then_some(Rare {
+        rejected_at: s.rejected_at,
+        long_error_at: s.long_error_at,
+        counts: big.then_some(counts),
+    });
     let mut flags = Flags::default();
     flags.set(COMPLETED, s.completed);
     flags.set(VALID, s.valid);
     flags.set(ENDED_FAILED, s.ended_failed);
-    flags.set(REJECTED, s.rejected_at.is_some());
-    flags.set(LONG_ERROR, s.long_error_at.is_some());
-    let rare = (s.rejected_at.is_some() || s.long_error_at.is_some()).then_some(Rare {
-        rejected_at: s.rejected_at,
-        long_error_at: s.long_error_at,
-    });
+    flags.set(RARE, rare.is_some());
+    let status = Status::ALL
+        .iter()
+        .position(|x| *x == s.status)
+        .expect("every status is in Status::ALL");
+    flags.set_field(STATUS_SHIFT, status as u8);
+    let [deliveries, failures, spanned] = small.map(Option::unwrap_or_default);
     let r = Remembered {
         updated: s.updated,
         received: s.received,
-        deliveries: s.deliveries,
-        failures: s.failures,
-        spanned: s.spanned,
-        status: s.status,
+        deliveries,
+        failures,
+        spanned,
         flags,
         class: s.class,
     };
@@ -182,22 +196,20 @@ fn split(s: State) -> (Remembered, Option<Rare>) {
 /// The [`State`] that [`split`] stored: `rare` is looked up only when a
 /// flag of `r` says there is one.
 fn join(r: Remembered, rare: impl FnOnce() -> Option<Rare>) -> State {
-    let rare = if r.flags.get(REJECTED) || r.flags.get(LONG_ERROR) {
-        rare()
-    } else {
-        None
-    };
+    let rare = if r.flags.get(RARE) { rare() } else { None };
+    let small = [r.deliveries, r.failures, r.spanned].map(u32::from);
+    let [deliveries, failures, spanned] = rare.and_then(|x| x.counts).unwrap_or(small);
     State {
         updated: r.updated,
         received: r.received,
-        deliveries: r.deliveries,
-        failures: r.failures,
-        status: r.status,
+        deliveries,
+        failures,
+        status: Status::ALL[usize::from(r.flags.field(STATUS_SHIFT))],
         completed: r.flags.get(COMPLETED),
         rejected_at: rare.and_then(|x| x.rejected_at),
         long_error_at: rare.and_then(|x| x.long_error_at),
         valid: r.flags.get(VALID),
-        spanned: r.spanned,
+        spanned,
         class: r.class,
         ended_failed: r.flags.get(ENDED_FAILED),
     }
@@ -1790,9 +1802,9 @@ mod tests {
     /// Guards the map's memory figures (docs/performance.md, "Memory at
     /// 10 M rows: the maps").
     #[test]
-    fn a_remembered_event_is_32_bytes_and_its_bucket_40() {
-        assert_eq!(size_of::<Remembered>(), 32);
-        assert_eq!(size_of::<(u64, Remembered)>(), 40);
+    fn a_remembered_event_is_24_bytes_and_its_bucket_32() {
+        assert_eq!(size_of::<Remembered>(), 24);
+        assert_eq!(size_of::<(u64, Remembered)>(), 32);
     }
 
     /// Every value the counting rules read comes back from the stored form,
@@ -1807,24 +1819,32 @@ mod tests {
                     times.into_iter().zip([false, true].into_iter().cycle())
                 {
                     for long_error_at in times {
+                        // The counts past 16 bits, at its edge, and small.
+                        let counts = match n % 4 {
+                            0 => [u32::MAX, u32::MAX - 1, 7],
+                            1 => [3, 0, 65_536],
+                            2 => [65_535, 65_535, 65_535],
+                            _ => [1, 2, 0],
+                        };
+                        let big = counts.iter().any(|c| *c > 65_535);
                         let s = State {
                             updated: i64::MIN + n,
                             received: i64::MAX - n,
-                            deliveries: u32::MAX,
-                            failures: u32::MAX - 1,
+                            deliveries: counts[0],
+                            failures: counts[1],
                             status,
                             completed,
                             rejected_at,
                             long_error_at,
                             valid,
-                            spanned: 7,
-                            class: 9,
+                            spanned: counts[2],
+                            class: 31 - (n % 32) as u8,
                             ended_failed,
                         };
                         let (r, rare) = split(s);
                         assert_eq!(
                             rare.is_some(),
-                            rejected_at.is_some() || long_error_at.is_some()
+                            rejected_at.is_some() || long_error_at.is_some() || big
                         );
                         assert_eq!(join(r, || rare), s);
                         // The rare part is asked for only when there is one.

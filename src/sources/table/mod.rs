@@ -357,7 +357,7 @@ struct Reread {
     tailed: HashSet<u64>,
     /// [`Incremental`]: the rows in flight (their last read showed them
     /// unfinished and not pending) by key, with their start.
-    in_flight: HashMap<u64, i64>,
+    in_flight: KeyMap<i64>,
     /// [`Incremental`]: the rows in flight started before the horizon are
     /// looked up in turn, those whose key is `turn` modulo `rounds` on each
     /// poll; `rounds` is set anew when a cycle ends ([`in_flight_rounds`]).
@@ -369,19 +369,53 @@ struct Reread {
     stuck_after: Option<i64>,
 }
 
-/// 12 bytes, 24 with its key in the map; the id itself is in
-/// [`Reread::ids`].
-#[derive(Debug)]
+/// 8 bytes, 16 with its key in the map: where its id lies in
+/// [`Reread::ids`] (an [`IdRef`], laid out flat so that it packs with the
+/// pass), and the re-read that last saw it.
+#[derive(Debug, Default)]
 struct Seen {
-    id: IdRef,
-    pass: u32,
+    at: u32,
+    len: u16,
+    /// [`Reread::pass`]'s low 16 bits. Only equality with the current pass
+    /// counts, and no row keeps an older one past the next re-read (those
+    /// are looked up and forgotten: [`TableSource::look_up_gone`]), so a
+    /// pass 65,536 re-reads old is never taken for the current one.
+    pass: u16,
 }
 
-/// Where an id lies in [`Ids`].
+impl Seen {
+    fn new(id: IdRef, pass: u32) -> Seen {
+        Seen {
+            at: id.at,
+            len: id.len,
+            pass: pass as u16,
+        }
+    }
+
+    fn id(&self) -> IdRef {
+        IdRef {
+            at: self.at,
+            len: self.len,
+        }
+    }
+
+    /// Marks the row seen by re-read `pass`.
+    fn see(&mut self, pass: u32) {
+        self.pass = pass as u16;
+    }
+
+    /// Whether the row was seen by re-read `pass`.
+    fn of(&self, pass: u32) -> bool {
+        self.pass == pass as u16
+    }
+}
+
+/// Where an id lies in [`Ids`]: an id longer than 65,535 bytes is not kept
+/// (its row is then not looked up by id, as past `max_tracked_events`).
 #[derive(Debug, Clone, Copy)]
 struct IdRef {
     at: u32,
-    len: u32,
+    len: u16,
 }
 
 /// The event ids of the rows in [`Reread::rows`], end to end in one buffer:
@@ -400,7 +434,7 @@ struct Ids {
 impl Reread {
     /// The event id of a row in `rows`.
     fn id(&self, s: &Seen) -> &str {
-        self.ids.get(s.id)
+        self.ids.get(s.id())
     }
 
     /// The rows of `keys` that are in `rows`, with their ids.
@@ -412,14 +446,14 @@ impl Reread {
     /// Tracks a row not tracked yet, read in `pass`.
     fn remember(&mut self, key: u64, id: &str, pass: u32) {
         if let Some(id) = self.ids.push(id) {
-            self.rows.insert(key, Seen { id, pass });
+            self.rows.insert(key, Seen::new(id, pass));
         }
     }
 
     /// Forgets a row; returns its last version if one was kept.
     fn forget(&mut self, key: &u64) -> Option<Unfinished> {
         if let Some(s) = self.rows.remove(key) {
-            self.ids.forget(s.id);
+            self.ids.forget(s.id());
         }
         self.in_flight.remove(key);
         let last = self.lasts.remove(key);
@@ -440,9 +474,9 @@ impl Reread {
     fn keep_pass(&mut self, pass: u32) {
         let ids = &mut self.ids;
         self.rows.retain(|_, s| {
-            let keep = s.pass == pass;
+            let keep = s.of(pass);
             if !keep {
-                ids.forget(s.id);
+                ids.forget(s.id());
             }
             keep
         });
@@ -462,7 +496,10 @@ impl Reread {
         };
         let old = std::mem::take(&mut self.ids);
         for s in self.rows.values_mut() {
-            s.id = fresh.push(old.get(s.id)).expect("fewer bytes than before");
+            let id = fresh
+                .push(old.get(s.id()))
+                .expect("fewer bytes than before");
+            s.at = id.at;
         }
         self.ids = fresh;
     }
@@ -473,21 +510,21 @@ const IDS_COMPACT_FROM: usize = 64 * 1024;
 
 impl Ids {
     fn get(&self, r: IdRef) -> &str {
-        &self.bytes[r.at as usize..(r.at + r.len) as usize]
+        &self.bytes[r.at as usize..r.at as usize + usize::from(r.len)]
     }
 
     /// Stores `id`; `None` if the buffer would pass 4 GiB (the row is then
     /// not tracked by id, as over `max_tracked_events`).
     fn push(&mut self, id: &str) -> Option<IdRef> {
         let at = u32::try_from(self.bytes.len()).ok()?;
-        let len = u32::try_from(id.len()).ok()?;
-        at.checked_add(len)?;
+        let len = u16::try_from(id.len()).ok()?;
+        at.checked_add(u32::from(len))?;
         self.bytes.push_str(id);
         Some(IdRef { at, len })
     }
 
     fn forget(&mut self, r: IdRef) {
-        self.gaps += r.len as usize;
+        self.gaps += usize::from(r.len);
     }
 
     /// Whether the gaps are worth a [`Reread::compact`].
@@ -512,32 +549,46 @@ impl Ids {
 struct ReadPairs {
     /// The column's place in the select list.
     at: usize,
-    set: HashSet<(u64, i64)>,
-    /// (database time when read, event key, value), oldest first.
-    order: VecDeque<(i64, u64, i64)>,
+    /// The pairs, each as [`pair`]'s 64 bits.
+    set: HashSet<u64>,
+    /// (database time when read, pair), oldest first.
+    order: VecDeque<(i64, u64)>,
+}
+
+/// An (event key, value) pair in 64 bits, 8 bytes instead of 16: the key
+/// (already a SipHash of the event id) XOR a bijective mix of the value
+/// (splitmix64's finaliser). Two pairs that share their key or their value
+/// never collide; two that share neither do with a chance of 2⁻⁶⁴, the
+/// same as two event ids with one key.
+fn pair(key: u64, value: i64) -> u64 {
+    let mut z = (value as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    key ^ z ^ (z >> 31)
 }
 
 impl ReadPairs {
     fn insert(&mut self, now: i64, key: u64, value: i64) {
-        if self.set.insert((key, value)) {
-            self.order.push_back((now, key, value));
+        let p = pair(key, value);
+        if self.set.insert(p) {
+            self.order.push_back((now, p));
         }
     }
 
     fn contains(&self, key: u64, value: i64) -> bool {
-        self.set.contains(&(key, value))
+        self.set.contains(&pair(key, value))
     }
 
     /// Forgets the pairs read before `before`: their values are older than
     /// any read of the window (a pair forgotten too early is only read in
     /// full again).
     fn prune(&mut self, before: i64) {
-        while let Some(&(at, key, value)) = self.order.front() {
+        while let Some(&(at, p)) = self.order.front() {
             if at >= before {
                 break;
             }
             self.order.pop_front();
-            self.set.remove(&(key, value));
+            self.set.remove(&p);
         }
     }
 }
@@ -1862,7 +1913,7 @@ impl<K: TableKind> TableSource<K> {
             .unfinished
             .rows
             .iter()
-            .filter(|(k, s)| s.pass != pass && !self.unfinished.tailed.contains(k))
+            .filter(|(k, s)| !s.of(pass) && !self.unfinished.tailed.contains(k))
             .map(|(k, s)| (*k, self.unfinished.id(s).into()))
             .collect();
         self.unfinished.keep_pass(pass);
@@ -2069,7 +2120,7 @@ impl<K: TableKind> TableSource<K> {
             return Ok(());
         };
         match self.unfinished.rows.get_mut(&key) {
-            Some(seen) => seen.pass = pass,
+            Some(seen) => seen.see(pass),
             None => {
                 let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
                 self.unfinished
@@ -2874,6 +2925,28 @@ mod tests {
         assert!(p.set.is_empty() && p.order.is_empty());
     }
 
+    /// A pair's 64 bits tell apart the pairs a poll keeps: a grid of keys
+    /// (small, as in these tests, and SipHashes of ids) by nearby values
+    /// (one microsecond apart, and times of one second) gives as many
+    /// distinct values as pairs.
+    #[test]
+    fn pairs_of_one_key_or_one_value_never_collide() {
+        let keys: Vec<u64> = (0..300u64)
+            .chain((0..300).map(|i| key_of(&format!("evt-{i}"))))
+            .collect();
+        let values: Vec<i64> = (0..300)
+            .map(|i| 1_700_000_000_000_000 + i)
+            .chain((0..300).map(|i| i * S))
+            .collect();
+        let mut seen = HashSet::new();
+        for k in &keys {
+            for v in &values {
+                assert!(seen.insert(pair(*k, *v)), "({k}, {v}) collides");
+            }
+        }
+        assert_eq!(seen.len(), keys.len() * values.len());
+    }
+
     #[test]
     fn late_reads_lag_a_third_of_the_overlap_and_all_of_it() {
         assert_eq!(LateReads::lags(30 * S, 2 * S), [10 * S, 30 * S]);
@@ -2918,9 +2991,9 @@ mod tests {
     }
 
     #[test]
-    fn a_reread_row_is_12_bytes_and_its_bucket_24() {
-        assert_eq!(size_of::<Seen>(), 12);
-        assert_eq!(size_of::<(u64, Seen)>(), 24);
+    fn a_reread_row_is_8_bytes_and_its_bucket_16() {
+        assert_eq!(size_of::<Seen>(), 8);
+        assert_eq!(size_of::<(u64, Seen)>(), 16);
     }
 
     /// Ids kept end to end stay right through forgetting, re-reads and the

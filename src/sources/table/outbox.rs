@@ -33,7 +33,7 @@ struct State {
 }
 
 /// [`State`] as the map stores it, every value kept: 32 bytes instead of 40.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 struct Remembered {
     updated: i64,
     created: i64,

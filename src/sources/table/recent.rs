@@ -3,8 +3,8 @@
 //! An entry is kept for every unfinished event and for every event finished
 //! within `state_retention`, up to `max_tracked_events`: this map is most of
 //! a busy source's memory. Its values are stored compactly (no `Option<i64>`,
-//! flags in one byte; see [`Flags`]): the inbox's is 32 bytes, so a bucket of
-//! the map (8-byte key and value) is 40 bytes plus one control byte, and
+//! flags in one byte; see [`Flags`]): the inbox's is 24 bytes, so a bucket of
+//! the map (8-byte key and value) is 32 bytes plus one control byte, and
 //! hashbrown keeps between 7/16 and 7/8 of its buckets full; the map is
 //! split in parts ([`KeyMap`]) so that growing it moves one part at a time
 //! (docs/performance.md, "Memory at 10 M rows: the maps").
@@ -46,10 +46,26 @@ impl Flags {
     pub fn time(self, bit: u8, value: i64) -> Option<i64> {
         self.get(bit).then_some(value)
     }
+
+    /// Stores a small number in the bits from `shift` (1..8) to the top,
+    /// which no flag then uses.
+    pub fn set_field(&mut self, shift: u8, value: u8) {
+        assert!(
+            u32::from(value) < 1 << (8 - shift),
+            "{value} does not fit in {} bits",
+            8 - shift
+        );
+        self.0 = (self.0 & ((1 << shift) - 1)) | (value << shift);
+    }
+
+    /// The number stored with [`Flags::set_field`].
+    pub fn field(self, shift: u8) -> u8 {
+        self.0 >> shift
+    }
 }
 
 /// What the map needs to know of an entry to forget it safely.
-pub trait Entry: Copy {
+pub trait Entry: Copy + Default {
     /// The row's change cursor when it was last seen (microseconds).
     fn updated_at(&self) -> i64;
     /// The time that decides whether a first-seen row is a new event
@@ -195,7 +211,7 @@ mod tests {
         assert!(f.get(1) && f.get(2) && f.get(3) && !f.get(0));
     }
 
-    #[derive(Clone, Copy, Debug)]
+    #[derive(Clone, Copy, Debug, Default)]
     struct E {
         updated: i64,
         born: i64,
