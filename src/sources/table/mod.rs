@@ -377,9 +377,11 @@ struct Seen {
     at: u32,
     len: u16,
     /// [`Reread::pass`]'s low 16 bits. Only equality with the current pass
-    /// counts, and no row keeps an older one past the next re-read (those
-    /// are looked up and forgotten: [`TableSource::look_up_gone`]), so a
-    /// pass 65,536 re-reads old is never taken for the current one.
+    /// counts. A row of an older pass is looked up and forgotten at the
+    /// re-read's end ([`TableSource::look_up_gone`]); only if 65,536 polls
+    /// in a row were cut short between a re-read and its look-ups could an
+    /// old pass be taken for the current one, and the next re-read looks
+    /// the row up then.
     pass: u16,
 }
 
@@ -410,13 +412,18 @@ impl Seen {
     }
 }
 
-/// Where an id lies in [`Ids`]: an id longer than 65,535 bytes is not kept
-/// (its row is then not looked up by id, as past `max_tracked_events`).
+/// Where an id lies in [`Ids`]. An id of [`LONG_ID`] bytes or more has its
+/// length in 4 bytes before it, and `len` is [`LONG_ID`].
 #[derive(Debug, Clone, Copy)]
 struct IdRef {
     at: u32,
     len: u16,
 }
+
+/// The `len` of an [`IdRef`] whose length is stored in [`Ids`].
+const LONG_ID: u16 = u16::MAX;
+/// The bytes of a long id's length in [`Ids`]: 7 bits each, 35 in all.
+const LONG_PREFIX: usize = 5;
 
 /// The event ids of the rows in [`Reread::rows`], end to end in one buffer:
 /// an id costs its length, where a `Box<str>` of its own costs a 16-byte
@@ -509,22 +516,53 @@ impl Reread {
 const IDS_COMPACT_FROM: usize = 64 * 1024;
 
 impl Ids {
+    /// Where the id of `r` lies in `bytes`, and the bytes it takes there.
+    fn span(&self, r: IdRef) -> (std::ops::Range<usize>, usize) {
+        let at = r.at as usize;
+        if r.len < LONG_ID {
+            let len = usize::from(r.len);
+            return (at..at + len, len);
+        }
+        let prefix = &self.bytes.as_bytes()[at..at + LONG_PREFIX];
+        let len = prefix
+            .iter()
+            .rev()
+            .fold(0usize, |n, b| (n << 7) | usize::from(*b));
+        (at + LONG_PREFIX..at + LONG_PREFIX + len, LONG_PREFIX + len)
+    }
+
     fn get(&self, r: IdRef) -> &str {
-        &self.bytes[r.at as usize..r.at as usize + usize::from(r.len)]
+        &self.bytes[self.span(r).0]
     }
 
     /// Stores `id`; `None` if the buffer would pass 4 GiB (the row is then
-    /// not tracked by id, as over `max_tracked_events`).
+    /// not tracked by id, as over `max_tracked_events`). An id of
+    /// [`LONG_ID`] bytes or more follows its length, in [`LONG_PREFIX`]
+    /// ASCII bytes of seven bits each (the buffer stays UTF-8).
     fn push(&mut self, id: &str) -> Option<IdRef> {
         let at = u32::try_from(self.bytes.len()).ok()?;
-        let len = u16::try_from(id.len()).ok()?;
-        at.checked_add(u32::from(len))?;
+        let n = u32::try_from(id.len()).ok()?;
+        let len = u16::try_from(n).ok().filter(|l| *l < LONG_ID);
+        let stored = if len.is_some() {
+            n
+        } else {
+            n.checked_add(LONG_PREFIX as u32)?
+        };
+        at.checked_add(stored)?;
+        if len.is_none() {
+            for i in 0..LONG_PREFIX {
+                self.bytes.push(char::from(((n >> (7 * i)) & 0x7f) as u8));
+            }
+        }
         self.bytes.push_str(id);
-        Some(IdRef { at, len })
+        Some(IdRef {
+            at,
+            len: len.unwrap_or(LONG_ID),
+        })
     }
 
     fn forget(&mut self, r: IdRef) {
-        self.gaps += usize::from(r.len);
+        self.gaps += self.span(r).1;
     }
 
     /// Whether the gaps are worth a [`Reread::compact`].
@@ -2994,6 +3032,42 @@ mod tests {
     fn a_reread_row_is_8_bytes_and_its_bucket_16() {
         assert_eq!(size_of::<Seen>(), 8);
         assert_eq!(size_of::<(u64, Seen)>(), 16);
+    }
+
+    /// Ids of 65,535 bytes and more keep their length in the buffer: they
+    /// come back whole beside short ones, through a compaction too, and a
+    /// forgotten one leaves a gap of all the bytes it took.
+    #[test]
+    fn long_ids_are_kept_whole() {
+        let mut r = Reread::default();
+        // With the two bytes of "é": 65,534 bytes is short, 65,535 long.
+        let lens = [0, 1, 65_532, 65_533, 65_534, 70_000, 200_000];
+        let ids: Vec<String> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let c = char::from(b'a' + i as u8);
+                std::iter::repeat_n(c, *n).collect::<String>() + "é"
+            })
+            .collect();
+        for id in &ids {
+            r.remember(key_of(id), id, 1);
+        }
+        for id in &ids {
+            assert_eq!(r.id(r.rows.get(&key_of(id)).expect("kept")), id);
+        }
+        let total = r.ids.bytes.len();
+        r.forget(&key_of(&ids[5]));
+        assert_eq!(r.ids.gaps, ids[5].len() + LONG_PREFIX);
+        r.forget(&key_of(&ids[6]));
+        assert!(r.ids.bytes.len() < total, "compacted");
+        for id in ids.iter().take(5) {
+            assert_eq!(r.id(r.rows.get(&key_of(id)).expect("kept")), id);
+        }
+        assert_eq!(r.ids.bytes.len() - r.ids.gaps, {
+            let short: usize = ids[..3].iter().map(String::len).sum();
+            short + ids[3].len() + ids[4].len() + 2 * LONG_PREFIX
+        });
     }
 
     /// Ids kept end to end stay right through forgetting, re-reads and the
