@@ -122,7 +122,7 @@ struct Shown {
     now: Instant,
 }
 
-/// [`State`] as the map stores it: 24 bytes instead of 64, so a bucket is
+/// [`State`] as the map stores it: 24 bytes instead of 64, so a slot is
 /// 32 bytes with its key. The booleans and the status share one byte; the
 /// counts are 16 bits each; what few events ever have — a rejected version,
 /// a version with a `last_error` too long to read, a count past 65,535 — is

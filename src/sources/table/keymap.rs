@@ -73,14 +73,18 @@ fn part(key: u64) -> usize {
     (key >> (u64::BITS - PARTS.trailing_zeros())) as usize
 }
 
-/// Where `key`'s probe starts in `n` slots: splitmix64's finaliser of the
-/// key, scaled to `n` (its high bits, which depend on every bit of the key).
-fn home(key: u64, n: usize) -> usize {
-    let mut z = key;
+/// splitmix64's finaliser: a bijection of 64 bits whose every output bit
+/// depends on every input bit.
+pub(super) fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^= z >> 31;
-    ((u128::from(z) * n as u128) >> 64) as usize
+    z ^ (z >> 31)
+}
+
+/// Where `key`'s probe starts in `n` slots: the [`mix`] of the key, scaled
+/// to `n` (its high bits, which depend on every bit of the key).
+fn home(key: u64, n: usize) -> usize {
+    ((u128::from(mix(key)) * n as u128) >> 64) as usize
 }
 
 /// The key 0 of [`Part::zero`], to lend out as the others are.
@@ -193,22 +197,20 @@ impl<V: Default> Part<V> {
 
     /// Keeps the entries for which `keep` is true; returns how many it removed.
     fn retain(&mut self, keep: &mut impl FnMut(&u64, &mut V) -> bool) -> usize {
-        let mut gone = Vec::new();
-        if let Some(v) = &mut self.zero
-            && !keep(&0, v)
-        {
+        let zero_gone = self.zero.as_mut().is_some_and(|v| !keep(&0, v));
+        if zero_gone {
             self.zero = None;
-            gone.push(0);
         }
-        for (k, v) in self.slots.iter_mut() {
-            if *k != 0 && !keep(k, v) {
-                gone.push(*k);
-            }
-        }
-        for k in gone.iter().filter(|k| **k != 0) {
+        let gone: Vec<u64> = self
+            .slots
+            .iter_mut()
+            .filter(|(k, _)| *k != 0)
+            .filter_map(|(k, v)| (!keep(k, v)).then_some(*k))
+            .collect();
+        for k in &gone {
             self.remove(*k);
         }
-        gone.len()
+        gone.len() + usize::from(zero_gone)
     }
 
     /// Empties the part, keeping its slots for what comes next.

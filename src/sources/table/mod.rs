@@ -413,7 +413,7 @@ impl Seen {
 }
 
 /// Where an id lies in [`Ids`]. An id of [`LONG_ID`] bytes or more has its
-/// length in 4 bytes before it, and `len` is [`LONG_ID`].
+/// length in [`LONG_PREFIX`] bytes before it, and `len` is [`LONG_ID`].
 #[derive(Debug, Clone, Copy)]
 struct IdRef {
     at: u32,
@@ -595,14 +595,11 @@ struct ReadPairs {
 
 /// An (event key, value) pair in 64 bits, 8 bytes instead of 16: the key
 /// (already a SipHash of the event id) XOR a bijective mix of the value
-/// (splitmix64's finaliser). Two pairs that share their key or their value
-/// never collide; two that share neither do with a chance of 2⁻⁶⁴, the
-/// same as two event ids with one key.
+/// (splitmix64's, [`keymap::mix`]). Two pairs that share their key or their
+/// value never collide; two that share neither do with a chance of 2⁻⁶⁴,
+/// the same as two event ids with one key.
 fn pair(key: u64, value: i64) -> u64 {
-    let mut z = (value as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    key ^ z ^ (z >> 31)
+    key ^ keymap::mix((value as u64).wrapping_add(0x9e37_79b9_7f4a_7c15))
 }
 
 impl ReadPairs {
