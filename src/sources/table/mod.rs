@@ -587,10 +587,13 @@ impl Ids {
 struct ReadPairs {
     /// The column's place in the select list.
     at: usize,
-    /// The pairs, each as [`pair`]'s 64 bits.
-    set: HashSet<u64>,
-    /// (database time when read, pair), oldest first.
-    order: VecDeque<(i64, u64)>,
+    /// The pairs, each as [`pair`]'s 64 bits: 8 bytes a slot.
+    set: KeyMap<()>,
+    /// The pairs in the order they were first read.
+    order: VecDeque<u64>,
+    /// Per read: (database time, how many pairs it added to `order`),
+    /// oldest first. One entry a poll instead of a time beside every pair.
+    reads: VecDeque<(i64, usize)>,
 }
 
 /// An (event key, value) pair in 64 bits, 8 bytes instead of 16: the key
@@ -605,25 +608,31 @@ fn pair(key: u64, value: i64) -> u64 {
 impl ReadPairs {
     fn insert(&mut self, now: i64, key: u64, value: i64) {
         let p = pair(key, value);
-        if self.set.insert(p) {
-            self.order.push_back((now, p));
+        if self.set.insert(p, ()).is_none() {
+            self.order.push_back(p);
+            match self.reads.back_mut() {
+                Some((at, n)) if *at == now => *n += 1,
+                _ => self.reads.push_back((now, 1)),
+            }
         }
     }
 
     fn contains(&self, key: u64, value: i64) -> bool {
-        self.set.contains(&pair(key, value))
+        self.set.contains_key(&pair(key, value))
     }
 
     /// Forgets the pairs read before `before`: their values are older than
     /// any read of the window (a pair forgotten too early is only read in
     /// full again).
     fn prune(&mut self, before: i64) {
-        while let Some(&(at, p)) = self.order.front() {
+        while let Some(&(at, n)) = self.reads.front() {
             if at >= before {
                 break;
             }
-            self.order.pop_front();
-            self.set.remove(&p);
+            self.reads.pop_front();
+            for p in self.order.drain(..n) {
+                self.set.remove(&p);
+            }
         }
     }
 }
@@ -2957,7 +2966,7 @@ mod tests {
         assert!(!p.contains(1, 5 * S));
         assert!(p.contains(1, 11 * S) && p.contains(2, 11 * S));
         p.prune(13 * S);
-        assert!(p.set.is_empty() && p.order.is_empty());
+        assert!(p.set.len() == 0 && p.order.is_empty() && p.reads.is_empty());
     }
 
     /// A pair's 64 bits tell apart the pairs a poll keeps: a grid of keys
