@@ -1204,25 +1204,31 @@ impl<K: TableKind> TableSource<K> {
 
     async fn poll_once(&mut self) -> Result<PollStats, SourceError> {
         if let Some(pool) = self.pool.clone() {
-            let mut conn = pool.acquire().await.map_err(|e| SourceError::Connect {
+            let conn = pool.acquire().await.map_err(|e| SourceError::Connect {
                 dsn: self.spec.dsn.to_string(),
                 message: self.spec.dsn.scrub(&e.to_string()),
             })?;
+            let mut held = Held {
+                conn,
+                finished: false,
+            };
+            let conn = &mut held.conn;
             let result = async {
                 if !self.schema_checked {
-                    let checked = self.opener().check_schema(&mut conn).await?;
+                    let checked = self.opener().check_schema(&mut *conn).await?;
                     self.set_checked(checked);
                     self.schema_checked = true;
                 }
-                self.poll_on(&mut conn).await
+                self.poll_on(&mut *conn).await
             }
             .await;
             if result.is_err() {
                 // The connection may be broken or mid-transaction: the pool
                 // opens a new one rather than handing this one out again.
-                conn.close_on_drop();
+                held.conn.close_on_drop();
                 self.schema_checked = false;
             }
+            held.finished = true;
             return result;
         }
         // The connection is taken for the poll and put back only when it
@@ -2467,6 +2473,26 @@ async fn set_statement_timeout(
         }
     }
     Ok(())
+}
+
+/// A poll's connection from the pool, closed if the poll is dropped before
+/// it finishes (cut short by its time limit). Handed back instead, it would
+/// first read the rest of the cancelled statement's answer, as long as the
+/// database takes to send it (up to the statement's own limit, the long one
+/// of a full read), holding one of the pool's few sessions all that while
+/// and keeping that limit: the polls after it could find no session within
+/// `timeout` and fail with the pool's time-out, on and on.
+struct Held {
+    conn: sqlx::pool::PoolConnection<sqlx::Any>,
+    finished: bool,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.conn.close_on_drop();
+        }
+    }
 }
 
 /// The poll connections of an agent: one small pool per database (and
