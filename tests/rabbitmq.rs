@@ -640,6 +640,29 @@ async fn doctor_says_what_each_queue_can_and_cannot_say() {
     assert!(text.contains("one poll in"), "{text}");
 }
 
+/// Publishes `orders` messages to `orders` and gets and rejects `rejected`
+/// of them, then publishes `logged` to the stream `log`; returns the
+/// connection, which the caller keeps open until the agent has seen its
+/// counts: when RabbitMQ's core-metrics GC (every 120 s) runs between a
+/// channel's close and the management statistics' next collection (every
+/// 5 s), the channel's publishes never reach `message_stats.publish`
+/// (docs/rabbitmq.md, "What the broker can lose").
+async fn orders_and_log(
+    vh: &Vhost,
+    orders: u64,
+    rejected: usize,
+    logged: u64,
+) -> lapin::Connection {
+    let (conn, ch) = vh.connect().await;
+    ch.confirm_select(Default::default())
+        .await
+        .expect("confirms");
+    publish(&ch, "orders", orders, |_| None).await;
+    get_each(&ch, "orders", rejected, Then::Reject).await;
+    publish(&ch, "log", logged, |_| None).await;
+    conn
+}
+
 /// The broker's application stopped and started under the agent (`rabbitmqctl
 /// stop_app; start_app`, the nextest group `rabbitmq-restart` runs it alone):
 /// the source goes down naming the URL, comes back by itself (its stream
@@ -682,18 +705,7 @@ async fn restart_broker_under_the_agent() {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
-    // The connection stays open until the agent has seen its counts: when
-    // RabbitMQ's core-metrics GC (every 120 s) runs between a channel's
-    // close and the management statistics' next collection (every 5 s),
-    // the channel's publishes never reach `message_stats.publish`
-    // (docs/rabbitmq.md, "What the broker can lose").
-    let (conn, ch) = vh.connect().await;
-    ch.confirm_select(Default::default())
-        .await
-        .expect("confirms");
-    publish(&ch, "orders", 12, |_| None).await;
-    get_each(&ch, "orders", 4, Then::Reject).await;
-    publish(&ch, "log", 5, |_| None).await;
+    let conn = orders_and_log(&vh, 12, 4, 5).await;
     let before = [
         (MESSAGES, orders.as_str(), 8.0),
         (PUBLISHED, &orders, 12.0),
@@ -738,13 +750,7 @@ async fn restart_broker_under_the_agent() {
     .await
     .unwrap_or_else(|e| panic!("{e}\n{}", agent.stderr()));
     // And counting goes on from there.
-    let (_conn, ch) = vh.connect().await;
-    ch.confirm_select(Default::default())
-        .await
-        .expect("confirms");
-    publish(&ch, "orders", 3, |_| None).await;
-    get_each(&ch, "orders", 2, Then::Reject).await;
-    publish(&ch, "log", 3, |_| None).await;
+    let _conn = orders_and_log(&vh, 3, 2, 3).await;
     wait_until(Duration::from_secs(60), || async {
         diff(
             &agent.try_scrape().await?,

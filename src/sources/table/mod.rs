@@ -1208,10 +1208,7 @@ impl<K: TableKind> TableSource<K> {
                 dsn: self.spec.dsn.to_string(),
                 message: self.spec.dsn.scrub(&e.to_string()),
             })?;
-            let mut held = Held {
-                conn,
-                finished: false,
-            };
+            let mut held = Held { conn, ok: false };
             let conn = &mut held.conn;
             let result = async {
                 if !self.schema_checked {
@@ -1223,12 +1220,9 @@ impl<K: TableKind> TableSource<K> {
             }
             .await;
             if result.is_err() {
-                // The connection may be broken or mid-transaction: the pool
-                // opens a new one rather than handing this one out again.
-                held.conn.close_on_drop();
                 self.schema_checked = false;
             }
-            held.finished = true;
+            held.ok = result.is_ok();
             return result;
         }
         // The connection is taken for the poll and put back only when it
@@ -2475,21 +2469,25 @@ async fn set_statement_timeout(
     Ok(())
 }
 
-/// A poll's connection from the pool, closed if the poll is dropped before
-/// it finishes (cut short by its time limit). Handed back instead, it would
-/// first read the rest of the cancelled statement's answer, as long as the
-/// database takes to send it (up to the statement's own limit, the long one
-/// of a full read), holding one of the pool's few sessions all that while
-/// and keeping that limit: the polls after it could find no session within
-/// `timeout` and fail with the pool's time-out, on and on.
+/// A poll's connection from the pool, handed back only if the poll
+/// succeeded, else closed: the pool opens a new one rather than handing this
+/// one out again. After a failed poll it may be broken or mid-transaction.
+/// After a poll dropped before it finished (cut short by its time limit),
+/// handing it back would first read the rest of the cancelled statement's
+/// answer, as long as the database takes to send it (up to the statement's
+/// own limit, the long one of a full read), holding one of the pool's few
+/// sessions all that while and keeping that limit: the polls after it could
+/// find no session within `timeout` and fail with the pool's time-out, on
+/// and on.
 struct Held {
     conn: sqlx::pool::PoolConnection<sqlx::Any>,
-    finished: bool,
+    /// Set once the poll succeeded.
+    ok: bool,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if !self.finished {
+        if !self.ok {
             self.conn.close_on_drop();
         }
     }
