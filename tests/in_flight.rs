@@ -11,7 +11,12 @@
 //!
 //! On PostgreSQL and SQLite, with the partial index over the rows in flight
 //! that `schema --config` prints, the same rows are read through it instead:
-//! the recent ones as one range, the stuck ones in slices of their starts.
+//! the recent ones as one range, the stuck ones in slices of their starts. On
+//! MariaDB, with the index on (status, received_at) that `schema` prints, the
+//! stuck rows are checked in slices of their arrivals by their ids and
+//! statuses in that index alone, and only the changed ones looked up.
+//! Then half of the rows go back to pending by hand, which again no time
+//! column shows.
 
 use crate::common;
 
@@ -64,9 +69,10 @@ async fn create_in_flight_index(db: &Db, config: &str) {
 }
 
 /// `id_type`: PostgreSQL only, the event id column made of that type (the
-/// look-ups bind the ids cast to it). `index`: PostgreSQL and SQLite, the
-/// partial index over the rows in flight is created, and the agent must
-/// read them through it; without it, and on MariaDB, it looks them up by id.
+/// look-ups bind the ids cast to it). `index`: on PostgreSQL and SQLite the
+/// partial index over the rows in flight is created, on MariaDB the index on
+/// (status, received_at) is kept, and the agent must read them through it;
+/// without it, it looks them up by id.
 async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>, index: bool) {
     let t = db.fresh_tables("stuck").await.inbox;
     if let Some(ty) = id_type {
@@ -89,8 +95,15 @@ async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>, index: 
         toml_str(&db.dsn),
         toml_str(&t),
     );
-    if index {
+    let mariadb = db.dialect == common::Dialect::Mysql;
+    if index && !mariadb {
         create_in_flight_index(&db, &config).await;
+    }
+    if !index && mariadb {
+        // The table's index on (status, received_at), which `schema` prints
+        // and which MariaDB checks the stuck rows through, dropped.
+        db.exec(&format!("DROP INDEX {t}_unfinished ON {t}"), &[])
+            .await;
     }
     let agent = Agent::start(&config);
     agent.wait_ready(READY_TIMEOUT).await;
@@ -203,17 +216,48 @@ async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>, index: 
             agent.stderr()
         );
     }
+    // Half of them back in pending by hand, again with no time column
+    // moving: they leave the rows in flight, which only a read of them shows.
+    let half = ROWS / 2;
+    let back: Vec<String> = (1..=half).map(|i| id_sql(id_type, i)).collect();
+    let n = db
+        .exec(
+            &format!(
+                "UPDATE {t} SET status = 'pending' WHERE event_id IN ({})",
+                back.join(", ")
+            ),
+            &[],
+        )
+        .await;
+    assert_eq!(n, u64::from(half));
+    let left = f64::from(ROWS - half);
+    let pending = f64::from(half);
+    let res = agent
+        .wait_for_polls(&[SOURCE], Duration::ZERO, 30, |m| {
+            let got = (m.sum("inbox_attempt_failures_total", &[s]), backlog(m));
+            if got == (rows, [pending, 0.0, left]) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "failures, backlog by status: {got:?}, want ({rows}, [{pending}, 0, {left}])"
+                ))
+            }
+        })
+        .await;
+    if let Err(e) = res {
+        panic!(
+            "the stuck rows back in pending were not seen without a reconcile:\n{e}\n{}",
+            agent.stderr()
+        );
+    }
     let log = agent.stderr();
-    let through_index = log
-        .lines()
-        .any(|l| l.contains("The rows in flight are read through a partial index."));
-    let by_id = log
-        .lines()
-        .any(|l| l.contains("The rows in flight are looked up by id"));
-    let mariadb = db.dialect == common::Dialect::Mysql;
+    let line = |text: &str| log.lines().any(|l| l.contains(text));
+    let through_index = line("The rows in flight are read through a partial index.")
+        || line("The stuck rows in flight are checked through the index on (status, received_at)");
+    let by_id = line("The rows in flight are looked up by id");
     assert_eq!(
         (through_index, by_id),
-        (index, !index && !mariadb),
+        (index, !index),
         "how the rows in flight were read (through the index, by id), index {index}:\n{log}"
     );
     db.cleanup().await;
@@ -247,6 +291,11 @@ async fn stuck_rows_with_bigint_ids_are_looked_up_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_rows_that_fail_are_counted_without_a_reconcile_mariadb() {
     stuck_rows_that_fail_are_counted(Db::mysql().await, None, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_rows_checked_through_the_status_index_mariadb() {
+    stuck_rows_that_fail_are_counted(Db::mysql().await, None, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -225,6 +225,14 @@ impl Backlog {
         self.fill = Fill::Off;
     }
 
+    /// The row kept for `key`, if the map holds one.
+    pub fn get(&self, key: u64) -> Option<Unfinished> {
+        match self.rows.get(&key) {
+            Some(p) => Some(p.unpack()),
+            None => self.rare.get(&key).copied(),
+        }
+    }
+
     /// Takes a row's current version: unfinished rows are kept, others dropped.
     pub fn update(&mut self, key: u64, row: Option<Unfinished>) {
         if self.fill == Fill::Off {

@@ -52,9 +52,20 @@ pub(crate) async fn check<K: TableKind>(
             // Not a scan of the whole table without its index but a range of
             // the start's own index, over every row started in it: what
             // counts is whether the partial index serves it.
+            let mysql = sql.dialect == Dialect::MySql;
             match source.in_flight_index(&mut conn).await {
+                Ok(Some(index)) if mysql => out.push(Finding::Ok(format!(
+                    "the stuck rows in flight are checked through the index {index} on \
+                     (status, received_at), without reading them"
+                ))),
                 Ok(Some(index)) => out.push(Finding::Ok(format!(
                     "the rows in flight are read through the partial index {index}"
+                ))),
+                Ok(None) if mysql => out.push(Finding::Warn(format!(
+                    "the stuck rows in flight are looked up by id in turn, one index look-up \
+                     each, as no index holds their ids and statuses (the event id must be the \
+                     primary key); create: {}",
+                    index_for(&what, spec, &sql).trim_end()
                 ))),
                 Ok(None) => out.push(Finding::Warn(format!(
                     "the rows in flight are looked up by id, one index look-up each, as no \
@@ -170,6 +181,11 @@ fn index_for(what: &str, spec: Shape<'_>, sql: &Sql) -> String {
     let table = spec.table();
     let t = sql.table(&table.table);
     let base = table.table.replace('.', "_");
+    if what == IN_FLIGHT && sql.dialect == Dialect::MySql {
+        // The stuck rows are checked through the index on (status,
+        // received_at), which also serves the unfinished rows.
+        return index_for("unfinished rows", spec, sql);
+    }
     if what == IN_FLIGHT
         && let Shape::Inbox(s) = spec
         && let Some((filter, started)) = super::inbox::in_flight(s, sql)

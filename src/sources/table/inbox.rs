@@ -1399,6 +1399,18 @@ impl TableKind for Inbox {
         in_flight(&self.spec, sql)
     }
 
+    fn received_column(&self) -> Option<String> {
+        Some(self.spec.columns.received_at.clone()).filter(|c| !c.is_empty())
+    }
+
+    fn status_column(&self) -> Option<String> {
+        self.spec.words_only().map(str::to_string)
+    }
+
+    fn class_of_word(&self, word: &str) -> Option<usize> {
+        self.spec.meaning_of(word).and_then(class_of)
+    }
+
     fn unfinished_filter(&self, sql: &Sql) -> String {
         match self.spec.words_only() {
             Some(status) => format!(

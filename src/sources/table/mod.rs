@@ -171,6 +171,25 @@ pub trait TableKind: Send + 'static {
     fn in_flight(&self, _sql: &Sql) -> Option<(String, String)> {
         None
     }
+
+    /// The column a row's arrival is read from, where the kind has one:
+    /// MySQL's check of the stuck rows slices the rows in flight by it
+    /// ([`TableSource::in_flight_status_query`]).
+    fn received_column(&self) -> Option<String> {
+        None
+    }
+
+    /// The status column, where the kind reads its status from one column
+    /// of words alone.
+    fn status_column(&self) -> Option<String> {
+        None
+    }
+
+    /// The status index ([`Unfinished::class`]) a status word means, if it
+    /// means an unfinished status.
+    fn class_of_word(&self, _word: &str) -> Option<usize> {
+        None
+    }
     /// Counts a rejected row the kind did not read itself.
     fn reject(&mut self, reason: Reject);
     /// Sets the agent's start on the database clock.
@@ -318,6 +337,10 @@ pub struct TableSource<K: TableKind> {
     /// serves [`TableSource::in_flight_query`], which then reads them instead
     /// of their look-ups by id; `None` until a poll has found out.
     in_flight_index: Option<bool>,
+    /// MySQL and MariaDB: the index on (status, received_at) that
+    /// [`TableSource::in_flight_status_query`] names (`FORCE INDEX`), once
+    /// the probe found it serves the read.
+    status_index: Option<String>,
     /// The next poll finds that out again: after each schema check, so that
     /// an index created (or dropped) since is found.
     in_flight_probe: bool,
@@ -773,6 +796,7 @@ impl<K: TableKind> TableSource<K> {
             incremental,
             pairs,
             in_flight_index: None,
+            status_index: None,
             in_flight_probe: true,
             db_now: 0,
         }
@@ -969,6 +993,131 @@ impl<K: TableKind> TableSource<K> {
         ))
     }
 
+    /// [`Incremental`] on MySQL and MariaDB, which have no partial indexes:
+    /// the rows in flight received in (`$1`, `$2`], each as its event id and
+    /// status word alone, at most a page. The index on (status, received_at)
+    /// that `schema` prints holds both (an InnoDB secondary index carries the
+    /// primary key, the event id), so the range is read from the index
+    /// without visiting a row: a stuck row is checked at the cost of an
+    /// index entry, and only one whose status changed, or that left the
+    /// rows in flight, is then read in full by id
+    /// ([`Self::check_in_flight`]). `None` elsewhere, or where the kind has
+    /// no such condition.
+    fn in_flight_status_query(&self) -> Option<String> {
+        if self.incremental.is_none() || self.sql.dialect != Dialect::MySql {
+            return None;
+        }
+        let (filter, _) = self.kind.in_flight(&self.sql)?;
+        let received = self.sql.ident(&self.kind.received_column()?);
+        let list = self.kind.select_list(&self.sql);
+        let expr = |name: &str| {
+            list.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, e)| e.clone())
+        };
+        // The index named, once found: the optimizer would otherwise weigh
+        // each slice's range anew, and may take the one on `received_at`
+        // alone, which visits every row.
+        let force = self.status_index.as_deref().map_or(String::new(), |i| {
+            format!(" FORCE INDEX ({})", self.sql.ident(i))
+        });
+        Some(format!(
+            "SELECT {}, {} FROM {}{force} WHERE {filter} AND {} AND {} {}",
+            expr("event_id")?,
+            expr("status")?,
+            self.sql.table(&self.spec.table),
+            self.sql.after(&received, 1),
+            self.sql.at_most(&received, 2),
+            self.sql.limit(self.spec.batch_size),
+        ))
+    }
+
+    /// MySQL and MariaDB: the index through which
+    /// [`Self::in_flight_status_query`] reads, which it then names: an index
+    /// whose first two columns are the status and `received_at` (as
+    /// `schema` prints it), found in `information_schema`, and through which
+    /// the server's plan for the statement is one range scan that needs no
+    /// row (`Using index`: the event id is in the index, as the primary key
+    /// of an InnoDB table is). `None` when none does (or there is no
+    /// query): the stuck rows in flight are then looked up by id, in turn.
+    async fn in_flight_status_index(
+        &mut self,
+        conn: &mut AnyConnection,
+    ) -> Result<Option<String>, sqlx::Error> {
+        self.status_index = None;
+        let (Some(_), Some(received), Some(status)) = (
+            self.in_flight_status_query(),
+            self.kind.received_column(),
+            self.kind.status_column(),
+        ) else {
+            return Ok(None);
+        };
+        let (schema, bare) = sql::split_table(&self.spec.table);
+        let columns: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT CAST(index_name AS CHAR), CAST(column_name AS CHAR) FROM \
+             information_schema.statistics WHERE table_schema = {} AND table_name = {} \
+             AND seq_in_index <= 2 ORDER BY index_name, seq_in_index",
+            schema.map_or("DATABASE()".to_string(), |s| self.sql.literal(s)),
+            self.sql.literal(bare)
+        )))
+        .fetch_all(&mut *conn)
+        .await?;
+        let same = |a: &str, b: &str| a.eq_ignore_ascii_case(b);
+        let found = columns.windows(2).find_map(|w| {
+            let ((i, first), (j, second)) = (&w[0], &w[1]);
+            (i == j && same(first, &status) && same(second, &received)).then(|| i.clone())
+        });
+        let Some(index) = found else {
+            return Ok(None);
+        };
+        self.status_index = Some(index.clone());
+        let query = self
+            .in_flight_status_query()
+            .expect("the statement exists, as above");
+        // A range of the last day: the plan of a slice of the stuck rows.
+        // With the bounds written out and not prepared: MariaDB 10.11
+        // reports a prepared EXPLAIN, executed again after the statement
+        // itself ran, as `Using index condition`.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let day = 86_400 * 1_000_000;
+        let mut explain = format!("EXPLAIN {query}");
+        for bound in [now - day, now] {
+            let literal = match self.sql.cursor(bound) {
+                sql::Param::Int(v) => v.to_string(),
+                sql::Param::Text(t) => self.sql.literal(&t),
+            };
+            explain = explain.replacen(
+                "TIMESTAMPADD(MICROSECOND, ?,",
+                &format!("TIMESTAMPADD(MICROSECOND, {literal},"),
+                1,
+            );
+        }
+        let plan = sqlx::raw_sql(sqlx::AssertSqlSafe(explain))
+            .fetch_all(&mut *conn)
+            .await;
+        let plan = plan.inspect_err(|_| self.status_index = None)?;
+        let served = match plan.as_slice() {
+            [row] => {
+                let text = |name: &str| -> Option<String> {
+                    row.try_get::<Option<String>, _>(name).ok().flatten()
+                };
+                let covered = text("Extra")
+                    .is_some_and(|extra| extra.split(';').any(|part| part.trim() == "Using index"));
+                text("type").as_deref() == Some("range")
+                    && covered
+                    && text("key").is_some_and(|k| same(&k, &index))
+            }
+            _ => false,
+        };
+        if !served {
+            self.status_index = None;
+            return Ok(None);
+        }
+        Ok(Some(index))
+    }
+
     /// The partial index through which [`Self::in_flight_query`] reads the
     /// rows in flight, by the plan the agent's sessions run (PostgreSQL: the
     /// generic plan of the prepared statement; SQLite: its query plan): each
@@ -980,6 +1129,9 @@ impl<K: TableKind> TableSource<K> {
         &mut self,
         conn: &mut AnyConnection,
     ) -> Result<Option<String>, sqlx::Error> {
+        if self.sql.dialect == Dialect::MySql {
+            return self.in_flight_status_index(conn).await;
+        }
         let Some(query) = self.in_flight_query() else {
             return Ok(None);
         };
@@ -1066,7 +1218,8 @@ impl<K: TableKind> TableSource<K> {
     /// serves the read of the rows in flight, and says so when that changes.
     async fn probe_in_flight(&mut self, conn: &mut AnyConnection) {
         self.in_flight_probe = false;
-        if self.in_flight_query().is_none() {
+        let mysql = self.in_flight_status_query().is_some();
+        if self.in_flight_query().is_none() && !mysql {
             return;
         }
         let found = match self.in_flight_index(conn).await {
@@ -1079,10 +1232,17 @@ impl<K: TableKind> TableSource<K> {
         let served = found.is_some();
         if self.in_flight_index != Some(served) {
             match found {
+                // The name is the database's: escaped for the terminal.
+                Some(index) if mysql => {
+                    let index = crate::text::printable(&index);
+                    info!(source = %self.spec.name, %index, "The stuck rows in flight are checked through the index on (status, received_at), without reading them; only those that changed are looked up by id.")
+                }
                 Some(index) => {
-                    // The name is the database's: escaped for the terminal.
                     let index = crate::text::printable(&index);
                     info!(source = %self.spec.name, %index, "The rows in flight are read through a partial index.")
+                }
+                None if mysql => {
+                    info!(source = %self.spec.name, "The rows in flight are looked up by id, one index look-up each: no index on (status, received_at) holds their ids and statuses (inboxwatch schema --config prints it).")
                 }
                 None => {
                     info!(source = %self.spec.name, "The rows in flight are looked up by id, one index look-up each: no partial index on the start over them serves their read (inboxwatch schema --config prints it).")
@@ -1137,7 +1297,10 @@ impl<K: TableKind> TableSource<K> {
         if let Some(parked) = self.kind.parked_query(&self.sql) {
             out.push(("parked rows".into(), parked, false));
         }
-        if let Some(in_flight) = self.in_flight_query() {
+        if let Some(in_flight) = self
+            .in_flight_query()
+            .or_else(|| self.in_flight_status_query())
+        {
             out.push((doctor::IN_FLIGHT.into(), in_flight, true));
         }
         out
@@ -1189,6 +1352,9 @@ impl<K: TableKind> TableSource<K> {
                 if self.in_flight_query().is_some() {
                     ", and reads the rows in flight through the partial index on their start \
                      (by id where none serves them)"
+                } else if self.in_flight_status_query().is_some() {
+                    ", and looks up the rows in flight by id (the stuck ones only when the \
+                     index on (status, received_at) shows they changed, where it serves)"
                 } else if i.started.is_some() {
                     ", and looks up the rows in flight by id"
                 } else {
@@ -2187,6 +2353,21 @@ impl<K: TableKind> TableSource<K> {
         Ok(())
     }
 
+    /// The next of the turns in which the stuck rows in flight (started
+    /// before `since`) are looked up by key: (this turn, turns in the
+    /// round); the round's length is set anew when one ends
+    /// ([`in_flight_rounds`]).
+    fn next_turn(&mut self, since: i64) -> (u64, u64) {
+        let r = &mut self.unfinished;
+        r.turn += 1;
+        if r.turn >= r.rounds {
+            let stuck = r.in_flight.values().filter(|s| **s < since).count();
+            r.turn = 0;
+            r.rounds = in_flight_rounds(self.spec.overlap, self.spec.poll_interval, stuck);
+        }
+        (r.turn, r.rounds)
+    }
+
     /// [`Incremental`]: looks up by id the rows in flight that the tails did
     /// not read this poll, which can fail, go back to pending or be
     /// redelivered without moving a time column: every poll those started
@@ -2211,14 +2392,14 @@ impl<K: TableKind> TableSource<K> {
             let (read, looked_up) = self.read_in_flight(tx, db_now, since, query).await?;
             return Ok(read + looked_up);
         }
-        let r = &mut self.unfinished;
-        r.turn += 1;
-        if r.turn >= r.rounds {
-            let stuck = r.in_flight.values().filter(|s| **s < since).count();
-            r.turn = 0;
-            r.rounds = in_flight_rounds(self.spec.overlap, self.spec.poll_interval, stuck);
+        if self.in_flight_index == Some(true)
+            && self.backlog.is_complete()
+            && let Some(query) = self.in_flight_status_query()
+        {
+            let (read, looked_up) = self.check_in_flight(tx, db_now, since, query).await?;
+            return Ok(read + looked_up);
         }
-        let (turn, rounds) = (r.turn, r.rounds);
+        let (turn, rounds) = self.next_turn(since);
         let r = &self.unfinished;
         let due = r.with_ids(
             r.in_flight
@@ -2288,25 +2469,34 @@ impl<K: TableKind> TableSource<K> {
     /// that reaches `since` ends the round. An empty range when none is
     /// stuck.
     fn stuck_slice(&mut self, since: i64) -> (i64, i64) {
-        let end = since.saturating_sub(1);
-        let r = &mut self.unfinished;
-        let stuck: Vec<i64> = r
+        let stuck: Vec<i64> = self
+            .unfinished
             .in_flight
             .values()
             .copied()
             .filter(|s| *s < since)
             .collect();
-        let Some(earliest) = stuck.iter().min().copied() else {
+        self.next_slice(stuck, since.saturating_sub(1))
+    }
+
+    /// The next slice (`lo`, `hi`] of `values` (one per stuck row: its start,
+    /// or on MySQL its arrival), up to `end`: about one round's share of them
+    /// ([`in_flight_rounds`]), every row of the last value taken. The slices
+    /// follow each other from the least value; the one that reaches `end`
+    /// ends the round. An empty range when there are none.
+    fn next_slice(&mut self, values: Vec<i64>, end: i64) -> (i64, i64) {
+        let r = &mut self.unfinished;
+        let Some(earliest) = values.iter().min().copied() else {
             r.stuck_after = None;
             return (end, end);
         };
-        let rounds = in_flight_rounds(self.spec.overlap, self.spec.poll_interval, stuck.len());
-        let share = usize::try_from(rounds).map_or(1, |n| stuck.len().div_ceil(n).max(1));
+        let rounds = in_flight_rounds(self.spec.overlap, self.spec.poll_interval, values.len());
+        let share = usize::try_from(rounds).map_or(1, |n| values.len().div_ceil(n).max(1));
         let lo = r
             .stuck_after
             .filter(|p| *p < end)
             .unwrap_or(earliest.saturating_sub(1));
-        let mut next: Vec<i64> = stuck.into_iter().filter(|s| *s > lo).collect();
+        let mut next: Vec<i64> = values.into_iter().filter(|s| *s > lo).collect();
         if next.len() <= share {
             r.stuck_after = None;
             return (lo, end);
@@ -2315,6 +2505,100 @@ impl<K: TableKind> TableSource<K> {
         let hi = *hi;
         r.stuck_after = Some(hi);
         (lo, hi)
+    }
+
+    /// [`Incremental`] on MySQL and MariaDB through the index on (status,
+    /// received_at) ([`Self::in_flight_status_query`]): the rows in flight
+    /// started within the horizon are looked up by id on every poll, as
+    /// elsewhere (their pages are the recent ones); of those started earlier
+    /// the next slice of arrivals is read as ids and status words from the
+    /// index alone, so that each stuck row is checked about once per
+    /// `overlap` (or in as many more polls as keep it to about
+    /// [`STUCK_PER_POLL`] a poll, as the look-ups in turn do). A stuck row is
+    /// looked up by id only when its status word means another status than
+    /// the one kept, when the range no longer returns it (back to pending,
+    /// finished or deleted by hand), or when it is not known in flight. What
+    /// the index cannot show — a redelivery, a new error text, attempts
+    /// moved by hand with the status unchanged — is seen with the row's next
+    /// change of status or start. Rows the tails read this poll are not
+    /// looked up again. Returns the index entries read and the rows looked
+    /// up by id.
+    async fn check_in_flight(
+        &mut self,
+        tx: &mut AnyConnection,
+        db_now: i64,
+        since: i64,
+        query: String,
+    ) -> Result<(u64, u64), SourceError> {
+        // The stuck rows by arrival, as the backlog keeps it; one without
+        // (its `received_at` unusable) is looked up by id in turn.
+        let (turn, rounds) = self.next_turn(since);
+        let mut borns = Vec::new();
+        let mut unborn = HashSet::new();
+        for (k, started) in self.unfinished.in_flight.iter() {
+            if *started >= since {
+                continue;
+            }
+            match self.backlog.get(*k).and_then(|u| u.born()) {
+                Some(b) => borns.push(b),
+                None if *k % rounds == turn => {
+                    unborn.insert(*k);
+                }
+                None => {}
+            }
+        }
+        let (lo, hi) = self.next_slice(borns, db_now);
+        let rows = bind(
+            bind(sqlx::query(sqlx::AssertSqlSafe(query)), self.sql.cursor(lo)),
+            self.sql.cursor(hi),
+        )
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(query_error)?;
+        let mut returned = HashSet::with_capacity(rows.len());
+        let mut changed: Vec<(u64, Box<str>)> = Vec::new();
+        for row in &rows {
+            let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
+            let word: Option<String> = get(row, 1, "status").map_err(SourceError::Schema)?;
+            let Some(id) = id else {
+                continue;
+            };
+            let key = key_of(&id);
+            returned.insert(key);
+            if self.unfinished.tailed.contains(&key) {
+                continue;
+            }
+            let shown = word.and_then(|w| self.kind.class_of_word(&w));
+            let kept = self
+                .backlog
+                .get(key)
+                .map(|u| u.class())
+                .filter(|_| self.unfinished.in_flight.contains_key(&key));
+            if shown.is_none() || shown != kept {
+                changed.push((key, id.into()));
+            }
+        }
+        let r = &self.unfinished;
+        let backlog = &self.backlog;
+        let mut due = r.with_ids(
+            r.in_flight
+                .iter()
+                .filter(|(k, started)| {
+                    **started >= since
+                        || unborn.contains(k)
+                        || backlog
+                            .get(**k)
+                            .and_then(|u| u.born())
+                            .is_some_and(|b| b > lo && b <= hi && !returned.contains(k))
+                })
+                .filter(|(k, _)| !r.tailed.contains(k))
+                .map(|(k, _)| k),
+        );
+        let again: HashSet<u64> = changed.iter().map(|(k, _)| *k).collect();
+        due.retain(|(k, _)| !again.contains(k));
+        due.extend(changed);
+        let looked_up = self.look_up(tx, &due, db_now, false).await?;
+        Ok((rows.len() as u64, looked_up))
     }
 
     /// Takes a row's current version into the backlog; returns its key.
