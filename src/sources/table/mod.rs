@@ -2547,7 +2547,10 @@ impl<K: TableKind> TableSource<K> {
                 None => {}
             }
         }
-        let (lo, hi) = self.next_slice(borns, db_now);
+        // The round ends at the latest arrival kept (one stamped ahead of the
+        // database's clock included), at the database's time otherwise.
+        let end = borns.iter().copied().max().unwrap_or(db_now).max(db_now);
+        let (lo, hi) = self.next_slice(borns, end);
         let rows = bind(
             bind(sqlx::query(sqlx::AssertSqlSafe(query)), self.sql.cursor(lo)),
             self.sql.cursor(hi),
