@@ -74,6 +74,14 @@ async fn create_in_flight_index(db: &Db, config: &str) {
 /// (status, received_at) is kept, and the agent must read them through it;
 /// without it, it looks them up by id.
 async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>, index: bool) {
+    stuck_rows_change(db, id_type, index, false).await;
+}
+
+/// As [`stuck_rows_that_fail_are_counted`]; `tied`: MariaDB, every row
+/// inserted by one statement (one `received_at`) and `batch_size = 10`, so
+/// that a slice of their arrivals holds more rows than a page: the agent
+/// must say so and look the stuck rows up by id in turn instead.
+async fn stuck_rows_change(db: Db, id_type: Option<&str>, index: bool, tied: bool) {
     let t = db.fresh_tables("stuck").await.inbox;
     if let Some(ty) = id_type {
         db.exec(
@@ -88,12 +96,13 @@ async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>, index: 
     let config = format!(
         "[[sources]]\nname = \"{SOURCE}\"\nkind = \"inbox\"\ndsn = {}\ntable = {}\n\
          poll_interval = \"300ms\"\noverlap = \"{OVERLAP_S}s\"\nstuck_after = \"{STUCK_AFTER_S}s\"\n\
-         reconcile_every = \"1h\"\n\
+         reconcile_every = \"1h\"\n{}\
          columns = {{ event_id = \"event_id\", event_type = \"event_type\", status = \"status\", \
          received_at = \"received_at\", started_at = \"started_at\", finished_at = \"finished_at\", \
          attempts = \"attempts\", deliveries = \"deliveries\", last_error = \"last_error\" }}\n",
         toml_str(&db.dsn),
         toml_str(&t),
+        if tied { "batch_size = 10\n" } else { "" },
     );
     let mariadb = db.dialect == common::Dialect::Mysql;
     if index && !mariadb {
@@ -110,17 +119,24 @@ async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>, index: 
     let now = db.dialect.clock_sql();
     let ids: Vec<String> = (1..=ROWS).map(|i| id_sql(id_type, i)).collect();
     let ids = format!("({})", ids.join(", "));
-    for i in 1..=ROWS {
-        let id = id_sql(id_type, i);
-        db.exec(
-            &format!(
-                "INSERT INTO {t} (event_id, event_type, status, received_at, attempts, \
-                 deliveries, updated_at) VALUES ({id}, 'orders.created', 'pending', \
-                 {now}, 0, 1, {now})"
-            ),
-            &[],
+    let row = |i: u32| {
+        format!(
+            "({}, 'orders.created', 'pending', {now}, 0, 1, {now})",
+            id_sql(id_type, i)
         )
-        .await;
+    };
+    let insert = format!(
+        "INSERT INTO {t} (event_id, event_type, status, received_at, attempts, deliveries, \
+         updated_at) VALUES "
+    );
+    if tied {
+        // One statement: one clock reading for every row.
+        let rows: Vec<String> = (1..=ROWS).map(row).collect();
+        db.exec(&format!("{insert}{}", rows.join(", ")), &[]).await;
+    } else {
+        for i in 1..=ROWS {
+            db.exec(&format!("{insert}{}", row(i)), &[]).await;
+        }
     }
     let n = db
         .exec(
@@ -260,6 +276,11 @@ async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>, index: 
         (index, !index),
         "how the rows in flight were read (through the index, by id), index {index}:\n{log}"
     );
+    assert_eq!(
+        line("A slice of the stuck rows' arrivals holds more rows in flight than batch_size"),
+        tied,
+        "whether a slice overflowed its page, tied {tied}:\n{log}"
+    );
     db.cleanup().await;
 }
 
@@ -296,6 +317,11 @@ async fn stuck_rows_that_fail_are_counted_without_a_reconcile_mariadb() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_rows_checked_through_the_status_index_mariadb() {
     stuck_rows_that_fail_are_counted(Db::mysql().await, None, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_rows_with_one_arrival_over_a_page_are_looked_up_mariadb() {
+    stuck_rows_change(Db::mysql().await, None, true, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
