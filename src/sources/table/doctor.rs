@@ -9,7 +9,7 @@ use super::capabilities;
 use super::config::{InboxSpec, Status};
 use super::schema::create_index;
 use super::shape::Shape;
-use super::sql::{Param, Sql};
+use super::sql::Sql;
 use super::{TableKind, TableSource};
 use crate::dsn::Dialect;
 use crate::sources::kind::Finding;
@@ -115,13 +115,7 @@ pub(crate) fn indexes<K: TableKind>(source: &TableSource<K>, spec: Shape<'_>) ->
 
 /// Replaces the cursor placeholder with a literal, so EXPLAIN sees a realistic value.
 fn inline(sql: &Sql, query: &str) -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
-    let literal = match sql.cursor(now - 30_000_000) {
-        Param::Int(v) => v.to_string(),
-        Param::Text(t) => sql.literal(&t),
-    };
+    let literal = sql.cursor_literal(super::sql::wall_clock_micros() - 30_000_000);
     // PostgreSQL's tail also binds the high-water mark ($2) and a snapshot
     // xmin ($3, 0: every row).
     let query = query.replacen(&sql.placeholder(1), &literal, 1);

@@ -1080,16 +1080,11 @@ impl<K: TableKind> TableSource<K> {
         // With the bounds written out and not prepared: MariaDB 10.11
         // reports a prepared EXPLAIN, executed again after the statement
         // itself ran, as `Using index condition`.
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let now = sql::wall_clock_micros();
         let day = 86_400 * 1_000_000;
         let mut explain = format!("EXPLAIN {query}");
         for bound in [now - day, now] {
-            let literal = match self.sql.cursor(bound) {
-                sql::Param::Int(v) => v.to_string(),
-                sql::Param::Text(t) => self.sql.literal(&t),
-            };
+            let literal = self.sql.cursor_literal(bound);
             explain = explain.replacen(
                 "TIMESTAMPADD(MICROSECOND, ?,",
                 &format!("TIMESTAMPADD(MICROSECOND, {literal},"),
@@ -2535,20 +2530,18 @@ impl<K: TableKind> TableSource<K> {
         // The stuck rows by arrival, as the backlog keeps it; one without
         // (its `received_at` unusable) is looked up by id in turn.
         let (turn, rounds) = self.next_turn(since);
-        let mut borns = Vec::new();
-        let mut unborn = HashSet::new();
+        // Each row in flight once: the recent ones by key, the stuck ones
+        // with their arrival.
+        let mut recent: Vec<u64> = Vec::new();
+        let mut stuck: Vec<(u64, Option<i64>)> = Vec::new();
         for (k, started) in self.unfinished.in_flight.iter() {
             if *started >= since {
-                continue;
-            }
-            match self.backlog.get(*k).and_then(|u| u.born()) {
-                Some(b) => borns.push(b),
-                None if *k % rounds == turn => {
-                    unborn.insert(*k);
-                }
-                None => {}
+                recent.push(*k);
+            } else {
+                stuck.push((*k, self.backlog.get(*k).and_then(|u| u.born())));
             }
         }
+        let borns: Vec<i64> = stuck.iter().filter_map(|(_, b)| *b).collect();
         // The round ends at the latest arrival kept (one stamped ahead of the
         // database's clock included), at the database's time otherwise.
         let end = borns.iter().copied().max().unwrap_or(db_now).max(db_now);
@@ -2594,22 +2587,17 @@ impl<K: TableKind> TableSource<K> {
             info!(source = %self.spec.name, "A slice of the stuck rows' arrivals holds more rows in flight than batch_size: the stuck rows are looked up by id in turn until the next reconcile.");
             self.in_flight_index = Some(false);
         }
+        // The recent rows, the stuck ones without an arrival in turn, and
+        // those of the slice that it no longer returned.
+        let left = stuck.iter().filter_map(|(k, born)| {
+            let due = match born {
+                None => *k % rounds == turn,
+                Some(b) => !full && *b > lo && *b <= hi && !returned.contains(k),
+            };
+            due.then_some(k)
+        });
         let r = &self.unfinished;
-        let backlog = &self.backlog;
-        let mut due = r.with_ids(
-            r.in_flight
-                .iter()
-                .filter(|(k, started)| {
-                    **started >= since
-                        || unborn.contains(k)
-                        || backlog
-                            .get(**k)
-                            .and_then(|u| u.born())
-                            .is_some_and(|b| !full && b > lo && b <= hi && !returned.contains(k))
-                })
-                .filter(|(k, _)| !r.tailed.contains(k))
-                .map(|(k, _)| k),
-        );
+        let mut due = r.with_ids(recent.iter().chain(left).filter(|k| !r.tailed.contains(k)));
         let again: HashSet<u64> = changed.iter().map(|(k, _)| *k).collect();
         due.retain(|(k, _)| !again.contains(k));
         due.extend(changed);

@@ -335,6 +335,15 @@ impl Sql {
         }
     }
 
+    /// [`Sql::cursor`] written out as a literal, for a statement sent as
+    /// text (an `EXPLAIN` of what the agent binds).
+    pub fn cursor_literal(&self, micros: i64) -> String {
+        match self.cursor(micros) {
+            Param::Int(v) => v.to_string(),
+            Param::Text(t) => self.literal(&t),
+        }
+    }
+
     /// The resolution of a cursor in microseconds: SQLite's times are read to
     /// the millisecond.
     pub fn cursor_unit(&self) -> i64 {
@@ -440,6 +449,14 @@ pub fn split_table(table: &str) -> (Option<&str>, &str) {
         Some((s, t)) => (Some(s), t),
         None => (None, table),
     }
+}
+
+/// This machine's clock in microseconds since the epoch (0 before it),
+/// for the bounds of a plan's `EXPLAIN`.
+pub fn wall_clock_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
 /// SQLite's canonical text time, `YYYY-MM-DD HH:MM:SS.SSS` (UTC), of a time in
