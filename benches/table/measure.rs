@@ -359,8 +359,13 @@ pub async fn agent_plans(
         "s.query LIKE '%ORDER BY%' AND s.query NOT LIKE '%UNION%'",
     )
     .await;
-    let together =
-        agent_statement(conn, "s.query LIKE '%UNION%' AND s.query LIKE '%ORDER BY%'").await;
+    // The tails' parts are named tail0, tail1…; the rows in flight's
+    // statement is a UNION with an ORDER BY too.
+    let together = agent_statement(
+        conn,
+        "s.query LIKE '%UNION%' AND s.query LIKE '%ORDER BY%' AND s.query LIKE '%AS tail0%'",
+    )
+    .await;
     let slice = agent_statement(
         conn,
         "s.query NOT LIKE '%ORDER BY%' AND s.query LIKE '%AND NOT%' AND s.query LIKE '%xmin%'",
@@ -369,7 +374,7 @@ pub async fn agent_plans(
     // Where the agent's database time went, statement by statement.
     let statements: Vec<(String, i64, f64, f64, f64)> =
         sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT left(regexp_replace(s.query, '\\s+', ' ', 'g'), 110), s.calls, \
+            "SELECT regexp_replace(s.query, '\\s+', ' ', 'g'), s.calls, \
          s.total_exec_time::float8, s.mean_exec_time::float8, s.max_exec_time::float8 \
          FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
          WHERE r.rolname = '{AGENT_USER}' ORDER BY s.total_exec_time DESC LIMIT 12"
@@ -382,7 +387,11 @@ pub async fn agent_plans(
         "calls", "total ms", "mean ms", "max ms"
     ))
     .chain(statements.into_iter().map(|(q, calls, total, mean, max)| {
-        format!("{calls:>8} {total:>10.1} {mean:>8.3} {max:>8.1}  {q}")
+        let short: String = q.chars().take(110).collect();
+        format!(
+            "{calls:>8} {total:>10.1} {mean:>8.3} {max:>8.1}  {}{short}",
+            statement_label(&q)
+        )
     }))
     .collect();
     let xmin: i64 = sqlx::query_scalar(
@@ -549,6 +558,24 @@ pub async fn agent_plans(
 
 /// The text of the agent's most called statement on the bench table that
 /// matches `condition` (over `pg_stat_statements s`), if any.
+/// What one of the agent's statements is, from its text (their first
+/// characters look alike): a prefix for the list of statements.
+fn statement_label(query: &str) -> &'static str {
+    if query.contains("AS tail0") {
+        "[tails together] "
+    } else if query.contains("AS stuck") {
+        "[rows in flight] "
+    } else if query.contains(" AND NOT ") && query.contains("UNION ALL") {
+        "[late-commit slices] "
+    } else if query.contains("\"event_id\" IN (") {
+        "[by event id] "
+    } else if query.contains("ORDER BY") {
+        "[tail] "
+    } else {
+        ""
+    }
+}
+
 async fn agent_statement(conn: &mut AnyConnection, condition: &str) -> Option<String> {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
