@@ -152,7 +152,9 @@ impl<V: Entry> Tracked<V> {
     }
 
     /// Forgets finished events last changed before `horizon`, then, over the
-    /// cap, the least recently changed events. The floor rises past every
+    /// cap, the least recently changed finished events, and only if those
+    /// are not enough the least recently changed unfinished ones, down to 90 %
+    /// of the cap whatever times they share. The floor rises past every
     /// forgotten event so that a later change to one is never taken for a new
     /// event.
     pub fn evict(&mut self, horizon: i64) {
@@ -167,22 +169,62 @@ impl<V: Entry> Tracked<V> {
             keep
         });
         if self.map.len() > self.cap {
-            // Keep the newest 90 % of the cap so this does not run every poll.
+            // Down to 90 % of the cap, so this does not run every poll.
             let keep = self.cap - self.cap / 10;
-            let mut times: Vec<i64> = self.map.values().map(|v| v.updated_at()).collect();
-            let cut_at = times.len() - keep;
-            let (_, cut, _) = times.select_nth_unstable(cut_at);
-            let cut = *cut;
-            self.map.retain(|_, v| {
-                let keep = v.updated_at() >= cut;
-                if !keep {
-                    floor = floor.max(v.born_at().saturating_add(1));
-                    if v.finished() {
-                        forgotten_until = forgotten_until.max(cut);
-                    }
+            let mut excess = self.map.len() - keep;
+            // Finished events first, least recently changed first: forgetting
+            // one only risks missing a late duplicate, while an unfinished
+            // one's next change would be a first sight, what it showed before
+            // unknown. Then, if the unfinished alone are over, the least
+            // recently changed of them.
+            for finished in [true, false] {
+                if excess == 0 {
+                    break;
                 }
-                keep
-            });
+                let of_kind = self
+                    .map
+                    .values()
+                    .filter(|v| v.finished() == finished)
+                    .count();
+                if of_kind == 0 {
+                    continue;
+                }
+                let n = excess.min(of_kind);
+                let mut times: Vec<i64> = Vec::with_capacity(of_kind);
+                times.extend(
+                    self.map
+                        .values()
+                        .filter(|v| v.finished() == finished)
+                        .map(|v| v.updated_at()),
+                );
+                // The n-th least recent change: every event changed before it
+                // goes, and as many of those changed at it as make n. Many
+                // events share a change time (without a change cursor, the
+                // poll that saw them), so the ties are cut too: keeping them
+                // all kept the map over its cap.
+                let cut = *times.select_nth_unstable(n - 1).1;
+                let before = times.iter().filter(|t| **t < cut).count();
+                drop(times);
+                let mut ties = n - before;
+                self.map.retain(|_, v| {
+                    if v.finished() != finished {
+                        return true;
+                    }
+                    let t = v.updated_at();
+                    let forget = t < cut || (t == cut && ties > 0);
+                    if forget {
+                        if t == cut {
+                            ties -= 1;
+                        }
+                        floor = floor.max(v.born_at().saturating_add(1));
+                        if finished {
+                            forgotten_until = forgotten_until.max(t.saturating_add(1));
+                        }
+                    }
+                    !forget
+                });
+                excess -= n;
+            }
         }
         self.floor = floor;
         self.forgotten_until = forgotten_until;
@@ -230,6 +272,29 @@ mod tests {
         }
     }
 
+    /// A map of cap `cap` from its start at 0, holding an event per key of
+    /// `keys`, as `event` makes it: (updated, born, finished).
+    fn tracked(
+        cap: usize,
+        keys: std::ops::Range<u64>,
+        event: impl Fn(u64) -> (i64, i64, bool),
+    ) -> Tracked<E> {
+        let mut t: Tracked<E> = Tracked::new(cap);
+        t.start(0);
+        for k in keys {
+            let (updated, born, done) = event(k);
+            t.insert(
+                k,
+                E {
+                    updated,
+                    born,
+                    done,
+                },
+            );
+        }
+        t
+    }
+
     #[test]
     fn finished_events_are_forgotten_after_the_horizon_and_raise_the_floor() {
         let mut t: Tracked<E> = Tracked::new(100);
@@ -272,41 +337,78 @@ mod tests {
 
     #[test]
     fn forgetting_only_unfinished_events_leaves_every_finish_countable() {
-        let mut t: Tracked<E> = Tracked::new(10);
-        t.start(0);
-        for k in 0..20 {
-            t.insert(
-                k,
-                E {
-                    updated: k as i64,
-                    born: k as i64,
-                    done: false,
-                },
-            );
-        }
+        let mut t = tracked(10, 0..20, |k| (k as i64, k as i64, false));
         t.evict(100);
         assert!(!t.may_have_counted(0), "no finished event was forgotten");
     }
 
     #[test]
     fn the_cap_keeps_the_most_recently_changed() {
-        let mut t: Tracked<E> = Tracked::new(10);
-        t.start(0);
-        for k in 0..20 {
-            t.insert(
-                k,
-                E {
-                    updated: k as i64,
-                    born: k as i64,
-                    done: false,
-                },
-            );
-        }
+        let mut t = tracked(10, 0..20, |k| (k as i64, k as i64, false));
         t.evict(i64::MIN);
         assert_eq!(t.len(), 9);
         assert!(t.get(19).is_some());
         assert!(t.get(10).is_none());
         assert!(!t.is_new(10));
         assert!(t.is_new(11));
+    }
+
+    /// Without a change cursor every event a poll saw shares its time: the
+    /// cap still holds (it kept every tie, and the map grew past the cap to
+    /// whatever `state_retention` let in).
+    #[test]
+    fn the_cap_holds_when_every_event_shares_its_change_time() {
+        let mut t = tracked(10, 0..25, |k| (7, k as i64, k % 2 == 0));
+        t.evict(i64::MIN);
+        assert_eq!(t.len(), 9);
+        let kept_unfinished = (0..25)
+            .filter(|k| k % 2 == 1 && t.get(*k).is_some())
+            .count();
+        assert_eq!(
+            kept_unfinished, 9,
+            "the 13 finished went first, then 3 unfinished"
+        );
+        assert!(
+            t.may_have_counted(7),
+            "finished events changed at 7 were forgotten"
+        );
+        assert!(!t.may_have_counted(8));
+    }
+
+    /// Over the cap, finished events go before unfinished ones, however
+    /// recently they changed: an unfinished event forgotten would be a first
+    /// sight at its next change.
+    #[test]
+    fn the_cap_forgets_finished_events_first() {
+        // Ten unfinished events changed long ago (a backlog seeded at start),
+        // ten finished since.
+        let mut t = tracked(10, 0..20, |k| (k as i64, k as i64, k >= 10));
+        t.evict(i64::MIN);
+        assert_eq!(t.len(), 9);
+        assert!(
+            (10..20).all(|k| t.get(k).is_none()),
+            "every finished event went"
+        );
+        assert!(
+            t.get(0).is_none(),
+            "then the least recently changed unfinished one"
+        );
+        assert!((1..10).all(|k| t.get(k).is_some()));
+        assert!(t.may_have_counted(19));
+        assert!(!t.is_new(19), "the floor rose past every forgotten event");
+        assert!(t.is_new(20));
+
+        // Under the cap with finished events to spare, no unfinished one goes.
+        let mut t = tracked(10, 0..12, |k| {
+            (if k < 4 { 0 } else { 100 + k as i64 }, k as i64, k >= 4)
+        });
+        t.evict(i64::MIN);
+        assert_eq!(t.len(), 9);
+        assert!((0..4).all(|k| t.get(k).is_some()), "the unfinished stay");
+        assert!(
+            (4..7).all(|k| t.get(k).is_none()),
+            "the 3 least recent finished go"
+        );
+        assert!((7..12).all(|k| t.get(k).is_some()));
     }
 }
