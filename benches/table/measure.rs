@@ -556,8 +556,6 @@ pub async fn agent_plans(
     out
 }
 
-/// The text of the agent's most called statement on the bench table that
-/// matches `condition` (over `pg_stat_statements s`), if any.
 /// What one of the agent's statements is, from its text (their first
 /// characters look alike): a prefix for the list of statements.
 fn statement_label(query: &str) -> &'static str {
@@ -576,6 +574,8 @@ fn statement_label(query: &str) -> &'static str {
     }
 }
 
+/// The text of the agent's most called statement on the bench table that
+/// matches `condition` (over `pg_stat_statements s`), if any.
 async fn agent_statement(conn: &mut AnyConnection, condition: &str) -> Option<String> {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
