@@ -379,12 +379,17 @@ async fn main() {
         return;
     }
 
-    // inboxwatch, with the documented defaults except the poll interval.
+    // inboxwatch, with the documented defaults except the poll interval and
+    // the P95's sliding window. That window (5 min by default) is stretched
+    // over the whole run and the catch-up after it, so that the sketch holds
+    // the same completions as the percentile_cont it is compared with: a run
+    // longer than 5 min would otherwise compare its last 5 min with all of it.
     let agent_port = free_port();
     let poll_ms = (a.poll * 1000.0).round() as u64;
+    let quantile_window = (a.seconds + CATCH_UP_DEADLINE.as_secs() + 600).max(300);
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{agent_port}\"\n\n[[sources]]\nname = \"bench\"\nkind = \"inbox\"\n\
-         dsn = \"{}\"\ntable = \"{}\"\npoll_interval = \"{poll_ms}ms\"\n{}{}",
+         dsn = \"{}\"\ntable = \"{}\"\npoll_interval = \"{poll_ms}ms\"\nquantile_window = \"{quantile_window}s\"\n{}{}",
         url(AGENT_USER, Some(PASSWORD)),
         load::TABLE,
         if a.no_cursor {
