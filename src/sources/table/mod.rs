@@ -39,7 +39,7 @@ pub mod sql;
 pub use config::{InboxSpec, OutboxSpec, Status, StatusMap, TableSpec};
 
 use std::cell::Cell;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use futures_util::TryStreamExt;
@@ -2466,42 +2466,16 @@ impl<K: TableKind> TableSource<K> {
     /// that reaches `since` ends the round. An empty range when none is
     /// stuck.
     fn stuck_slice(&mut self, since: i64) -> (i64, i64) {
-        let stuck: Vec<i64> = self
-            .unfinished
-            .in_flight
-            .values()
-            .copied()
-            .filter(|s| *s < since)
-            .collect();
-        self.next_slice(stuck, since.saturating_sub(1))
-    }
-
-    /// The next slice (`lo`, `hi`] of `values` (one per stuck row: its start,
-    /// or on MySQL its arrival), up to `end`: about one round's share of them
-    /// ([`in_flight_rounds`]), every row of the last value taken. The slices
-    /// follow each other from the least value; the one that reaches `end`
-    /// ends the round. An empty range when there are none.
-    fn next_slice(&mut self, values: Vec<i64>, end: i64) -> (i64, i64) {
-        let r = &mut self.unfinished;
-        let Some(earliest) = values.iter().min().copied() else {
-            r.stuck_after = None;
-            return (end, end);
-        };
-        let rounds = in_flight_rounds(self.spec.overlap, self.spec.poll_interval, values.len());
-        let share = usize::try_from(rounds).map_or(1, |n| values.len().div_ceil(n).max(1));
-        let lo = r
-            .stuck_after
-            .filter(|p| *p < end)
-            .unwrap_or(earliest.saturating_sub(1));
-        let mut next: Vec<i64> = values.into_iter().filter(|s| *s > lo).collect();
-        if next.len() <= share {
-            r.stuck_after = None;
-            return (lo, end);
-        }
-        let (_, hi, _) = next.select_nth_unstable(share - 1);
-        let hi = *hi;
-        r.stuck_after = Some(hi);
-        (lo, hi)
+        let in_flight = &self.unfinished.in_flight;
+        let mut stuck_after = self.unfinished.stuck_after;
+        let slice = next_slice(
+            &mut stuck_after,
+            in_flight_rounds_of(&self.spec),
+            || in_flight.values().copied().filter(|s| *s < since),
+            |_| since.saturating_sub(1),
+        );
+        self.unfinished.stuck_after = stuck_after;
+        slice
     }
 
     /// [`Incremental`] on MySQL and MariaDB through the index on (status,
@@ -2530,22 +2504,35 @@ impl<K: TableKind> TableSource<K> {
         // The stuck rows by arrival, as the backlog keeps it; one without
         // (its `received_at` unusable) is looked up by id in turn.
         let (turn, rounds) = self.next_turn(since);
-        // Each row in flight once: the recent ones by key, the stuck ones
-        // with their arrival.
-        let mut recent: Vec<u64> = Vec::new();
-        let mut stuck: Vec<(u64, Option<i64>)> = Vec::new();
-        for (k, started) in self.unfinished.in_flight.iter() {
-            if *started >= since {
-                recent.push(*k);
-            } else {
-                stuck.push((*k, self.backlog.get(*k).and_then(|u| u.born())));
-            }
-        }
-        let borns: Vec<i64> = stuck.iter().filter_map(|(_, b)| *b).collect();
+        // The recent rows in flight by key; the stuck ones are gone through
+        // again where needed rather than listed (with 100,000 stuck, a list
+        // of them and their arrivals was 3 MB allocated on every poll).
+        let recent: Vec<u64> = self
+            .unfinished
+            .in_flight
+            .iter()
+            .filter(|(_, started)| **started >= since)
+            .map(|(k, _)| *k)
+            .collect();
+        let backlog = &self.backlog;
+        let born = |k: &u64| backlog.get(*k).and_then(|u| u.born());
+        let in_flight = &self.unfinished.in_flight;
+        let mut stuck_after = self.unfinished.stuck_after;
+        let stuck = || {
+            in_flight
+                .iter()
+                .filter(|(_, started)| **started < since)
+                .map(|(k, _)| k)
+        };
         // The round ends at the latest arrival kept (one stamped ahead of the
         // database's clock included), at the database's time otherwise.
-        let end = borns.iter().copied().max().unwrap_or(db_now).max(db_now);
-        let (lo, hi) = self.next_slice(borns, end);
+        let (lo, hi) = next_slice(
+            &mut stuck_after,
+            in_flight_rounds_of(&self.spec),
+            || stuck().filter_map(born),
+            |latest| latest.unwrap_or(db_now).max(db_now),
+        );
+        self.unfinished.stuck_after = stuck_after;
         let rows = bind(
             bind(sqlx::query(sqlx::AssertSqlSafe(query)), self.sql.cursor(lo)),
             self.sql.cursor(hi),
@@ -2589,12 +2576,9 @@ impl<K: TableKind> TableSource<K> {
         }
         // The recent rows, the stuck ones without an arrival in turn, and
         // those of the slice that it no longer returned.
-        let left = stuck.iter().filter_map(|(k, born)| {
-            let due = match born {
-                None => *k % rounds == turn,
-                Some(b) => !full && *b > lo && *b <= hi && !returned.contains(k),
-            };
-            due.then_some(k)
+        let left = stuck().filter(|k| match born(k) {
+            None => **k % rounds == turn,
+            Some(b) => !full && b > lo && b <= hi && !returned.contains(*k),
         });
         let r = &self.unfinished;
         let mut due = r.with_ids(recent.iter().chain(left).filter(|k| !r.tailed.contains(k)));
@@ -2623,6 +2607,68 @@ struct Window {
     /// PostgreSQL: this poll's snapshot xmin.
     snapshot_xmin: i64,
     baseline: bool,
+}
+
+/// The next slice (`lo`, `hi`] of the values `values` yields (one per stuck
+/// row: its start, or on MySQL its arrival), up to `end` (given the greatest
+/// value, if any): about one round's share of them (`rounds`, of their
+/// number: [`in_flight_rounds`]), every row of the last value taken. The
+/// slices follow each other from the least value (`stuck_after` holds where
+/// the last one ended); the one that reaches `end` ends the round. An empty
+/// range when there are none. `values` is gone through twice rather than
+/// listed: the rows in flight can be a large part of the backlog, and this
+/// runs on every poll.
+fn next_slice<I: Iterator<Item = i64>>(
+    stuck_after: &mut Option<i64>,
+    rounds: impl FnOnce(usize) -> u64,
+    values: impl Fn() -> I,
+    end: impl FnOnce(Option<i64>) -> i64,
+) -> (i64, i64) {
+    let mut count = 0usize;
+    let mut bounds: Option<(i64, i64)> = None;
+    for v in values() {
+        count += 1;
+        bounds = Some(bounds.map_or((v, v), |(lo, hi)| (lo.min(v), hi.max(v))));
+    }
+    let end = end(bounds.map(|(_, latest)| latest));
+    let Some((earliest, _)) = bounds else {
+        *stuck_after = None;
+        return (end, end);
+    };
+    let rounds = rounds(count);
+    let share = usize::try_from(rounds).map_or(1, |n| count.div_ceil(n).max(1));
+    let lo = stuck_after
+        .filter(|p| *p < end)
+        .unwrap_or(earliest.saturating_sub(1));
+    // The `share` least values after `lo`, greatest on top: the top is the
+    // share-th least, where the slice ends.
+    let mut least: BinaryHeap<i64> = BinaryHeap::with_capacity(share.min(count) + 1);
+    let mut after = 0usize;
+    for v in values().filter(|v| *v > lo) {
+        after += 1;
+        if least.len() < share {
+            least.push(v);
+        } else if least.peek().is_some_and(|top| v < *top) {
+            least.pop();
+            least.push(v);
+        }
+    }
+    match least.peek() {
+        Some(hi) if after > share => {
+            *stuck_after = Some(*hi);
+            (lo, *hi)
+        }
+        _ => {
+            *stuck_after = None;
+            (lo, end)
+        }
+    }
+}
+
+/// [`in_flight_rounds`] with the source's `overlap` and `poll_interval`.
+fn in_flight_rounds_of(spec: &TableSpec) -> impl FnOnce(usize) -> u64 {
+    let (overlap, poll_interval) = (spec.overlap, spec.poll_interval);
+    move |stuck| in_flight_rounds(overlap, poll_interval, stuck)
 }
 
 /// In how many polls the `stuck` rows in flight started before the horizon
@@ -3506,6 +3552,69 @@ mod tests {
         source.unfinished.in_flight.retain(|k, _| *k >= 100);
         let (lo, hi) = source.stuck_slice(since);
         assert_eq!((lo, hi), (since - 1, since - 1));
+    }
+
+    /// [`next_slice`] goes through the values twice instead of listing
+    /// them: it ends each slice where sorting the values after the last one
+    /// puts the round's share, ties and all, for values with many ties and
+    /// few, and rounds of one poll up to more than there are values.
+    #[test]
+    fn next_slice_ends_where_sorting_the_values_would() {
+        /// The slice as sorting every value after `after` finds it.
+        fn sorted(values: &[i64], after: Option<i64>, rounds: u64, end: i64) -> (i64, i64) {
+            let Some(earliest) = values.iter().min() else {
+                return (end, end);
+            };
+            let share = usize::try_from(rounds).map_or(1, |n| values.len().div_ceil(n).max(1));
+            let lo = after.filter(|p| *p < end).unwrap_or(earliest - 1);
+            let mut next: Vec<i64> = values.iter().copied().filter(|v| *v > lo).collect();
+            next.sort_unstable();
+            if next.len() <= share {
+                (lo, end)
+            } else {
+                (lo, next[share - 1])
+            }
+        }
+        let mut rng = fastrand::Rng::with_seed(33);
+        for case in 0..2_000 {
+            let n = rng.usize(0..300);
+            let spread = [3, 50, 10_000][case % 3];
+            let values: Vec<i64> = (0..n).map(|_| rng.i64(0..spread)).collect();
+            let rounds = rng.u64(1..400);
+            let end = spread + rng.i64(0..3);
+            let mut after = rng.bool().then(|| rng.i64(-1..spread + 2));
+            // A whole round, slice after slice, as polls take them.
+            for poll in 0..=rounds {
+                let want = sorted(&values, after, rounds, end);
+                let mut got_after = after;
+                let got = next_slice(
+                    &mut got_after,
+                    |count| {
+                        assert_eq!(count, values.len(), "case {case}: the values counted");
+                        rounds
+                    },
+                    || values.iter().copied(),
+                    |latest| {
+                        assert_eq!(latest, values.iter().max().copied(), "case {case}");
+                        end
+                    },
+                );
+                assert_eq!(
+                    got, want,
+                    "case {case}, poll {poll}: {values:?} after {after:?}"
+                );
+                let ended = got.1 == end;
+                assert_eq!(
+                    got_after,
+                    (!ended).then_some(got.1),
+                    "case {case}, poll {poll}"
+                );
+                after = got_after;
+                if ended {
+                    break;
+                }
+            }
+        }
     }
 
     /// The read of the rows in flight counts as served only where every read
