@@ -190,21 +190,21 @@ impl<V: Entry> Tracked<V> {
                     continue;
                 }
                 let n = excess.min(of_kind);
-                let mut times: Vec<i64> = Vec::with_capacity(of_kind);
-                times.extend(
+                let times = || {
                     self.map
                         .values()
-                        .filter(|v| v.finished() == finished)
-                        .map(|v| v.updated_at()),
-                );
+                        .filter(move |v| v.finished() == finished)
+                        .map(|v| v.updated_at())
+                };
                 // The n-th least recent change: every event changed before it
                 // goes, and as many of those changed at it as make n. Many
                 // events share a change time (without a change cursor, the
                 // poll that saw them), so the ties are cut too: keeping them
                 // all kept the map over its cap.
-                let cut = *times.select_nth_unstable(n - 1).1;
-                let before = times.iter().filter(|t| **t < cut).count();
-                drop(times);
+                let Some(cut) = nth_least(n, times) else {
+                    continue;
+                };
+                let before = times().filter(|t| *t < cut).count();
                 let mut ties = n - before;
                 self.map.retain(|_, v| {
                     if v.finished() != finished {
@@ -231,9 +231,87 @@ impl<V: Entry> Tracked<V> {
     }
 }
 
+/// How many ranges [`nth_least`] counts the values in, each time.
+const RANGES: usize = 1024;
+
+/// The `n`-th least (from 1) of the values `values` yields, or `None` if it
+/// yields fewer than `n` (or `n` is 0). The values are gone through a few
+/// times rather than listed (a list of every remembered event's change time
+/// was 8 bytes an event, at the agent's peak, each time the cap was
+/// reached): counted in [`RANGES`] ranges between the least and the
+/// greatest, then again in the range that holds the n-th, and so on until
+/// that range is one value. Microsecond times over an hour take three
+/// passes after the first; any `i64` at most seven.
+fn nth_least<I: Iterator<Item = i64>>(n: usize, values: impl Fn() -> I) -> Option<i64> {
+    let (mut lo, mut hi, count) = values().fold((i64::MAX, i64::MIN, 0usize), |(lo, hi, c), v| {
+        (lo.min(v), hi.max(v), c + 1)
+    });
+    if n == 0 || n > count {
+        return None;
+    }
+    // The rank sought among the values in [lo, hi].
+    let mut rank = n;
+    let mut counts = vec![0usize; RANGES];
+    while lo < hi {
+        let span = i128::from(hi) - i128::from(lo) + 1;
+        let width = (span + RANGES as i128 - 1) / RANGES as i128;
+        counts.fill(0);
+        for v in values() {
+            if v >= lo && v <= hi {
+                counts[((i128::from(v) - i128::from(lo)) / width) as usize] += 1;
+            }
+        }
+        let mut below = 0;
+        for (i, c) in counts.iter().enumerate() {
+            if below + c >= rank {
+                rank -= below;
+                let from = i128::from(lo) + i as i128 * width;
+                // Both within [lo, hi], so within i64.
+                hi = i64::try_from((from + width - 1).min(i128::from(hi))).unwrap_or(hi);
+                lo = i64::try_from(from).unwrap_or(lo);
+                break;
+            }
+            below += c;
+        }
+    }
+    Some(lo)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`nth_least`] against sorting, for values spread over every `i64`,
+    /// over a few microseconds, and all one value, at every rank.
+    #[test]
+    fn nth_least_is_what_sorting_finds() {
+        let mut rng = fastrand::Rng::with_seed(7);
+        for case in 0..300 {
+            let n = rng.usize(1..500);
+            let values: Vec<i64> = match case % 4 {
+                0 => (0..n).map(|_| rng.i64(..)).collect(),
+                1 => (0..n)
+                    .map(|_| 1_700_000_000_000_000 + rng.i64(0..5_000))
+                    .collect(),
+                2 => (0..n)
+                    .map(|_| [i64::MIN, -1, 0, i64::MAX][rng.usize(0..4)])
+                    .collect(),
+                _ => vec![42; n],
+            };
+            let mut sorted = values.clone();
+            sorted.sort_unstable();
+            for rank in 1..=n {
+                assert_eq!(
+                    nth_least(rank, || values.iter().copied()),
+                    Some(sorted[rank - 1]),
+                    "case {case}, rank {rank}"
+                );
+            }
+            assert_eq!(nth_least(0, || values.iter().copied()), None);
+            assert_eq!(nth_least(n + 1, || values.iter().copied()), None);
+        }
+        assert_eq!(nth_least(1, std::iter::empty), None);
+    }
 
     #[test]
     fn flags_keep_every_optional_time() {
