@@ -240,8 +240,9 @@ const RANGES: usize = 1024;
 /// was 8 bytes an event, at the agent's peak, each time the cap was
 /// reached): counted in [`RANGES`] ranges between the least and the
 /// greatest, then again in the range that holds the n-th, and so on until
-/// that range is one value. Microsecond times over an hour take three
-/// passes after the first; any `i64` at most seven.
+/// that range is one value. Microsecond times within 15 minutes (the
+/// default `state_retention`) take three passes after the first, within an
+/// hour four; any `i64` at most seven.
 fn nth_least<I: Iterator<Item = i64>>(n: usize, values: impl Fn() -> I) -> Option<i64> {
     let (mut lo, mut hi, count) = values().fold((i64::MAX, i64::MIN, 0usize), |(lo, hi, c), v| {
         (lo.min(v), hi.max(v), c + 1)
