@@ -201,11 +201,9 @@ impl<V: Entry> Tracked<V> {
                 // events share a change time (without a change cursor, the
                 // poll that saw them), so the ties are cut too: keeping them
                 // all kept the map over its cap.
-                let Some(cut) = nth_least(n, times) else {
+                let Some((cut, mut ties)) = nth_least(n, times) else {
                     continue;
                 };
-                let before = times().filter(|t| *t < cut).count();
-                let mut ties = n - before;
                 self.map.retain(|_, v| {
                     if v.finished() != finished {
                         return true;
@@ -234,8 +232,9 @@ impl<V: Entry> Tracked<V> {
 /// How many ranges [`nth_least`] counts the values in, each time.
 const RANGES: usize = 1024;
 
-/// The `n`-th least (from 1) of the values `values` yields, or `None` if it
-/// yields fewer than `n` (or `n` is 0). The values are gone through a few
+/// The `n`-th least (from 1) of the values `values` yields, and how many of
+/// the `n` least are equal to it; `None` if it yields fewer than `n` (or `n`
+/// is 0). The values are gone through a few
 /// times rather than listed (a list of every remembered event's change time
 /// was 8 bytes an event, at the agent's peak, each time the cap was
 /// reached): counted in [`RANGES`] ranges between the least and the
@@ -243,14 +242,15 @@ const RANGES: usize = 1024;
 /// that range is one value. Microsecond times within 15 minutes (the
 /// default `state_retention`) take three passes after the first, within an
 /// hour four; any `i64` at most seven.
-fn nth_least<I: Iterator<Item = i64>>(n: usize, values: impl Fn() -> I) -> Option<i64> {
+fn nth_least<I: Iterator<Item = i64>>(n: usize, values: impl Fn() -> I) -> Option<(i64, usize)> {
     let (mut lo, mut hi, count) = values().fold((i64::MAX, i64::MIN, 0usize), |(lo, hi, c), v| {
         (lo.min(v), hi.max(v), c + 1)
     });
     if n == 0 || n > count {
         return None;
     }
-    // The rank sought among the values in [lo, hi].
+    // The rank sought among the values in [lo, hi]: once that range is one
+    // value, how many of the n least are that value.
     let mut rank = n;
     let mut counts = vec![0usize; RANGES];
     while lo < hi {
@@ -275,7 +275,7 @@ fn nth_least<I: Iterator<Item = i64>>(n: usize, values: impl Fn() -> I) -> Optio
             below += c;
         }
     }
-    Some(lo)
+    Some((lo, rank))
 }
 
 #[cfg(test)]
@@ -283,7 +283,8 @@ mod tests {
     use super::*;
 
     /// [`nth_least`] against sorting, for values spread over every `i64`,
-    /// over a few microseconds, and all one value, at every rank.
+    /// over a few microseconds, and all one value, at every rank: the value
+    /// and how many of the values up to that rank equal it.
     #[test]
     fn nth_least_is_what_sorting_finds() {
         let mut rng = fastrand::Rng::with_seed(7);
@@ -302,9 +303,11 @@ mod tests {
             let mut sorted = values.clone();
             sorted.sort_unstable();
             for rank in 1..=n {
+                let nth = sorted[rank - 1];
+                let ties = sorted[..rank].iter().filter(|v| **v == nth).count();
                 assert_eq!(
                     nth_least(rank, || values.iter().copied()),
-                    Some(sorted[rank - 1]),
+                    Some((nth, ties)),
                     "case {case}, rank {rank}"
                 );
             }
