@@ -384,9 +384,11 @@ async fn main() {
     // over the whole run and the catch-up after it, so that the sketch holds
     // the same completions as the percentile_cont it is compared with: a run
     // longer than 5 min would otherwise compare its last 5 min with all of it.
+    // 600 s more for what the agent sees before the writer's run: its own
+    // start and the exporter's (at most 120 + 300 s, `wait_for` below).
     let agent_port = free_port();
     let poll_ms = (a.poll * 1000.0).round() as u64;
-    let quantile_window = (a.seconds + CATCH_UP_DEADLINE.as_secs() + 600).max(300);
+    let quantile_window = a.seconds + CATCH_UP_DEADLINE.as_secs() + 600;
     let config = format!(
         "[server]\nlisten = \"127.0.0.1:{agent_port}\"\n\n[[sources]]\nname = \"bench\"\nkind = \"inbox\"\n\
          dsn = \"{}\"\ntable = \"{}\"\npoll_interval = \"{poll_ms}ms\"\nquantile_window = \"{quantile_window}s\"\n{}{}",
