@@ -234,12 +234,11 @@ const RANGES: usize = 1024;
 
 /// The `n`-th least (from 1) of the values `values` yields, and how many of
 /// the `n` least are equal to it; `None` if it yields fewer than `n` (or `n`
-/// is 0). The values are gone through a few
-/// times rather than listed (a list of every remembered event's change time
-/// was 8 bytes an event, at the agent's peak, each time the cap was
-/// reached): counted in [`RANGES`] ranges between the least and the
-/// greatest, then again in the range that holds the n-th, and so on until
-/// that range is one value. Microsecond times within 15 minutes (the
+/// is 0). The values are gone through a few times rather than listed (a
+/// list of every remembered event's change time was 8 bytes an event, at the
+/// agent's peak, each time the cap was reached): counted in [`RANGES`]
+/// ranges between the least and the greatest, then again in the range that
+/// holds the n-th, and so on until that range is one value. Microsecond times within 15 minutes (the
 /// default `state_retention`) take three passes after the first, within an
 /// hour four; any `i64` at most seven.
 fn nth_least<I: Iterator<Item = i64>>(n: usize, values: impl Fn() -> I) -> Option<(i64, usize)> {
