@@ -980,11 +980,31 @@ async fn three_agents_one_owner_per_source_with_failover() {
     .await
     .unwrap_or_else(|e| panic!("the new owner of {PG_SOURCE} does not poll: {e}"));
 
-    // SIGTERM whoever owns the MariaDB source now.
-    let owner = wait_for_owners(&obs, &[my_si], &[victim], Duration::from_secs(30))
-        .await
-        .unwrap_or_else(|e| panic!("no owner of {MY_SOURCE} among the survivors: {e}"));
-    let stopped = owner[0];
+    // SIGTERM whoever owns the MariaDB source now, once it has polled it: the killed
+    // agent may have owned it too, and an owner stopped before its first poll would
+    // leave that first handover without a new owner that was ever up.
+    let stopped = wait_until(Duration::from_secs(30), || async move {
+        let o = lock(obs_ref);
+        match o.owners_now(my_si).as_slice() {
+            [a] if *a != victim => {
+                let up = o.value(*a, UP, MY_SOURCE);
+                let polls = o.value(*a, POLLS, MY_SOURCE).unwrap_or(0.0);
+                if up == Some(1.0) && polls >= 2.0 {
+                    Ok(*a)
+                } else {
+                    Err(format!(
+                        "agent {a} owns {MY_SOURCE}: up {up:?}, polls {polls}"
+                    ))
+                }
+            }
+            other => Err(format!(
+                "owners of {MY_SOURCE} among the survivors: {other:?}; timeline: {}",
+                o.timeline(my_si)
+            )),
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("no owner of {MY_SOURCE} among the survivors polls it: {e}"));
     let termed_at = cluster.agents[stopped].sigterm();
     eprintln!(
         "{}: agent {stopped} (owner of {MY_SOURCE}) sent SIGTERM",
