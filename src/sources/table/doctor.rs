@@ -207,7 +207,7 @@ fn index_for(what: &str, spec: Shape<'_>, sql: &Sql) -> String {
         Shape::Inbox(s) if what == "parked rows" && sql.dialect != Dialect::MySql => {
             if let Some(status) = s.words_only() {
                 let words = s.statuses.words_for(super::Status::Parked);
-                let filter = format!("{} IN {}", sql.ident(status), sql.in_list(&words));
+                let filter = sql.is_in(&sql.ident(status), &words);
                 let received = sql.ident(&s.columns.received_at);
                 return create_index(
                     sql.dialect,
@@ -236,7 +236,7 @@ fn index_for(what: &str, spec: Shape<'_>, sql: &Sql) -> String {
                 ),
                 Some(status) => {
                     let words = s.statuses.unfinished_words();
-                    let filter = format!("{} IN {}", sql.ident(status), sql.in_list(&words));
+                    let filter = sql.is_in(&sql.ident(status), &words);
                     create_index(sql.dialect, &name, &t, &received, Some(&filter))
                 }
                 None => {

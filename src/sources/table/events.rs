@@ -192,10 +192,9 @@ impl EventsSpec {
         if words.is_empty() {
             return "1 = 0".into();
         }
-        format!(
-            "{} IN {}",
-            sql.text(&format!("{alias}.{}", sql.ident(&self.kind))),
-            sql.in_list(&words)
+        sql.is_in(
+            &sql.text(&format!("{alias}.{}", sql.ident(&self.kind))),
+            &words,
         )
     }
 

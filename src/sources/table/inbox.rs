@@ -1259,10 +1259,7 @@ pub(crate) fn in_flight(spec: &InboxSpec, sql: &Sql) -> Option<(String, String)>
     if words.is_empty() {
         return None;
     }
-    Some((
-        format!("{} IN {}", sql.ident(status), sql.in_list(&words)),
-        started.to_string(),
-    ))
+    Some((sql.is_in(&sql.ident(status), &words), started.to_string()))
 }
 
 impl TableKind for Inbox {
@@ -1413,11 +1410,7 @@ impl TableKind for Inbox {
 
     fn unfinished_filter(&self, sql: &Sql) -> String {
         match self.spec.words_only() {
-            Some(status) => format!(
-                "{} IN {}",
-                sql.ident(status),
-                sql.in_list(&self.spec.statuses.unfinished_words())
-            ),
+            Some(status) => sql.is_in(&sql.ident(status), &self.spec.statuses.unfinished_words()),
             None => self.spec.status_sql().unfinished_sql(sql),
         }
     }
@@ -1509,10 +1502,8 @@ impl TableKind for Inbox {
         match self.spec.words_only() {
             Some(status) => {
                 let status = sql.ident(status);
-                let stuck = started(&format!(
-                    "{status} IN {}",
-                    sql.in_list(&self.spec.statuses.words_for(Status::Processing))
-                ));
+                let stuck =
+                    started(&sql.is_in(&status, &self.spec.statuses.words_for(Status::Processing)));
                 let group = et
                     .as_deref()
                     .map_or(status.clone(), |e| format!("{status}, {e}"));
@@ -1547,10 +1538,9 @@ impl TableKind for Inbox {
         }
         let c = &self.spec.columns;
         let condition = match self.spec.words_only() {
-            Some(status) => format!(
-                "{} IN {}",
-                sql.ident(status),
-                sql.in_list(&self.spec.statuses.words_for(Status::Parked))
+            Some(status) => sql.is_in(
+                &sql.ident(status),
+                &self.spec.statuses.words_for(Status::Parked),
             ),
             None => format!(
                 "{} = {}",

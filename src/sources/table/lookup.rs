@@ -358,7 +358,7 @@ async fn failure_rows(
             if words.is_empty() {
                 return Ok(Vec::new());
             }
-            format!("{} IN {}", sql.ident(column), sql.in_list(&words))
+            sql.is_in(&sql.ident(column), &words)
         }
         None => format!("{} = '{}'", s.status_select(&sql), status.as_str()),
     };

@@ -1029,7 +1029,7 @@ impl<K: TableKind> TableSource<K> {
     fn lookup_query(&self, ids: &[&str]) -> String {
         let column = self.sql.ident(self.kind.event_id());
         let filter = match self.id_bind {
-            IdBind::Literals => format!("{column} IN {}", self.sql.in_list(ids)),
+            IdBind::Literals => self.sql.is_in(&column, ids),
             bind => self.sql.id_params(&column, ids.len(), bind),
         };
         format!(

@@ -387,9 +387,8 @@ impl Statuses<'_> {
                 let w = words.words_for(status);
                 if !w.is_empty() {
                     arms.push(format!(
-                        "WHEN {} IN {} THEN {}",
-                        sql.ident(column),
-                        sql.in_list(&w),
+                        "WHEN {} THEN {}",
+                        sql.is_in(&sql.ident(column), &w),
                         sql.literal(status.as_str())
                     ));
                 }
@@ -405,11 +404,7 @@ impl Statuses<'_> {
     pub fn unfinished_sql(&self, sql: &Sql) -> String {
         let names: Vec<&str> = UNFINISHED.iter().map(|s| s.as_str()).collect();
         let mut parts: Vec<String> = self.guard().iter().map(|a| atom_sql(a, sql)).collect();
-        parts.push(format!(
-            "{} IN {}",
-            self.meaning_sql(sql),
-            sql.in_list(&names)
-        ));
+        parts.push(sql.is_in(&self.meaning_sql(sql), &names));
         parts.join(" AND ")
     }
 

@@ -55,7 +55,7 @@ pub fn inbox_ddl(dialect: Dialect, table: &str) -> String {
     // The same words in the same order as the agent's queries: SQLite uses a
     // partial index only when the query repeats its condition term for term.
     let words = StatusMap::default();
-    let unfinished_filter = format!("status IN {}", sql.in_list(&words.unfinished_words()));
+    let unfinished_filter = sql.is_in("status", &words.unfinished_words());
     match dialect {
         Dialect::MySql => out.push_str(&create_index(
             dialect,

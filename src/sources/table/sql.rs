@@ -73,6 +73,11 @@ impl Sql {
         format!("({})", items.join(", "))
     }
 
+    /// `expr IN (…)`: whether `expr` is one of `words` (string literals).
+    pub fn is_in(&self, expr: &str, words: &[&str]) -> String {
+        format!("{expr} IN {}", self.in_list(words))
+    }
+
     /// How the event ids of a look-up are compared with an id column of
     /// type `data_type` (as `information_schema.columns` or SQLite's
     /// `pragma_table_info` names it): bound as text parameters, which
@@ -550,6 +555,11 @@ mod tests {
         };
         assert_eq!(my.literal("a\\'b"), "'a\\\\''b'");
         assert_eq!(my.table("s.t"), "`s`.`t`");
+        assert_eq!(
+            my.is_in("`status`", &["new", "it's"]),
+            "`status` IN ('new', 'it''s')"
+        );
+        assert_eq!(pg.is_in("s", &["a\\b"]), "s IN ('a\\b')");
     }
 
     /// A PostgreSQL `json` / `jsonb` error column is read as its text.
