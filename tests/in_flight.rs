@@ -192,6 +192,25 @@ async fn stuck_rows_change(db: Db, id_type: Option<&str>, index: bool, tied: boo
         (0.0, rows),
         "before the failures: none counted, every row stuck"
     );
+    // Quiet, every row stuck: each is read once a round of overlap /
+    // poll_interval = 10 polls (through the index, or looked up by id in
+    // turn), not more often. Rows that share one start (set by one
+    // statement, as here) or one arrival are still read once a round, not
+    // every other poll. A scrape between a poll's duration and its rows
+    // (the window's first) can hold one poll's rows more: one round's worth
+    // of slack.
+    const ROUND: f64 = 10.0;
+    let read = |m: &Metrics| m.sum("inboxwatch_rows_read_total", &[s]);
+    let quiet = agent.wait_polls(SOURCE, 30, Duration::ZERO).await;
+    let polls = Agent::polls(&quiet, SOURCE) - Agent::polls(&before, SOURCE);
+    let quiet_read = read(&quiet) - read(&before);
+    eprintln!("quiet: {quiet_read} rows read in {polls} polls");
+    assert!(
+        quiet_read <= rows * ((polls / ROUND).ceil() + 1.0),
+        "{quiet_read} rows read in {polls} quiet polls: more than each of the {rows} stuck \
+         rows once a round of {ROUND} polls (and a round more)\n{}",
+        agent.stderr()
+    );
     // Failed where no time column shows it, as a reaper does.
     let n = db
         .exec(

@@ -386,10 +386,61 @@ struct Reread {
     /// poll; `rounds` is set anew when a cycle ends ([`in_flight_rounds`]).
     turn: u64,
     rounds: u64,
-    /// [`Incremental`] through the partial index: the start up to which the
-    /// slices of the stuck rows have read in this round; `None`: from the
-    /// earliest ([`TableSource::stuck_slice`]).
-    stuck_after: Option<i64>,
+    /// [`Incremental`] through an index: where the slices of the stuck rows
+    /// are in their round ([`TableSource::stuck_slice`],
+    /// [`TableSource::check_in_flight`]).
+    slices: Slices,
+}
+
+/// The slices of the stuck rows' starts (or arrivals) in their round: each
+/// poll reads the next ([`next_slice`]), and a round takes at least the
+/// polls [`in_flight_rounds`] gave it when it began. A round can end sooner
+/// where one time is shared by more rows than a slice's share (a batch
+/// claimed by one statement, inserted in one): its slice takes them all, and
+/// the round ends a poll later. Without the wait the next round would begin
+/// at once, and rows that share a time would be read every other poll
+/// instead of about once per `overlap`.
+#[derive(Debug, Default)]
+struct Slices {
+    /// Where the last slice ended; `None`: the next begins a round.
+    after: Option<i64>,
+    /// The polls since the round began, the first included.
+    polls: u64,
+    /// The polls of the round: [`in_flight_rounds`] when it began.
+    len: u64,
+}
+
+impl Slices {
+    /// The next slice (`lo`, `hi`], as [`next_slice`] makes it; an empty
+    /// range while the round's polls have not all passed after its last.
+    fn next<I: Iterator<Item = i64>>(
+        &mut self,
+        rounds: impl FnOnce(usize) -> u64,
+        values: impl Fn() -> I,
+        end: impl FnOnce(Option<i64>) -> i64,
+    ) -> (i64, i64) {
+        self.polls = self.polls.saturating_add(1);
+        if self.after.is_none() && self.polls <= self.len {
+            let end = end(None);
+            return (end, end);
+        }
+        let begins = self.after.is_none();
+        let mut len = 0;
+        let slice = next_slice(
+            &mut self.after,
+            |count| {
+                len = rounds(count);
+                len
+            },
+            values,
+            end,
+        );
+        if begins {
+            self.polls = 1;
+            self.len = len;
+        }
+        slice
+    }
 }
 
 /// 8 bytes, 16 with its key in the map: where its id lies in
@@ -2546,19 +2597,17 @@ impl<K: TableKind> TableSource<K> {
     /// before `since` (stuck, or failed and waiting long): about one round's
     /// share of them ([`in_flight_rounds`]), every row of the last start
     /// taken. The slices follow each other from the earliest start; the one
-    /// that reaches `since` ends the round. An empty range when none is
-    /// stuck.
+    /// that reaches `since` ends the round, which takes at least the polls
+    /// it was given ([`Slices`]). An empty range when none is stuck, or
+    /// while a round that ended early waits.
     fn stuck_slice(&mut self, since: i64) -> (i64, i64) {
-        let in_flight = &self.unfinished.in_flight;
-        let mut stuck_after = self.unfinished.stuck_after;
-        let slice = next_slice(
-            &mut stuck_after,
+        let r = &mut self.unfinished;
+        let in_flight = &r.in_flight;
+        r.slices.next(
             in_flight_rounds_of(&self.spec),
             || in_flight.values().copied().filter(|s| *s < since),
             |_| since.saturating_sub(1),
-        );
-        self.unfinished.stuck_after = stuck_after;
-        slice
+        )
     }
 
     /// [`Incremental`] on MySQL and MariaDB through the index on (status,
@@ -2600,7 +2649,6 @@ impl<K: TableKind> TableSource<K> {
         let backlog = &self.backlog;
         let born = |k: &u64| backlog.get(*k).and_then(|u| u.born());
         let in_flight = &self.unfinished.in_flight;
-        let mut stuck_after = self.unfinished.stuck_after;
         let stuck = || {
             in_flight
                 .iter()
@@ -2609,13 +2657,11 @@ impl<K: TableKind> TableSource<K> {
         };
         // The round ends at the latest arrival kept (one stamped ahead of the
         // database's clock included), at the database's time otherwise.
-        let (lo, hi) = next_slice(
-            &mut stuck_after,
+        let (lo, hi) = self.unfinished.slices.next(
             in_flight_rounds_of(&self.spec),
             || stuck().filter_map(born),
             |latest| latest.unwrap_or(db_now).max(db_now),
         );
-        self.unfinished.stuck_after = stuck_after;
         let rows = bind(
             bind(sqlx::query(sqlx::AssertSqlSafe(query)), self.sql.cursor(lo)),
             self.sql.cursor(hi),
@@ -3727,6 +3773,67 @@ mod tests {
         source.unfinished.in_flight.retain(|k, _| *k >= 100);
         let (lo, hi) = source.stuck_slice(since);
         assert_eq!((lo, hi), (since - 1, since - 1));
+    }
+
+    /// A round of slices takes at least the polls it was given: rows that
+    /// share one time are read once a round, not every other poll, and so
+    /// is a single stuck row; a round whose slices take their polls, or more
+    /// (rows that became stuck during it), is followed by the next at once.
+    #[test]
+    fn a_round_of_slices_takes_at_least_its_polls() {
+        const END: i64 = 1_000;
+        /// How often each value is in a slice over `polls` polls, and the
+        /// slices.
+        fn read(slices: &mut Slices, values: &[i64], polls: usize) -> (Vec<u32>, Vec<(i64, i64)>) {
+            let mut seen = vec![0u32; values.len()];
+            let mut taken = Vec::new();
+            for _ in 0..polls {
+                let (lo, hi) = slices.next(|_| 10, || values.iter().copied(), |_| END);
+                taken.push((lo, hi));
+                for (i, v) in values.iter().enumerate() {
+                    if *v > lo && *v <= hi {
+                        seen[i] += 1;
+                    }
+                }
+            }
+            (seen, taken)
+        }
+        // 40 rows of one start (more than a slice's share of 4): once in
+        // each 10 polls, at the 1st, 11th and 21st.
+        let tied = vec![500; 40];
+        let mut slices = Slices::default();
+        let (seen, taken) = read(&mut slices, &tied, 30);
+        assert_eq!(seen, vec![3; 40]);
+        assert_eq!(
+            (taken[0], taken[10], taken[20]),
+            ((499, 500), (499, 500), (499, 500))
+        );
+        // One stuck row: once in 10 polls too.
+        let (seen, _) = read(&mut Slices::default(), &[7], 30);
+        assert_eq!(seen, vec![3]);
+        // 40 starts apart: four a poll, every poll, each once a round.
+        let apart: Vec<i64> = (0..40).map(|i| 10 + i * 3).collect();
+        let mut slices = Slices::default();
+        let (seen, taken) = read(&mut slices, &apart, 30);
+        assert_eq!(seen, vec![3; 40]);
+        assert!(
+            taken.iter().all(|(lo, _)| *lo < END),
+            "no poll waits: {taken:?}"
+        );
+        // 20 rows become stuck 5 polls into a round (20 rows read): the
+        // other 40 take 7 more slices of 6, 12 polls in all, and the next
+        // round begins at once, from the earliest.
+        let mut slices = Slices::default();
+        read(&mut slices, &apart, 5);
+        let more: Vec<i64> = apart.iter().copied().chain(200..220).collect();
+        let (seen, taken) = read(&mut slices, &more, 8);
+        assert_eq!(taken[6], (215, END), "the round's last slice");
+        assert_eq!(taken[7], (9, apart[5]), "the next round at once");
+        assert_eq!(
+            seen[20..],
+            vec![1; 40],
+            "the rest of the round, and the new rows"
+        );
     }
 
     /// [`next_slice`] goes through the values twice instead of listing
