@@ -74,14 +74,27 @@ async fn create_in_flight_index(db: &Db, config: &str) {
 /// (status, received_at) is kept, and the agent must read them through it;
 /// without it, it looks them up by id.
 async fn stuck_rows_that_fail_are_counted(db: Db, id_type: Option<&str>, index: bool) {
-    stuck_rows_change(db, id_type, index, false).await;
+    stuck_rows_change(db, id_type, index, Arrivals::Apart).await;
 }
 
-/// As [`stuck_rows_that_fail_are_counted`]; `tied`: MariaDB, every row
-/// inserted by one statement (one `received_at`) and `batch_size = 10`, so
-/// that a slice of their arrivals holds more rows than a page: the agent
-/// must say so and look the stuck rows up by id in turn instead.
-async fn stuck_rows_change(db: Db, id_type: Option<&str>, index: bool, tied: bool) {
+/// How the stuck rows arrive: their `received_at`, which MariaDB's check
+/// slices by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arrivals {
+    /// One statement a row.
+    Apart,
+    /// One statement for every row: one `received_at`, which one slice
+    /// takes whole.
+    One,
+    /// As `One`, with `batch_size = 10`, so that a slice of their arrivals
+    /// holds more rows than a page: on MariaDB the agent must say so and
+    /// look the stuck rows up by id in turn instead.
+    OneOverAPage,
+}
+
+/// As [`stuck_rows_that_fail_are_counted`], the rows arriving as `arrivals`
+/// says.
+async fn stuck_rows_change(db: Db, id_type: Option<&str>, index: bool, arrivals: Arrivals) {
     let t = db.fresh_tables("stuck").await.inbox;
     if let Some(ty) = id_type {
         db.exec(
@@ -102,7 +115,11 @@ async fn stuck_rows_change(db: Db, id_type: Option<&str>, index: bool, tied: boo
          attempts = \"attempts\", deliveries = \"deliveries\", last_error = \"last_error\" }}\n",
         toml_str(&db.dsn),
         toml_str(&t),
-        if tied { "batch_size = 10\n" } else { "" },
+        if arrivals == Arrivals::OneOverAPage {
+            "batch_size = 10\n"
+        } else {
+            ""
+        },
     );
     let mariadb = db.dialect == common::Dialect::Mysql;
     if index && !mariadb {
@@ -129,7 +146,7 @@ async fn stuck_rows_change(db: Db, id_type: Option<&str>, index: bool, tied: boo
         "INSERT INTO {t} (event_id, event_type, status, received_at, attempts, deliveries, \
          updated_at) VALUES "
     );
-    if tied {
+    if arrivals != Arrivals::Apart {
         // One statement: one clock reading for every row.
         let rows: Vec<String> = (1..=ROWS).map(row).collect();
         db.exec(&format!("{insert}{}", rows.join(", ")), &[]).await;
@@ -138,10 +155,17 @@ async fn stuck_rows_change(db: Db, id_type: Option<&str>, index: bool, tied: boo
             db.exec(&format!("{insert}{}", row(i)), &[]).await;
         }
     }
+    // One start for every row, as a worker that claims a batch in one
+    // statement gives them (PostgreSQL's `clock_timestamp()` would give each
+    // its own; `now()` is the transaction's time).
+    let claimed = match db.dialect {
+        common::Dialect::Postgres => "now()",
+        _ => now,
+    };
     let n = db
         .exec(
             &format!(
-                "UPDATE {t} SET status = 'processing', started_at = {now}, attempts = 1 \
+                "UPDATE {t} SET status = 'processing', started_at = {claimed}, attempts = 1 \
                  WHERE event_id IN {ids}"
             ),
             &[],
@@ -195,10 +219,10 @@ async fn stuck_rows_change(db: Db, id_type: Option<&str>, index: bool, tied: boo
     // Quiet, every row stuck: each is read once a round of overlap /
     // poll_interval = 10 polls (through the index, or looked up by id in
     // turn), not more often. Rows that share one start (set by one
-    // statement, as here) or one arrival are still read once a round, not
-    // every other poll. A scrape between a poll's duration and its rows
-    // (the window's first) can hold one poll's rows more: one round's worth
-    // of slack.
+    // statement, as here) or one arrival (`Arrivals::One`) are still read
+    // once a round, not every other poll. A scrape between a poll's
+    // duration and its rows (the window's first) can hold one poll's rows
+    // more: one round's worth of slack.
     const ROUND: f64 = 10.0;
     let read = |m: &Metrics| m.sum("inboxwatch_rows_read_total", &[s]);
     let quiet = agent.wait_polls(SOURCE, 30, Duration::ZERO).await;
@@ -297,8 +321,8 @@ async fn stuck_rows_change(db: Db, id_type: Option<&str>, index: bool, tied: boo
     );
     assert_eq!(
         line("A slice of the stuck rows' arrivals holds more rows in flight than batch_size"),
-        tied,
-        "whether a slice overflowed its page, tied {tied}:\n{log}"
+        arrivals == Arrivals::OneOverAPage,
+        "whether a slice overflowed its page, arrivals {arrivals:?}:\n{log}"
     );
     db.cleanup().await;
 }
@@ -340,7 +364,12 @@ async fn stuck_rows_checked_through_the_status_index_mariadb() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stuck_rows_with_one_arrival_over_a_page_are_looked_up_mariadb() {
-    stuck_rows_change(Db::mysql().await, None, true, true).await;
+    stuck_rows_change(Db::mysql().await, None, true, Arrivals::OneOverAPage).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_rows_with_one_arrival_checked_through_the_status_index_mariadb() {
+    stuck_rows_change(Db::mysql().await, None, true, Arrivals::One).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
