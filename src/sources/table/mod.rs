@@ -404,10 +404,9 @@ struct Reread {
 struct Slices {
     /// Where the last slice ended; `None`: the next begins a round.
     after: Option<i64>,
-    /// The polls since the round began, the first included.
-    polls: u64,
-    /// The polls of the round: [`in_flight_rounds`] when it began.
-    len: u64,
+    /// The polls left before another round may begin: [`in_flight_rounds`]
+    /// when the last one began, less the polls since.
+    wait: u64,
 }
 
 impl Slices {
@@ -419,8 +418,8 @@ impl Slices {
         values: impl Fn() -> I,
         end: impl FnOnce(Option<i64>) -> i64,
     ) -> (i64, i64) {
-        self.polls = self.polls.saturating_add(1);
-        if self.after.is_none() && self.polls <= self.len {
+        self.wait = self.wait.saturating_sub(1);
+        if self.after.is_none() && self.wait > 0 {
             let end = end(None);
             return (end, end);
         }
@@ -436,8 +435,7 @@ impl Slices {
             end,
         );
         if begins {
-            self.polls = 1;
-            self.len = len;
+            self.wait = len;
         }
         slice
     }
