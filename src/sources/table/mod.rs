@@ -2660,13 +2660,18 @@ impl<K: TableKind> TableSource<K> {
             || stuck().filter_map(born),
             |latest| latest.unwrap_or(db_now).max(db_now),
         );
-        let rows = bind(
-            bind(sqlx::query(sqlx::AssertSqlSafe(query)), self.sql.cursor(lo)),
-            self.sql.cursor(hi),
-        )
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(query_error)?;
+        // An empty range (nothing stuck, or a round waiting) is not sent.
+        let rows = if lo < hi {
+            bind(
+                bind(sqlx::query(sqlx::AssertSqlSafe(query)), self.sql.cursor(lo)),
+                self.sql.cursor(hi),
+            )
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(query_error)?
+        } else {
+            Vec::new()
+        };
         let mut returned = HashSet::with_capacity(rows.len());
         let mut changed: Vec<(u64, Box<str>)> = Vec::new();
         for row in &rows {
