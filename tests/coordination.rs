@@ -982,7 +982,9 @@ async fn three_agents_one_owner_per_source_with_failover() {
 
     // SIGTERM whoever owns the MariaDB source now, once it has polled it: the killed
     // agent may have owned it too, and an owner stopped before its first poll would
-    // leave that first handover without a new owner that was ever up.
+    // leave that first handover without a new owner that was ever up. `source_up` is
+    // what says so (an agent resets it when it takes a source over); the polls count
+    // since the agent started, and only keep a just-started agent from passing.
     let stopped = wait_until(Duration::from_secs(30), || async move {
         let o = lock(obs_ref);
         match o.owners_now(my_si).as_slice() {
