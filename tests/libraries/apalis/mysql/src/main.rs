@@ -43,10 +43,14 @@ async fn main() {
         .unwrap_or_else(|e| panic!("connect to {}: {e}", args.db));
     match args.phase.as_str() {
         "setup" => setup(&pool).await,
-        "run" => match tokio::time::timeout(DEADLINE, run(&args, &pool)).await {
-            Ok(report) => println!("{}", report.to_json()),
-            Err(_) => panic!("the workload did not finish within {DEADLINE:?}"),
-        },
+        // `run` names what it waits for when DEADLINE passes; this guard only
+        // catches a call into apalis that never returns.
+        "run" => {
+            match tokio::time::timeout(DEADLINE + Duration::from_secs(5), run(&args, &pool)).await {
+                Ok(report) => println!("{}", report.to_json()),
+                Err(_) => panic!("the workload did not finish within {DEADLINE:?}"),
+            }
+        }
         other => panic!("--phase setup|run, not {other:?}"),
     }
 }
@@ -133,8 +137,10 @@ async fn run(args: &Args, pool: &MySqlPool) -> Report {
         .into_iter()
         .map(|(t, id)| (id.to_string(), (t, id)))
         .collect();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
     while !open.is_empty() {
         let mut done = Vec::new();
+        let mut waiting = Vec::new();
         for (key, (job_type, id)) in &open {
             let mut backend =
                 MySqlStorage::<Value, (), ()>::new_with_config(pool, &Config::new(job_type));
@@ -154,10 +160,30 @@ async fn run(args: &Args, pool: &MySqlPool) -> Report {
             if last {
                 report.finished(job_type, &status.to_string(), attempts);
                 done.push(key.clone());
+            } else {
+                waiting.push(format!(
+                    "{job_type} {key}: {status} after {attempts} of {max}"
+                ));
             }
         }
         for key in done {
             open.remove(&key);
+        }
+        if !open.is_empty() && tokio::time::Instant::now() >= deadline {
+            // What a failed run needs to be told apart: a worker that stopped on its
+            // own (its error), or jobs that apalis never took again (their state).
+            let stopped: Vec<String> = JOB_TYPES
+                .iter()
+                .zip(&workers)
+                .filter(|(_, w)| w.is_finished())
+                .map(|(t, _)| t.to_string())
+                .collect();
+            panic!(
+                "the workload did not finish within {DEADLINE:?}: {} jobs not final; \
+                 workers stopped on their own: {stopped:?}; the first of them: {:#?}",
+                open.len(),
+                &waiting[..waiting.len().min(20)]
+            );
         }
         if !open.is_empty() {
             tokio::time::sleep(Duration::from_millis(300)).await;
