@@ -46,9 +46,10 @@ async fn main() {
         // `run` names what it waits for when DEADLINE passes; this guard only
         // catches a call into apalis that never returns.
         "run" => {
-            match tokio::time::timeout(DEADLINE + Duration::from_secs(5), run(&args, &pool)).await {
+            let guard = DEADLINE + Duration::from_secs(5);
+            match tokio::time::timeout(guard, run(&args, &pool)).await {
                 Ok(report) => println!("{}", report.to_json()),
-                Err(_) => panic!("the workload did not finish within {DEADLINE:?}"),
+                Err(_) => panic!("a call into apalis did not return within {guard:?}"),
             }
         }
         other => panic!("--phase setup|run, not {other:?}"),
@@ -139,6 +140,8 @@ async fn run(args: &Args, pool: &MySqlPool) -> Report {
         .collect();
     let deadline = tokio::time::Instant::now() + DEADLINE;
     while !open.is_empty() {
+        // Past the deadline this pass is the last: it notes what each open job shows.
+        let late = tokio::time::Instant::now() >= deadline;
         let mut done = Vec::new();
         let mut waiting = Vec::new();
         for (key, (job_type, id)) in &open {
@@ -160,7 +163,7 @@ async fn run(args: &Args, pool: &MySqlPool) -> Report {
             if last {
                 report.finished(job_type, &status.to_string(), attempts);
                 done.push(key.clone());
-            } else {
+            } else if late {
                 waiting.push(format!(
                     "{job_type} {key}: {status} after {attempts} of {max}"
                 ));
@@ -169,9 +172,9 @@ async fn run(args: &Args, pool: &MySqlPool) -> Report {
         for key in done {
             open.remove(&key);
         }
-        if !open.is_empty() && tokio::time::Instant::now() >= deadline {
+        if !open.is_empty() && late {
             // What a failed run needs to be told apart: a worker that stopped on its
-            // own (its error), or jobs that apalis never took again (their state).
+            // own (which), or jobs that apalis never took again (their state).
             let stopped: Vec<String> = JOB_TYPES
                 .iter()
                 .zip(&workers)
@@ -180,7 +183,7 @@ async fn run(args: &Args, pool: &MySqlPool) -> Report {
                 .collect();
             panic!(
                 "the workload did not finish within {DEADLINE:?}: {} jobs not final; \
-                 workers stopped on their own: {stopped:?}; the first of them: {:#?}",
+                 workers stopped on their own: {stopped:?}; the first 20 jobs: {:#?}",
                 open.len(),
                 &waiting[..waiting.len().min(20)]
             );
