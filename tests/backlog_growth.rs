@@ -394,8 +394,9 @@ async fn says_what_each_poll_reads(agent: &Agent, dialect: Dialect) {
              received_at) shows they changed, where it serves)"
         }
         Dialect::Postgres | Dialect::Sqlite => {
-            "reads the rows in flight through the partial index on their start (by id where \
-             none serves them)"
+            "reads the rows in flight through the partial index on their start (the stuck \
+             ones as ids and statuses, looked up by id only when they changed; all by id where \
+             no index serves them)"
         }
     };
     let reads = |every: &str| {

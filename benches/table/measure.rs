@@ -563,6 +563,10 @@ fn statement_label(query: &str) -> &'static str {
         "[tails together] "
     } else if query.contains("AS stuck") {
         "[rows in flight] "
+    } else if query.contains("\"started_at\" <= ") && query.contains("ORDER BY") {
+        "[stuck rows: ids and statuses] "
+    } else if query.contains("\"status\" IN (") && query.contains("\"started_at\" > ") {
+        "[rows in flight, recent] "
     } else if query.contains(" AND NOT ") && query.contains("UNION ALL") {
         "[late-commit slices] "
     } else if query.contains("\"event_id\" IN (") {

@@ -262,6 +262,31 @@ impl Layout {
         table
     }
 
+    /// As [`Layout::create_table`], on PostgreSQL as a table partitioned by
+    /// a hash of the event id into two partitions (the indexes made on the
+    /// partitioned table, and so on each partition): a row's `ctid` is then
+    /// its place in its own partition only.
+    pub async fn create_partitioned_table(&self, db: &Db, short: &str) -> String {
+        assert_eq!(db.dialect, Dialect::Postgres, "partitions: PostgreSQL only");
+        let table = super::unique_name(self.prefix, short);
+        db.register_table(&table);
+        let mut ddl = self.ddl(db.dialect, &table);
+        ddl[0].push_str(&format!(" PARTITION BY HASH ({})", self.id));
+        for r in 0..2 {
+            ddl.insert(
+                1 + r,
+                format!(
+                    "CREATE TABLE {table}_p{r} PARTITION OF {table} \
+                     FOR VALUES WITH (MODULUS 2, REMAINDER {r})"
+                ),
+            );
+        }
+        for stmt in ddl {
+            db.exec(&stmt, &[]).await;
+        }
+        table
+    }
+
     /// `[sources.columns]`: exactly the columns this table has, nothing else.
     pub fn columns_toml(&self) -> String {
         let mut m: Vec<(&str, &str)> = vec![

@@ -279,6 +279,12 @@ pub struct TableSource<K: TableKind> {
     /// PostgreSQL: whether the rows carry `xmin` (a table, not a view), so
     /// the tail can skip rows an earlier poll read.
     xmin: bool,
+    /// PostgreSQL: whether a row version's place (`ctid`) names one row of
+    /// the table (a table or a materialized view, not a partitioned table,
+    /// whose partitions each number their own), so that the tails can be
+    /// merged by place ([`Self::together_query`]). False until the schema
+    /// check has read it.
+    tids: bool,
     /// How look-ups by event id bind the ids, from the id column's type
     /// (literals until the schema check has read it).
     id_bind: IdBind,
@@ -908,6 +914,7 @@ impl<K: TableKind> TableSource<K> {
             schema_checked: false,
             notes: Vec::new(),
             xmin: sql.snapshot_xmin().is_some(),
+            tids: false,
             id_bind: IdBind::Literals,
             started: false,
             highs: vec![None; cursors],
@@ -998,15 +1005,26 @@ impl<K: TableKind> TableSource<K> {
     fn together_query(&self) -> String {
         let cursors = self.kind.cursors();
         let n = cursors.len();
-        // A PostgreSQL table's row version by its place (`ctid`, as text,
-        // which the driver decodes, after the columns the kind reads): the
-        // `UNION` merges only a version that several parts read, never two
-        // rows whose columns compare equal (ids equal under a
-        // non-deterministic collation), which would hide a full page.
-        let identity = if self.xmin {
-            ", CAST(ctid AS TEXT)"
+        let table = self.sql.table(&self.spec.table);
+        // A part's rows: on PostgreSQL only their places (`ctid`), so that
+        // the `UNION` merges 6-byte row versions and each version is then
+        // read once, by its place, under the statement's one snapshot
+        // (`ctid = ANY`: a TID scan of exactly those versions). Merging the
+        // rows themselves hashed every column of every part's row, and read
+        // a row that several parts hold once per part: at 2,000 changes/s,
+        // 1,994 rows for 822 (docs/performance.md, "The stuck rows as ids and
+        // statuses, and the tails merged by row version"). Two rows whose
+        // columns compare equal (ids equal under a non-deterministic
+        // collation) stay two.
+        let tids = self.xmin && self.tids;
+        let what = if tids {
+            "ctid".to_string()
+        } else if self.xmin {
+            // A partitioned table: the rows, with their place as text, so
+            // that the `UNION` merges only a version several parts read.
+            format!("{}, CAST(ctid AS TEXT)", self.select_list())
         } else {
-            ""
+            self.select_list()
         };
         let parts: Vec<String> = cursors
             .iter()
@@ -1019,16 +1037,22 @@ impl<K: TableKind> TableSource<K> {
                     .filter(|_| self.xmin)
                     .map_or(String::new(), |u| format!(" AND {u}"));
                 format!(
-                    "SELECT * FROM (SELECT {}{identity} FROM {} WHERE {}{unseen} ORDER BY {col} {}) \
+                    "SELECT * FROM (SELECT {what} FROM {table} WHERE {}{unseen} ORDER BY {col} {}) \
                      AS tail{i}",
-                    self.select_list(),
-                    self.sql.table(&self.spec.table),
                     self.sql.after(&col, i + 1),
                     self.sql.limit(self.spec.batch_size),
                 )
             })
             .collect();
-        parts.join(" UNION ")
+        let parts = parts.join(" UNION ");
+        if tids {
+            format!(
+                "SELECT {} FROM {table} WHERE ctid = ANY(ARRAY({parts}))",
+                self.select_list()
+            )
+        } else {
+            parts
+        }
     }
 
     /// Every row whose watermarked column lies in (`$1`, `$2`]: one value,
@@ -1123,6 +1147,38 @@ impl<K: TableKind> TableSource<K> {
             self.sql.limit(self.spec.batch_size),
             part(self.sql.after(&started, 3)),
         ))
+    }
+
+    /// [`Self::in_flight_query`]'s two ranges as statements of their own,
+    /// for [`Self::check_stuck`]: the slice of the stuck rows' starts
+    /// (`$1`, `$2`] as each row's event id and status word alone, at most a
+    /// page in the start's order, and the rows started after `$1` in full.
+    /// The same condition and ranges, so the same partial index serves them.
+    fn in_flight_parts(&self) -> Option<(String, String)> {
+        self.in_flight_query()?;
+        let (filter, started) = self.kind.in_flight(&self.sql)?;
+        let started = self.sql.ident(&started);
+        let list = self.kind.select_list(&self.sql);
+        let expr = |name: &str| {
+            list.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, e)| e.clone())
+        };
+        let table = self.sql.table(&self.spec.table);
+        let stuck = format!(
+            "SELECT {}, {} FROM {table} WHERE {filter} AND {} AND {} ORDER BY {started} {}",
+            expr("event_id")?,
+            expr("status")?,
+            self.sql.after(&started, 1),
+            self.sql.at_most(&started, 2),
+            self.sql.limit(self.spec.batch_size),
+        );
+        let recent = format!(
+            "SELECT {} FROM {table} WHERE {filter} AND {}",
+            self.select_list(),
+            self.sql.after(&started, 1),
+        );
+        Some((stuck, recent))
     }
 
     /// [`Incremental`] on MySQL and MariaDB, which have no partial indexes:
@@ -1368,7 +1424,7 @@ impl<K: TableKind> TableSource<K> {
                 }
                 Some(index) => {
                     let index = crate::text::printable(&index);
-                    info!(source = %self.spec.name, %index, "The rows in flight are read through a partial index.")
+                    info!(source = %self.spec.name, %index, "The rows in flight are read through a partial index. While every unfinished row is kept, the stuck ones are read as ids and statuses, and looked up by id only when they changed.")
                 }
                 None if mysql => {
                     info!(source = %self.spec.name, "The rows in flight are looked up by id, one index look-up each: no index on (status, received_at) holds their ids and statuses (inboxwatch schema --config prints it).")
@@ -1385,6 +1441,7 @@ impl<K: TableKind> TableSource<K> {
     pub fn set_checked(&mut self, checked: Checked) {
         self.in_flight_probe = true;
         self.xmin = checked.xmin;
+        self.tids = checked.tids;
         self.id_bind = checked.id_bind;
         if checked.notes != self.notes {
             for note in &checked.notes {
@@ -1480,7 +1537,8 @@ impl<K: TableKind> TableSource<K> {
                  differs",
                 if self.in_flight_query().is_some() {
                     ", and reads the rows in flight through the partial index on their start \
-                     (by id where none serves them)"
+                     (the stuck ones as ids and statuses, looked up by id only when they \
+                     changed; all by id where no index serves them)"
                 } else if self.in_flight_status_query().is_some() {
                     ", and looks up the rows in flight by id (the stuck ones only when the \
                      index on (status, received_at) shows they changed, where it serves)"
@@ -2516,6 +2574,13 @@ impl<K: TableKind> TableSource<K> {
         let horizon = i64::try_from(plan.horizon.as_micros()).unwrap_or(i64::MAX);
         let since = db_now.saturating_sub(horizon);
         if self.in_flight_index == Some(true)
+            && self.backlog.is_complete()
+            && let Some(parts) = self.in_flight_parts()
+        {
+            let (read, looked_up) = self.check_stuck(tx, db_now, since, parts).await?;
+            return Ok(read + looked_up);
+        }
+        if self.in_flight_index == Some(true)
             && let Some(query) = self.in_flight_query()
         {
             let (read, looked_up) = self.read_in_flight(tx, db_now, since, query).await?;
@@ -2571,24 +2636,48 @@ impl<K: TableKind> TableSource<K> {
         .fetch_all(&mut *tx)
         .await
         .map_err(query_error)?;
-        let mut returned = HashSet::with_capacity(rows.len());
-        for row in &rows {
-            let key = row_key(row)?;
-            returned.insert(key);
-            if !self.unfinished.tailed.contains(&key) {
-                self.take(row, false)?;
-            }
-        }
-        let r = &self.unfinished;
-        let left = r.with_ids(
-            r.in_flight
-                .iter()
-                .filter(|(_, s)| **s > recent || (**s > lo && **s <= hi))
-                .filter(|(k, _)| !returned.contains(k) && !r.tailed.contains(k))
-                .map(|(k, _)| k),
-        );
+        let returned = self.take_untailed(&rows)?;
+        let left = self.left_in_flight(recent, (lo, hi), &returned);
         let looked_up = self.look_up(tx, &left, db_now, false).await?;
         Ok((rows.len() as u64, looked_up))
+    }
+
+    /// [`Self::read_in_flight`] while the backlog holds every unfinished
+    /// row, through the same partial index: the rows in flight started
+    /// within the horizon are read in full, the next slice of the stuck
+    /// ones' starts only as event ids and status words
+    /// ([`Self::in_flight_parts`]). A stuck row is looked up by id only when
+    /// its status means another than the backlog keeps, when the slice no
+    /// longer returns it (back to pending, restarted, finished or deleted),
+    /// or when it is not known in flight; a full page, as there, looks up
+    /// those of the slice it did not return. What the status cannot show —
+    /// a redelivery, a new error text, attempts moved with the status and
+    /// the start unchanged — is seen with the row's next change of status or
+    /// start, as on MariaDB. Rows the tails read this poll are not taken
+    /// again. Returns the rows and entries read and the rows looked up.
+    async fn check_stuck(
+        &mut self,
+        tx: &mut AnyConnection,
+        db_now: i64,
+        since: i64,
+        (stuck, recent_query): (String, String),
+    ) -> Result<(u64, u64), SourceError> {
+        let (lo, hi) = self.stuck_slice(since);
+        let recent = since.saturating_sub(1);
+        let rows = bind(
+            sqlx::query(sqlx::AssertSqlSafe(recent_query)),
+            self.sql.cursor(recent),
+        )
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(query_error)?;
+        let mut returned = self.take_untailed(&rows)?;
+        let words = read_range(self.sql, tx, stuck, (lo, hi)).await?;
+        let changed = self.changed_statuses(&words, &mut returned)?;
+        let mut due = self.left_in_flight(recent, (lo, hi), &returned);
+        due.extend(changed);
+        let looked_up = self.look_up(tx, &due, db_now, false).await?;
+        Ok(((rows.len() + words.len()) as u64, looked_up))
     }
 
     /// The next slice (`lo`, `hi`] of the starts of the rows in flight started
@@ -2660,41 +2749,9 @@ impl<K: TableKind> TableSource<K> {
             || stuck().filter_map(born),
             |latest| latest.unwrap_or(db_now).max(db_now),
         );
-        // An empty range (nothing stuck, or a round waiting) is not sent.
-        let rows = if lo < hi {
-            bind(
-                bind(sqlx::query(sqlx::AssertSqlSafe(query)), self.sql.cursor(lo)),
-                self.sql.cursor(hi),
-            )
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(query_error)?
-        } else {
-            Vec::new()
-        };
+        let rows = read_range(self.sql, tx, query, (lo, hi)).await?;
         let mut returned = HashSet::with_capacity(rows.len());
-        let mut changed: Vec<(u64, Box<str>)> = Vec::new();
-        for row in &rows {
-            let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
-            let word: Option<String> = get(row, 1, "status").map_err(SourceError::Schema)?;
-            let Some(id) = id else {
-                continue;
-            };
-            let key = key_of(&id);
-            returned.insert(key);
-            if self.unfinished.tailed.contains(&key) {
-                continue;
-            }
-            // A word the agent does not take as a status (one the server's
-            // collation matched) would read the same in full: not looked
-            // up. A row kept with another status, or not kept, changed.
-            let Some(shown) = word.and_then(|w| self.kind.class_of_word(&w)) else {
-                continue;
-            };
-            if self.backlog.get(key).map(|u| u.class()) != Some(shown) {
-                changed.push((key, id.into()));
-            }
-        }
+        let changed = self.changed_statuses(&rows, &mut returned)?;
         // A full page (more rows in flight share the slice's arrivals than
         // `batch_size`, as a bulk insert stamped with one second can make):
         // what it left out cannot be told from what left, so the rows of the
@@ -2721,12 +2778,100 @@ impl<K: TableKind> TableSource<K> {
         Ok((rows.len() as u64, looked_up))
     }
 
+    /// Takes the rows read in full that the tails did not read this poll;
+    /// returns the keys of every row read.
+    fn take_untailed(&mut self, rows: &[AnyRow]) -> Result<HashSet<u64>, SourceError> {
+        let mut returned = HashSet::with_capacity(rows.len());
+        for row in rows {
+            let key = row_key(row)?;
+            returned.insert(key);
+            if !self.unfinished.tailed.contains(&key) {
+                self.take(row, false)?;
+            }
+        }
+        Ok(returned)
+    }
+
+    /// The rows known in flight, started after `recent` or within the slice
+    /// (`lo`, `hi`], that the ranges read did not return and the tails did
+    /// not read: they left the rows in flight, and are looked up by id.
+    fn left_in_flight(
+        &self,
+        recent: i64,
+        (lo, hi): (i64, i64),
+        returned: &HashSet<u64>,
+    ) -> Vec<(u64, Box<str>)> {
+        let r = &self.unfinished;
+        r.with_ids(
+            r.in_flight
+                .iter()
+                .filter(|(_, s)| **s > recent || (**s > lo && **s <= hi))
+                .filter(|(k, _)| !returned.contains(k) && !r.tailed.contains(k))
+                .map(|(k, _)| k),
+        )
+    }
+
+    /// Of rows read as (event id, status word), those whose status means
+    /// another class than the backlog keeps for them, or that it does not
+    /// keep: they changed, and are looked up in full. Rows the tails read
+    /// this poll are left out. Every id read goes into `returned`.
+    fn changed_statuses(
+        &self,
+        rows: &[AnyRow],
+        returned: &mut HashSet<u64>,
+    ) -> Result<Vec<(u64, Box<str>)>, SourceError> {
+        let mut changed = Vec::new();
+        for row in rows {
+            let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
+            let word: Option<String> = get(row, 1, "status").map_err(SourceError::Schema)?;
+            let Some(id) = id else {
+                continue;
+            };
+            let key = key_of(&id);
+            returned.insert(key);
+            if self.unfinished.tailed.contains(&key) {
+                continue;
+            }
+            // A word the agent does not take as a status (one the server's
+            // collation matched) would read the same in full: not looked
+            // up. A row kept with another status, or not kept, changed.
+            let Some(shown) = word.and_then(|w| self.kind.class_of_word(&w)) else {
+                continue;
+            };
+            if self.backlog.get(key).map(|u| u.class()) != Some(shown) {
+                changed.push((key, id.into()));
+            }
+        }
+        Ok(changed)
+    }
+
     /// Takes a row's current version into the backlog; returns its key.
     fn see(&mut self, row: &AnyRow) -> Result<u64, SourceError> {
         let (key, unfinished) = self.kind.unfinished(row).map_err(SourceError::Schema)?;
         self.backlog.update(key, unfinished);
         Ok(key)
     }
+}
+
+/// The rows of `query` in the range (`lo`, `hi`] of its two parameters;
+/// none, and no statement sent, for an empty range (nothing stuck, or a
+/// round waiting).
+async fn read_range(
+    sql: Sql,
+    tx: &mut AnyConnection,
+    query: String,
+    (lo, hi): (i64, i64),
+) -> Result<Vec<AnyRow>, SourceError> {
+    if lo >= hi {
+        return Ok(Vec::new());
+    }
+    bind(
+        bind(sqlx::query(sqlx::AssertSqlSafe(query)), sql.cursor(lo)),
+        sql.cursor(hi),
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(query_error)
 }
 
 /// What the tails of one poll read: how far back, and what was read before.
@@ -3025,6 +3170,8 @@ pub struct Checked {
     pub notes: Vec<String>,
     /// PostgreSQL: whether the rows carry `xmin`.
     pub xmin: bool,
+    /// PostgreSQL: whether a row's `ctid` names it in the whole relation.
+    pub tids: bool,
     /// How look-ups bind event ids, from the id column's type.
     pub id_bind: IdBind,
 }
@@ -3113,6 +3260,7 @@ impl Opener {
         if self.sql.snapshot_xmin().is_none() {
             return Ok(Checked {
                 xmin: false,
+                tids: false,
                 id_bind,
                 notes,
             });
@@ -3127,6 +3275,7 @@ impl Opener {
         // Tables, partitioned tables and materialized views have row versions.
         Ok(Checked {
             xmin: matches!(kind.as_deref(), Some("r" | "p" | "m")),
+            tids: matches!(kind.as_deref(), Some("r" | "m")),
             id_bind,
             notes,
         })
@@ -4009,6 +4158,33 @@ mod tests {
                 .as_deref(),
             Some("inbox_in_flight")
         );
+        // Its two ranges apart (the stuck ones as ids and statuses, the
+        // recent ones in full) are served by the same index.
+        let (stuck, recent) = source.in_flight_parts().expect("the two ranges");
+        for (query, binds) in [(stuck, 2), (recent, 1)] {
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN QUERY PLAN {query}")));
+            for _ in 0..binds {
+                q = bind(q, source.sql.cursor(0));
+            }
+            let plan: Vec<String> = q
+                .fetch_all(&mut conn)
+                .await
+                .expect("plan")
+                .iter()
+                .map(|r| r.try_get::<String, _>(3).unwrap_or_default())
+                .collect();
+            assert_eq!(
+                plan_uses(
+                    &plan,
+                    &["inbox_in_flight".to_string()],
+                    "inbox",
+                    Dialect::Sqlite
+                )
+                .as_deref(),
+                Some("inbox_in_flight"),
+                "{query}: {plan:?}"
+            );
+        }
     }
 
     /// Through the partial index the ranges return the rows in flight
