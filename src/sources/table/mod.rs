@@ -1016,7 +1016,8 @@ impl<K: TableKind> TableSource<K> {
         // statuses, and the tails merged by row version"). Two rows whose
         // columns compare equal (ids equal under a non-deterministic
         // collation) stay two.
-        let tids = self.xmin && self.tids;
+        // Set only for a table or materialized view, which carry `xmin`.
+        let tids = self.tids;
         let what = if tids {
             "ctid".to_string()
         } else if self.xmin {
@@ -1121,11 +1122,7 @@ impl<K: TableKind> TableSource<K> {
     /// takes the index for it. `None` where the kind has no such condition,
     /// and on MySQL, which has no partial indexes.
     fn in_flight_query(&self) -> Option<String> {
-        if self.incremental.is_none() || self.sql.dialect == Dialect::MySql {
-            return None;
-        }
-        let (filter, started) = self.kind.in_flight(&self.sql)?;
-        let started = self.sql.ident(&started);
+        let (filter, started) = self.in_flight_partial()?;
         let part = |range: String| {
             format!(
                 "SELECT {} FROM {} WHERE {filter} AND {range}",
@@ -1149,26 +1146,42 @@ impl<K: TableKind> TableSource<K> {
         ))
     }
 
+    /// On PostgreSQL and SQLite with an [`Incremental`] plan: the condition
+    /// of the rows in flight, as the partial index over them holds it, and
+    /// their start column, quoted. `None` on MySQL, which has no partial
+    /// indexes, or where the kind has no such condition.
+    fn in_flight_partial(&self) -> Option<(String, String)> {
+        if self.incremental.is_none() || self.sql.dialect == Dialect::MySql {
+            return None;
+        }
+        let (filter, started) = self.kind.in_flight(&self.sql)?;
+        Some((filter, self.sql.ident(&started)))
+    }
+
+    /// The select list of a read of the stuck rows' ids and statuses alone:
+    /// the event id's and the status word's expressions, as the full select
+    /// list has them.
+    fn id_and_status(&self) -> Option<String> {
+        let list = self.kind.select_list(&self.sql);
+        let expr = |name: &str| {
+            list.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, e)| e.as_str())
+        };
+        Some(format!("{}, {}", expr("event_id")?, expr("status")?))
+    }
+
     /// [`Self::in_flight_query`]'s two ranges as statements of their own,
     /// for [`Self::check_stuck`]: the slice of the stuck rows' starts
     /// (`$1`, `$2`] as each row's event id and status word alone, at most a
     /// page in the start's order, and the rows started after `$1` in full.
     /// The same condition and ranges, so the same partial index serves them.
     fn in_flight_parts(&self) -> Option<(String, String)> {
-        self.in_flight_query()?;
-        let (filter, started) = self.kind.in_flight(&self.sql)?;
-        let started = self.sql.ident(&started);
-        let list = self.kind.select_list(&self.sql);
-        let expr = |name: &str| {
-            list.iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, e)| e.clone())
-        };
+        let (filter, started) = self.in_flight_partial()?;
         let table = self.sql.table(&self.spec.table);
         let stuck = format!(
-            "SELECT {}, {} FROM {table} WHERE {filter} AND {} AND {} ORDER BY {started} {}",
-            expr("event_id")?,
-            expr("status")?,
+            "SELECT {} FROM {table} WHERE {filter} AND {} AND {} ORDER BY {started} {}",
+            self.id_and_status()?,
             self.sql.after(&started, 1),
             self.sql.at_most(&started, 2),
             self.sql.limit(self.spec.batch_size),
@@ -1197,12 +1210,6 @@ impl<K: TableKind> TableSource<K> {
         }
         let (filter, _) = self.kind.in_flight(&self.sql)?;
         let received = self.sql.ident(&self.kind.received_column()?);
-        let list = self.kind.select_list(&self.sql);
-        let expr = |name: &str| {
-            list.iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, e)| e.clone())
-        };
         // The index named, once found: the optimizer would otherwise weigh
         // each slice's range anew, and may take the one on `received_at`
         // alone, which visits every row.
@@ -1210,9 +1217,8 @@ impl<K: TableKind> TableSource<K> {
             format!(" FORCE INDEX ({})", self.sql.ident(i))
         });
         Some(format!(
-            "SELECT {}, {} FROM {}{force} WHERE {filter} AND {} AND {} {}",
-            expr("event_id")?,
-            expr("status")?,
+            "SELECT {} FROM {}{force} WHERE {filter} AND {} AND {} {}",
+            self.id_and_status()?,
             self.sql.table(&self.spec.table),
             self.sql.after(&received, 1),
             self.sql.at_most(&received, 2),
