@@ -44,8 +44,10 @@
 # `scripts/slowlog-statements.py PATH` sums the agent's time per statement.
 #
 # Every database is the benchmark's own: a PostgreSQL 15 cluster (initdb,
-# pg_stat_statements preloaded) and a mariadbd instance (performance_schema
-# on), each on a free port in a temporary directory removed at the end.
+# pg_stat_statements preloaded, and auto_explain, off until the harness takes
+# the agent's plans after the measured window) and a mariadbd instance
+# (performance_schema on), each on a free port in a temporary directory
+# removed at the end.
 # prometheus-sql-exporter is installed from Debian if missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -113,7 +115,7 @@ start_pg() {
 port = $PG_PORT
 listen_addresses = '127.0.0.1'
 unix_socket_directories = '$WORK/pg'
-shared_preload_libraries = 'pg_stat_statements'
+shared_preload_libraries = 'pg_stat_statements, auto_explain'
 pg_stat_statements.track = top
 pg_stat_statements.track_planning = on
 shared_buffers = $mem
@@ -135,8 +137,14 @@ start_mariadb() {
   # for scripts/slowlog-statements.py: MariaDB's performance_schema counts
   # no executions of prepared statements, so the agent's time per statement
   # is read from there.
-  local slow=()
-  [ -n "${MY_SLOW_LOG:-}" ] && slow=(--slow-query-log=1 --long-query-time=0 --slow-query-log-file="$WORK/my/slow.log")
+  # The general query log is on from the start, written nowhere: MariaDB
+  # writes a prepared statement's values into its logged text only when a log
+  # was on as the statement was prepared, and the harness reads the agent's
+  # statements, values and all, from it after the measured window
+  # (benches/table/plans.rs).
+  local slow=(--general-log=1 --log-output=NONE)
+  [ -n "${MY_SLOW_LOG:-}" ] && slow=(--general-log=1 --general-log-file=/dev/null --log-output=FILE
+    --slow-query-log=1 --long-query-time=0 --slow-query-log-file="$WORK/my/slow.log")
   mariadbd --no-defaults --user=mysql --datadir="$WORK/my" --port="$MY_PORT" --bind-address=127.0.0.1 \
     --socket="$WORK/my/mysqld.sock" --pid-file="$WORK/my/mysqld.pid" --performance-schema=ON \
     --innodb-buffer-pool-size=$mem --innodb-log-file-size=1G --innodb-flush-log-at-trx-commit=1 \

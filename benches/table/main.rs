@@ -14,6 +14,7 @@
 
 mod load;
 mod measure;
+mod plans;
 mod soak;
 mod writer;
 
@@ -532,7 +533,8 @@ async fn main() {
         })
     };
     eprintln!("writing {} changes/s for {} s...", a.rate, a.seconds);
-    let (changes, elapsed) = writer::run(writer_conn, d, a.rate, a.seconds, truth.clone()).await;
+    let (changes, elapsed) =
+        writer::run(writer_conn, d, a.rate, (a.seconds, 0), truth.clone()).await;
     let wrote = Instant::now();
     writing.store(false, Ordering::Relaxed);
     let fresh = fresh.await.expect("probe task");
@@ -549,6 +551,21 @@ async fn main() {
         &[("source", "bench")],
     );
     let polls = (polls1 - polls0).max(1.0);
+    // The agent's plans, as it ran them, over a few polls more while the
+    // writer goes on at the same rate: after the measured window, since
+    // capturing them costs time of its own (plans.rs). Its events are
+    // numbered after the window's, and counted in the truth too.
+    let capture = plans::start(&mut conn, d).await;
+    let capture_s = (a.poll * 3.0).ceil().max(3.0) as u64 + 1;
+    writer::run(
+        connect(&url(admin_user, None)).await,
+        d,
+        a.rate,
+        (capture_s, 1_000_000_000),
+        truth.clone(),
+    )
+    .await;
+    let captured = plans::finish(&mut conn, d, capture).await;
     let exporter_refreshes = totals.exporter_calls as f64 / load::exporter_queries(d).len() as f64;
     let rows_scanned_exporter = sampler
         .exporter_rows_scanned(&load::exporter_queries(d))
@@ -571,18 +588,24 @@ async fn main() {
     };
     let catch_up = wrote.elapsed().as_secs_f64();
     let p95 = measure::p95_errors(&mut conn, d, &m, run_start, &truth).await;
-    let plans = match d {
+    let mut plans = match d {
         Dialect::Postgres => {
-            measure::agent_plans(
-                &mut conn,
-                a.poll,
-                run_start + (window * 1e6) as i64,
-                a.no_cursor,
-            )
-            .await
+            measure::agent_plans(&mut conn, run_start + (window * 1e6) as i64).await
         }
         Dialect::MySql => Vec::new(),
     };
+    // After the statement list, before the rebuilt reconcile.
+    let at = plans.len().min(1);
+    let capture_failed = captured.as_ref().err().cloned();
+    match captured {
+        Ok(p) => {
+            plans.splice(at..at, p);
+        }
+        Err(e) => plans.insert(
+            at,
+            ("the agent's plans were not captured".to_string(), vec![e]),
+        ),
+    }
     let agent_proc = proc_stats(agent_pid);
     let exporter_proc = proc_stats(exporter_pid);
     drop(exporter);
@@ -653,6 +676,19 @@ async fn main() {
             worst <= 0.01,
             "P95 off by {:.2} % (> 1 %) from the exact value at its rank",
             worst * 100.0
+        );
+        if let Some(e) = &capture_failed {
+            panic!("the agent's plans were not captured: {e}");
+        }
+        let refused: Vec<&String> = r
+            .plans
+            .iter()
+            .flat_map(|(_, p)| p)
+            .filter(|l| l.starts_with("ANALYZE failed") || l.starts_with("EXPLAIN failed"))
+            .collect();
+        assert!(
+            refused.is_empty(),
+            "the server refused to explain some statements: {refused:?}"
         );
         assert!(
             r.exporter_refreshes >= 1.0,

@@ -340,38 +340,12 @@ impl Sampler {
     }
 }
 
-/// EXPLAIN (ANALYZE, BUFFERS) of inboxwatch's queries on PostgreSQL, over
-/// the writer's last `poll` seconds (it ended at `end` µs): the tail of a
-/// normal poll (its text as pg_stat_statements recorded it, cursor $1,
-/// high-water mark $2, snapshot xmin $3; without a change cursor the tails
-/// of the three time columns read together, cursors $1 to $3, marks $4 to
-/// $6, xmin $7), the re-read slice of late commits
-/// (from $1 to $2, xmin $3), and the reconciling count and aggregate
-/// (rebuilt here: pg_stat_statements keeps them without constants).
-pub async fn agent_plans(
-    conn: &mut AnyConnection,
-    poll: f64,
-    end: i64,
-    no_cursor: bool,
-) -> Vec<(String, Vec<String>)> {
-    let tail = agent_statement(
-        conn,
-        "s.query LIKE '%ORDER BY%' AND s.query NOT LIKE '%UNION%'",
-    )
-    .await;
-    // The tails' parts are named tail0, tail1…; the rows in flight's
-    // statement is a UNION with an ORDER BY too.
-    let together = agent_statement(
-        conn,
-        "s.query LIKE '%UNION%' AND s.query LIKE '%ORDER BY%' AND s.query LIKE '%AS tail0%'",
-    )
-    .await;
-    let slice = agent_statement(
-        conn,
-        "s.query NOT LIKE '%ORDER BY%' AND s.query LIKE '%AND NOT%' AND s.query LIKE '%xmin%'",
-    )
-    .await;
-    // Where the agent's database time went, statement by statement.
+/// Where inboxwatch's database time went on PostgreSQL, statement by
+/// statement (`pg_stat_statements` over the run), and EXPLAIN (ANALYZE,
+/// BUFFERS) of the reconciling count and aggregate, which run once a minute
+/// and so seldom fall in the capture of the agent's own plans
+/// ([`crate::plans`]): rebuilt here, `end` µs being the writer's end.
+pub async fn agent_plans(conn: &mut AnyConnection, end: i64) -> Vec<(String, Vec<String>)> {
     let statements: Vec<(String, i64, f64, f64, f64)> =
         sqlx::query_as(sqlx::AssertSqlSafe(format!(
             "SELECT regexp_replace(s.query, '\\s+', ' ', 'g'), s.calls, \
@@ -394,179 +368,53 @@ pub async fn agent_plans(
         )
     }))
     .collect();
-    let xmin: i64 = sqlx::query_scalar(
-        "SELECT CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT)",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .expect("snapshot xmin");
-    let us = |s: f64| (s * 1e6) as i64;
-    let high = end - us(poll);
-    let mut runs = Vec::new();
     let mut out = vec![(
         "inboxwatch's statements by database time (pg_stat_statements over the run)".to_string(),
         statements,
     )];
-    let lag = inboxwatch::sources::table::COMMIT_LAG.as_secs_f64();
-    let apart = if together.is_some() {
-        "tail of one time column, read apart (the first poll, and one after a burst)"
-    } else {
-        "tail of a normal poll"
-    };
-    if let Some(t) = together {
-        // Every column's mark at the writer's end less a poll (the three
-        // differ by less in a run).
-        let low = high - us(lag);
-        // A page's size, should pg_stat_statements show it as a parameter.
-        let mut q = t;
-        for n in (8..=10).rev() {
-            q = q.replace(&format!("LIMIT ${n}"), "LIMIT 5000");
-        }
-        let mut q = q.replace("$7", &xmin.to_string());
-        for n in 4..=6 {
-            q = q.replace(&format!("${n}"), &high.to_string());
-        }
-        for n in 1..=3 {
-            q = q.replace(&format!("${n}"), &low.to_string());
-        }
-        runs.push((
+    let stuck = end - 600_000_000;
+    let runs = vec![
+        (
+            "reconciling count of the unfinished rows (once a minute; rebuilt)".to_string(),
             format!(
-                "tails of a normal poll, read together ({poll} s of changes plus the {lag} s \
-                 look-back of each time column)"
+                "SELECT COUNT(*) FROM \"{}\" WHERE \"status\" IN ('pending', 'processing', 'failed')",
+                load::TABLE
             ),
-            q,
-        ));
-    }
-    if let Some(t) = tail {
-        let at = |low: i64| {
-            t.replace("$1", &low.to_string())
-                .replace("$2", &high.to_string())
-                .replace("$3", &xmin.to_string())
-        };
-        runs.push((
-            format!("{apart} ({poll} s of changes plus the {lag} s look-back)"),
-            at(high - us(lag)),
-        ));
-    }
-    if let Some(q) = slice {
-        // One statement holds every tailed column's two slices, each bound
-        // as (from, to, xmin): the changes that became a third of `overlap`
-        // (10 s) and all of it (30 s) old since the last poll.
-        let arms = (1..)
-            .take_while(|n| q.contains(&format!("${}", 3 * n)))
-            .count();
-        let mut q = q;
-        for arm in (0..arms).rev() {
-            let to = high - us(if arm % 2 == 0 { 10.0 } else { 30.0 });
-            let first = 3 * arm + 1;
-            q = q
-                .replace(&format!("${}", first + 2), &xmin.to_string())
-                .replace(&format!("${}", first + 1), &to.to_string())
-                .replace(&format!("${first}"), &(to - us(poll)).to_string());
-        }
-        runs.push((
+        ),
+        (
+            "reconciling aggregate over the unfinished rows (every tenth check, or when the count \
+             differs; rebuilt)"
+                .to_string(),
             format!(
-                "re-read of late commits: the {poll} s slices 10 s and 30 s back of each tailed \
-                 column, in one statement"
+                "SELECT CAST(\"status\" AS TEXT), CAST(\"event_type\" AS TEXT), COUNT(*), \
+                 CAST(date_part('epoch', MIN(\"received_at\")) * 1000000 AS BIGINT), \
+                 CAST(SUM(CASE WHEN \"status\" IN ('processing') AND CAST(date_part('epoch', \"started_at\") * 1000000 AS BIGINT) < {stuck} \
+                 THEN 1 ELSE 0 END) AS BIGINT) FROM \"{}\" WHERE \"status\" IN ('pending', 'processing', 'failed') \
+                 GROUP BY \"status\", \"event_type\"",
+                load::TABLE
             ),
-            q,
-        ));
-    }
-    if no_cursor {
-        // Without a change cursor a poll tails received_at, started_at and
-        // finished_at and reads the rows in flight through their partial
-        // index (an older build: looks them up by id, ids as literals,
-        // which pg_stat_statements shows as parameters: see the statements
-        // above); the unfinished rows are re-read only when the reconcile
-        // below finds the kept backlog differs. A build that still re-reads
-        // them on every poll (AGENT_BIN of an older commit) shows that query.
-        let reread = agent_statement(
-            conn,
-            "s.query NOT LIKE '%ORDER BY%' AND s.query LIKE '%IN (%pending%) LIMIT%' \
-             AND s.calls > 10",
-        )
-        .await;
-        runs.extend(reread.map(|q| ("re-read of the unfinished rows (every poll)".to_string(), q)));
-        // The rows in flight through the partial index over them: its two
-        // ranges bound as (slice from, slice to, recent from), the status
-        // words and the slice's page after them, as pg_stat_statements
-        // numbers constants. Shown with an hour's slice of stuck starts 20
-        // days back and every row in flight started within the horizon
-        // (`stuck_after`, 10 min).
-        let in_flight = agent_statement(
-            conn,
-            "s.query LIKE '%UNION ALL%' AND s.query NOT LIKE '%xmin%' \
-             AND s.query LIKE '%\"started_at\" <= %'",
-        )
-        .await;
-        if let Some(q) = in_flight {
-            let day = 86_400.0;
-            let mut q = q;
-            // The constants after the binds, in their order: each part's two
-            // status words and the slice's page.
-            let mut words = ["processing", "failed"].into_iter().cycle();
-            for n in 4..=9 {
-                let p = format!("${n}");
-                let at = q
-                    .find(&p)
-                    .filter(|i| !q[i + p.len()..].starts_with(char::is_numeric));
-                if let Some(i) = at {
-                    let value = if q[..i].ends_with("LIMIT ") {
-                        "500".to_string()
-                    } else {
-                        format!("'{}'", words.next().unwrap_or_default())
-                    };
-                    q.replace_range(i..i + p.len(), &value);
-                }
-            }
-            let q = q
-                .replace("$3", &(end - us(600.0)).to_string())
-                .replace("$2", &(end - us(20.0 * day)).to_string())
-                .replace("$1", &(end - us(20.0 * day + 3600.0)).to_string());
-            runs.push((
-                "rows in flight through their partial index: a slice of the stuck ones' starts \
-                 (here an hour's, 20 days back) and every one started within the horizon \
-                 (10 min)"
-                    .to_string(),
-                q,
-            ));
-        }
-    }
-    let stuck = end - us(600.0);
-    runs.push((
-        "reconciling count of the unfinished rows (once a minute)".to_string(),
-        format!(
-            "SELECT COUNT(*) FROM \"{}\" WHERE \"status\" IN ('pending', 'processing', 'failed')",
-            load::TABLE
         ),
-    ));
-    runs.push((
-        "reconciling aggregate over the unfinished rows (every tenth check, or when the count differs)"
-            .to_string(),
-        format!(
-            "SELECT CAST(\"status\" AS TEXT), CAST(\"event_type\" AS TEXT), COUNT(*), \
-             CAST(date_part('epoch', MIN(\"received_at\")) * 1000000 AS BIGINT), \
-             CAST(SUM(CASE WHEN \"status\" IN ('processing') AND CAST(date_part('epoch', \"started_at\") * 1000000 AS BIGINT) < {stuck} \
-             THEN 1 ELSE 0 END) AS BIGINT) FROM \"{}\" WHERE \"status\" IN ('pending', 'processing', 'failed') \
-             GROUP BY \"status\", \"event_type\"",
-            load::TABLE
-        ),
-    ));
+    ];
     out.extend(explain(conn, runs).await);
     out
 }
 
 /// What one of the agent's statements is, from its text (their first
 /// characters look alike): a prefix for the list of statements.
-fn statement_label(query: &str) -> &'static str {
+pub fn statement_label(query: &str) -> &'static str {
     if query.contains("AS tail0") {
         "[tails together] "
+    } else if query.contains(" IS NULL AND ") && query.contains("ORDER BY") {
+        "[rows without a change cursor] "
     } else if query.contains("AS stuck") {
         "[rows in flight] "
     } else if query.contains("\"started_at\" <= ") && query.contains("ORDER BY") {
         "[stuck rows: ids and statuses] "
     } else if query.contains("\"status\" IN (") && query.contains("\"started_at\" > ") {
         "[rows in flight, recent] "
+    } else if query.starts_with("SELECT CAST(\"event_id\" AS CHAR), CAST(\"status\" AS CHAR) FROM")
+    {
+        "[rows in flight: ids and statuses] "
     } else if query.contains(" AND NOT ") && query.contains("UNION ALL") {
         "[late-commit slices] "
     } else if query.contains("\"event_id\" IN (") {
@@ -578,21 +426,8 @@ fn statement_label(query: &str) -> &'static str {
     }
 }
 
-/// The text of the agent's most called statement on the bench table that
-/// matches `condition` (over `pg_stat_statements s`), if any.
-async fn agent_statement(conn: &mut AnyConnection, condition: &str) -> Option<String> {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT s.query FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid \
-         WHERE r.rolname = '{AGENT_USER}' AND {condition} AND s.query LIKE '%{}%' \
-         ORDER BY s.calls DESC LIMIT 1",
-        load::TABLE
-    )))
-    .fetch_optional(&mut *conn)
-    .await
-    .unwrap_or_default()
-}
-
-/// EXPLAIN (ANALYZE, BUFFERS) of each query.
+/// EXPLAIN (ANALYZE, BUFFERS) of each query; a query the server refuses
+/// shows its error in the plan's place.
 async fn explain(
     conn: &mut AnyConnection,
     runs: Vec<(String, String)>,
@@ -600,12 +435,11 @@ async fn explain(
     let mut out = Vec::new();
     for (what, q) in runs {
         let sql = format!("EXPLAIN (ANALYZE, BUFFERS) {q}");
-        if let Ok(plan) = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql))
+        let plan = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql))
             .fetch_all(&mut *conn)
             .await
-        {
-            out.push((what, plan));
-        }
+            .unwrap_or_else(|e| vec![format!("EXPLAIN failed: {e}"), q]);
+        out.push((what, plan));
     }
     out
 }
@@ -1064,8 +898,12 @@ impl Report {
         s.push_str("\n</details>\n");
         for (what, plan) in &self.plans {
             // The statement table is not a plan.
-            let title = if what.starts_with("inboxwatch's statements") {
+            let title = if what.starts_with("inboxwatch's statements")
+                || what.starts_with("the agent's plans were not")
+            {
                 what.clone()
+            } else if self.dialect == Dialect::MySql {
+                format!("ANALYZE FORMAT=JSON, inboxwatch: {what}")
             } else {
                 format!("EXPLAIN (ANALYZE, BUFFERS), inboxwatch: {what}")
             };

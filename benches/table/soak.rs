@@ -190,7 +190,9 @@ pub async fn run(
     );
     let t0 = Instant::now();
     let writing =
-        tokio::spawn(async move { writer::run(writer_conn, dialect, rate, seconds, truth).await });
+        tokio::spawn(
+            async move { writer::run(writer_conn, dialect, rate, (seconds, 0), truth).await },
+        );
 
     // 1. Remembered events: past the long retention and one eviction.
     tokio::time::sleep(Duration::from_secs(long + settle)).await;

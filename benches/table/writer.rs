@@ -70,12 +70,13 @@ fn list(ids: &[&str]) -> String {
     format!("({})", quoted.join(", "))
 }
 
-/// Writes `rate` row changes per second for `seconds`, recording the truth.
+/// Writes `rate` row changes per second for `seconds`, recording the truth;
+/// its new events are numbered after `first_id`.
 pub async fn run(
     mut conn: AnyConnection,
     dialect: Dialect,
     rate: u64,
-    seconds: u64,
+    (seconds, first_id): (u64, u64),
     truth: Shared,
 ) -> (u64, Duration) {
     let now = match dialect {
@@ -86,7 +87,7 @@ pub async fn run(
     let mut processing: VecDeque<Event> = VecDeque::new();
     let mut failed: VecDeque<Event> = VecDeque::new();
     let mut done: VecDeque<(String, usize)> = VecDeque::new();
-    let mut next_id = 0u64;
+    let mut next_id = first_id;
     let mut changes = 0u64;
     let start = Instant::now();
     let mut ticker = tokio::time::interval(Duration::from_millis(1000 / TICKS));
