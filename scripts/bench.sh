@@ -39,6 +39,8 @@
 # rows added, 100000), SOAK_WINDOW (samples per plateau, 60). AGENT_BIN: the
 # agent binary to measure, in both modes (default the dist build of this
 # tree), e.g. another commit's for a comparison in the same conditions.
+# MY_GENERAL_LOG=0: mariadbd without its general query log, which is on
+# (written nowhere) so that the agent's plans can be taken at the end.
 # MY_SLOW_LOG: a path where MariaDB's log of every statement is kept (slow
 # query log at 0 s: it slows every statement a little, the exporter's too);
 # `scripts/slowlog-statements.py PATH` sums the agent's time per statement.
@@ -142,8 +144,11 @@ start_mariadb() {
   # was on as the statement was prepared, and the harness reads the agent's
   # statements, values and all, from it after the measured window
   # (benches/table/plans.rs).
-  local slow=(--general-log=1 --log-output=NONE)
-  [ -n "${MY_SLOW_LOG:-}" ] && slow=(--general-log=1 --general-log-file=/dev/null --log-output=FILE
+  # MY_GENERAL_LOG=0 leaves it off (what it costs; the report then has no
+  # MariaDB plans).
+  local general=1; [ "${MY_GENERAL_LOG:-1}" = 0 ] && general=0
+  local slow=(--general-log=$general --log-output=NONE)
+  [ -n "${MY_SLOW_LOG:-}" ] && slow=(--general-log=$general --general-log-file=/dev/null --log-output=FILE
     --slow-query-log=1 --long-query-time=0 --slow-query-log-file="$WORK/my/slow.log")
   mariadbd --no-defaults --user=mysql --datadir="$WORK/my" --port="$MY_PORT" --bind-address=127.0.0.1 \
     --socket="$WORK/my/mysqld.sock" --pid-file="$WORK/my/mysqld.pid" --performance-schema=ON \
