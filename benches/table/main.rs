@@ -567,7 +567,7 @@ async fn main() {
     // The writer's last change: the catch-up below counts from here (and
     // so includes the reading of the plans, well under a second).
     let wrote = Instant::now();
-    let captured = plans::finish(&mut conn, d, capture).await;
+    let captured = plans::finish(&mut conn, capture).await;
     let exporter_refreshes = totals.exporter_calls as f64 / load::exporter_queries(d).len() as f64;
     let rows_scanned_exporter = sampler
         .exporter_rows_scanned(&load::exporter_queries(d))
@@ -603,10 +603,7 @@ async fn main() {
         Ok(p) => {
             plans.splice(at..at, p);
         }
-        Err(e) => plans.insert(
-            at,
-            ("the agent's plans were not captured".to_string(), vec![e]),
-        ),
+        Err(e) => plans.insert(at, (plans::NOT_CAPTURED.to_string(), vec![e])),
     }
     let agent_proc = proc_stats(agent_pid);
     let exporter_proc = proc_stats(exporter_pid);
@@ -680,7 +677,7 @@ async fn main() {
             worst * 100.0
         );
         if let Some(e) = &capture_failed {
-            panic!("the agent's plans were not captured: {e}");
+            panic!("{}: {e}", plans::NOT_CAPTURED);
         }
         let refused: Vec<&String> = r
             .plans

@@ -899,7 +899,7 @@ impl Report {
         for (what, plan) in &self.plans {
             // The statement table is not a plan.
             let title = if what.starts_with("inboxwatch's statements")
-                || what.starts_with("the agent's plans were not")
+                || what == crate::plans::NOT_CAPTURED
             {
                 what.clone()
             } else if self.dialect == Dialect::MySql {

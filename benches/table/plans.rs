@@ -38,16 +38,29 @@ const PG_SETTINGS: [(&str, &str); 6] = [
     ("log_line_prefix", "'%m [%p] user=%u '"),
 ];
 
-/// Where a capture began: the log's length (PostgreSQL) or the time
-/// (MariaDB), or why it could not begin.
-pub struct Capture(Result<String, String>);
+/// The title of the report's entry that says why there are no plans.
+pub const NOT_CAPTURED: &str = "the agent's plans were not captured";
+
+/// Where a capture began, or why it could not begin.
+pub enum Capture {
+    /// The server log's length in bytes.
+    Postgres(i64),
+    /// The server's time, and the log output to restore (`MY_SLOW_LOG`
+    /// keeps the slow log in a file).
+    MySql {
+        from: String,
+        output: String,
+    },
+    Failed(String),
+}
 
 /// Switches the capture on.
 pub async fn start(conn: &mut AnyConnection, d: Dialect) -> Capture {
-    Capture(match d {
+    let started = match d {
         Dialect::Postgres => pg_start(conn).await,
         Dialect::MySql => my_start(conn).await,
-    })
+    };
+    started.unwrap_or_else(Capture::Failed)
 }
 
 /// Switches the capture off and returns a plan per kind of statement the
@@ -55,17 +68,16 @@ pub async fn start(conn: &mut AnyConnection, d: Dialect) -> Capture {
 /// none.
 pub async fn finish(
     conn: &mut AnyConnection,
-    d: Dialect,
     capture: Capture,
 ) -> Result<Vec<(String, Vec<String>)>, String> {
-    match (d, capture.0) {
-        (_, Err(e)) => Err(e),
-        (Dialect::Postgres, Ok(from)) => pg_finish(conn, &from).await,
-        (Dialect::MySql, Ok(from)) => my_finish(conn, &from).await,
+    match capture {
+        Capture::Failed(e) => Err(e),
+        Capture::Postgres(from) => pg_finish(conn, from).await,
+        Capture::MySql { from, output } => my_finish(conn, &from, &output).await,
     }
 }
 
-async fn pg_start(conn: &mut AnyConnection) -> Result<String, String> {
+async fn pg_start(conn: &mut AnyConnection) -> Result<Capture, String> {
     let size: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT size FROM pg_stat_file('{PG_LOG}')"
     )))
@@ -81,7 +93,7 @@ async fn pg_start(conn: &mut AnyConnection) -> Result<String, String> {
         .map_err(|e| format!("ALTER SYSTEM SET {name}: {e}"))?;
     }
     reload(conn).await?;
-    Ok(size.to_string())
+    Ok(Capture::Postgres(size))
 }
 
 async fn reload(conn: &mut AnyConnection) -> Result<(), String> {
@@ -94,7 +106,7 @@ async fn reload(conn: &mut AnyConnection) -> Result<(), String> {
 
 async fn pg_finish(
     conn: &mut AnyConnection,
-    from: &str,
+    from: i64,
 ) -> Result<Vec<(String, Vec<String>)>, String> {
     for (name, _) in PG_SETTINGS {
         exec(conn, &format!("ALTER SYSTEM RESET {name}")).await;
@@ -200,14 +212,19 @@ fn last_of_each(entries: Vec<(String, Vec<String>)>) -> Vec<(String, String, Vec
         .collect()
 }
 
-/// The statement's text above its plan: a long select list (the agent's
-/// columns, each cast) shortened to `…`, then the first 600 characters.
-fn with_text(query: &str, plan: Vec<String>) -> Vec<String> {
-    let text = match (query.strip_prefix("SELECT "), query.find(" FROM ")) {
-        (Some(_), Some(from)) if from > 80 => format!("SELECT …{}", &query[from..]),
+/// `query` with its select list shortened to `…` where the list is longer
+/// than `longer_than` characters (the agent's columns, each cast).
+fn without_select_list(query: &str, longer_than: usize) -> String {
+    match (query.strip_prefix("SELECT "), query.find(" FROM ")) {
+        (Some(_), Some(from)) if from > longer_than => format!("SELECT …{}", &query[from..]),
         _ => query.to_string(),
-    };
-    let short: String = text.chars().take(600).collect();
+    }
+}
+
+/// The statement's text above its plan: a long select list shortened, then
+/// the first 600 characters.
+fn with_text(query: &str, plan: Vec<String>) -> Vec<String> {
+    let short: String = without_select_list(query, 80).chars().take(600).collect();
     std::iter::once(format!("-- {short}")).chain(plan).collect()
 }
 
@@ -215,10 +232,7 @@ fn with_text(query: &str, plan: Vec<String>) -> Vec<String> {
 /// and parameter numbers (an id list's length varies).
 fn kind(query: &str) -> String {
     let mut out = String::new();
-    let rest = match (query.find("SELECT "), query.find(" FROM ")) {
-        (Some(0), Some(f)) => format!("SELECT …{}", &query[f..]),
-        _ => query.to_string(),
-    };
+    let rest = without_select_list(query, 0);
     let mut chars = rest.chars().peekable();
     while let Some(c) = chars.next() {
         match c {
@@ -244,24 +258,22 @@ fn kind(query: &str) -> String {
     out
 }
 
-/// Begins at the server's time and the log output it had (restored after:
-/// `MY_SLOW_LOG` keeps the slow log in a file), as `time|output`.
-async fn my_start(conn: &mut AnyConnection) -> Result<String, String> {
-    let now: String =
-        sqlx::query_scalar("SELECT CONCAT(CAST(NOW(6) AS CHAR), '|', @@GLOBAL.log_output)")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| format!("NOW(6), log_output: {e}"))?;
-    let on: i64 = sqlx::query_scalar("SELECT CAST(@@GLOBAL.general_log AS SIGNED)")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| format!("general_log: {e}"))?;
+/// Begins at the server's time, once the log output goes to the table.
+async fn my_start(conn: &mut AnyConnection) -> Result<Capture, String> {
+    let row = sqlx::query(
+        "SELECT CAST(NOW(6) AS CHAR), CAST(@@GLOBAL.log_output AS CHAR), \
+         CAST(@@GLOBAL.general_log AS SIGNED)",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(|e| format!("NOW(6), log_output, general_log: {e}"))?;
+    let (from, output, on): (String, String, i64) = (row.get(0), row.get(1), row.get(2));
     if on != 1 {
         // Switched on now, it would log the agent's prepared statements
         // without their values.
         return Err(
             "the general query log was off as the agent prepared its statements \
-                    (scripts/bench.sh starts mariadbd with --general-log=1)"
+             (scripts/bench.sh starts mariadbd with --general-log=1)"
                 .to_string(),
         );
     }
@@ -269,14 +281,14 @@ async fn my_start(conn: &mut AnyConnection) -> Result<String, String> {
         .execute(&mut *conn)
         .await
         .map_err(|e| format!("SET GLOBAL log_output = 'TABLE': {e}"))?;
-    Ok(now)
+    Ok(Capture::MySql { from, output })
 }
 
 async fn my_finish(
     conn: &mut AnyConnection,
     from: &str,
+    output: &str,
 ) -> Result<Vec<(String, Vec<String>)>, String> {
-    let (from, output) = from.split_once('|').unwrap_or((from, "FILE"));
     exec(conn, &format!("SET GLOBAL log_output = '{output}'")).await;
     let rows = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT CAST(argument AS CHAR) FROM mysql.general_log \
