@@ -544,6 +544,10 @@ async fn main() {
     let bursts = samples.await.expect("sampler");
     let mut sampler = Sampler::new(d, url(admin_user, None)).await;
     let totals = sampler.totals().await;
+    let statements = match d {
+        Dialect::MySql => sampler.my_statements().await,
+        Dialect::Postgres => Vec::new(),
+    };
     let cpu1 = (proc_stats(agent_pid).cpu, proc_stats(exporter_pid).cpu);
     let polls1 = scrape(agent_port).await.expect("scrape").sum(
         "inboxwatch_poll_duration_seconds_count",
@@ -594,7 +598,11 @@ async fn main() {
         Dialect::Postgres => {
             measure::agent_plans(&mut conn, run_start + (window * 1e6) as i64).await
         }
-        Dialect::MySql => Vec::new(),
+        Dialect::MySql => vec![(
+            "inboxwatch's statements by kind of command (performance_schema over the run)"
+                .to_string(),
+            statements,
+        )],
     };
     // After the statement list, before the rebuilt reconcile.
     let at = plans.len().min(1);

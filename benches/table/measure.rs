@@ -185,6 +185,35 @@ impl Sampler {
         self
     }
 
+    /// MariaDB: the agent's statements by kind of command and their
+    /// database time over the window. MariaDB counts no executions per
+    /// prepared statement (`prepared_statements_instances` keeps
+    /// `COUNT_EXECUTE` at 0), and prepared statements get no digest, so the
+    /// time of each of the agent's statements shows only in a log of every
+    /// statement (`MY_SLOW_LOG`, `scripts/slowlog-statements.py`).
+    pub async fn my_statements(&mut self) -> Vec<String> {
+        let commands: Vec<(String, i64, f64, f64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT CAST(EVENT_NAME AS CHAR), CAST(COUNT_STAR AS SIGNED), \
+             CAST(SUM_TIMER_WAIT / 1e9 AS DOUBLE), CAST(MAX_TIMER_WAIT / 1e9 AS DOUBLE) \
+             FROM performance_schema.events_statements_summary_by_user_by_event_name \
+             WHERE USER = '{AGENT_USER}' AND COUNT_STAR > 0 ORDER BY SUM_TIMER_WAIT DESC"
+        )))
+        .fetch_all(&mut self.conn)
+        .await
+        .expect("events_statements_summary_by_user_by_event_name");
+        std::iter::once(format!(
+            "{:>8} {:>10} {:>8} {:>8}  command",
+            "calls", "total ms", "mean ms", "max ms"
+        ))
+        .chain(commands.into_iter().map(|(name, calls, ms, max)| {
+            format!(
+                "{calls:>8} {ms:>10.1} {:>8.3} {max:>8.1}  {name}",
+                ms / calls.max(1) as f64
+            )
+        }))
+        .collect()
+    }
+
     /// Cumulative database time (ms) of each system's queries on the table,
     /// and whether a query of it is running.
     async fn sample(&mut self) -> ((f64, bool), (f64, bool)) {
@@ -202,19 +231,24 @@ impl Sampler {
                 ),
             ),
             Dialect::MySql => (
-                // Digests have no user: the exporter's queries are told by
-                // not starting with a CAST. The agent's are prepared
-                // statements, which get no digest, so its per-poll time is
-                // not measured here (its mean comes from the per-user totals).
+                // The agent's statements are prepared, which get no digest:
+                // its time is its user's total, which counts the statements
+                // of connected sessions as they end. Digests have no user:
+                // the exporter's queries are told by not starting with a
+                // CAST (the agent's text-protocol statements do).
                 format!(
-                    "SELECT CASE WHEN DIGEST_TEXT LIKE 'SELECT CAST%' THEN '{AGENT_USER}' ELSE '{EXPORTER_USER}' END, \
-                     CAST(SUM(SUM_TIMER_WAIT) / 1e9 AS DOUBLE) FROM performance_schema.events_statements_summary_by_digest \
+                    "SELECT '{AGENT_USER}', CAST(SUM(SUM_TIMER_WAIT) / 1e9 AS DOUBLE) \
+                     FROM performance_schema.events_statements_summary_by_user_by_event_name \
+                     WHERE USER = '{AGENT_USER}' UNION ALL \
+                     SELECT '{EXPORTER_USER}', CAST(SUM(SUM_TIMER_WAIT) / 1e9 AS DOUBLE) \
+                     FROM performance_schema.events_statements_summary_by_digest \
                      WHERE DIGEST_TEXT LIKE 'SELECT%' AND DIGEST_TEXT NOT LIKE '%GET_LOCK%' \
-                     AND (DIGEST_TEXT LIKE 'SELECT CAST%' OR DIGEST_TEXT LIKE '%{}%') GROUP BY 1",
+                     AND DIGEST_TEXT NOT LIKE 'SELECT CAST%' AND DIGEST_TEXT LIKE '%{}%'",
                     load::TABLE
                 ),
                 format!(
-                    "SELECT CAST(USER AS CHAR) FROM information_schema.PROCESSLIST WHERE USER IN {} AND COMMAND = 'Query'",
+                    "SELECT CAST(USER AS CHAR) FROM information_schema.PROCESSLIST WHERE USER IN {} \
+                     AND COMMAND IN ('Query', 'Execute')",
                     users()
                 ),
             ),
