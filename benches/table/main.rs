@@ -701,6 +701,18 @@ async fn main() {
             r.exporter_refreshes >= 1.0,
             "prometheus-sql-exporter never refreshed"
         );
+        // The median and P95 per refresh come from these (on MariaDB the
+        // agent's from its user's statement totals): none, and the report
+        // shows a dash.
+        assert!(
+            !r.bursts.agent.is_empty() && !r.bursts.exporter.is_empty(),
+            "the sampler saw no refresh of {}",
+            if r.bursts.agent.is_empty() {
+                "inboxwatch"
+            } else {
+                "prometheus-sql-exporter"
+            }
+        );
         assert!(
             !r.fresh_agent.is_empty(),
             "no freshness probe reached inboxwatch"
