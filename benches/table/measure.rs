@@ -201,17 +201,12 @@ impl Sampler {
         .fetch_all(&mut self.conn)
         .await
         .expect("events_statements_summary_by_user_by_event_name");
-        std::iter::once(format!(
-            "{:>8} {:>10} {:>8} {:>8}  command",
-            "calls", "total ms", "mean ms", "max ms"
-        ))
-        .chain(commands.into_iter().map(|(name, calls, ms, max)| {
-            format!(
-                "{calls:>8} {ms:>10.1} {:>8.3} {max:>8.1}  {name}",
-                ms / calls.max(1) as f64
-            )
-        }))
-        .collect()
+        time_table(
+            "command",
+            commands
+                .into_iter()
+                .map(|(name, calls, ms, max)| (calls, ms, ms / calls.max(1) as f64, max, name)),
+        )
     }
 
     /// Cumulative database time (ms) of each system's queries on the table,
@@ -390,18 +385,19 @@ pub async fn agent_plans(conn: &mut AnyConnection, end: i64) -> Vec<(String, Vec
         .fetch_all(&mut *conn)
         .await
         .unwrap_or_default();
-    let statements: Vec<String> = std::iter::once(format!(
-        "{:>8} {:>10} {:>8} {:>8}  statement",
-        "calls", "total ms", "mean ms", "max ms"
-    ))
-    .chain(statements.into_iter().map(|(q, calls, total, mean, max)| {
-        let short: String = q.chars().take(110).collect();
-        format!(
-            "{calls:>8} {total:>10.1} {mean:>8.3} {max:>8.1}  {}{short}",
-            statement_label(&q)
-        )
-    }))
-    .collect();
+    let statements = time_table(
+        "statement",
+        statements.into_iter().map(|(q, calls, total, mean, max)| {
+            let short: String = q.chars().take(110).collect();
+            (
+                calls,
+                total,
+                mean,
+                max,
+                format!("{}{short}", statement_label(&q)),
+            )
+        }),
+    );
     let mut out = vec![(
         "inboxwatch's statements by database time (pg_stat_statements over the run)".to_string(),
         statements,
@@ -431,6 +427,19 @@ pub async fn agent_plans(conn: &mut AnyConnection, end: i64) -> Vec<(String, Vec
     ];
     out.extend(explain(conn, runs).await);
     out
+}
+
+/// The agent's database time as a table, one line per row of (calls,
+/// total ms, mean ms, max ms, what ran), headed by the column `what`.
+fn time_table(what: &str, rows: impl Iterator<Item = (i64, f64, f64, f64, String)>) -> Vec<String> {
+    std::iter::once(format!(
+        "{:>8} {:>10} {:>8} {:>8}  {what}",
+        "calls", "total ms", "mean ms", "max ms"
+    ))
+    .chain(rows.map(|(calls, total, mean, max, ran)| {
+        format!("{calls:>8} {total:>10.1} {mean:>8.3} {max:>8.1}  {ran}")
+    }))
+    .collect()
 }
 
 /// What one of the agent's statements is, from its text (their first
