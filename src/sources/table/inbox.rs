@@ -122,73 +122,124 @@ struct Shown {
     now: Instant,
 }
 
-/// [`State`] as the map stores it: 24 bytes instead of 64, so a slot is
-/// 32 bytes with its key. The booleans and the status share one byte; the
-/// counts are 16 bits each; what few events ever have — a rejected version,
-/// a version with a `last_error` too long to read, a count past 65,535 — is
-/// kept apart, in [`Rare`], with one bit saying whether there is any.
+/// [`State`] as the map stores it: 16 bytes instead of 64, so a slot is
+/// 24 bytes with its key. Each word holds a time as 51 bits ([`pack_time`]:
+/// the microseconds from 1994 to 2065, exact), the first with the error
+/// class and the flags (the booleans and the status), the second with the
+/// three counts in 5, 4 and 4 bits. What few events ever have — a rejected
+/// version, a version with a `last_error` too long to read, a count past
+/// what its bits hold, a time outside those years — is kept apart, in
+/// [`Rare`], with one bit saying whether there is any (and one whether the
+/// times are there).
 #[derive(Debug, Clone, Copy, Default)]
 struct Remembered {
-    updated: i64,
-    received: i64,
-    deliveries: u16,
-    failures: u16,
-    spanned: u16,
-    flags: Flags,
-    class: u8,
+    /// `updated` (bits 0–50), the class (51–55), the [`Flags`] (56–63).
+    first: u64,
+    /// `received` (bits 0–50), deliveries (51–55), failures (56–59) and
+    /// the attempts spanned (60–63).
+    second: u64,
 }
 
-/// Bits of [`Remembered::flags`]; the status is in the bits from
+/// Bits of a time in [`Remembered`].
+const TIME_BITS: u32 = 51;
+const TIME_MASK: u64 = (1 << TIME_BITS) - 1;
+/// The middle of the times [`Remembered`] holds: 2030-01-01 00:00:00 UTC in
+/// microseconds; it holds 2⁵⁰ µs (35.7 years) either side.
+const TIME_CENTER: i64 = 1_893_456_000_000_000;
+const CLASS_BITS: u32 = 5;
+const _: () = assert!(super::error_classes::MAX_CLASSES <= 1 << CLASS_BITS);
+/// The bits of deliveries, failures and the attempts spanned, and where
+/// each starts in [`Remembered::second`].
+const COUNT_BITS: [u32; 3] = [5, 4, 4];
+const COUNT_SHIFT: [u32; 3] = [TIME_BITS, TIME_BITS + 5, TIME_BITS + 9];
+
+/// `t` as the 51 bits of [`Remembered`], if it is within the years they hold.
+fn pack_time(t: i64) -> Option<u64> {
+    let d = t
+        .checked_sub(TIME_CENTER)?
+        .checked_add(1 << (TIME_BITS - 1))?;
+    u64::try_from(d).ok().filter(|d| *d <= TIME_MASK)
+}
+
+/// The time [`pack_time`] packed into the low bits of `word`.
+fn unpack_time(word: u64) -> i64 {
+    (word & TIME_MASK) as i64 - (1 << (TIME_BITS - 1)) + TIME_CENTER
+}
+
+impl Remembered {
+    fn flags(self) -> Flags {
+        Flags::from_bits((self.first >> 56) as u8)
+    }
+}
+
+/// Bits of [`Remembered`]'s flags; the status is in the bits from
 /// [`STATUS_SHIFT`] on.
 const COMPLETED: u8 = 0;
 const VALID: u8 = 1;
 const ENDED_FAILED: u8 = 2;
 /// The event has an entry in [`Inbox::rare`].
 const RARE: u8 = 3;
+/// The times are in that entry ([`Rare::times`]), not in the 51 bits.
+const FAR: u8 = 4;
 /// Where the status's index in [`Status::ALL`] starts in the flags.
 const STATUS_SHIFT: u8 = 5;
 
 /// What [`Remembered`] leaves out of [`State`]: a rejected version, a
-/// version with a `last_error` too long to read, and the counts when one is
-/// past what 16 bits hold. Kept by key for the few events that have one.
+/// version with a `last_error` too long to read, the counts when one is
+/// past what its bits hold, and the times when one is outside the years
+/// they hold. Kept by key for the few events that have one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Rare {
     rejected_at: Option<i64>,
     long_error_at: Option<i64>,
     /// Deliveries, failures and the attempts spanned, when one of them is
-    /// over `u16::MAX`.
+    /// over what [`COUNT_BITS`] hold.
     counts: Option<[u32; 3]>,
+    /// `updated` and `received`, when one of them does not [`pack_time`].
+    times: Option<[i64; 2]>,
 }
 
 /// `s` as the map stores it, and its rare part if it has one.
 fn split(s: State) -> (Remembered, Option<Rare>) {
     let counts = [s.deliveries, s.failures, s.spanned];
-    let small = counts.map(|c| u16::try_from(c).ok());
-    let big = small.iter().any(Option::is_none);
-    let rare = (s.rejected_at.is_some() || s.long_error_at.is_some() || big).then_some(Rare {
-        rejected_at: s.rejected_at,
-        long_error_at: s.long_error_at,
-        counts: big.then_some(counts),
-    });
+    let big = counts
+        .iter()
+        .zip(COUNT_BITS)
+        .any(|(c, bits)| *c >= 1 << bits);
+    let packed = pack_time(s.updated).zip(pack_time(s.received));
+    let far = packed.is_none();
+    let rare =
+        (s.rejected_at.is_some() || s.long_error_at.is_some() || big || far).then_some(Rare {
+            rejected_at: s.rejected_at,
+            long_error_at: s.long_error_at,
+            counts: big.then_some(counts),
+            times: far.then_some([s.updated, s.received]),
+        });
     let mut flags = Flags::default();
     flags.set(COMPLETED, s.completed);
     flags.set(VALID, s.valid);
     flags.set(ENDED_FAILED, s.ended_failed);
     flags.set(RARE, rare.is_some());
+    flags.set(FAR, far);
     let status = Status::ALL
         .iter()
         .position(|x| *x == s.status)
         .expect("every status is in Status::ALL");
     flags.set_field(STATUS_SHIFT, status as u8);
-    let [deliveries, failures, spanned] = small.map(Option::unwrap_or_default);
+    assert!(
+        u32::from(s.class) < 1 << CLASS_BITS,
+        "at most MAX_CLASSES error classes"
+    );
+    let (updated, received) = packed.unwrap_or_default();
+    let mut second = received;
+    if !big {
+        for (c, shift) in counts.iter().zip(COUNT_SHIFT) {
+            second |= u64::from(*c) << shift;
+        }
+    }
     let r = Remembered {
-        updated: s.updated,
-        received: s.received,
-        deliveries,
-        failures,
-        spanned,
-        flags,
-        class: s.class,
+        first: updated | u64::from(s.class) << TIME_BITS | u64::from(flags.bits()) << 56,
+        second,
     };
     (r, rare)
 }
@@ -196,34 +247,44 @@ fn split(s: State) -> (Remembered, Option<Rare>) {
 /// The [`State`] that [`split`] stored: `rare` is looked up only when a
 /// flag of `r` says there is one.
 fn join(r: Remembered, rare: impl FnOnce() -> Option<Rare>) -> State {
-    let rare = if r.flags.get(RARE) { rare() } else { None };
-    let small = [r.deliveries, r.failures, r.spanned].map(u32::from);
+    let flags = r.flags();
+    let rare = if flags.get(RARE) { rare() } else { None };
+    let small =
+        [0, 1, 2].map(|i| ((r.second >> COUNT_SHIFT[i]) & ((1 << COUNT_BITS[i]) - 1)) as u32);
     let [deliveries, failures, spanned] = rare.and_then(|x| x.counts).unwrap_or(small);
+    let [updated, received] = rare
+        .and_then(|x| x.times)
+        .unwrap_or([unpack_time(r.first), unpack_time(r.second)]);
     State {
-        updated: r.updated,
-        received: r.received,
+        updated,
+        received,
         deliveries,
         failures,
-        status: Status::ALL[usize::from(r.flags.field(STATUS_SHIFT))],
-        completed: r.flags.get(COMPLETED),
+        status: Status::ALL[usize::from(flags.field(STATUS_SHIFT))],
+        completed: flags.get(COMPLETED),
         rejected_at: rare.and_then(|x| x.rejected_at),
         long_error_at: rare.and_then(|x| x.long_error_at),
-        valid: r.flags.get(VALID),
+        valid: flags.get(VALID),
         spanned,
-        class: r.class,
-        ended_failed: r.flags.get(ENDED_FAILED),
+        class: ((r.first >> TIME_BITS) & ((1 << CLASS_BITS) - 1)) as u8,
+        ended_failed: flags.get(ENDED_FAILED),
     }
 }
 
 impl Entry for Remembered {
+    /// Exact unless [`Entry::far`]: then [`Rare::times`] has it.
     fn updated_at(&self) -> i64 {
-        self.updated
+        unpack_time(self.first)
     }
     fn born_at(&self) -> i64 {
-        self.received
+        unpack_time(self.second)
     }
     fn finished(&self) -> bool {
-        self.flags.get(COMPLETED) || !self.flags.get(VALID)
+        let flags = self.flags();
+        flags.get(COMPLETED) || !flags.get(VALID)
+    }
+    fn far(&self) -> bool {
+        self.flags().get(FAR)
     }
 }
 
@@ -724,7 +785,12 @@ impl Inbox {
 
     /// Forgets old events ([`Tracked::tidy`]), and their rare versions.
     fn tidy(&mut self, db_now: i64, now: Instant) {
-        if self.states.tidy(&self.spec.table, db_now, now) && !self.rare.is_empty() {
+        let rare = &self.rare;
+        let far = |k: u64| match rare.get(&k).and_then(|x| x.times) {
+            Some([updated, received]) => (updated, received),
+            None => unreachable!("a far event's times are in its rare part"),
+        };
+        if self.states.tidy(&self.spec.table, db_now, now, far) && !self.rare.is_empty() {
             // Only an eviction forgets events; the rare versions go with them.
             let states = &self.states;
             self.rare.retain(|k, _| states.get(*k).is_some());
@@ -1804,9 +1870,36 @@ mod tests {
     /// Guards the map's memory figures (docs/performance.md, "Memory at
     /// 10 M rows: the maps").
     #[test]
-    fn a_remembered_event_is_24_bytes_and_its_bucket_32() {
-        assert_eq!(size_of::<Remembered>(), 24);
-        assert_eq!(size_of::<(u64, Remembered)>(), 32);
+    fn a_remembered_event_is_16_bytes_and_its_bucket_24() {
+        assert_eq!(size_of::<Remembered>(), 16);
+        assert_eq!(size_of::<(u64, Remembered)>(), 24);
+    }
+
+    /// A time packs exactly from 2⁵⁰ µs before [`TIME_CENTER`] to 2⁵⁰ − 1
+    /// after, and not a microsecond beyond.
+    #[test]
+    fn times_pack_within_their_years() {
+        let half = 1i64 << (TIME_BITS - 1);
+        for t in [
+            TIME_CENTER - half,
+            TIME_CENTER - half + 1,
+            TIME_CENTER,
+            1_796_629_365_591_380,
+            TIME_CENTER + half - 1,
+        ] {
+            let p = pack_time(t).expect("within");
+            assert_eq!(p & !TIME_MASK, 0);
+            assert_eq!(unpack_time(p), t);
+        }
+        for t in [
+            TIME_CENTER - half - 1,
+            TIME_CENTER + half,
+            i64::MIN,
+            i64::MAX,
+            0,
+        ] {
+            assert_eq!(pack_time(t), None, "{t}");
+        }
     }
 
     /// Every value the counting rules read comes back from the stored form,
@@ -1814,6 +1907,16 @@ mod tests {
     #[test]
     fn the_stored_form_keeps_every_value() {
         let times = [None, Some(i64::MIN), Some(-1), Some(0), Some(i64::MAX)];
+        let half = 1i64 << (TIME_BITS - 1);
+        // The change and arrival: far (outside the packed years, at either
+        // edge of i64, and a microsecond past the packed years), and near.
+        let pairs = |n: i64| match n % 5 {
+            0 => (i64::MIN + n, i64::MAX - n),
+            1 => (TIME_CENTER + half, TIME_CENTER),
+            2 => (TIME_CENTER, TIME_CENTER - half - 1),
+            3 => (TIME_CENTER - half + n, TIME_CENTER + half - 1 - n),
+            _ => (1_796_629_365_591_380 + n, 1_796_629_365_000_000 - n),
+        };
         let mut n = 0;
         for status in Status::ALL {
             for (completed, valid) in [(false, false), (true, false), (false, true), (true, true)] {
@@ -1821,17 +1924,23 @@ mod tests {
                     times.into_iter().zip([false, true].into_iter().cycle())
                 {
                     for long_error_at in times {
-                        // The counts past 16 bits, at its edge, and small.
-                        let counts = match n % 4 {
+                        // The counts far past their bits, one just past
+                        // (5, 4 and 4 bits), at their edges, and small.
+                        let counts = match n % 7 {
                             0 => [u32::MAX, u32::MAX - 1, 7],
                             1 => [3, 0, 65_536],
-                            2 => [65_535, 65_535, 65_535],
+                            2 => [32, 0, 0],
+                            3 => [1, 16, 0],
+                            4 => [1, 0, 16],
+                            5 => [31, 15, 15],
                             _ => [1, 2, 0],
                         };
-                        let big = counts.iter().any(|c| *c > 65_535);
+                        let big = matches!(n % 7, 0..=4);
+                        let (updated, received) = pairs(n);
+                        let far = matches!(n % 5, 0..=2);
                         let s = State {
-                            updated: i64::MIN + n,
-                            received: i64::MAX - n,
+                            updated,
+                            received,
                             deliveries: counts[0],
                             failures: counts[1],
                             status,
@@ -1846,15 +1955,19 @@ mod tests {
                         let (r, rare) = split(s);
                         assert_eq!(
                             rare.is_some(),
-                            rejected_at.is_some() || long_error_at.is_some() || big
+                            rejected_at.is_some() || long_error_at.is_some() || big || far
                         );
+                        assert_eq!(r.far(), far);
+                        assert_eq!(rare.and_then(|x| x.times).is_some(), far);
                         assert_eq!(join(r, || rare), s);
                         // The rare part is asked for only when there is one.
                         if rare.is_none() {
                             assert_eq!(join(r, || panic!("looked up")), s);
                         }
-                        assert_eq!(r.updated_at(), s.updated);
-                        assert_eq!(r.born_at(), s.received);
+                        if !far {
+                            assert_eq!(r.updated_at(), s.updated);
+                            assert_eq!(r.born_at(), s.received);
+                        }
                         assert_eq!(r.finished(), completed || !valid);
                         n += 1;
                     }
@@ -1879,6 +1992,9 @@ mod tests {
         };
         let mut inbox = Inbox::new(spec.clone());
         let minute = 60_000_000;
+        // A time the packed form holds (2026-12-07), and one it does not.
+        let t0 = 1_796_629_365_591_380;
+        let long_ago = 0;
         let done = |updated: i64| State {
             completed: true,
             status: Status::Succeeded,
@@ -1889,31 +2005,59 @@ mod tests {
             ..State::new(updated, updated, 0, true)
         };
         // 1: rejected, then a usable version; 2: rejected and kept;
-        // 3: a long error, finished long ago; 4: plain.
-        inbox.store(1, rejected(10 * minute));
-        assert_eq!(inbox.load(1).and_then(|s| s.rejected_at), Some(10 * minute));
-        inbox.store(1, State::new(11 * minute, 10 * minute, 0, true));
+        // 3: a long error, finished long ago; 4: plain; 5 and 6: times
+        // the packed form does not hold, finished long ago and unfinished.
+        inbox.store(1, rejected(t0 + 10 * minute));
+        assert_eq!(
+            inbox.load(1).and_then(|s| s.rejected_at),
+            Some(t0 + 10 * minute)
+        );
+        inbox.store(1, State::new(t0 + 11 * minute, t0 + 10 * minute, 0, true));
         assert_eq!(inbox.load(1).and_then(|s| s.rejected_at), None);
         assert!(
             !inbox.rare.contains_key(&1),
             "a version without one drops it"
         );
-        inbox.store(2, rejected(10 * minute));
+        inbox.store(2, rejected(t0 + 10 * minute));
         let long = State {
-            long_error_at: Some(minute),
-            ..done(minute)
+            long_error_at: Some(t0 + minute),
+            ..done(t0 + minute)
         };
         inbox.store(3, long);
-        inbox.store(4, done(10 * minute));
+        inbox.store(4, done(t0 + 10 * minute));
         assert_eq!(inbox.load(3), Some(long));
         assert_eq!(inbox.rare.len(), 2);
-        // Eleven minutes in with a retention of one: 3 is forgotten, and
-        // its rare version with it; 2 is unfinished and stays.
-        inbox.tidy(11 * minute, Instant::now());
+        // 5's arrival (set past its change, which no row shows, so that the
+        // floor tells which arrival it took) is past the packed years.
+        let past = TIME_CENTER + (1 << (TIME_BITS - 1));
+        let far_done = State {
+            received: past,
+            ..done(long_ago + minute)
+        };
+        let far_open = State::new(long_ago, long_ago - minute, 0, true);
+        inbox.store(5, far_done);
+        inbox.store(6, far_open);
+        assert_eq!(inbox.load(5), Some(far_done));
+        assert_eq!(inbox.load(6), Some(far_open));
+        assert_eq!(inbox.rare.len(), 4);
+        // Eleven minutes in with a retention of one: 3 and 5 are forgotten,
+        // and their rare versions with them; 2 and 6 are unfinished and
+        // stay. The floor passes 5's arrival, the latest of theirs: its
+        // own time, not the packed bits'.
+        inbox.tidy(t0 + 11 * minute, Instant::now());
         assert_eq!(inbox.load(3), None);
-        assert_eq!(inbox.load(4).map(|s| s.updated), Some(10 * minute));
-        assert_eq!(inbox.load(2).and_then(|s| s.rejected_at), Some(10 * minute));
-        assert_eq!(inbox.rare.keys().copied().collect::<Vec<_>>(), [2]);
+        assert_eq!(inbox.load(5), None);
+        assert_eq!(inbox.load(4).map(|s| s.updated), Some(t0 + 10 * minute));
+        assert_eq!(
+            inbox.load(2).and_then(|s| s.rejected_at),
+            Some(t0 + 10 * minute)
+        );
+        assert_eq!(inbox.load(6), Some(far_open));
+        let mut kept = inbox.rare.keys().copied().collect::<Vec<_>>();
+        kept.sort_unstable();
+        assert_eq!(kept, [2, 6]);
+        assert!(inbox.states.is_new(past + 1));
+        assert!(!inbox.states.is_new(past));
     }
 
     /// A row version rejected at a NULL cursor (read as `i64::MIN`) is still

@@ -3,11 +3,11 @@
 //! An entry is kept for every unfinished event and for every event finished
 //! within `state_retention`, up to `max_tracked_events`: this map is most of
 //! a busy source's memory. Its values are stored compactly (no `Option<i64>`,
-//! flags in one byte; see [`Flags`]): the inbox's is 24 bytes, so a slot of
-//! the map (8-byte key and value) is 32 bytes, in a table ([`KeyMap`]) that
-//! grows a part at a time and stays 75–85 % full as it fills
-//! (docs/performance.md, "Memory at 200,000 unfinished rows: a leaner
-//! state").
+//! flags in one byte; see [`Flags`]): the inbox's is 16 bytes (times in 51
+//! bits, counts in 4 or 5), so a slot of the map (8-byte key and value) is 24
+//! bytes, in a table ([`KeyMap`]) that grows a part at a time and stays
+//! 75–85 % full as it fills (docs/performance.md, "Memory at the cap: the
+//! remembered events in 16 bytes and the freed pages given back").
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,16 @@ use super::keymap::KeyMap;
 pub struct Flags(u8);
 
 impl Flags {
+    /// The flags of a byte [`Flags::bits`] gave.
+    pub fn from_bits(bits: u8) -> Flags {
+        Flags(bits)
+    }
+
+    /// The byte, to pack with other fields.
+    pub fn bits(self) -> u8 {
+        self.0
+    }
+
     /// Whether flag `bit` (0..8) is set.
     pub fn get(self, bit: u8) -> bool {
         self.0 & (1 << bit) != 0
@@ -74,6 +84,12 @@ pub trait Entry: Copy + Default {
     /// Whether the event is finished, so forgetting it only risks missing a
     /// late duplicate, never a completion.
     fn finished(&self) -> bool;
+    /// Whether the entry's times are kept elsewhere, so that
+    /// [`Entry::updated_at`] and [`Entry::born_at`] are not its own: the map's
+    /// owner tells them ([`Tracked::tidy`]'s `far`).
+    fn far(&self) -> bool {
+        false
+    }
 }
 
 /// Recently seen events by key, bounded in size and age.
@@ -135,20 +151,34 @@ impl<V: Entry> Tracked<V> {
         self.map.len()
     }
 
-    /// Runs [`Tracked::evict`] with the source's `state_retention`, at most
+    /// Runs [`Tracked::evict_with`] with the source's `state_retention`, at most
     /// once per poll interval (and no more than every 10 s): it walks the map.
     /// Returns whether it ran.
-    pub fn tidy(&mut self, spec: &TableSpec, db_now: i64, now: Instant) -> bool {
+    /// `far` gives the change and birth times of an entry whose own are not
+    /// its times ([`Entry::far`]).
+    pub fn tidy(
+        &mut self,
+        spec: &TableSpec,
+        db_now: i64,
+        now: Instant,
+        far: impl Fn(u64) -> (i64, i64),
+    ) -> bool {
         let every = spec.poll_interval.max(Duration::from_secs(10));
         let due = self
             .last_eviction
             .is_none_or(|t| now.duration_since(t) >= every);
         if due {
             let retention = i64::try_from(spec.state_retention.as_micros()).unwrap_or(i64::MAX);
-            self.evict(db_now.saturating_sub(retention));
+            self.evict_with(db_now.saturating_sub(retention), far);
             self.last_eviction = Some(now);
         }
         due
+    }
+
+    /// [`Tracked::evict_with`] of a map none of whose entries is far.
+    #[cfg(test)]
+    pub fn evict(&mut self, horizon: i64) {
+        self.evict_with(horizon, |_| unreachable!("no entry is far"));
     }
 
     /// Forgets finished events last changed before `horizon`, then, over the
@@ -156,14 +186,23 @@ impl<V: Entry> Tracked<V> {
     /// are not enough the least recently changed unfinished ones, down to 90 %
     /// of the cap whatever times they share. The floor rises past every
     /// forgotten event so that a later change to one is never taken for a new
-    /// event.
-    pub fn evict(&mut self, horizon: i64) {
+    /// event. `far` gives the change and birth times of the entries that
+    /// keep theirs elsewhere ([`Entry::far`]).
+    pub fn evict_with(&mut self, horizon: i64, far: impl Fn(u64) -> (i64, i64)) {
+        let times = |k: u64, v: &V| {
+            if v.far() {
+                far(k)
+            } else {
+                (v.updated_at(), v.born_at())
+            }
+        };
         let mut floor = self.floor;
         let mut forgotten_until = self.forgotten_until;
-        self.map.retain(|_, v| {
-            let keep = !(v.finished() && v.updated_at() < horizon);
+        self.map.retain(|k, v| {
+            let (updated, born) = times(*k, v);
+            let keep = !(v.finished() && updated < horizon);
             if !keep {
-                floor = floor.max(v.born_at().saturating_add(1));
+                floor = floor.max(born.saturating_add(1));
                 forgotten_until = forgotten_until.max(horizon);
             }
             keep
@@ -190,31 +229,31 @@ impl<V: Entry> Tracked<V> {
                     continue;
                 }
                 let n = excess.min(of_kind);
-                let times = || {
+                let changes = || {
                     self.map
-                        .values()
-                        .filter(move |v| v.finished() == finished)
-                        .map(|v| v.updated_at())
+                        .iter()
+                        .filter(move |(_, v)| v.finished() == finished)
+                        .map(|(k, v)| times(*k, v).0)
                 };
                 // The n-th least recent change: every event changed before it
                 // goes, and as many of those changed at it as make n. Many
                 // events share a change time (without a change cursor, the
                 // poll that saw them), so the ties are cut too: keeping them
                 // all kept the map over its cap.
-                let Some((cut, mut ties)) = nth_least(n, times) else {
+                let Some((cut, mut ties)) = nth_least(n, changes) else {
                     continue;
                 };
-                self.map.retain(|_, v| {
+                self.map.retain(|k, v| {
                     if v.finished() != finished {
                         return true;
                     }
-                    let t = v.updated_at();
+                    let (t, born) = times(*k, v);
                     let forget = t < cut || (t == cut && ties > 0);
                     if forget {
                         if t == cut {
                             ties -= 1;
                         }
-                        floor = floor.max(v.born_at().saturating_add(1));
+                        floor = floor.max(born.saturating_add(1));
                         if finished {
                             forgotten_until = forgotten_until.max(t.saturating_add(1));
                         }
