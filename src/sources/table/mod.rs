@@ -1840,22 +1840,27 @@ impl<K: TableKind> TableSource<K> {
             if self.xmin {
                 query = bind(query, self.sql.cursor(high)).bind(w.seen_before);
             }
-            let rows = query.fetch_all(&mut *tx).await.map_err(query_error)?;
-            rows_read += rows.len() as u64;
-            for row in &rows {
-                self.take(row, w.baseline)?;
-                let value = get_time(row, at, column).map_err(SourceError::Schema)?;
+            // Taken as they come, not gathered first: a page's rows as
+            // `AnyRow`s were the largest part of a poll's own memory.
+            let mut rows = query.fetch(&mut *tx);
+            let mut n = 0;
+            let mut value = None;
+            while let Some(row) = rows.try_next().await.map_err(query_error)? {
+                n += 1;
+                self.take(&row, w.baseline)?;
+                value = get_time(&row, at, column).map_err(SourceError::Schema)?;
                 if let Some(u) = value.filter(|u| *u != sql::OUT_OF_RANGE) {
                     max_seen = max_seen.max(u);
                 }
             }
-            if rows.len() < self.spec.batch_size {
+            drop(rows);
+            rows_read += n as u64;
+            if n < self.spec.batch_size {
                 break;
             }
-            let last = rows.last().expect("a full page has a last row");
-            let value = get_time(last, at, column).map_err(SourceError::Schema)?;
-            // Rows whose value is out of range (`infinity`) sort last: the
-            // page holds only such rows from here on, each rejected.
+            // The last row's value. Rows whose value is out of range
+            // (`infinity`) sort last: the page holds only such rows from
+            // here on, each rejected.
             let Some(last) = value.filter(|c| *c != sql::OUT_OF_RANGE) else {
                 break;
             };
