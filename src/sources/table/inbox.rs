@@ -148,10 +148,18 @@ const TIME_MASK: u64 = (1 << TIME_BITS) - 1;
 const TIME_CENTER: i64 = 1_893_456_000_000_000;
 const CLASS_BITS: u32 = 5;
 const _: () = assert!(super::error_classes::MAX_CLASSES <= 1 << CLASS_BITS);
+/// Where the flags byte starts in [`Remembered::first`], after the class.
+const FLAGS_SHIFT: u32 = TIME_BITS + CLASS_BITS;
+const _: () = assert!(FLAGS_SHIFT + u8::BITS == u64::BITS);
 /// The bits of deliveries, failures and the attempts spanned, and where
-/// each starts in [`Remembered::second`].
+/// each starts in [`Remembered::second`]: one after the other, after the time.
 const COUNT_BITS: [u32; 3] = [5, 4, 4];
-const COUNT_SHIFT: [u32; 3] = [TIME_BITS, TIME_BITS + 5, TIME_BITS + 9];
+const COUNT_SHIFT: [u32; 3] = [
+    TIME_BITS,
+    TIME_BITS + COUNT_BITS[0],
+    TIME_BITS + COUNT_BITS[0] + COUNT_BITS[1],
+];
+const _: () = assert!(COUNT_SHIFT[2] + COUNT_BITS[2] == u64::BITS);
 
 /// `t` as the 51 bits of [`Remembered`], if it is within the years they hold.
 fn pack_time(t: i64) -> Option<u64> {
@@ -168,7 +176,7 @@ fn unpack_time(word: u64) -> i64 {
 
 impl Remembered {
     fn flags(self) -> Flags {
-        Flags::from_bits((self.first >> 56) as u8)
+        Flags::from_bits((self.first >> FLAGS_SHIFT) as u8)
     }
 }
 
@@ -238,7 +246,7 @@ fn split(s: State) -> (Remembered, Option<Rare>) {
         }
     }
     let r = Remembered {
-        first: updated | u64::from(s.class) << TIME_BITS | u64::from(flags.bits()) << 56,
+        first: updated | u64::from(s.class) << TIME_BITS | u64::from(flags.bits()) << FLAGS_SHIFT,
         second,
     };
     (r, rare)

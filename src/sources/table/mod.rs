@@ -1840,8 +1840,10 @@ impl<K: TableKind> TableSource<K> {
             if self.xmin {
                 query = bind(query, self.sql.cursor(high)).bind(w.seen_before);
             }
-            // Taken as they come, not gathered first: a page's rows as
-            // `AnyRow`s were the largest part of a poll's own memory.
+            // Taken as they come, not gathered first: the rows a poll held
+            // as `AnyRow`s were the largest part of its own memory at the
+            // cap of remembered events (1.4 MB), and a page of them need
+            // not be held at once.
             let mut rows = query.fetch(&mut *tx);
             let mut n = 0;
             let mut value = None;
