@@ -169,3 +169,72 @@ async fn postgres_a_move_to_dead_without_a_new_attempt_is_no_retry() {
     let db = Db::postgres().await;
     dead_without_new_attempt_ground_truth(&db, "pgend").await;
 }
+
+/// Guards the tails read together on PostgreSQL (`cursor = "none"`): rows
+/// that arrived, started and finished between two polls are in each of the
+/// three columns' pages, and the poll that finds them reads each once, not
+/// once per column. The pages' row places are merged by the TID scan that
+/// reads them (a list of places has OR semantics), with no `UNION` of their
+/// own. The polls are 2 s apart and the counter is scraped every 100 ms, so
+/// the first scrape that shows rows read shows that one poll's. (A later
+/// poll may read them again: while other suites hold transactions open, a
+/// row of a transaction the last snapshot could not rule out is re-read
+/// within the look-back, once a poll, as a late commit would be.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_rows_that_moved_several_columns_are_read_once() {
+    use common::{Agent, Metrics, READY_TIMEOUT, toml_str, wait_until};
+    use std::time::Duration;
+
+    const ROWS: f64 = 50.0;
+    let db = Db::postgres().await;
+    let t = db.fresh_tables("once").await.inbox;
+    let config = format!(
+        "[[sources]]\nname = \"once\"\nkind = \"inbox\"\ndsn = {}\ntable = {}\n\
+         poll_interval = \"2s\"\noverlap = \"1s\"\nreconcile_every = \"1h\"\n\
+         columns = {{ event_id = \"event_id\", event_type = \"event_type\", status = \"status\", \
+         received_at = \"received_at\", started_at = \"started_at\", finished_at = \"finished_at\" }}\n",
+        toml_str(&db.dsn),
+        toml_str(&t),
+    );
+    let agent = Agent::start(&config);
+    agent.wait_ready(READY_TIMEOUT).await;
+    let s = [("source", "once")];
+    let read = |m: &Metrics| m.sum("inboxwatch_rows_read_total", &s);
+    let done = |m: &Metrics| m.sum("inbox_messages_completed_total", &s);
+    // Two polls of the empty table, then the rows, each of its three times
+    // set by one statement.
+    let before = agent.wait_polls("once", 2, Duration::ZERO).await;
+    assert_eq!(read(&before), 0.0, "rows read from an empty table");
+    db.exec(
+        &format!(
+            "INSERT INTO {t} (event_id, event_type, status, received_at, started_at, \
+             finished_at, attempts, deliveries, updated_at) SELECT 'once-' || g, \
+             'orders.created', 'succeeded', now(), now(), now(), 1, 1, now() \
+             FROM generate_series(1, {ROWS}) AS g"
+        ),
+        &[],
+    )
+    .await;
+    let first = wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        if read(&m) > 0.0 {
+            Ok(read(&m))
+        } else {
+            Err("no rows read".to_string())
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the rows were not read: {e}\n{}", agent.stderr()));
+    assert_eq!(
+        first, ROWS,
+        "rows read by the poll that found {ROWS} rows moved in all three columns"
+    );
+    wait_until(Duration::from_secs(30), || async {
+        let m = agent.try_scrape().await?;
+        (done(&m) == ROWS)
+            .then_some(())
+            .ok_or_else(|| format!("completed {}", done(&m)))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the rows were not counted: {e}\n{}", agent.stderr()));
+}
