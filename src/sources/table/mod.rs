@@ -1931,9 +1931,8 @@ impl<K: TableKind> TableSource<K> {
 
     /// The tails of every watermarked column in one statement
     /// ([`Self::together_query`]), as [`Self::tail`] reads each: returns the
-    /// rows read, and whether that was all of them. A full page (a burst) is
-    /// not taken: the tails then read apart, page by page, the rows it held
-    /// included.
+    /// rows read, and whether that was all of them. After a full page (a
+    /// burst) the tails read apart, page by page, the rows it held included.
     async fn tail_together(
         &mut self,
         tx: &mut AnyConnection,
@@ -1951,30 +1950,33 @@ impl<K: TableKind> TableSource<K> {
             }
             query = query.bind(w.seen_before);
         }
-        let rows = query.fetch_all(&mut *tx).await.map_err(query_error)?;
-        let n = rows.len() as u64;
-        if rows.len() >= self.spec.batch_size {
-            return Ok((n, false));
-        }
-        let mut max_seen: Vec<i64> = Vec::with_capacity(marks.len());
-        for i in 0..marks.len() {
-            let (_, high) = self.tail_from(i, w);
-            max_seen.push(high);
-        }
-        for row in &rows {
+        // Taken as they come, as the tails apart take theirs, so that the
+        // poll does not hold its rows as `AnyRow`s all at once. A page found
+        // full once read has its rows taken already: the tails apart read
+        // each of them again, and a row version read again is recognised.
+        let mut max_seen: Vec<i64> = marks.iter().map(|(_, high)| *high).collect();
+        let mut rows = query.fetch(&mut *tx);
+        let mut n = 0usize;
+        while let Some(row) = rows.try_next().await.map_err(query_error)? {
             tokio::task::consume_budget().await;
-            self.take(row, false)?;
+            n += 1;
+            self.take(&row, false)?;
             for (i, (column, at)) in cursors.iter().enumerate() {
-                let value = get_time(row, *at, column).map_err(SourceError::Schema)?;
+                let value = get_time(&row, *at, column).map_err(SourceError::Schema)?;
                 if let Some(u) = value.filter(|u| *u != sql::OUT_OF_RANGE) {
                     max_seen[i] = max_seen[i].max(u);
                 }
             }
         }
+        drop(rows);
+        if n >= self.spec.batch_size {
+            return Ok((n as u64, false));
+        }
         for (i, max) in max_seen.into_iter().enumerate() {
+            self.tail_from(i, w);
             self.tail_to(i, max, w);
         }
-        Ok((n, true))
+        Ok((n as u64, true))
     }
 
     /// Re-reads, for each tailed column and each lag of [`LateReads`], the
