@@ -175,8 +175,9 @@ async fn postgres_a_move_to_dead_without_a_new_attempt_is_no_retry() {
 /// three columns' pages, and the poll that finds them reads each once, not
 /// once per column. The pages' row places are merged by the TID scan that
 /// reads them (a list of places has OR semantics), with no `UNION` of their
-/// own. The polls are 2 s apart and the counter is scraped every 100 ms, so
-/// the first scrape that shows rows read shows that one poll's. (A later
+/// own. The polls are 5 s apart and the counter is scraped every 100 ms, so
+/// the first scrape that shows rows read shows that one poll's, unless the
+/// test stalled for a whole poll interval. (A later
 /// poll may read them again: while other suites hold transactions open, a
 /// row of a transaction the last snapshot could not rule out is re-read
 /// within the look-back, once a poll, as a late commit would be.)
@@ -190,7 +191,7 @@ async fn postgres_rows_that_moved_several_columns_are_read_once() {
     let t = db.fresh_tables("once").await.inbox;
     let config = format!(
         "[[sources]]\nname = \"once\"\nkind = \"inbox\"\ndsn = {}\ntable = {}\n\
-         poll_interval = \"2s\"\noverlap = \"1s\"\nreconcile_every = \"1h\"\n\
+         poll_interval = \"5s\"\noverlap = \"1s\"\nreconcile_every = \"1h\"\n\
          columns = {{ event_id = \"event_id\", event_type = \"event_type\", status = \"status\", \
          received_at = \"received_at\", started_at = \"started_at\", finished_at = \"finished_at\" }}\n",
         toml_str(&db.dsn),
