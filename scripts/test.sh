@@ -51,6 +51,24 @@ if ! rabbitmqctl -q status >/dev/null 2>&1; then
   rabbitmq-server -detached >/dev/null 2>&1 || true
 fi
 wait_for RabbitMQ 120 rabbitmqctl -q await_startup
+# A stream chunk carries the broker's Erlang time, which only slews toward the OS
+# clock (about 0.6 s a minute) when that clock was stepped after the broker
+# started: behind by seconds, it puts the chunks' times seconds early, and the
+# stream test's lag seconds are then off by as much. A broker whose clock is more
+# than a second off is restarted, which sets its clock from the OS's again.
+rabbit_skew() {
+  rabbitmqctl -q eval 'abs(erlang:system_time(millisecond) - os:system_time(millisecond)).' \
+    2>/dev/null | tr -dc '0-9'
+}
+skew=$(rabbit_skew)
+if [ -n "$skew" ] && [ "$skew" -gt "${RABBIT_MAX_SKEW_MS:-1000}" ]; then
+  echo "Restarting RabbitMQ: its clock is ${skew} ms off the system's..."
+  rabbitmqctl -q stop >/dev/null 2>&1 || true
+  wait_for "RabbitMQ to stop" 60 bash -c '! rabbitmqctl -q status'
+  rabbitmq-server -detached >/dev/null 2>&1 || true
+  wait_for RabbitMQ 120 rabbitmqctl -q await_startup
+  echo "RabbitMQ's clock is now $(rabbit_skew) ms off the system's."
+fi
 # Its management API (the rabbitmq kind polls it), Prometheus endpoint (the peer
 # of the scale bench), stream protocol (stream queues' consumer offsets) and the
 # stream management plugin (the subscriptions attached to a stream); the machine
