@@ -10,6 +10,11 @@
 //! from the table.
 //! A backlog larger than the map's cap is not kept: the aggregate then runs
 //! on every poll until the backlog fits again.
+//!
+//! The same map keeps, beside a row, the 8 bytes the re-read of the
+//! unfinished rows keeps of it (its [`Mark`]: where its id lies, and the
+//! re-read that last saw it): an unfinished row has one entry of 32 bytes
+//! where the two maps took 24 and 16.
 
 use std::collections::BTreeMap;
 
@@ -133,7 +138,8 @@ impl Packed {
     fn pack(u: &Unfinished) -> Option<Packed> {
         let label = u64::from(u.label);
         let class = u64::from(u.class);
-        if label >= 1 << LABEL_BITS || class >= 1 << CLASS_BITS {
+        // The last status index is left for [`Packed::ABSENT`].
+        if label >= 1 << LABEL_BITS || class >= (1 << CLASS_BITS) - 1 {
             return None;
         }
         let (first, start) = match (u.born != NONE, u.stuck_from != NONE) {
@@ -154,6 +160,18 @@ impl Packed {
         })
     }
 
+    /// No row: an entry kept for its [`Mark`] alone, or a row kept whole
+    /// in [`Backlog::rare`]. Its status index is one [`Packed::pack`] never
+    /// gives.
+    const ABSENT: Packed = Packed {
+        first: 0,
+        rest: ((1 << CLASS_BITS) - 1) << START_BITS,
+    };
+
+    fn is_row(&self) -> bool {
+        (self.rest >> START_BITS) & ((1 << CLASS_BITS) - 1) != (1 << CLASS_BITS) - 1
+    }
+
     fn unpack(self) -> Unfinished {
         // The start field sign-extended from 48 bits.
         let start = ((self.rest << (64 - START_BITS)) as i64) >> (64 - START_BITS);
@@ -171,12 +189,34 @@ impl Packed {
     }
 }
 
-/// Unfinished rows by event key, bounded by a cap.
+/// What the re-read of the unfinished rows keeps of a row, in 64 bits, in
+/// the row's entry ([`Backlog::set_mark`]); [`NO_MARK`] is none.
+pub type Mark = u64;
+
+/// No [`Mark`].
+pub const NO_MARK: Mark = u64::MAX;
+
+/// One key's entry: the row kept for the gauges ([`Packed::ABSENT`] if
+/// none) and its [`Mark`] ([`NO_MARK`] if none). An entry with neither is
+/// removed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Entry {
+    row: Packed,
+    mark: Mark,
+}
+
+/// Unfinished rows by event key, bounded by a cap, and the re-read's marks
+/// of them.
 #[derive(Debug)]
 pub struct Backlog {
-    rows: KeyMap<Packed>,
-    /// The rows that do not fit in 16 bytes (none in most tables).
+    entries: KeyMap<Entry>,
+    /// The rows that do not fit in 16 bytes (none in most tables); their
+    /// entries hold no row.
     rare: KeyMap<Unfinished>,
+    /// Entries holding a row.
+    rows: usize,
+    /// Entries holding a mark.
+    marks: usize,
     cap: usize,
     fill: Fill,
 }
@@ -185,8 +225,10 @@ impl Backlog {
     /// An empty map, not yet kept, holding at most `cap` rows.
     pub fn new(cap: usize) -> Self {
         Backlog {
-            rows: KeyMap::new(),
+            entries: KeyMap::new(),
             rare: KeyMap::new(),
+            rows: 0,
+            marks: 0,
             cap,
             fill: Fill::Off,
         }
@@ -204,8 +246,7 @@ impl Backlog {
 
     /// Starts a re-read of every unfinished row.
     pub fn clear(&mut self) {
-        self.rows.clear();
-        self.rare.clear();
+        self.drop_rows(true);
         self.fill = Fill::Filling;
     }
 
@@ -220,15 +261,31 @@ impl Backlog {
     }
 
     fn drop_all(&mut self) {
-        self.rows = KeyMap::new();
-        self.rare = KeyMap::new();
+        self.drop_rows(false);
         self.fill = Fill::Off;
+    }
+
+    /// Drops every row, keeping the marks; `keep_memory`: the slots too,
+    /// for the rows a re-read brings next.
+    fn drop_rows(&mut self, keep_memory: bool) {
+        if self.marks > 0 {
+            self.entries.retain(|_, e| {
+                e.row = Packed::ABSENT;
+                e.mark != NO_MARK
+            });
+        } else if keep_memory {
+            self.entries.clear();
+        } else {
+            self.entries = KeyMap::new();
+        }
+        self.rare = KeyMap::new();
+        self.rows = 0;
     }
 
     /// The row kept for `key`, if the map holds one.
     pub fn get(&self, key: u64) -> Option<Unfinished> {
-        match self.rows.get(&key) {
-            Some(p) => Some(p.unpack()),
+        match self.entries.get(&key).filter(|e| e.row.is_row()) {
+            Some(e) => Some(e.row.unpack()),
             None => self.rare.get(&key).copied(),
         }
     }
@@ -242,23 +299,48 @@ impl Backlog {
             Some(u) => {
                 match Packed::pack(&u) {
                     Some(p) => {
-                        self.rows.insert(key, p);
+                        self.set_row(key, p);
                         self.rare.remove(&key);
                     }
                     None => {
                         self.rare.insert(key, u);
-                        self.rows.remove(&key);
+                        self.unset_row(key);
                     }
                 }
-                if self.rows.len() + self.rare.len() > self.cap {
+                if self.rows + self.rare.len() > self.cap {
                     // Too large to keep: the aggregate gives the gauges
                     // until a re-read finds the backlog small enough again.
                     self.drop_all();
                 }
             }
             None => {
-                self.rows.remove(&key);
+                self.unset_row(key);
                 self.rare.remove(&key);
+            }
+        }
+    }
+
+    fn set_row(&mut self, key: u64, row: Packed) {
+        match self.entries.get_mut(&key) {
+            Some(e) => {
+                self.rows += usize::from(!e.row.is_row());
+                e.row = row;
+            }
+            None => {
+                self.entries.insert(key, Entry { row, mark: NO_MARK });
+                self.rows += 1;
+            }
+        }
+    }
+
+    fn unset_row(&mut self, key: u64) {
+        if let Some(e) = self.entries.get_mut(&key)
+            && e.row.is_row()
+        {
+            e.row = Packed::ABSENT;
+            self.rows -= 1;
+            if e.mark == NO_MARK {
+                self.entries.remove(&key);
             }
         }
     }
@@ -267,7 +349,11 @@ impl Backlog {
     /// count as stuck.
     pub fn gauges(&self, stuck_before: i64) -> GaugeMap {
         let mut out = GaugeMap::new();
-        let rows = self.rows.values().map(|p| p.unpack());
+        let rows = self
+            .entries
+            .values()
+            .filter(|e| e.row.is_row())
+            .map(|e| e.row.unpack());
         for u in rows.chain(self.rare.values().copied()) {
             let stuck = u64::from(u.stuck_from != NONE && u.stuck_from < stuck_before);
             let born = (u.born != NONE).then_some(u.born);
@@ -276,6 +362,86 @@ impl Backlog {
                 .add(usize::from(u.class), 1, born, stuck);
         }
         out
+    }
+
+    /// The mark of `key`, if it has one. Marks are kept whatever the
+    /// backlog's state, and without a row.
+    pub fn mark(&self, key: u64) -> Option<Mark> {
+        self.entries
+            .get(&key)
+            .map(|e| e.mark)
+            .filter(|m| *m != NO_MARK)
+    }
+
+    /// Sets the mark of `key` (not [`NO_MARK`]).
+    pub fn set_mark(&mut self, key: u64, mark: Mark) {
+        debug_assert_ne!(mark, NO_MARK);
+        match self.entries.get_mut(&key) {
+            Some(e) => {
+                self.marks += usize::from(e.mark == NO_MARK);
+                e.mark = mark;
+            }
+            None => {
+                self.entries.insert(
+                    key,
+                    Entry {
+                        row: Packed::ABSENT,
+                        mark,
+                    },
+                );
+                self.marks += 1;
+            }
+        }
+    }
+
+    /// Removes the mark of `key`; returns it if there was one.
+    pub fn remove_mark(&mut self, key: u64) -> Option<Mark> {
+        let e = self.entries.get_mut(&key)?;
+        let mark = std::mem::replace(&mut e.mark, NO_MARK);
+        if mark == NO_MARK {
+            return None;
+        }
+        self.marks -= 1;
+        if !e.row.is_row() {
+            self.entries.remove(&key);
+        }
+        Some(mark)
+    }
+
+    /// The keys with a mark, and their marks.
+    pub fn marks(&self) -> impl Iterator<Item = (u64, Mark)> + '_ {
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.mark != NO_MARK)
+            .map(|(k, e)| (*k, e.mark))
+    }
+
+    /// The number of keys with a mark.
+    pub fn marks_len(&self) -> usize {
+        self.marks
+    }
+
+    /// Keeps the marks for which `keep` is true (which may change them);
+    /// removes the others.
+    pub fn retain_marks(&mut self, mut keep: impl FnMut(u64, &mut Mark) -> bool) {
+        let marks = &mut self.marks;
+        self.entries.retain(|k, e| {
+            if e.mark != NO_MARK && !keep(*k, &mut e.mark) {
+                e.mark = NO_MARK;
+                *marks -= 1;
+            }
+            e.mark != NO_MARK || e.row.is_row()
+        });
+    }
+
+    /// Removes every mark, and the map's memory with them if no row is kept.
+    pub fn clear_marks(&mut self) {
+        if self.rows == 0 {
+            self.entries = KeyMap::new();
+            self.marks = 0;
+        } else {
+            self.retain_marks(|_, _| false);
+        }
     }
 }
 
@@ -317,11 +483,147 @@ mod tests {
         assert_eq!(b.gauges(600)[&1].stuck, 1);
     }
 
-    /// Guards the map's slot: the key and the packed row, 24 bytes.
+    /// Guards the map's slot: the key, the packed row and the mark, 32
+    /// bytes.
     #[test]
-    fn a_packed_row_is_16_bytes() {
+    fn a_packed_row_is_16_bytes_and_its_slot_32() {
         assert_eq!(std::mem::size_of::<Packed>(), 16);
-        assert_eq!(std::mem::size_of::<(u64, Packed)>(), 24);
+        assert_eq!(std::mem::size_of::<(u64, Entry)>(), 32);
+    }
+
+    /// Rows and marks share entries but live apart: random updates, marks
+    /// set and removed, re-reads, caps passed and marks kept by a test give
+    /// the same rows, marks and gauges as two maps of their own, and an
+    /// entry with neither is not kept.
+    #[test]
+    fn rows_and_marks_live_apart_in_one_map() {
+        use std::collections::HashMap;
+        let mut rng = fastrand::Rng::with_seed(33);
+        for round in 0..200 {
+            let cap = rng.usize(5..60);
+            let mut b = Backlog::new(cap);
+            // The rows the backlog should hold (None: not kept), the marks.
+            let mut rows: Option<HashMap<u64, Unfinished>> = None;
+            let mut marks: HashMap<u64, Mark> = HashMap::new();
+            let key = |rng: &mut fastrand::Rng| rng.u64(0..50);
+            for step in 0..rng.usize(1..400) {
+                match rng.u32(0..100) {
+                    0..=2 => {
+                        // A re-read: every row again, then filled.
+                        b.clear();
+                        let mut fresh = HashMap::new();
+                        for _ in 0..rng.usize(0..cap + 5) {
+                            let k = key(&mut rng);
+                            let u = Unfinished::new(
+                                rng.usize(0..3),
+                                rng.usize(0..3),
+                                Some(rng.i64(0..1_000)),
+                                None,
+                            );
+                            b.update(k, Some(u));
+                            fresh.insert(k, u);
+                        }
+                        let all = rng.bool();
+                        b.filled(all);
+                        rows = (all && fresh.len() <= cap).then_some(fresh);
+                    }
+                    3..=40 => {
+                        let k = key(&mut rng);
+                        // Some rows do not pack: a label past 14 bits.
+                        let label = if rng.u32(0..10) == 0 {
+                            20_000
+                        } else {
+                            rng.usize(0..3)
+                        };
+                        let started = rng.bool().then(|| rng.i64(0..1_000));
+                        let u = Unfinished::new(
+                            label,
+                            rng.usize(0..3),
+                            Some(rng.i64(0..1_000)),
+                            started,
+                        );
+                        b.update(k, Some(u));
+                        if let Some(r) = &mut rows {
+                            r.insert(k, u);
+                            if r.len() > cap {
+                                rows = None;
+                            }
+                        }
+                    }
+                    41..=55 => {
+                        let k = key(&mut rng);
+                        b.update(k, None);
+                        if let Some(r) = &mut rows {
+                            r.remove(&k);
+                        }
+                    }
+                    56..=80 => {
+                        let (k, m) = (key(&mut rng), rng.u64(0..1 << 40));
+                        b.set_mark(k, m);
+                        marks.insert(k, m);
+                    }
+                    81..=92 => {
+                        let k = key(&mut rng);
+                        assert_eq!(
+                            b.remove_mark(k),
+                            marks.remove(&k),
+                            "round {round} step {step}"
+                        );
+                    }
+                    93..=97 => {
+                        // Keep the even marks, the odd ones' keys doubled.
+                        b.retain_marks(|_, m| {
+                            *m *= 2;
+                            *m % 4 == 0
+                        });
+                        marks = marks
+                            .into_iter()
+                            .map(|(k, m)| (k, m * 2))
+                            .filter(|(_, m)| m % 4 == 0)
+                            .collect();
+                    }
+                    _ => {
+                        b.clear_marks();
+                        marks.clear();
+                    }
+                }
+                let at = format!("round {round} step {step}");
+                assert_eq!(b.is_complete(), rows.is_some(), "{at}");
+                for k in 0..50 {
+                    let want = rows.as_ref().and_then(|r| r.get(&k).copied());
+                    assert_eq!(b.get(k), want, "{at} key {k}");
+                    assert_eq!(b.mark(k), marks.get(&k).copied(), "{at} key {k}");
+                }
+                let mut listed: Vec<(u64, Mark)> = b.marks().collect();
+                listed.sort_unstable();
+                let mut want: Vec<(u64, Mark)> = marks.iter().map(|(k, m)| (*k, *m)).collect();
+                want.sort_unstable();
+                assert_eq!(listed, want, "{at}");
+                assert_eq!(b.marks_len(), marks.len(), "{at}");
+                let kept = rows.as_ref().map_or(0, |r| {
+                    r.keys()
+                        .filter(|k| b.entries.get(k).is_some_and(|e| e.row.is_row()))
+                        .count()
+                });
+                assert_eq!(b.rows, kept, "{at}");
+                let either: std::collections::HashSet<u64> = marks
+                    .keys()
+                    .copied()
+                    .chain((0..50).filter(|k| b.entries.get(k).is_some_and(|e| e.row.is_row())))
+                    .collect();
+                assert_eq!(b.entries.len(), either.len(), "{at}: no entry with neither");
+                if let Some(r) = &rows {
+                    let mut g = GaugeMap::new();
+                    for u in r.values() {
+                        let stuck = u64::from(u.started().is_some_and(|s| s < 500));
+                        g.entry(u.label())
+                            .or_default()
+                            .add(u.class(), 1, u.born(), stuck);
+                    }
+                    assert_eq!(b.gauges(500), g, "{at}");
+                }
+            }
+        }
     }
 
     /// Every row comes back as it went in: packed when it fits (the edges
@@ -401,7 +703,7 @@ mod tests {
         b.filled(true);
         assert!(b.is_complete());
         assert_eq!(b.gauges(horizon), want);
-        assert_eq!((b.rows.len() + b.rare.len()) as u64, n);
+        assert_eq!((b.rows + b.rare.len()) as u64, n);
         for k in 0..n {
             b.update(k, None);
         }

@@ -231,15 +231,6 @@ impl<V: Default> Part<V> {
                 .map(|(k, v)| (k, v)),
         )
     }
-
-    fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
-        self.zero.iter_mut().chain(
-            self.slots
-                .iter_mut()
-                .filter(|(k, _)| *k != 0)
-                .map(|(_, v)| v),
-        )
-    }
 }
 
 impl<V: Default> KeyMap<V> {
@@ -304,10 +295,6 @@ impl<V: Default> KeyMap<V> {
         self.iter().map(|(_, v)| v)
     }
 
-    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
-        self.parts.iter_mut().flat_map(Part::values_mut)
-    }
-
     /// The slots of all parts, full or empty: what the map's memory holds.
     #[cfg(test)]
     fn slots(&self) -> usize {
@@ -361,9 +348,11 @@ mod tests {
         want.sort_unstable();
         assert_eq!(all, want);
         assert_eq!(m.values().count(), truth.len());
-        for v in m.values_mut() {
+        m.retain(|_, v| {
             *v += 1;
-        }
+            true
+        });
+        assert_eq!(m.len(), truth.len());
         assert_eq!(m.get(&keys[2]), truth.get(&keys[2]).map(|v| v + 1).as_ref());
         m.clear();
         assert!(m.len() == 0 && m.get(&keys[2]).is_none());

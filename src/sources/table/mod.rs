@@ -51,7 +51,7 @@ use tracing::{debug, info, warn};
 use crate::dsn::Dialect;
 use crate::sources::poll_loop::{PollStats, Source, SourceError};
 use crate::telemetry::catalogue as metric;
-use backlog::{Backlog, GaugeMap, Unfinished};
+use backlog::{Backlog, GaugeMap, Mark, NO_MARK, Unfinished};
 use config::{Cursor, FinishedRows};
 use keymap::KeyMap;
 use sql::{IdBind, Param, Sql};
@@ -369,14 +369,16 @@ struct NullScan {
 /// The unfinished rows of the last re-read, by key, with their event id:
 /// a row that is no longer among them, and was not read by the tail either,
 /// is looked up by its id — finished without a trace the tail can follow,
-/// or deleted. About 35 bytes and the id's length per unfinished row.
+/// or deleted. Each such row's [`Seen`] is kept as its mark in the backlog's
+/// map ([`Backlog::set_mark`]), beside the row the gauges are counted from,
+/// so that an unfinished row has one entry: 8 bytes and the id's length
+/// per unfinished row beside the backlog's row.
 #[derive(Debug, Default)]
 struct Reread {
-    rows: KeyMap<Seen>,
-    /// The ids of `rows`.
+    /// The ids of the rows with a mark.
     ids: Ids,
     /// With `finished_rows = "deleted"`: the last unfinished version of each
-    /// row in `rows`, which a deleted row is counted from (elsewhere the
+    /// row with a mark, which a deleted row is counted from (elsewhere the
     /// kind needs nothing of a row that left).
     lasts: KeyMap<Unfinished>,
     /// Numbers the re-reads, to tell the rows of the last one (wrapping: a
@@ -447,10 +449,10 @@ impl Slices {
     }
 }
 
-/// 8 bytes, 16 with its key in the map: where its id lies in
-/// [`Reread::ids`] (an [`IdRef`], laid out flat so that it packs with the
-/// pass), and the re-read that last saw it.
-#[derive(Debug, Default)]
+/// 8 bytes, a row's mark in the backlog's map ([`Seen::mark`]): where its
+/// id lies in [`Reread::ids`] (an [`IdRef`], laid out flat so that it packs
+/// with the pass), and the re-read that last saw it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Seen {
     at: u32,
     len: u16,
@@ -479,6 +481,22 @@ impl Seen {
         }
     }
 
+    /// As the backlog keeps it. Never [`NO_MARK`]: that would be a long id
+    /// ([`LONG_ID`]) at byte `u32::MAX`, past the 4 GiB [`Ids::push`] keeps.
+    fn mark(self) -> Mark {
+        let mark = u64::from(self.at) | u64::from(self.len) << 32 | u64::from(self.pass) << 48;
+        debug_assert_ne!(mark, NO_MARK);
+        mark
+    }
+
+    fn of_mark(mark: Mark) -> Seen {
+        Seen {
+            at: mark as u32,
+            len: (mark >> 32) as u16,
+            pass: (mark >> 48) as u16,
+        }
+    }
+
     /// Marks the row seen by re-read `pass`.
     fn see(&mut self, pass: u32) {
         self.pass = pass as u16;
@@ -503,7 +521,7 @@ const LONG_ID: u16 = u16::MAX;
 /// The bytes of a long id's length in [`Ids`]: 7 bits each, 35 in all.
 const LONG_PREFIX: usize = 5;
 
-/// The event ids of the rows in [`Reread::rows`], end to end in one buffer:
+/// The event ids of the rows with a mark ([`Reread`]), end to end in one buffer:
 /// an id costs its length, where a `Box<str>` of its own costs a 16-byte
 /// pointer and an allocation of at least 32 bytes (200,000 ids of 11 bytes:
 /// 2.2 MB instead of 9.6). An id forgotten leaves a gap, and when the gaps
@@ -517,38 +535,45 @@ struct Ids {
 }
 
 impl Reread {
-    /// The event id of a row in `rows`.
+    /// The event id of a row with a mark.
     fn id(&self, s: &Seen) -> &str {
         self.ids.get(s.id())
     }
 
-    /// The rows of `keys` that are in `rows`, with their ids.
-    fn with_ids<'a>(&self, keys: impl Iterator<Item = &'a u64>) -> Vec<(u64, Box<str>)> {
-        keys.filter_map(|k| self.rows.get(k).map(|s| (*k, self.id(s).into())))
-            .collect()
+    /// The rows of `keys` that have a mark in `rows`, with their ids.
+    fn with_ids<'a>(
+        &self,
+        rows: &Backlog,
+        keys: impl Iterator<Item = &'a u64>,
+    ) -> Vec<(u64, Box<str>)> {
+        keys.filter_map(|k| {
+            rows.mark(*k)
+                .map(|m| (*k, self.id(&Seen::of_mark(m)).into()))
+        })
+        .collect()
     }
 
     /// Tracks a row not tracked yet, read in `pass`.
-    fn remember(&mut self, key: u64, id: &str, pass: u32) {
+    fn remember(&mut self, rows: &mut Backlog, key: u64, id: &str, pass: u32) {
         if let Some(id) = self.ids.push(id) {
-            self.rows.insert(key, Seen::new(id, pass));
+            rows.set_mark(key, Seen::new(id, pass).mark());
         }
     }
 
     /// Forgets a row; returns its last version if one was kept.
-    fn forget(&mut self, key: &u64) -> Option<Unfinished> {
-        if let Some(s) = self.rows.remove(key) {
-            self.ids.forget(s.id());
+    fn forget(&mut self, rows: &mut Backlog, key: &u64) -> Option<Unfinished> {
+        if let Some(m) = rows.remove_mark(*key) {
+            self.ids.forget(Seen::of_mark(m).id());
         }
         self.in_flight.remove(key);
         let last = self.lasts.remove(key);
-        self.compact_if_due();
+        self.compact_if_due(rows);
         last
     }
 
     /// Forgets every row.
-    fn forget_all(&mut self) {
-        self.rows.clear();
+    fn forget_all(&mut self, rows: &mut Backlog) {
+        rows.clear_marks();
         self.lasts.clear();
         self.in_flight.clear();
         self.ids = Ids::default();
@@ -556,16 +581,17 @@ impl Reread {
 
     /// Keeps the rows read in `pass` only (their last versions and whether
     /// they are in flight, not: see [`TableSource::look_up_gone`]).
-    fn keep_pass(&mut self, pass: u32) {
+    fn keep_pass(&mut self, rows: &mut Backlog, pass: u32) {
         let ids = &mut self.ids;
-        self.rows.retain(|_, s| {
+        rows.retain_marks(|_, m| {
+            let s = Seen::of_mark(*m);
             let keep = s.of(pass);
             if !keep {
                 ids.forget(s.id());
             }
             keep
         });
-        self.compact_if_due();
+        self.compact_if_due(rows);
     }
 
     /// Moves the ids still in use down over the gaps when these are a
@@ -573,15 +599,15 @@ impl Reread {
     /// new buffer held both at once, at 200,000 ids of 12 bytes 2.4 MB more
     /// on top of a buffer twice that. What it needs beside the buffer is a
     /// bit a byte (which bytes are in use) and a count every 512 bytes.
-    fn compact_if_due(&mut self) {
+    fn compact_if_due(&mut self, rows: &mut Backlog) {
         if !self.ids.fragmented() {
             return;
         }
         let ids = &mut self.ids;
         let len = ids.bytes.len();
         let mut used = vec![0u64; len.div_ceil(64)];
-        for s in self.rows.values() {
-            let r = s.id();
+        for (_, m) in rows.marks() {
+            let r = Seen::of_mark(m).id();
             let at = r.at as usize;
             set_bits(&mut used, at..at + ids.span(r).1);
         }
@@ -597,9 +623,12 @@ impl Reread {
         bytes.shrink_to_fit();
         ids.bytes = String::from_utf8(bytes).expect("whole ids, each UTF-8, end to end");
         ids.gaps = 0;
-        for s in self.rows.values_mut() {
+        rows.retain_marks(|_, m| {
+            let mut s = Seen::of_mark(*m);
             s.at = u32::try_from(rank.before(s.at as usize)).expect("fewer bytes than before");
-        }
+            *m = s.mark();
+            true
+        });
     }
 }
 
@@ -1812,7 +1841,7 @@ impl<K: TableKind> TableSource<K> {
         if !all {
             // Over the cap the re-read is partial: which rows left cannot be
             // told from which were not read.
-            self.unfinished.forget_all();
+            self.unfinished.forget_all(&mut self.backlog);
         }
         self.last_reconcile = Some(Instant::now());
         Ok(n as u64)
@@ -2327,21 +2356,21 @@ impl<K: TableKind> TableSource<K> {
     ) -> Result<u64, SourceError> {
         let pass = self.unfinished.pass;
         let left: Vec<(u64, Box<str>)> = self
-            .unfinished
-            .rows
-            .iter()
+            .backlog
+            .marks()
+            .map(|(k, m)| (k, Seen::of_mark(m)))
             .filter(|(k, s)| !s.of(pass) && !self.unfinished.tailed.contains(k))
-            .map(|(k, s)| (*k, self.unfinished.id(s).into()))
+            .map(|(k, s)| (k, self.unfinished.id(&s).into()))
             .collect();
-        self.unfinished.keep_pass(pass);
-        let rows = &self.unfinished.rows;
+        self.unfinished.keep_pass(&mut self.backlog, pass);
+        let rows = &self.backlog;
         self.unfinished
             .in_flight
-            .retain(|k, _| rows.contains_key(k));
+            .retain(|k, _| rows.mark(*k).is_some());
         let deleted = self.spec.finished_rows == FinishedRows::Deleted;
         let found = self.look_up(tx, &left, db_now, deleted).await;
-        let rows = &self.unfinished.rows;
-        self.unfinished.lasts.retain(|k, _| rows.contains_key(k));
+        let rows = &self.backlog;
+        self.unfinished.lasts.retain(|k, _| rows.mark(*k).is_some());
         found
     }
 
@@ -2368,7 +2397,7 @@ impl<K: TableKind> TableSource<K> {
                 // Without its last version (not kept, or not read) a
                 // deleted row is forgotten uncounted, as a row deleted by
                 // hand is.
-                let last = self.unfinished.forget(key);
+                let last = self.unfinished.forget(&mut self.backlog, key);
                 self.kind
                     .gone(*key, last.as_ref().filter(|_| deleted), db_now);
                 self.backlog.update(*key, None);
@@ -2533,15 +2562,23 @@ impl<K: TableKind> TableSource<K> {
         pass: u32,
     ) -> Result<(), SourceError> {
         let Some(last) = unfinished else {
-            self.unfinished.forget(&key);
+            self.unfinished.forget(&mut self.backlog, &key);
             return Ok(());
         };
-        match self.unfinished.rows.get_mut(&key) {
-            Some(seen) => seen.see(pass),
+        match self.backlog.mark(key) {
+            Some(m) => {
+                let mut seen = Seen::of_mark(m);
+                seen.see(pass);
+                self.backlog.set_mark(key, seen.mark());
+            }
             None => {
                 let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
-                self.unfinished
-                    .remember(key, id.as_deref().unwrap_or_default(), pass);
+                self.unfinished.remember(
+                    &mut self.backlog,
+                    key,
+                    id.as_deref().unwrap_or_default(),
+                    pass,
+                );
             }
         }
         if self.spec.finished_rows == FinishedRows::Deleted {
@@ -2616,6 +2653,7 @@ impl<K: TableKind> TableSource<K> {
         let (turn, rounds) = self.next_turn(since);
         let r = &self.unfinished;
         let due = r.with_ids(
+            &self.backlog,
             r.in_flight
                 .iter()
                 .filter(|(k, started)| **started >= since || **k % rounds == turn)
@@ -2790,7 +2828,10 @@ impl<K: TableKind> TableSource<K> {
             Some(b) => !full && b > lo && b <= hi && !returned.contains(*k),
         });
         let r = &self.unfinished;
-        let mut due = r.with_ids(recent.iter().chain(left).filter(|k| !r.tailed.contains(k)));
+        let mut due = r.with_ids(
+            backlog,
+            recent.iter().chain(left).filter(|k| !r.tailed.contains(k)),
+        );
         let again: HashSet<u64> = changed.iter().map(|(k, _)| *k).collect();
         due.retain(|(k, _)| !again.contains(k));
         due.extend(changed);
@@ -2823,6 +2864,7 @@ impl<K: TableKind> TableSource<K> {
     ) -> Vec<(u64, Box<str>)> {
         let r = &self.unfinished;
         r.with_ids(
+            &self.backlog,
             r.in_flight
                 .iter()
                 .filter(|(_, s)| **s > recent || (**s > lo && **s <= hi))
@@ -3694,9 +3736,15 @@ mod tests {
     }
 
     #[test]
-    fn a_reread_row_is_8_bytes_and_its_bucket_16() {
+    fn a_reread_row_is_8_bytes_and_its_mark_too() {
         assert_eq!(size_of::<Seen>(), 8);
-        assert_eq!(size_of::<(u64, Seen)>(), 16);
+        let s = Seen {
+            at: u32::MAX,
+            len: LONG_ID - 1,
+            pass: u16::MAX,
+        };
+        assert_eq!(Seen::of_mark(s.mark()), s);
+        assert_ne!(s.mark(), NO_MARK);
     }
 
     /// Ids of 65,535 bytes and more keep their length in the buffer: they
@@ -3705,6 +3753,7 @@ mod tests {
     #[test]
     fn long_ids_are_kept_whole() {
         let mut r = Reread::default();
+        let mut b = Backlog::new(0);
         // With the two bytes of "é": 65,534 bytes is short, 65,535 long.
         let lens = [0, 1, 65_532, 65_533, 65_534, 70_000, 200_000];
         let ids: Vec<String> = lens
@@ -3716,18 +3765,18 @@ mod tests {
             })
             .collect();
         for id in &ids {
-            r.remember(key_of(id), id, 1);
+            r.remember(&mut b, key_of(id), id, 1);
         }
         for id in &ids {
-            assert_eq!(r.id(r.rows.get(&key_of(id)).expect("kept")), id);
+            assert_eq!(r.id(&Seen::of_mark(b.mark(key_of(id)).expect("kept"))), id);
         }
         let total = r.ids.bytes.len();
-        r.forget(&key_of(&ids[5]));
+        r.forget(&mut b, &key_of(&ids[5]));
         assert_eq!(r.ids.gaps, ids[5].len() + LONG_PREFIX);
-        r.forget(&key_of(&ids[6]));
+        r.forget(&mut b, &key_of(&ids[6]));
         assert!(r.ids.bytes.len() < total, "compacted");
         for id in ids.iter().take(5) {
-            assert_eq!(r.id(r.rows.get(&key_of(id)).expect("kept")), id);
+            assert_eq!(r.id(&Seen::of_mark(b.mark(key_of(id)).expect("kept"))), id);
         }
         assert_eq!(r.ids.bytes.len() - r.ids.gaps, {
             let short: usize = ids[..3].iter().map(String::len).sum();
@@ -3740,38 +3789,41 @@ mod tests {
     #[test]
     fn tracked_ids_survive_their_compaction() {
         let mut r = Reread::default();
+        let mut b = Backlog::new(0);
         let id = |i: usize| format!("evt-{i}-{}", "x".repeat(i % 40));
         let mut truth: HashMap<u64, String> = HashMap::new();
         for i in 0..20_000 {
             let key = key_of(&id(i));
-            r.remember(key, &id(i), 1);
+            r.remember(&mut b, key, &id(i), 1);
             truth.insert(key, id(i));
         }
         let full = r.ids.bytes.len();
         // Forget three rows in four, one by one, then keep a re-read's rows.
         for i in (0..20_000).filter(|i| i % 4 != 0) {
             let key = key_of(&id(i));
-            r.forget(&key);
+            r.forget(&mut b, &key);
             truth.remove(&key);
         }
         assert!(r.ids.bytes.len() < full / 2, "compacted at least once");
         for (i, key) in (0..20_000).step_by(4).map(|i| (i, key_of(&id(i)))) {
             if i % 8 == 0 {
-                r.rows.get_mut(&key).expect("kept").pass = 2;
+                let mut s = Seen::of_mark(b.mark(key).expect("kept"));
+                s.pass = 2;
+                b.set_mark(key, s.mark());
             } else {
                 truth.remove(&key);
             }
         }
-        r.keep_pass(2);
-        assert_eq!(r.rows.len(), truth.len());
+        r.keep_pass(&mut b, 2);
+        assert_eq!(b.marks_len(), truth.len());
         for (key, want) in &truth {
-            assert_eq!(r.id(r.rows.get(key).expect("tracked")), want);
+            assert_eq!(r.id(&Seen::of_mark(b.mark(*key).expect("tracked"))), want);
         }
         let live: usize = truth.values().map(String::len).sum();
         assert_eq!(r.ids.bytes.len() - r.ids.gaps, live);
         assert!(r.ids.bytes.len() <= (live * 4 / 3 + 1).max(IDS_COMPACT_FROM));
-        r.forget_all();
-        assert_eq!((r.rows.len(), r.ids.bytes.len()), (0, 0));
+        r.forget_all(&mut b);
+        assert_eq!((b.marks_len(), r.ids.bytes.len()), (0, 0));
     }
 
     /// The compaction in place against the ids as they were pushed: 100
@@ -3783,6 +3835,7 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(7);
         for round in 0..100 {
             let mut r = Reread::default();
+            let mut b = Backlog::new(0);
             let mut truth: std::collections::BTreeMap<u64, String> = Default::default();
             let mut next = 0usize;
             for _ in 0..rng.usize(1..6) {
@@ -3795,20 +3848,24 @@ mod tests {
                         _ => rng.usize(1..40),
                     };
                     let id = format!("{next}-{}", "é".repeat(n / 2));
-                    r.remember(key_of(&id), &id, 1);
+                    r.remember(&mut b, key_of(&id), &id, 1);
                     truth.insert(key_of(&id), id);
                 }
                 let keys: Vec<u64> = truth.keys().copied().collect();
                 let share = rng.u32(0..=100);
                 let mut forgot = false;
                 for key in keys.into_iter().filter(|_| rng.u32(0..100) < share) {
-                    r.forget(&key);
+                    r.forget(&mut b, &key);
                     truth.remove(&key);
                     forgot = true;
                 }
-                assert_eq!(r.rows.len(), truth.len(), "round {round}");
+                assert_eq!(b.marks_len(), truth.len(), "round {round}");
                 for (key, want) in &truth {
-                    assert_eq!(r.id(r.rows.get(key).expect("kept")), want, "round {round}");
+                    assert_eq!(
+                        r.id(&Seen::of_mark(b.mark(*key).expect("kept"))),
+                        want,
+                        "round {round}"
+                    );
                 }
                 let len = r.ids.bytes.len();
                 // Each forget compacts when due.
@@ -3818,10 +3875,10 @@ mod tests {
                     r.ids.gaps
                 );
                 // Ids keep the order they were pushed in: by their number.
-                let mut by_place: Vec<(u32, usize)> = r
-                    .rows
-                    .values()
-                    .map(|s| (s.at, r.id(s).split('-').next().unwrap().parse().unwrap()))
+                let mut by_place: Vec<(u32, usize)> = b
+                    .marks()
+                    .map(|(_, m)| Seen::of_mark(m))
+                    .map(|s| (s.at, r.id(&s).split('-').next().unwrap().parse().unwrap()))
                     .collect();
                 by_place.sort_unstable();
                 assert!(
