@@ -278,7 +278,11 @@ impl Backlog {
         } else {
             self.entries = KeyMap::new();
         }
-        self.rare = KeyMap::new();
+        if keep_memory {
+            self.rare.clear();
+        } else {
+            self.rare = KeyMap::new();
+        }
         self.rows = 0;
     }
 
@@ -371,6 +375,15 @@ impl Backlog {
             .get(&key)
             .map(|e| e.mark)
             .filter(|m| *m != NO_MARK)
+    }
+
+    /// The mark of `key` to change in place, if it has one (never to
+    /// [`NO_MARK`]: [`Backlog::remove_mark`] removes one).
+    pub fn mark_mut(&mut self, key: u64) -> Option<&mut Mark> {
+        self.entries
+            .get_mut(&key)
+            .map(|e| &mut e.mark)
+            .filter(|m| **m != NO_MARK)
     }
 
     /// Sets the mark of `key` (not [`NO_MARK`]).
@@ -557,10 +570,21 @@ mod tests {
                             r.remove(&k);
                         }
                     }
-                    56..=80 => {
+                    56..=74 => {
                         let (k, m) = (key(&mut rng), rng.u64(0..1 << 40));
                         b.set_mark(k, m);
                         marks.insert(k, m);
+                    }
+                    75..=80 => {
+                        // A mark changed in place, where there is one.
+                        let k = key(&mut rng);
+                        let m = rng.u64(0..1 << 40);
+                        if let Some(kept) = b.mark_mut(k) {
+                            *kept = m;
+                        }
+                        if let Some(want) = marks.get_mut(&k) {
+                            *want = m;
+                        }
                     }
                     81..=92 => {
                         let k = key(&mut rng);

@@ -2565,11 +2565,11 @@ impl<K: TableKind> TableSource<K> {
             self.unfinished.forget(&mut self.backlog, &key);
             return Ok(());
         };
-        match self.backlog.mark(key) {
+        match self.backlog.mark_mut(key) {
             Some(m) => {
-                let mut seen = Seen::of_mark(m);
+                let mut seen = Seen::of_mark(*m);
                 seen.see(pass);
-                self.backlog.set_mark(key, seen.mark());
+                *m = seen.mark();
             }
             None => {
                 let id: Option<String> = get(row, 0, "event_id").map_err(SourceError::Schema)?;
