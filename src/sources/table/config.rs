@@ -60,8 +60,10 @@ pub struct RawTable {
     /// Rows fetched per query page (default 5000).
     pub batch_size: Option<i64>,
     /// How changes are found: `"updated_at"` tails the column bumped on
-    /// every change; `"none"` follows watermarks on the arrival and finish
-    /// times and re-reads the unfinished rows on every poll; `"events"`
+    /// every change; `"none"` follows watermarks on the arrival, start and
+    /// finish times and looks up the rows in flight (re-reading every
+    /// unfinished row on each poll only where status rules, deleted rows or
+    /// a missing start or finish time leave no other way); `"events"`
     /// (inbox) tails an append-only log of status changes by its id
     /// (`[sources.events]`) and re-reads the unfinished rows for the gauges. Default:
     /// `"updated_at"` when `columns.updated_at` is mapped, else `"none"`.
