@@ -38,6 +38,24 @@ async fn table_md5(db: &Db, table: &str) -> String {
 
 const RO_PASSWORD: &str = "ro-Secret-7731";
 
+/// Creates PostgreSQL role `role` (with `options` after its password) that may
+/// only connect and read `table`; returns the DSN that logs in as it.
+async fn select_only_role(db: &Db, role: &str, options: &str, table: &str) -> String {
+    db.register_role(role);
+    let dbname = db.query("SELECT current_database()::text", &[]).await[0][0]
+        .clone()
+        .expect("current_database()");
+    for stmt in [
+        format!("CREATE ROLE {role} LOGIN PASSWORD '{RO_PASSWORD}'{options}"),
+        format!("GRANT CONNECT ON DATABASE \"{dbname}\" TO {role}"),
+        format!("GRANT USAGE ON SCHEMA public TO {role}"),
+        format!("GRANT SELECT ON {table} TO {role}"),
+    ] {
+        db.exec(&stmt, &[]).await;
+    }
+    url_with_user(&db.dsn, role, RO_PASSWORD)
+}
+
 /// Guards "never writes to a watched database" (§2.3, §8): the agent works with a role
 /// that has only CONNECT, USAGE and SELECT — it counts a workload exactly, without a
 /// poll error or a "permission denied" — and the table's md5 checksum is identical
@@ -48,19 +66,7 @@ async fn select_only_role_counts_workload_and_table_checksum_is_unchanged() {
     let db = Db::postgres().await;
     let tables = db.fresh_tables("ro").await;
     let role = unique_name("iw_ro", "r");
-    db.register_role(&role);
-    let dbname = db.query("SELECT current_database()::text", &[]).await[0][0]
-        .clone()
-        .expect("current_database()");
-    for stmt in [
-        format!("CREATE ROLE {role} LOGIN PASSWORD '{RO_PASSWORD}'"),
-        format!("GRANT CONNECT ON DATABASE \"{dbname}\" TO {role}"),
-        format!("GRANT USAGE ON SCHEMA public TO {role}"),
-        format!("GRANT SELECT ON {} TO {role}", tables.inbox),
-    ] {
-        db.exec(&stmt, &[]).await;
-    }
-    let dsn = url_with_user(&db.dsn, &role, RO_PASSWORD);
+    let dsn = select_only_role(&db, &role, "", &tables.inbox).await;
     let source = "ro-inbox";
     let agent = Agent::start(&inbox_source_toml(source, &dsn, &tables.inbox));
     agent.wait_ready(READY_TIMEOUT).await;
@@ -540,6 +546,100 @@ async fn connection_loss_downs_source_and_recovers_without_loss_or_double_count(
 ///   the aggregate), the gauges equal direct queries after an unseen delete, after the
 ///   backlog shrinks under the cap (the map is re-read), after another unseen change
 ///   (the reconcile finds the difference and re-reads), and after a tailed insert.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_a_login_slower_than_timeout_is_waited_for_and_a_full_server_named() {
+    slow_logins_are_waited_for(Db::postgres().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mariadb_a_login_slower_than_timeout_is_waited_for() {
+    slow_logins_are_waited_for(Db::mysql().await).await;
+}
+
+/// Each new session through the proxy waits this long before the server sees
+/// it: longer than the source's `timeout` ([`SLOW_TIMEOUT`]), within the 3 s the
+/// lock's session has.
+const SLOW_LOGIN: Duration = Duration::from_millis(1500);
+const SLOW_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Guards logins slower than `timeout`, and the cause of a failed login named.
+/// Through a proxy that holds every new connection back [`SLOW_LOGIN`] (a
+/// loaded server slow to log in), a source whose `timeout` is shorter comes up
+/// and counts a workload exactly: its first poll may take `full_read_timeout`,
+/// its login 10 s of it. Before, the pool dropped each login at `timeout`,
+/// whatever limit the poll had, and the source never came up ("pool timed out
+/// while waiting for an open connection"). On PostgreSQL also a role allowed
+/// one session, which the lock's takes: the polls fail naming the role's limit,
+/// as the server said it, where the pool's retries of it ended in that time-out.
+async fn slow_logins_are_waited_for(db: Db) {
+    let tables = db.fresh_tables("slowlogin").await;
+    let proxy = Proxy::start(&url_hostport(&db.dsn)).await;
+    proxy.slow_connects(SLOW_LOGIN);
+    let dsn = url_with_hostport(&db.dsn, &format!("127.0.0.1:{}", proxy.port));
+    let slow = "slow-login";
+    let timeout = format!("timeout = \"{}ms\"", SLOW_TIMEOUT.as_millis());
+    let mut config =
+        inbox_source_toml(slow, &dsn, &tables.inbox).replace("timeout = \"2s\"", &timeout);
+    assert!(config.contains(&timeout), "{config}");
+    let full = "one-session";
+    let role = unique_name("iw_one", "r");
+    if db.dialect == Dialect::Postgres {
+        let one = select_only_role(&db, &role, " CONNECTION LIMIT 1", &tables.inbox).await;
+        config += &inbox_source_toml(full, &one, &tables.inbox);
+    }
+    let agent = Agent::start(&config);
+    // The full source's first poll ends after the pool's 10 s of logins.
+    agent.wait_ready(READY_TIMEOUT * 2).await;
+
+    let clock = Clock::new(db.now_ms().await + 5);
+    let truth = InboxWorkload::small(300, 2)
+        .run(&target(&db, &tables.inbox), clock)
+        .await;
+    let m = wait_for_expectations(
+        &agent,
+        &truth.expectations(slow),
+        CONVERGE,
+        "a source whose logins take longer than its timeout",
+    )
+    .await;
+    // The evidence that this tried what it is about: every session the agent
+    // opened through the proxy waited longer than `timeout`, and the source's
+    // first poll took as long.
+    let (relayed, _) = proxy.stats();
+    assert!(
+        relayed >= 2,
+        "the lock's and a poll's sessions: {relayed} relayed"
+    );
+    let s = ("source", slow);
+    let le = SLOW_TIMEOUT.as_secs_f64().to_string();
+    let polls = Agent::polls(&m, slow);
+    let within = m.sum("inboxwatch_poll_duration_seconds_bucket", &[s, ("le", &le)]);
+    assert!(
+        polls - within >= 1.0,
+        "no poll of {slow} took longer than its {SLOW_TIMEOUT:?} timeout: {within} of {polls}"
+    );
+    if db.dialect == Dialect::Postgres {
+        let said = format!("too many connections for role \"{role}\"");
+        let named = wait_until(Duration::from_secs(60), || async {
+            let out = agent.stderr();
+            let named = out.lines().any(|l| {
+                l.contains(&format!("source={full}"))
+                    && l.contains("Poll failed")
+                    && l.contains(&said)
+            });
+            if named { Ok(out) } else { Err(out) }
+        })
+        .await;
+        let out = named.unwrap_or_else(|out| {
+            panic!("{full}'s polls did not say the role's limit was reached:\n{out}")
+        });
+        assert!(!out.contains("pool timed out"), "{out}");
+        assert_eq!(up(&agent.scrape().await, full), Some(0.0), "{out}");
+    }
+    drop(agent);
+    db.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn gauges_follow_the_tail_and_the_reconcile_catches_what_it_cannot_see() {
     use common::scenarios::{inbox_gauge_expectations, wait_for_live};

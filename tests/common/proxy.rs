@@ -2,10 +2,12 @@
 //! give it back: `cut()` closes every open connection and refuses new ones,
 //! `blackhole()` keeps every connection open but relays nothing any more (as if the
 //! packets were dropped: nothing answers, nothing is refused), `restore()` lets new
-//! connections through again.
+//! connections through again, `slow_connects()` holds each new connection back
+//! before relaying it (a server slow to answer a login).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -19,6 +21,8 @@ struct State {
     epoch: watch::Sender<u64>,
     accepted: AtomicU64,
     refused: AtomicU64,
+    /// How long each new connection waits before it is relayed, in ms.
+    connect_delay_ms: AtomicU64,
 }
 
 /// A running proxy on 127.0.0.1:`port`.
@@ -43,6 +47,7 @@ impl Proxy {
             epoch,
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            connect_delay_ms: AtomicU64::new(0),
         });
         let upstream = upstream.to_string();
         let st = state.clone();
@@ -62,7 +67,11 @@ impl Proxy {
                 st.accepted.fetch_add(1, Ordering::Relaxed);
                 let upstream = upstream.clone();
                 let mut dropping = st.dropping.subscribe();
+                let delay = Duration::from_millis(st.connect_delay_ms.load(Ordering::SeqCst));
                 tokio::spawn(async move {
+                    // Held back, as a loaded server is slow to answer a login;
+                    // the client's greeting waits in the socket meanwhile.
+                    tokio::time::sleep(delay).await;
                     // Blackholed: held open, never relayed, until a cut.
                     if *dropping.borrow_and_update() {
                         let _ = cut.changed().await;
@@ -103,6 +112,14 @@ impl Proxy {
     /// nothing: every read on the other side waits (its own timeouts decide).
     pub fn blackhole(&self) {
         self.state.dropping.send_replace(true);
+    }
+
+    /// Holds every new connection back `delay` before relaying it (open ones
+    /// are not slowed).
+    pub fn slow_connects(&self, delay: Duration) {
+        self.state
+            .connect_delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
     /// (connections relayed, connections refused) so far.

@@ -1597,26 +1597,8 @@ impl<K: TableKind> TableSource<K> {
 
     async fn poll_once(&mut self) -> Result<PollStats, SourceError> {
         if let Some(pool) = self.pool.clone() {
-            let conn = pool.acquire().await.map_err(|e| SourceError::Connect {
-                dsn: self.spec.dsn.to_string(),
-                message: self.spec.dsn.scrub(&e.to_string()),
-            })?;
-            let mut held = Held { conn, ok: false };
-            let conn = &mut held.conn;
-            let result = async {
-                if !self.schema_checked {
-                    let checked = self.opener().check_schema(&mut *conn).await?;
-                    self.set_checked(checked);
-                    self.schema_checked = true;
-                }
-                self.poll_on(&mut *conn).await
-            }
-            .await;
-            if result.is_err() {
-                self.schema_checked = false;
-            }
-            held.ok = result.is_ok();
-            return result;
+            let conn = session(&self.spec, &pool).await?;
+            return self.poll_pooled(conn).await;
         }
         // The connection is taken for the poll and put back only when it
         // succeeds: a failed poll leaves none, so the next one reconnects.
@@ -1631,6 +1613,30 @@ impl<K: TableKind> TableSource<K> {
         let stats = self.poll_on(&mut conn).await?;
         self.conn = Some(conn);
         Ok(stats)
+    }
+
+    /// One poll on a session of the pool, closed instead of handed back when
+    /// the poll fails.
+    async fn poll_pooled(
+        &mut self,
+        conn: sqlx::pool::PoolConnection<sqlx::Any>,
+    ) -> Result<PollStats, SourceError> {
+        let mut held = Held { conn, ok: false };
+        let conn = &mut held.conn;
+        let result = async {
+            if !self.schema_checked {
+                let checked = self.opener().check_schema(&mut *conn).await?;
+                self.set_checked(checked);
+                self.schema_checked = true;
+            }
+            self.poll_on(&mut *conn).await
+        }
+        .await;
+        if result.is_err() {
+            self.schema_checked = false;
+        }
+        held.ok = result.is_ok();
+        result
     }
 
     async fn poll_on(&mut self, conn: &mut AnyConnection) -> Result<PollStats, SourceError> {
@@ -3166,12 +3172,77 @@ impl Drop for Held {
     }
 }
 
+/// A session of `pool` for a poll of `spec`. The pool waits for a login up
+/// to [`login_timeout`], and retries one the server turned away (refused,
+/// `too many clients`, a role's connection limit) until then, saying at the
+/// end only that the time ran out. So once `timeout` has passed without a
+/// session while the pool has room for one (it is logging in), one more
+/// login, outside the pool, tells the two apart: turned away, its error fails
+/// the poll at once, in the server's words (an owner that cannot poll gives
+/// the source up as soon as before); logged in, it is closed, and the poll
+/// waits for the pool's own login (a loaded server, slow to log in).
+async fn session(
+    spec: &TableSpec,
+    pool: &AnyPool,
+) -> Result<sqlx::pool::PoolConnection<sqlx::Any>, SourceError> {
+    let connect = |message: String| SourceError::Connect {
+        dsn: spec.dsn.to_string(),
+        message,
+    };
+    let max = pool.options().get_max_connections();
+    let waited = humantime::format_duration(pool.options().get_acquire_timeout());
+    let failed = |e: sqlx::Error| {
+        connect(match e {
+            sqlx::Error::PoolTimedOut if pool.size() >= max => format!(
+                "each of the {max} sessions this agent keeps on the database \
+                 ([server] max_connections_per_database) stayed busy for {waited}"
+            ),
+            sqlx::Error::PoolTimedOut => format!("no login finished within {waited}"),
+            e => spec.dsn.scrub(&e.to_string()),
+        })
+    };
+    let acquire = pool.acquire();
+    tokio::pin!(acquire);
+    tokio::select! {
+        got = &mut acquire => return got.map_err(failed),
+        _ = tokio::time::sleep(spec.timeout) => {}
+    }
+    if pool.size() < max {
+        let url = connect_url(spec);
+        let probe = AnyConnection::connect(&url);
+        tokio::pin!(probe);
+        tokio::select! {
+            got = &mut acquire => return got.map_err(failed),
+            probe = &mut probe => match probe {
+                Err(e) => return Err(connect(spec.dsn.scrub(&e.to_string()))),
+                Ok(conn) => {
+                    let _ = conn.close().await;
+                }
+            },
+        }
+    }
+    acquire.await.map_err(failed)
+}
+
+/// Longest a poll waits for a session of its pool: `timeout`, or
+/// [`LOGIN_WAIT`] where that is longer (up to `full_read_timeout`). A poll
+/// whose limit is `timeout` is cut at its limit anyway; one given longer (the
+/// first, a full reconcile, a retry after a poll cut short) can use it. sqlx
+/// drops a login at this limit: at `timeout`, a server slower to log in than
+/// that (a loaded one) was never connected, whatever limit the poll had.
+fn login_timeout(spec: &TableSpec) -> Duration {
+    spec.timeout.max(LOGIN_WAIT.min(spec.full_read_timeout))
+}
+
+/// See [`login_timeout`]: long enough for a login on a loaded server.
+const LOGIN_WAIT: Duration = Duration::from_secs(10);
+
 /// The poll connections of an agent: one small pool per database (and
 /// statement timeout), shared by every source on it, so that the sessions an
 /// agent opens do not grow with the number of sources.
 pub struct Pools {
     max_connections: u32,
-    by_database: std::sync::Mutex<HashMap<(String, Duration), AnyPool>>,
+    by_database: std::sync::Mutex<HashMap<(String, Duration, Duration), AnyPool>>,
 }
 
 impl Pools {
@@ -3186,7 +3257,11 @@ impl Pools {
     /// The pool of `spec`'s database; connects lazily.
     pub fn get(&self, spec: &TableSpec) -> Result<AnyPool, SourceError> {
         let mut pools = self.by_database.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (spec.dsn.expose().to_string(), spec.timeout);
+        let key = (
+            spec.dsn.expose().to_string(),
+            spec.timeout,
+            login_timeout(spec),
+        );
         if let Some(pool) = pools.get(&key) {
             return Ok(pool.clone());
         }
@@ -3197,7 +3272,7 @@ impl Pools {
         let pool = AnyPoolOptions::new()
             .max_connections(self.max_connections)
             .min_connections(0)
-            .acquire_timeout(timeout)
+            .acquire_timeout(login_timeout(spec))
             .idle_timeout(Duration::from_secs(60))
             // A broken connection fails its poll and is closed then; a test
             // query before every poll would cost a round trip each.
