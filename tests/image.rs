@@ -280,6 +280,15 @@ fn the_build_stage_builds_from_what_the_dockerfile_copies() {
     // every crate (and of sqlite's C code at -O3).
     // The image's build names its own profile (`--profile dist`): dropped too.
     take_profile(&mut args);
+    // With a bench beside the binary, as clippy's `--all-targets`: cargo then
+    // resolves the dependencies' features with the dev-dependencies' (tonic's
+    // server, hyper-util's `server-auto`, bitflags' `std`), as clippy and the
+    // test build did, and checks none of them again. For the binary alone it
+    // resolved other features and checked most dependencies again: 518 s of a
+    // cold CI pass beside the suite, where it took 24-37 s before the RabbitMQ
+    // and gRPC test servers' dev-dependencies. `table` needs nothing the build
+    // stage does not copy (the Kafka bench reads `tests/common/`).
+    args.extend(["--bench".to_string(), "table".to_string()]);
     let target_dir: PathBuf = Path::new(env!("CARGO_TARGET_TMPDIR"))
         .parent()
         .expect("the target directory")
