@@ -678,19 +678,8 @@ async fn postgres_a_takeover_from_another_agent_is_reported_as_a_counting_gap() 
 /// returns its DSN.
 async fn limited_role(db: &Db, table: &str, limit: u32) -> String {
     let role = common::unique_name("iw_lim", "r");
-    db.register_role(&role);
-    let dbname = db.query("SELECT current_database()::text", &[]).await[0][0]
-        .clone()
-        .expect("current_database()");
-    for stmt in [
-        format!("CREATE ROLE {role} LOGIN PASSWORD 'lim' CONNECTION LIMIT {limit}"),
-        format!("GRANT CONNECT ON DATABASE \"{dbname}\" TO {role}"),
-        format!("GRANT USAGE ON SCHEMA public TO {role}"),
-        format!("GRANT SELECT ON {table} TO {role}"),
-    ] {
-        db.exec(&stmt, &[]).await;
-    }
-    common::url_with_user(&db.dsn, &role, "lim")
+    db.select_only_role(&role, "lim", &format!(" CONNECTION LIMIT {limit}"), table)
+        .await
 }
 
 /// Sessions a role has open.

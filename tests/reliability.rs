@@ -11,7 +11,7 @@ use common::scenarios::{CONVERGE, POLL, POLL_TIMEOUT, inbox_source_toml, wait_fo
 use common::workload::{Clock, EVENT_TYPES, InboxEvent, InboxWorkload, Status, Target};
 use common::{
     Agent, Db, Dialect, Metrics, Proxy, READY_TIMEOUT, V, stays, unique_name, url_hostport,
-    url_with_hostport, url_with_user, wait_until,
+    url_with_hostport, wait_until,
 };
 
 fn up(m: &Metrics, source: &str) -> Option<f64> {
@@ -38,24 +38,6 @@ async fn table_md5(db: &Db, table: &str) -> String {
 
 const RO_PASSWORD: &str = "ro-Secret-7731";
 
-/// Creates PostgreSQL role `role` (with `options` after its password) that may
-/// only connect and read `table`; returns the DSN that logs in as it.
-async fn select_only_role(db: &Db, role: &str, options: &str, table: &str) -> String {
-    db.register_role(role);
-    let dbname = db.query("SELECT current_database()::text", &[]).await[0][0]
-        .clone()
-        .expect("current_database()");
-    for stmt in [
-        format!("CREATE ROLE {role} LOGIN PASSWORD '{RO_PASSWORD}'{options}"),
-        format!("GRANT CONNECT ON DATABASE \"{dbname}\" TO {role}"),
-        format!("GRANT USAGE ON SCHEMA public TO {role}"),
-        format!("GRANT SELECT ON {table} TO {role}"),
-    ] {
-        db.exec(&stmt, &[]).await;
-    }
-    url_with_user(&db.dsn, role, RO_PASSWORD)
-}
-
 /// Guards "never writes to a watched database" (§2.3, §8): the agent works with a role
 /// that has only CONNECT, USAGE and SELECT — it counts a workload exactly, without a
 /// poll error or a "permission denied" — and the table's md5 checksum is identical
@@ -66,7 +48,9 @@ async fn select_only_role_counts_workload_and_table_checksum_is_unchanged() {
     let db = Db::postgres().await;
     let tables = db.fresh_tables("ro").await;
     let role = unique_name("iw_ro", "r");
-    let dsn = select_only_role(&db, &role, "", &tables.inbox).await;
+    let dsn = db
+        .select_only_role(&role, RO_PASSWORD, "", &tables.inbox)
+        .await;
     let source = "ro-inbox";
     let agent = Agent::start(&inbox_source_toml(source, &dsn, &tables.inbox));
     agent.wait_ready(READY_TIMEOUT).await;
@@ -536,16 +520,6 @@ async fn connection_loss_downs_source_and_recovers_without_loss_or_double_count(
     db.cleanup().await;
 }
 
-/// Guards the gauges kept from the tailed rows instead of an aggregate on every poll
-/// (SPEC §7 poll cost) and the reconcile that corrects them:
-/// * with `reconcile_every = "1h"`, rows the tail reads (a new pending row) show in
-///   backlog, oldest age and stuck rows at once, equal to direct queries, while a
-///   change the tail cannot see (a row finished without moving `updated_at`, a row
-///   deleted) leaves the backlog as it was for 3 s of polls: no aggregate runs per poll;
-/// * with `reconcile_every = "2s"` and a backlog over `max_tracked_events` (gauges from
-///   the aggregate), the gauges equal direct queries after an unseen delete, after the
-///   backlog shrinks under the cap (the map is re-read), after another unseen change
-///   (the reconcile finds the difference and re-reads), and after a tailed insert.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_a_login_slower_than_timeout_is_waited_for_and_a_full_server_named() {
     slow_logins_are_waited_for(Db::postgres().await).await;
@@ -570,7 +544,8 @@ const SLOW_TIMEOUT: Duration = Duration::from_secs(1);
 /// whatever limit the poll had, and the source never came up ("pool timed out
 /// while waiting for an open connection"). On PostgreSQL also a role allowed
 /// one session, which the lock's takes: the polls fail naming the role's limit,
-/// as the server said it, where the pool's retries of it ended in that time-out.
+/// as the server said it, where the pool retried it until its time-out and said
+/// only that.
 async fn slow_logins_are_waited_for(db: Db) {
     let tables = db.fresh_tables("slowlogin").await;
     let proxy = Proxy::start(&url_hostport(&db.dsn)).await;
@@ -584,12 +559,13 @@ async fn slow_logins_are_waited_for(db: Db) {
     let full = "one-session";
     let role = unique_name("iw_one", "r");
     if db.dialect == Dialect::Postgres {
-        let one = select_only_role(&db, &role, " CONNECTION LIMIT 1", &tables.inbox).await;
+        let one = db
+            .select_only_role(&role, RO_PASSWORD, " CONNECTION LIMIT 1", &tables.inbox)
+            .await;
         config += &inbox_source_toml(full, &one, &tables.inbox);
     }
     let agent = Agent::start(&config);
-    // The full source's first poll ends after the pool's 10 s of logins.
-    agent.wait_ready(READY_TIMEOUT * 2).await;
+    agent.wait_ready(READY_TIMEOUT).await;
 
     let clock = Clock::new(db.now_ms().await + 5);
     let truth = InboxWorkload::small(300, 2)
@@ -640,6 +616,16 @@ async fn slow_logins_are_waited_for(db: Db) {
     db.cleanup().await;
 }
 
+/// Guards the gauges kept from the tailed rows instead of an aggregate on every poll
+/// (SPEC §7 poll cost) and the reconcile that corrects them:
+/// * with `reconcile_every = "1h"`, rows the tail reads (a new pending row) show in
+///   backlog, oldest age and stuck rows at once, equal to direct queries, while a
+///   change the tail cannot see (a row finished without moving `updated_at`, a row
+///   deleted) leaves the backlog as it was for 3 s of polls: no aggregate runs per poll;
+/// * with `reconcile_every = "2s"` and a backlog over `max_tracked_events` (gauges from
+///   the aggregate), the gauges equal direct queries after an unseen delete, after the
+///   backlog shrinks under the cap (the map is re-read), after another unseen change
+///   (the reconcile finds the difference and re-reads), and after a tailed insert.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn gauges_follow_the_tail_and_the_reconcile_catches_what_it_cannot_see() {
     use common::scenarios::{inbox_gauge_expectations, wait_for_live};

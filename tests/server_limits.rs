@@ -547,19 +547,7 @@ async fn release(mut holder: common::Conn) {
 /// and DSN.
 async fn own_role(db: &Db, table: &str) -> (String, String) {
     let role = common::unique_name("iw_pool", "r");
-    db.register_role(&role);
-    let dbname = db.query("SELECT current_database()::text", &[]).await[0][0]
-        .clone()
-        .expect("current_database()");
-    for stmt in [
-        format!("CREATE ROLE {role} LOGIN PASSWORD 'pool'"),
-        format!("GRANT CONNECT ON DATABASE \"{dbname}\" TO {role}"),
-        format!("GRANT USAGE ON SCHEMA public TO {role}"),
-        format!("GRANT SELECT ON {table} TO {role}"),
-    ] {
-        db.exec(&stmt, &[]).await;
-    }
-    let dsn = common::url_with_user(&db.dsn, &role, "pool");
+    let dsn = db.select_only_role(&role, "pool", "", table).await;
     (role, dsn)
 }
 

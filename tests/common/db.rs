@@ -484,6 +484,31 @@ impl Db {
             .push(name.to_string());
     }
 
+    /// Creates PostgreSQL role `role`, logging in with `password` (and `options`
+    /// after it, e.g. ` CONNECTION LIMIT 1`), that may only connect and read
+    /// `table`; dropped at cleanup. Returns the DSN that logs in as it.
+    pub async fn select_only_role(
+        &self,
+        role: &str,
+        password: &str,
+        options: &str,
+        table: &str,
+    ) -> String {
+        self.register_role(role);
+        let dbname = self.query("SELECT current_database()::text", &[]).await[0][0]
+            .clone()
+            .expect("current_database()");
+        for stmt in [
+            format!("CREATE ROLE {role} LOGIN PASSWORD '{password}'{options}"),
+            format!("GRANT CONNECT ON DATABASE \"{dbname}\" TO {role}"),
+            format!("GRANT USAGE ON SCHEMA public TO {role}"),
+            format!("GRANT SELECT ON {table} TO {role}"),
+        ] {
+            self.exec(&stmt, &[]).await;
+        }
+        url_with_user(&self.dsn, role, password)
+    }
+
     /// Creates fresh, uniquely named inbox and outbox tables from the binary's
     /// `schema` output (the test fails if it does not run or its DDL does not execute).
     pub async fn fresh_tables(&self, short: &str) -> Tables {
